@@ -1,0 +1,68 @@
+"""The ``hetprune`` command line: one sub-command per module in
+``hetprune/commands``. Every command takes ``--plugin MODULE`` (repeatable).
+
+User mistakes (:class:`HetpruneError`) print one ``error:`` line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+from .errors import HetpruneError
+from .plugins import load_module
+
+COMMANDS = ("plugins", "apply", "prune", "compare", "bench", "ablate")
+
+
+def _command_module(name: str):
+    return importlib.import_module(f"hetprune.commands.{name}_cmd")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetprune",
+        description="Structured pruning of Vision Transformers (HetDPT, HetDPT+, baselines), "
+                    "extensible with plugins.",
+    )
+    parser.add_argument("--version", action="version", version=f"hetprune {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = _command_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == f"hetprune.commands.{name}_cmd":
+                continue
+            raise
+        p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                       help="load one more plugin module by import path (repeatable)")
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 0
+    try:
+        for module_name in args.plugin:
+            load_module(module_name)
+        return int(args._run(args) or 0)
+    except HetpruneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished work is saved; rerun the same command with --resume to continue",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

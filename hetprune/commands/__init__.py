@@ -1,0 +1,1 @@
+"""Sub-commands of the ``hetprune`` CLI, one module each (``NAME_cmd.py``)."""

@@ -1,0 +1,52 @@
+"""Apply a recipe to a timm model and save the pruned model.
+
+    hetprune apply --model deit_base_patch16_224 --recipe deit_base_hetdpt_paper --out pruned/
+
+Without --checkpoint or --pretrained the weights are random: fine for speed
+studies, useless for accuracy.
+"""
+
+from __future__ import annotations
+
+from ..costs import cost_summary, human
+from ..recipe import resolve_recipe, save
+from .common import add_model_arguments, base_model
+
+HELP = "apply a recipe (file or shipped name) to a model and save it"
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p, data=False)
+    p.add_argument("--recipe", required=True, metavar="FILE|NAME", help="recipe file, or a shipped recipe name")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (recipe.json + model.safetensors)")
+    p.add_argument("--overwrite", action="store_true", help="replace an output folder holding another result")
+
+
+def run(args) -> int:
+    import torch
+
+    from ..recipe import apply_recipe
+
+    recipe = resolve_recipe(args.recipe)
+    if not args.model:
+        args.model = recipe.base.name
+        if recipe.base.kwargs:
+            import json
+            args.model_kwargs = json.dumps(recipe.base.kwargs)
+    model, spec, info = base_model(args)
+    recipe.check_fits(model)
+    size = model.patch_embed.img_size if hasattr(model, "patch_embed") else (224, 224)
+    chans = getattr(model.patch_embed.proj, "in_channels", 3)
+    example = torch.randn(2, chans, *size)
+    dense = cost_summary(model, example)
+    apply_recipe(model, recipe, compute_merge=True)
+    recipe.base = spec
+    recipe.provenance = {**recipe.provenance, "applied_to": info}
+    pruned = cost_summary(model, example)
+    save(args.out, model, recipe, overwrite=args.overwrite)
+    print(f"saved {args.out}: {recipe.n_attn} attention + {recipe.n_act} activation sites removed, "
+          f"{len(recipe.merged)} MLPs merged")
+    print(f"params {human(dense['params'])} -> {human(pruned['params'])}, "
+          f"MACs {human(dense['macs'])} -> {human(pruned['macs'])} ({dense['macs'] / pruned['macs']:.2f}x); "
+          f"{pruned['macs_convention']}")
+    return 0

@@ -1,0 +1,62 @@
+"""Options shared by the commands that need a base model and data."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import HetpruneError
+from ..models import DIGITS_SPEC, ModelSpec, build_with_weights, digits_model, digits_model_info, model_hash
+
+
+def add_model_arguments(p, data: bool = True) -> None:
+    g = p.add_argument_group("base model")
+    g.add_argument("--model", metavar="NAME",
+                   help="timm model name (default: the embedded digits ViT, trained once and cached)")
+    g.add_argument("--model-kwargs", metavar="JSON", default=None,
+                   help='extra timm.create_model arguments as JSON, e.g. \'{"num_classes": 100}\'')
+    w = g.add_mutually_exclusive_group()
+    w.add_argument("--pretrained", action="store_true", help="load timm's pretrained weights (needs the hub)")
+    w.add_argument("--checkpoint", metavar="FILE", help="weights file: .safetensors, or .pth (weights_only)")
+    if data:
+        g.add_argument("--data", metavar="digits|PATH", default=None,
+                       help="'digits' (embedded default) or an ImageFolder root with train/ and val/")
+
+
+def model_spec(args) -> ModelSpec:
+    if not args.model:
+        if args.model_kwargs or args.pretrained or args.checkpoint:
+            raise HetpruneError("--model-kwargs, --pretrained and --checkpoint need --model NAME")
+        return DIGITS_SPEC
+    kwargs = {}
+    if args.model_kwargs:
+        try:
+            kwargs = json.loads(args.model_kwargs)
+        except json.JSONDecodeError as exc:
+            raise HetpruneError(f"--model-kwargs is not valid JSON: {exc}") from exc
+        if not isinstance(kwargs, dict):
+            raise HetpruneError("--model-kwargs must be a JSON object")
+    return ModelSpec(args.model, kwargs)
+
+
+def base_model(args, log=print):
+    """``(dense_model, spec, base_info)`` from the command's model options."""
+    spec = model_spec(args)
+    if not args.model:
+        model = digits_model(log=log, progress=not os.environ.get("HETPRUNE_NO_PROGRESS"))
+        info = {"source": "embedded digits ViT", **({"top1": m["val_top1"]} if (m := digits_model_info()) else {})}
+    else:
+        model = build_with_weights(spec, pretrained=args.pretrained, checkpoint=args.checkpoint)
+        source = "pretrained" if args.pretrained else (f"checkpoint {args.checkpoint}" if args.checkpoint else "random")
+        info = {"source": source}
+    info["hash"] = model_hash(model)
+    return model, spec, info
+
+
+def data_for(args, model, seed: int = 0):
+    from ..data import DIGITS, load_data
+
+    spec = args.data or DIGITS
+    if args.model and spec == DIGITS and not args.checkpoint:
+        raise HetpruneError("--model NAME needs --data PATH (an ImageFolder) or a --checkpoint trained on digits")
+    return load_data(spec, model, seed=seed)

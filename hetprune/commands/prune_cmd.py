@@ -1,0 +1,119 @@
+"""Prune a model with one strategy and save recipe + weights + report.
+
+    hetprune prune --strategy hetdpt --budget 12
+    hetprune prune --strategy hetdpt --target-macs 0.6 --config my.yaml --out runs/mine
+
+Settings come from the strategy's defaults, then --config FILE (YAML), then
+the options below, then --set KEY=VALUE (e.g. --set finetune.epochs=10).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import config as config_mod
+from ..costs import human
+from ..errors import HetpruneError
+from ..plugins import get_registry
+from .common import add_model_arguments, base_model, data_for
+
+HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
+
+
+def add_budget_arguments(p, many: bool = False) -> None:
+    g = p.add_argument_group("budget (give one)")
+    b = g.add_mutually_exclusive_group()
+    b.add_argument("--budget", type=int, metavar="K", help="remove K sites (n_attn + n_act = K)")
+    if many:
+        b.add_argument("--budgets", metavar="K,K,...", help="several site budgets, e.g. 4,8,12")
+    b.add_argument("--target-macs", metavar="F|2.6G", help="MACs at most F of dense (F <= 1) or an absolute amount")
+    b.add_argument("--target-speedup", type=float, metavar="S", help="at least S times fewer MACs than dense")
+
+
+def add_settings_arguments(p) -> None:
+    g = p.add_argument_group("settings")
+    g.add_argument("--config", metavar="FILE", help="YAML file of settings (unknown keys are errors)")
+    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. finetune.epochs=10 (repeatable)")
+    g.add_argument("--scorer", metavar="NAME", help="importance scorer within each kind (default gate-taylor)")
+    g.add_argument("--predictor", metavar="NAME", help="accuracy predictor of strategies that have one (hetdpt)")
+    g.add_argument("--device", metavar="auto|cpu|cuda", help="where to train (default cpu)")
+    g.add_argument("--resume", action="store_true", help="continue from checkpoints in the work folder")
+    g.add_argument("--overwrite", action="store_true", help="replace an output folder holding another result")
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    p.add_argument("--strategy", default="hetdpt", metavar="NAME", help="strategy name (see `hetprune plugins`)")
+    add_budget_arguments(p)
+    add_settings_arguments(p)
+    p.add_argument("--seed", type=int, help="seed of selection and fine-tuning (default 0)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default runs/prune-STRATEGY-BUDGET)")
+
+
+def budget_from(args, sites: int | None = None):
+    from ..budget import Budget, parse_macs
+
+    if sites is not None:
+        return Budget(sites=sites)
+    if args.budget is not None:
+        return Budget(sites=args.budget)
+    if args.target_macs is not None:
+        return Budget(target_macs=parse_macs(args.target_macs))
+    if args.target_speedup is not None:
+        return Budget(target_speedup=args.target_speedup)
+    return None
+
+
+def settings_for(args, strategy) -> dict:
+    overrides = {"scorer": args.scorer, "device": args.device}
+    if getattr(args, "seed", None) is not None:
+        overrides["seed"] = args.seed
+    sets = list(args.set)
+    if args.predictor:
+        section = strategy.defaults.get(strategy.name, {}) if hasattr(strategy, "defaults") else {}
+        if "predictor" not in section:
+            raise HetpruneError(f"--predictor applies to strategies with an accuracy predictor; "
+                                f"{strategy.name!r} has none")
+        sets.append(f"{strategy.name}.predictor={args.predictor}")
+    return config_mod.resolve(getattr(strategy, "defaults", {}), args.config, overrides, sets)
+
+
+def run(args) -> int:
+    import torch
+
+    from ..pipeline import PruneJob
+    from ..recipe import save
+
+    registry = get_registry()
+    strategy = registry.build("strategy", args.strategy)
+    budget = budget_from(args)
+    if budget is None:
+        raise HetpruneError("give a budget: --budget K, --target-macs F or --target-speedup S")
+    settings = settings_for(args, strategy)
+    # unknown names fail now, not after an hour of work
+    registry.component("scorer", settings["scorer"])
+    if strategy.name in settings and "predictor" in settings[strategy.name]:
+        registry.component("predictor", settings[strategy.name]["predictor"])
+    tag = budget.to_dict()
+    out = Path(args.out or f"runs/prune-{strategy.name}-{'-'.join(f'{k}{v}' for k, v in tag.items())}")
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise HetpruneError(f"output folder {out} already holds a result; pass --overwrite to replace it")
+    torch.manual_seed(settings["seed"])
+    dense, spec, base_info = base_model(args)
+    data = data_for(args, dense, seed=0)
+    job = PruneJob(dense=dense, spec=spec, data=data, budget=budget, settings=settings, registry=registry,
+                   workdir=out.with_name(out.name + ".work"), base_info=base_info, resume=args.resume,
+                   strategy_name=strategy.name)
+    job.base_info.setdefault("top1", job.val_accuracy(dense))
+    result = strategy.run(job)
+    save(out, result.model, result.recipe, overwrite=args.overwrite, extra_files={"report.json": result.report})
+    r = result.report
+    print(f"\n{strategy.name}: {r['n_attn']} attention + {r['n_act']} activation sites removed: {', '.join(r['sites'])}")
+    print(f"top-1: dense {base_info['top1']:.2f}%, after removal {r['top1_before_finetune']:.2f}%, "
+          f"after fine-tune {r['top1']:.2f}%")
+    print(f"params {human(r['dense_params'])} -> {human(r['params'])}, MACs {human(r['dense_macs'])} -> "
+          f"{human(r['macs'])} ({r['dense_macs'] / r['macs']:.2f}x fewer; {r['macs_convention']})")
+    print(f"saved {out}/ (recipe.json, model.safetensors, report.json) in {r['seconds']:.0f}s")
+    return 0

@@ -1,0 +1,107 @@
+"""Settings of a pruning run: defaults, a YAML file (``--config``) and
+command-line overrides, merged in that order. Unknown keys are errors that
+name the key and where it came from.
+
+The core owns the sections every strategy shares; a strategy adds its own
+section through its ``defaults`` attribute (for example ``hetdpt:``).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+from .errors import HetpruneError
+from .train import TrainConfig
+
+# Chosen so the embedded default tells strategies apart (README: "Why these defaults").
+CORE_DEFAULTS: dict = {
+    "scorer": "gate-taylor",
+    "scorer_options": {},
+    "attn_remover": "attn-identity",
+    "act_remover": "act-identity",
+    "mergers": ["linear-merge"],
+    "seed": 0,
+    "device": "cpu",
+    "finetune": {**TrainConfig(epochs=3, lr=5e-4, subset=300, kd="soft").to_dict()},
+    "short_finetune": {**TrainConfig(epochs=2, lr=5e-4, subset=150, kd="soft").to_dict()},
+    "scoring": {"batches": 4, "batch_size": 64, "subset": 300},
+}
+
+
+def _merge(base: dict, update: dict, where: str, path: str = "") -> dict:
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        full = f"{path}{key}"
+        if key not in base:
+            allowed = ", ".join(sorted(base))
+            raise HetpruneError(f"unknown key {full!r} in {where}; allowed here: {allowed}")
+        if isinstance(base[key], dict) and base[key] and not key.endswith("_options"):
+            if not isinstance(value, dict):
+                raise HetpruneError(f"{full!r} in {where} must be a mapping, got {value!r}")
+            out[key] = _merge(base[key], value, where, f"{full}.")
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def defaults_for(strategy_defaults: dict | None = None) -> dict:
+    d = copy.deepcopy(CORE_DEFAULTS)
+    for key, value in (strategy_defaults or {}).items():
+        d[key] = copy.deepcopy(value)
+    return d
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise HetpruneError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise HetpruneError(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise HetpruneError(f"config file {path} must hold a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def parse_set(items: list[str]) -> dict:
+    """``--set finetune.epochs=5`` (values parsed as YAML) into a nested dict."""
+    out: dict = {}
+    for item in items or []:
+        if "=" not in item:
+            raise HetpruneError(f"--set {item!r}: write KEY=VALUE, e.g. finetune.epochs=5")
+        key, raw = item.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out
+
+
+def resolve(strategy_defaults: dict | None, config_file: str | None = None, overrides: dict | None = None,
+            sets: list[str] | None = None) -> dict:
+    """Defaults <- YAML file <- explicit overrides <- ``--set`` items."""
+    settings = defaults_for(strategy_defaults)
+    if config_file:
+        settings = _merge(settings, read_yaml(config_file), f"config file {config_file}")
+    if overrides:
+        settings = _merge(settings, {k: v for k, v in overrides.items() if v is not None}, "command-line options")
+    if sets:
+        settings = _merge(settings, parse_set(sets), "--set options")
+    for section in ("finetune", "short_finetune"):
+        TrainConfig.from_dict(settings[section], where=f"settings section {section!r}")
+    return settings
+
+
+def train_config(settings: dict, section: str, **changes) -> TrainConfig:
+    d = {**settings[section], **changes}
+    d.setdefault("device", settings.get("device", "cpu"))
+    if settings.get("device") and d.get("device") == "cpu":
+        d["device"] = settings["device"]
+    return TrainConfig.from_dict(d, where=f"settings section {section!r}")

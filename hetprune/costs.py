@@ -1,0 +1,71 @@
+"""Counting cost: parameters and MACs (multiply-accumulates, not FLOPs; one MAC
+is two FLOPs) per image, for dense and pruned models alike.
+
+Counted: every Linear and Conv2d, and the two attention matmuls (q·kᵀ and
+attn·v) of each attention module. Not counted: norms, activations, softmax,
+additions (they are a small share and do not map to MACs).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+CONVENTION = "MACs per image (1 MAC = 2 FLOPs); Linear, Conv2d and attention matmuls q·kᵀ, attn·v"
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _is_attention(module: nn.Module) -> bool:
+    return all(hasattr(module, a) for a in ("num_heads", "head_dim", "qkv", "proj"))
+
+
+@torch.no_grad()
+def count_macs(model: nn.Module, example: torch.Tensor) -> int:
+    """MACs of one forward pass, per image of ``example`` (a batch of inputs)."""
+    total = 0
+
+    def linear_hook(module, inputs, output):
+        nonlocal total
+        total += output.numel() // module.out_features * module.in_features * module.out_features
+
+    def conv_hook(module, inputs, output):
+        nonlocal total
+        k = module.kernel_size[0] * module.kernel_size[1]
+        total += output.numel() * (module.in_channels // module.groups) * k
+
+    def attn_hook(module, inputs, output):
+        nonlocal total
+        b, n, _ = inputs[0].shape
+        total += 2 * b * module.num_heads * n * n * module.head_dim
+
+    handles = []
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            handles.append(m.register_forward_hook(linear_hook))
+        elif isinstance(m, nn.Conv2d):
+            handles.append(m.register_forward_hook(conv_hook))
+        if _is_attention(m):
+            handles.append(m.register_forward_hook(attn_hook))
+    was_training = model.training
+    model.eval()
+    try:
+        model(example)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return total // example.shape[0]
+
+
+def cost_summary(model: nn.Module, example: torch.Tensor) -> dict:
+    return {"params": count_params(model), "macs": count_macs(model, example), "macs_convention": CONVENTION}
+
+
+def human(n: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"

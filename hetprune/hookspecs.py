@@ -1,0 +1,124 @@
+"""The plugin contract of hetprune: every hook a plugin may implement.
+
+A plugin is a module (or object) with functions decorated ``@hetprune.hookimpl``
+whose names match the hooks below. Registration hooks hand the plugin a
+``register`` callback; call it once per component. A component is a class (or
+any callable returning an object) with a ``name`` attribute; hetprune builds
+it with keyword options when a run asks for it by name.
+
+Built-in components are plugins like yours: see ``plugins/`` in the repository.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pluggy
+
+PROJECT = "hetprune"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+Register = Callable[[Any], None]
+
+
+@hookspec
+def register_predictors(register: Register) -> None:
+    """Register accuracy predictors (stage 1 of HetDPT: budget allocation).
+
+    A predictor class has a ``name`` and, once built, two methods:
+
+    * ``fit(points)`` — ``points`` is a list of ``(n_attn, n_act, accuracy)``
+      triples measured with a short fine-tune. Raise ``HetpruneError`` when
+      the points cannot support the fit (say how many are needed).
+    * ``predict(n_attn, n_act) -> float`` — the predicted accuracy.
+
+    Optional: ``fit_report() -> dict`` with fit errors (for example ``mae``,
+    ``rmse``, ``loo_mae``), copied into the run report.
+    """
+
+
+@hookspec
+def register_scorers(register: Register) -> None:
+    """Register importance scorers (stage 2: which sites of one kind to remove).
+
+    A scorer class has a ``name`` and, once built, the method
+    ``score(model, sites, ctx) -> dict[Site, float]`` giving every candidate
+    site (all of one kind) a score: higher means more important, keep it.
+    ``ctx`` is a :class:`hetprune.ScoringContext` (data, loss, device, seed).
+
+    A scorer that learns while it removes (the paper's gates) may instead
+    provide ``select(model, counts, ctx) -> list[Site]``, where ``counts`` is
+    ``{"attn": n_attn, "act": n_act}``; the pipeline then calls it in place
+    of ranking by ``score``.
+    """
+
+
+@hookspec
+def register_removers(register: Register) -> None:
+    """Register layer removers: turn one site off in a model, in place.
+
+    A remover class has a ``name``, a ``kind`` (``"attn"`` or ``"act"``) and
+    ``remove(model, site) -> dict`` returning what it did, for the recipe
+    (for example ``{"attn_mode": "identity"}``).
+    """
+
+
+@hookspec
+def register_mergers(register: Register) -> None:
+    """Register mergers: fold what removal made linear, in place.
+
+    A merger class has a ``name`` and ``merge(model) -> list[int]`` returning
+    the block indices it changed. It must leave the model's function
+    unchanged up to float rounding; ``hetprune.surgery.check_exact`` is the
+    helper for that check.
+    """
+
+
+@hookspec
+def register_strategies(register: Register) -> None:
+    """Register pruning strategies: complete recipes for pruning a model.
+
+    A strategy class has a ``name``, a one-line ``description`` and
+    ``run(job) -> hetprune.PruneResult`` where ``job`` is a
+    :class:`hetprune.PruneJob` (dense model, data, budget, settings,
+    registry, events, a work folder for resumable state). Most depth
+    strategies subclass :class:`hetprune.DepthStrategy` and only override
+    ``allocate``.
+    """
+
+
+@hookspec
+def register_width_pruners(register: Register) -> None:
+    """Register width pruners (heads, head dimension, MLP hidden, embedding).
+
+    A width pruner class has a ``name`` and
+    ``prune(model, target_macs, example_inputs, ctx) -> None`` which shrinks
+    the model in place until its MACs are at most ``target_macs``. The
+    pipeline records the resulting widths in the recipe.
+    """
+
+
+@hookspec
+def on_stage_start(stage: str, info: dict) -> None:
+    """Observe: a pipeline stage (``allocate``, ``select``, ``finetune``,
+    ``merge``, ``measure``, ...) is starting. ``info`` names the strategy and
+    the settings of the stage."""
+
+
+@hookspec
+def on_stage_end(stage: str, info: dict) -> None:
+    """Observe: a pipeline stage finished; ``info`` holds its results."""
+
+
+@hookspec
+def on_point_collected(point: dict) -> None:
+    """Observe: one accuracy-predictor point was measured. ``point`` has
+    ``n_attn``, ``n_act``, ``accuracy`` and the sites that were removed."""
+
+
+@hookspec
+def on_epoch_end(stage: str, epoch: int, metrics: dict) -> None:
+    """Observe: a training epoch ended inside ``stage``; ``metrics`` has at
+    least ``loss`` and, where evaluated, ``accuracy``."""

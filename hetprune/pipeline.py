@@ -1,0 +1,292 @@
+"""The shared pipeline every depth strategy runs, as public building blocks:
+
+    allocate (n_attn, n_act) -> select sites per kind -> remove -> fine-tune
+    (KD from the dense model) -> merge -> recipe + report
+
+A strategy usually subclasses :class:`DepthStrategy` and overrides
+:meth:`DepthStrategy.allocate` only; everything else is held equal across
+strategies, which is what makes ``hetprune compare`` fair.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import surgery
+from .budget import Budget, feasible_pairs, max_per_kind
+from .config import train_config
+from .costs import cost_summary
+from .data import DataBundle, loader, subset
+from .errors import HetpruneError
+from .models import ModelSpec
+from .plugins import Registry
+from .recipe import Recipe, arch_of, recipe_from_model
+from .sites import Site, sites
+from .train import TrainConfig, evaluate, train
+
+
+@dataclass
+class PruneJob:
+    """Everything a strategy needs; a strategy must not modify ``dense``."""
+
+    dense: nn.Module
+    spec: ModelSpec
+    data: DataBundle
+    budget: Budget
+    settings: dict
+    registry: Registry
+    workdir: Path
+    base_info: dict = field(default_factory=dict)   # provenance of the dense weights
+    resume: bool = False
+    progress: bool = True
+    log: Callable[[str], None] = print
+    strategy_name: str = ""
+    shared_dir: Path | None = None   # state reusable across runs of the same settings (MAP points)
+
+    def __post_init__(self):
+        self.workdir = Path(self.workdir)
+        self.shared_dir = Path(self.shared_dir) if self.shared_dir else self.workdir
+
+    @property
+    def seed(self) -> int:
+        return int(self.settings.get("seed", 0))
+
+    @property
+    def device(self) -> str:
+        return self.settings.get("device", "cpu")
+
+    @property
+    def example(self) -> torch.Tensor:
+        from .data import example_batch
+
+        return example_batch(self.data, 2)
+
+    def event(self, name: str, **kwargs) -> None:
+        getattr(self.registry.hook, name)(**kwargs)
+
+    def stage_start(self, stage: str, **info) -> float:
+        self.event("on_stage_start", stage=stage, info={"strategy": self.strategy_name, **info})
+        return time.time()
+
+    def stage_end(self, stage: str, started: float, **info) -> None:
+        self.event("on_stage_end", stage=stage,
+                   info={"strategy": self.strategy_name, "seconds": round(time.time() - started, 2), **info})
+
+    def val_accuracy(self, model: nn.Module) -> float:
+        return evaluate(model, loader(self.data.val, 256, shuffle=False), self.device)
+
+    def feasible_pairs(self) -> list[tuple[int, int]]:
+        merge = bool(self.settings.get("mergers"))
+        return feasible_pairs(self.dense, self.budget, self.example, merge=merge)
+
+
+@dataclass
+class ScoringContext:
+    """What a scorer may use: data, the dense teacher, settings and a work folder."""
+
+    data: DataBundle
+    teacher: nn.Module
+    settings: dict
+    device: str
+    seed: int
+    workdir: Path
+    progress: bool = True
+    resume: bool = False
+    log: Callable[[str], None] = print
+    on_epoch_end: Callable[[int, dict], None] | None = None
+
+    def batches(self):
+        """The few fixed batches one-shot scorers use (seeded subset of the training data)."""
+        sc = self.settings["scoring"]
+        data = subset(self.data.train, sc["subset"], self.seed)
+        for i, (x, y) in enumerate(loader(data, sc["batch_size"], shuffle=False)):
+            if i >= sc["batches"]:
+                break
+            yield x.to(self.device), y.to(self.device)
+
+    def train_config(self, section: str = "short_finetune", **changes) -> TrainConfig:
+        return train_config(self.settings, section, **changes)
+
+
+@dataclass
+class PruneResult:
+    model: nn.Module
+    recipe: Recipe
+    report: dict
+
+
+def scoring_context(job: PruneJob, workdir: Path | None = None) -> ScoringContext:
+    return ScoringContext(
+        data=job.data, teacher=job.dense, settings=job.settings, device=job.device, seed=job.seed,
+        workdir=workdir or job.workdir / "scoring", progress=job.progress, resume=job.resume, log=job.log,
+        on_epoch_end=lambda e, m: job.event("on_epoch_end", stage="select", epoch=e, metrics=m),
+    )
+
+
+def rank_lowest(scores: dict[Site, float], n: int) -> list[Site]:
+    """The ``n`` lowest-scoring sites (ties broken by block index, for determinism)."""
+    return sorted(scores, key=lambda s: (scores[s], s.block))[:n]
+
+
+def select_sites(job: PruneJob, model: nn.Module, counts: dict[str, int], scorer_name: str | None = None,
+                 ctx: ScoringContext | None = None) -> list[Site]:
+    """Choose ``counts[kind]`` sites of each kind with the configured scorer.
+
+    A scorer with ``select`` (learning while it removes) may adapt ``model``'s
+    weights in place; it must leave every site present.
+    """
+    name = scorer_name or job.settings["scorer"]
+    scorer = job.registry.build("scorer", name, **job.settings.get("scorer_options", {}))
+    ctx = ctx or scoring_context(job)
+    limits = max_per_kind(model)
+    for kind, n in counts.items():
+        if n > limits[kind]:
+            raise HetpruneError(f"cannot remove {n} {kind} sites: at most {limits[kind]} may go from this model")
+    if hasattr(scorer, "select"):
+        chosen = list(scorer.select(model, dict(counts), ctx))
+    else:
+        chosen = []
+        for kind, n in counts.items():
+            if n:
+                chosen += rank_lowest(scorer.score(model, sites(model, kind), ctx), n)
+    got = {k: sum(1 for s in chosen if s.kind == k) for k in counts}
+    if got != {k: n for k, n in counts.items()} or len(set(chosen)) != len(chosen):
+        raise HetpruneError(f"scorer {name!r} chose {got} sites, but {dict(counts)} were asked for")
+    return sorted(chosen, key=lambda s: (s.kind, s.block))
+
+
+def remove_sites(job: PruneJob, model: nn.Module, chosen: list[Site]) -> dict:
+    """Turn the chosen sites off with the configured removers; returns what they recorded."""
+    removers = {
+        "attn": job.registry.build("remover", job.settings["attn_remover"]),
+        "act": job.registry.build("remover", job.settings["act_remover"]),
+    }
+    records: dict = {}
+    for site in chosen:
+        remover = removers[site.kind]
+        if getattr(remover, "kind", site.kind) != site.kind:
+            raise HetpruneError(f"remover {remover.name!r} removes {remover.kind} sites, not {site.kind}")
+        records.update(remover.remove(model, site) or {})
+    return records
+
+
+def finetune(job: PruneJob, model: nn.Module, section: str = "finetune", stage: str = "finetune",
+             **changes) -> list[dict]:
+    cfg = train_config(job.settings, section, **changes)
+    return train(model, job.data, cfg, teacher=job.dense, checkpoint_dir=job.workdir / stage, resume=job.resume,
+                 progress=job.progress, desc=f"{job.strategy_name}: {stage}",
+                 on_epoch_end=lambda e, m: job.event("on_epoch_end", stage=stage, epoch=e, metrics=m))
+
+
+def merge(job: PruneJob, model: nn.Module, tol: float = 1e-4) -> list[int]:
+    """Apply the configured mergers and check the function did not change."""
+    reference = copy.deepcopy(model).eval()
+    changed: list[int] = []
+    for name in job.settings.get("mergers") or []:
+        changed += job.registry.build("merger", name).merge(model) or []
+    model.eval()
+    x = job.example.to(next(model.parameters()).device)
+    surgery.check_exact(reference, model, x, tol=tol)
+    return sorted(set(changed))
+
+
+def finish(job: PruneJob, model: nn.Module, report: dict, fold_norm: bool = False,
+           widths: dict | None = None) -> PruneResult:
+    """Turn a pruned, fine-tuned, merged model into a recipe and a complete report."""
+    model.eval()
+    example = job.example
+    recipe = recipe_from_model(
+        model, job.spec, arch_of(job.dense), fold_norm=fold_norm, widths=widths,
+        provenance={"strategy": job.strategy_name, "budget": job.budget.to_dict(), "seed": job.seed,
+                    "base_weights": job.base_info, "data": job.data.describe()},
+    )
+    dense_cost = cost_summary(job.dense, example)
+    cost = cost_summary(model.cpu() if job.device == "cpu" else model, example.to(next(model.parameters()).device))
+    report = {
+        "strategy": job.strategy_name,
+        "budget": job.budget.to_dict(),
+        "seed": job.seed,
+        "n_attn": recipe.n_attn,
+        "n_act": recipe.n_act,
+        "sites": [str(s) for s in recipe.removed_sites],
+        **report,
+        "params": cost["params"],
+        "macs": cost["macs"],
+        "dense_params": dense_cost["params"],
+        "dense_macs": dense_cost["macs"],
+        "macs_convention": cost["macs_convention"],
+        "settings": job.settings,
+    }
+    return PruneResult(model, recipe, report)
+
+
+class DepthStrategy:
+    """Depth pruning with a rule for splitting the budget between kinds.
+
+    Subclasses set ``name``/``description`` and override :meth:`allocate`;
+    ``defaults`` adds a settings section of their own.
+    """
+
+    name = "depth"
+    description = "depth pruning with a fixed split"
+    defaults: dict = {}
+
+    def allocate(self, job: PruneJob) -> tuple[tuple[int, int], dict]:
+        """Return ``((n_attn, n_act), info)`` for the job's budget."""
+        raise NotImplementedError
+
+    def choose(self, job: PruneJob, model: nn.Module, counts: dict[str, int]) -> list[Site]:
+        """Which sites to remove (default: the configured scorer, within each kind)."""
+        return select_sites(job, model, counts)
+
+    def remove(self, job: PruneJob, model: nn.Module, chosen: list[Site]) -> dict:
+        """Turn the chosen sites off (default: the configured removers)."""
+        return remove_sites(job, model, chosen)
+
+    def prepare(self, job: PruneJob) -> nn.Module:
+        """The model to prune: a copy of the dense one (subclasses may change it)."""
+        return copy.deepcopy(job.dense)
+
+    def run(self, job: PruneJob) -> PruneResult:
+        job.strategy_name = job.strategy_name or self.name
+        started = time.time()
+        t = job.stage_start("allocate", budget=job.budget.to_dict())
+        (n_attn, n_act), alloc_info = self.allocate(job)
+        job.stage_end("allocate", t, n_attn=n_attn, n_act=n_act, **alloc_info)
+        job.log(f"[{job.strategy_name}] split: {n_attn} attention + {n_act} activation sites")
+
+        model = self.prepare(job)
+        t = job.stage_start("select", n_attn=n_attn, n_act=n_act, scorer=job.settings["scorer"])
+        chosen = self.choose(job, model, {"attn": n_attn, "act": n_act})
+        job.stage_end("select", t, sites=[str(s) for s in chosen])
+        job.log(f"[{job.strategy_name}] sites: {', '.join(str(s) for s in chosen) or '(none)'}")
+
+        removal = self.remove(job, model, chosen)
+        top1_pruned = job.val_accuracy(model)
+        t = job.stage_start("finetune")
+        history = finetune(job, model)
+        top1 = job.val_accuracy(model)
+        job.stage_end("finetune", t, top1=top1)
+        job.log(f"[{job.strategy_name}] top-1 {top1_pruned:.2f}% after removal, {top1:.2f}% after fine-tune")
+
+        t = job.stage_start("merge")
+        merged = merge(job, model)
+        job.stage_end("merge", t, merged=merged)
+        report = {
+            "allocation": alloc_info,
+            "removal": removal,
+            "merged": merged,
+            "top1_dense": job.base_info.get("top1"),
+            "top1_before_finetune": top1_pruned,
+            "top1": top1,
+            "finetune_history": history,
+            "seconds": round(time.time() - started, 1),
+        }
+        return finish(job, model, report, fold_norm="ln-fold" in (job.settings.get("mergers") or []))

@@ -1,0 +1,213 @@
+"""Plugin loading and the registry of named components.
+
+Plugins come from three places, and from nowhere else:
+
+* entry points in group ``hetprune`` (built-ins are declared this way too),
+  optionally restricted by the environment variable ``HETPRUNE_PLUGINS``
+  (a comma-separated allow-list of entry-point names);
+* ``--plugin pkg.module`` on the command line (:func:`load_module`);
+* objects registered in code with :func:`register_plugin` (tests, notebooks).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .errors import HetpruneError
+
+KINDS = {
+    "predictor": "register_predictors",
+    "scorer": "register_scorers",
+    "remover": "register_removers",
+    "merger": "register_mergers",
+    "strategy": "register_strategies",
+    "width_pruner": "register_width_pruners",
+}
+
+
+@dataclass
+class Component:
+    kind: str
+    name: str
+    factory: Any
+    plugin: str
+
+    @property
+    def description(self) -> str:
+        text = getattr(self.factory, "description", None) or (self.factory.__doc__ or "")
+        return text.strip().splitlines()[0] if text.strip() else ""
+
+    def build(self, **options):
+        return self.factory(**options)
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    version: str
+    source: str
+    components: dict[str, list[str]] = field(default_factory=dict)
+
+
+class Registry:
+    """Every component every loaded plugin registered, keyed by kind and name."""
+
+    def __init__(self, pm: pluggy.PluginManager, versions: dict[str, tuple[str, str]]):
+        self.pm = pm
+        self._versions = versions
+        self._by_kind: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
+        self._collect()
+
+    def _collect(self) -> None:
+        for kind, hook_name in KINDS.items():
+            hook = getattr(self.pm.hook, hook_name)
+            for impl in hook.get_hookimpls():
+                plugin_name = self.pm.get_name(impl.plugin) or repr(impl.plugin)
+
+                def register(component, _kind=kind, _plugin=plugin_name):
+                    self._add(_kind, component, _plugin)
+
+                impl.function(register=register)
+
+    def _add(self, kind: str, factory: Any, plugin: str) -> None:
+        name = getattr(factory, "name", None)
+        if not isinstance(name, str) or not name:
+            raise HetpruneError(
+                f"plugin {plugin!r} registered a {kind} without a string 'name' attribute: {factory!r}"
+            )
+        known = self._by_kind[kind].get(name)
+        if known is not None and known.factory is not factory:
+            raise HetpruneError(
+                f"{kind} name {name!r} is registered twice: by plugin {known.plugin!r} "
+                f"and by plugin {plugin!r}; uninstall one or restrict with HETPRUNE_PLUGINS"
+            )
+        self._by_kind[kind][name] = Component(kind, name, factory, plugin)
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._by_kind[kind])
+
+    def component(self, kind: str, name: str) -> Component:
+        if kind not in self._by_kind:
+            raise HetpruneError(f"unknown component kind {kind!r}; kinds are: {', '.join(KINDS)}")
+        try:
+            return self._by_kind[kind][name]
+        except KeyError:
+            known = ", ".join(self.names(kind)) or "(none)"
+            raise HetpruneError(f"no {kind} named {name!r} is registered; registered {kind}s: {known}") from None
+
+    def build(self, kind: str, name: str, **options):
+        return self.component(kind, name).build(**options)
+
+    def plugins(self) -> list[PluginInfo]:
+        infos: dict[str, PluginInfo] = {}
+        for plugin_name, plugin in self.pm.list_name_plugin():
+            if plugin is hookspecs or plugin_name == "hetprune.hookspecs":
+                continue
+            version, source = self._versions.get(plugin_name, ("", "code"))
+            infos[plugin_name] = PluginInfo(plugin_name, version, source)
+        for kind, comps in self._by_kind.items():
+            for comp in comps.values():
+                info = infos.setdefault(comp.plugin, PluginInfo(comp.plugin, "", "code"))
+                info.components.setdefault(kind, []).append(comp.name)
+        for info in infos.values():
+            for names in info.components.values():
+                names.sort()
+        return sorted(infos.values(), key=lambda i: i.name)
+
+    @property
+    def hook(self):
+        """Call event hooks: ``registry.hook.on_stage_start(stage=..., info=...)``."""
+        return self.pm.hook
+
+
+_extra_modules: list[str] = []
+_extra_objects: list[tuple[str, Any]] = []
+_registry: Registry | None = None
+
+
+def _allow_list() -> set[str] | None:
+    raw = os.environ.get("HETPRUNE_PLUGINS")
+    if raw is None:
+        return None
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def _new_manager() -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]]]:
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    versions: dict[str, tuple[str, str]] = {}
+    allow = _allow_list()
+    seen = set()
+    for ep in md.entry_points(group=hookspecs.PROJECT):
+        if ep.name in seen:
+            continue
+        seen.add(ep.name)
+        if allow is not None and ep.name not in allow:
+            continue
+        try:
+            plugin = ep.load()
+        except Exception as exc:  # a broken outside plugin must not hide the others' names
+            raise HetpruneError(f"plugin entry point {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
+        pm.register(plugin, name=ep.name)
+        dist = getattr(ep, "dist", None)
+        versions[ep.name] = (dist.version if dist else "", f"entry point {ep.value}")
+    if allow is not None:
+        missing = allow - seen
+        if missing:
+            raise HetpruneError(
+                f"HETPRUNE_PLUGINS names {', '.join(sorted(missing))}, which no installed package provides; "
+                f"installed entry points: {', '.join(sorted(seen)) or '(none)'}"
+            )
+    for module_name in _extra_modules:
+        module = importlib.import_module(module_name)
+        if pm.get_plugin(module_name) is None:
+            pm.register(module, name=module_name)
+            versions[module_name] = (str(getattr(module, "__version__", "")), "--plugin")
+    for name, obj in _extra_objects:
+        pm.register(obj, name=name)
+    return pm, versions
+
+
+def load_module(module_name: str) -> None:
+    """Load one more plugin module by import path (the ``--plugin`` flag)."""
+    try:
+        importlib.import_module(module_name)
+    except ImportError as exc:
+        raise HetpruneError(f"--plugin {module_name!r} cannot be imported: {exc}") from exc
+    if module_name not in _extra_modules:
+        _extra_modules.append(module_name)
+    reset()
+
+
+def register_plugin(obj: Any, name: str | None = None) -> str:
+    """Register a plugin object in code (tests, notebooks). Returns its name."""
+    name = name or getattr(obj, "__name__", None) or f"plugin-{id(obj)}"
+    _extra_objects.append((name, obj))
+    reset()
+    return name
+
+
+def unregister_plugin(name: str) -> None:
+    _extra_objects[:] = [(n, o) for n, o in _extra_objects if n != name]
+    reset()
+
+
+def reset() -> None:
+    """Forget the loaded registry; the next :func:`get_registry` reloads."""
+    global _registry
+    _registry = None
+
+
+def get_registry() -> Registry:
+    global _registry
+    if _registry is None:
+        pm, versions = _new_manager()
+        _registry = Registry(pm, versions)
+    return _registry

@@ -1,0 +1,223 @@
+"""Fine-tuning with knowledge distillation, per-epoch checkpoints, resume, and
+a NaN guard; and top-1 evaluation.
+
+One loop serves the embedded base model, the short fine-tunes of MAP points
+and the long fine-tune after pruning, so every strategy is trained alike.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from .data import DataBundle, loader, subset
+from .errors import HetpruneError
+
+KD_MODES = ("soft", "hard", "none")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 3
+    lr: float = 5e-4
+    batch_size: int = 32
+    weight_decay: float = 0.05
+    warmup_epochs: int = 0
+    kd: str = "soft"            # soft | hard | none
+    kd_temperature: float = 2.0
+    kd_alpha: float = 0.5       # weight of the distillation term; (1 - alpha) on the labels
+    subset: int | None = None   # train on this many training images (seeded), None = all
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if self.kd not in KD_MODES:
+            raise HetpruneError(f"kd must be one of {KD_MODES}, got {self.kd!r}")
+        if self.epochs < 0 or self.batch_size < 1 or self.lr <= 0:
+            raise HetpruneError(f"bad training settings: epochs={self.epochs}, batch_size={self.batch_size}, "
+                                f"lr={self.lr} (need epochs >= 0, batch_size >= 1, lr > 0)")
+        if not 0.0 <= self.kd_alpha <= 1.0:
+            raise HetpruneError(f"kd_alpha must be within [0, 1], got {self.kd_alpha}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "training settings") -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise HetpruneError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(sorted(known))}")
+        return cls(**d)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise HetpruneError(f"device {name!r} asked for, but CUDA is not available here; use --device cpu or auto")
+    if name not in ("cpu",) and not name.startswith("cuda"):
+        raise HetpruneError(f"device must be auto, cpu or cuda[:N], got {name!r}")
+    return torch.device(name)
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mode: str, temperature: float = 2.0):
+    """The distillation term alone: soft KL(teacher || student) * T^2, or CE on the teacher's argmax."""
+    if mode == "soft":
+        t = temperature
+        return F.kl_div(F.log_softmax(student_logits / t, dim=-1), F.log_softmax(teacher_logits / t, dim=-1),
+                        reduction="batchmean", log_target=True) * (t * t)
+    if mode == "hard":
+        return F.cross_entropy(student_logits, teacher_logits.argmax(dim=-1))
+    return student_logits.new_zeros(())
+
+
+def training_loss(student_logits, labels, teacher_logits, cfg: TrainConfig) -> torch.Tensor:
+    ce = F.cross_entropy(student_logits, labels)
+    if cfg.kd == "none" or teacher_logits is None:
+        return ce
+    return (1 - cfg.kd_alpha) * ce + cfg.kd_alpha * kd_loss(student_logits, teacher_logits, cfg.kd,
+                                                            cfg.kd_temperature)
+
+
+@torch.inference_mode()
+def evaluate(model: nn.Module, data_loader, device: str | torch.device = "cpu") -> float:
+    """Top-1 accuracy in percent."""
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    for x, y in data_loader:
+        x, y = x.to(device), y.to(device)
+        correct += (model(x).argmax(dim=-1) == y).sum().item()
+        total += y.numel()
+    model.train(was_training)
+    if total == 0:
+        raise HetpruneError("evaluation set is empty")
+    return 100.0 * correct / total
+
+
+def _checkpoint_path(folder: Path) -> Path:
+    return folder / "finetune-checkpoint.pt"
+
+
+def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, history: list, cfg: TrainConfig):
+    import os
+    import tempfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "epoch": epoch, "history": history, "config": cfg.to_dict()}
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt.", dir=folder)
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, _checkpoint_path(folder))
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _load_checkpoint(folder: Path) -> dict | None:
+    path = _checkpoint_path(folder)
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise HetpruneError(f"fine-tune checkpoint {path} is corrupt or truncated ({exc}); "
+                            "delete it to start this fine-tune over") from exc
+
+
+def train(
+    model: nn.Module,
+    data: DataBundle,
+    cfg: TrainConfig,
+    teacher: nn.Module | None = None,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    desc: str = "fine-tune",
+    on_epoch_end: Callable[[int, dict], None] | None = None,
+    eval_each_epoch: bool = False,
+) -> list[dict]:
+    """Train ``model`` in place; returns the per-epoch history.
+
+    With ``checkpoint_dir``, a checkpoint is written after every epoch and
+    ``resume=True`` continues from it. Each epoch's data order and
+    augmentation are seeded by ``(seed, epoch)``, so a resumed run repeats
+    the uninterrupted one. A NaN or inf loss stops training with an error and
+    leaves the last good checkpoint in place.
+    """
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import CosineLRScheduler
+
+    device = resolve_device(cfg.device)
+    model.to(device)
+    if teacher is not None:
+        teacher.to(device).eval()
+    train_set = subset(data.train, cfg.subset, cfg.seed)
+    steps_per_epoch = max(1, math.ceil(len(train_set) / cfg.batch_size))
+    total = max(1, cfg.epochs * steps_per_epoch)
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = CosineLRScheduler(optimizer, t_initial=total, warmup_t=cfg.warmup_epochs * steps_per_epoch,
+                                  warmup_lr_init=cfg.lr * 0.01, lr_min=cfg.lr * 0.01, t_in_epochs=False)
+    folder = Path(checkpoint_dir) if checkpoint_dir else None
+    start_epoch, history = 0, []
+    if folder is not None and resume:
+        ckpt = _load_checkpoint(folder)
+        if ckpt is not None:
+            if ckpt.get("config") != cfg.to_dict():
+                raise HetpruneError(f"checkpoint in {folder} was made with other training settings; "
+                                    "delete it or run without --resume")
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scheduler.load_state_dict(ckpt["scheduler"])
+            start_epoch, history = ckpt["epoch"], list(ckpt["history"])
+    val_loader = loader(data.val, 256, shuffle=False) if eval_each_epoch else None
+    bar = tqdm(range(start_epoch, cfg.epochs), desc=desc, disable=not progress, leave=False, dynamic_ncols=True,
+               initial=start_epoch, total=cfg.epochs)
+    for epoch in bar:
+        model.train()
+        seed = cfg.seed * 100_003 + epoch
+        torch.manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed)
+        epoch_loss, n_seen, t0 = 0.0, 0, time.time()
+        for step, (x, y) in enumerate(loader(train_set, cfg.batch_size, shuffle=True, seed=seed)):
+            if data.augment is not None:
+                x = data.augment(x, gen)
+            x, y = x.to(device), y.to(device)
+            teacher_logits = None
+            if teacher is not None and cfg.kd != "none":
+                with torch.no_grad():
+                    teacher_logits = teacher(x)
+            loss = training_loss(model(x), y, teacher_logits, cfg)
+            if not torch.isfinite(loss):
+                where = f"; the last good checkpoint is {_checkpoint_path(folder)}" if folder and epoch else ""
+                raise HetpruneError(f"{desc}: loss became {loss.item()} at epoch {epoch + 1}, step {step + 1} "
+                                    f"(lr {optimizer.param_groups[0]['lr']:.2e}); stopped{where}. "
+                                    "Lower the learning rate or check the data.")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step_update(epoch * steps_per_epoch + step + 1)
+            epoch_loss += loss.item() * y.numel()
+            n_seen += y.numel()
+        metrics = {"epoch": epoch + 1, "loss": epoch_loss / max(1, n_seen), "seconds": round(time.time() - t0, 2)}
+        if val_loader is not None:
+            metrics["accuracy"] = evaluate(model, val_loader, device)
+        history.append(metrics)
+        bar.set_postfix({k: round(v, 4) for k, v in metrics.items() if k in ("loss", "accuracy")})
+        if folder is not None:
+            _save_checkpoint(folder, model, optimizer, scheduler, epoch + 1, history, cfg)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch + 1, metrics)
+    model.eval()
+    return history

@@ -1,0 +1,15 @@
+"""Baseline strategies as a hetprune plugin: fixed splits of the budget and
+classic block dropping. Each uses the same scorer, fine-tune, KD and merge as
+hetdpt, so ``hetprune compare`` differs in the split alone."""
+
+import hetprune
+
+from .strategies import ActOnly, AttnOnly, BlockDrop, Mix, Mix50
+
+__version__ = hetprune.__version__
+
+
+@hetprune.hookimpl
+def register_strategies(register):
+    for strategy in (AttnOnly, ActOnly, Mix, Mix50, BlockDrop):
+        register(strategy)

@@ -1,0 +1,129 @@
+"""Fixed-split depth strategies and block dropping."""
+
+from __future__ import annotations
+
+import math
+
+from hetprune import HetpruneError, Site, sites
+from hetprune import surgery
+from hetprune.pipeline import DepthStrategy, PruneJob, scoring_context
+
+
+def closest_pair(pairs: list[tuple[int, int]], attn_share: float) -> tuple[int, int]:
+    """The feasible pair whose attention share is closest to ``attn_share``.
+
+    Ties go to fewer attention removals (so an odd budget at 50/50 rounds the
+    extra removal to the activation side)."""
+    def share(p):
+        total = p[0] + p[1]
+        return p[0] / total if total else 0.0
+
+    return min(pairs, key=lambda p: (abs(share(p) - attn_share), p[0]))
+
+
+class Mix(DepthStrategy):
+    """Fixed share of attention removals (mix.ratio, default 0.5); the rest are activations."""
+
+    name = "mix"
+    description = "fixed split: a share mix.ratio of the removals are attention sites"
+    defaults = {"mix": {"ratio": 0.5}}
+    ratio_override: float | None = None
+
+    def ratio(self, job: PruneJob) -> float:
+        if self.ratio_override is not None:
+            return self.ratio_override
+        ratio = job.settings.get("mix", {}).get("ratio", 0.5)
+        if not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+            raise HetpruneError(f"mix.ratio must be a number within [0, 1], got {ratio!r}")
+        return float(ratio)
+
+    def allocate(self, job: PruneJob):
+        ratio = self.ratio(job)
+        pairs = job.feasible_pairs()
+        pick = closest_pair(pairs, ratio)
+        if job.budget.sites is not None and ratio not in (0.0, 1.0) and (job.budget.sites * ratio) % 1:
+            note = f"{job.budget.sites} x {ratio:g} is not whole: rounded to {pick[0]} attention sites"
+        else:
+            note = ""
+        if ratio == 1.0 and pick[1] > 0 or ratio == 0.0 and pick[0] > 0:
+            note = f"the budget cannot be met with one kind alone on this model: split {pick}"
+        return pick, {"ratio": ratio, **({"note": note} if note else {})}
+
+
+class Mix50(Mix):
+    """50/50 split; an odd budget gives the extra removal to activations."""
+
+    name = "mix50"
+    description = "fixed 50/50 split (odd budgets: the extra removal is an activation site)"
+    defaults = {}
+    ratio_override = 0.5
+
+
+class AttnOnly(Mix):
+    """Every removal is an attention site."""
+
+    name = "attn-only"
+    description = "every removal is an attention sub-block"
+    defaults = {}
+    ratio_override = 1.0
+
+
+class ActOnly(Mix):
+    """Every removal is an MLP activation."""
+
+    name = "act-only"
+    description = "every removal is an MLP activation"
+    defaults = {}
+    ratio_override = 0.0
+
+
+class BlockDrop(DepthStrategy):
+    """Classic depth pruning: drop whole blocks; each counts as 2 sites (odd budgets round down)."""
+
+    name = "block-drop"
+    description = "classic depth pruning: drop whole blocks (2 sites each; odd budgets round down)"
+    defaults = {}
+
+    def allocate(self, job: PruneJob):
+        import copy
+
+        from hetprune.costs import count_macs
+
+        most = len(sites(job.dense, "attn")) - 1  # at least one block must stay
+        if job.budget.sites is not None:
+            n = job.budget.sites // 2
+            note = {"note": f"odd budget {job.budget.sites}: {n} blocks = {2 * n} sites"} if job.budget.sites % 2 else {}
+        else:
+            example = job.example
+            dense = count_macs(job.dense, example)
+            one = copy.deepcopy(job.dense)
+            surgery.drop_block(one, 0)
+            per_block = dense - count_macs(one, example)
+            limit = job.budget.mac_limit(dense)
+            n = math.ceil(max(0.0, dense - limit) / per_block)
+            note = {}
+        if n > most:
+            raise HetpruneError(f"block-drop cannot meet {job.budget.describe()}: at most {most} of "
+                                f"{most + 1} blocks may be dropped")
+        return (n, n), {"blocks": n, **note}
+
+    def choose(self, job: PruneJob, model, counts):
+        """Blocks ranked by the scorer: a block's score is the mean within-kind rank of its two sites."""
+        n = counts["attn"]
+        if n == 0:
+            return []
+        scorer = job.registry.build("scorer", job.settings["scorer"], **job.settings.get("scorer_options", {}))
+        ctx = scoring_context(job)
+        rank = {}
+        for kind in ("attn", "act"):
+            scores = scorer.score(model, sites(model, kind), ctx)
+            ordered = sorted(scores, key=lambda s: (scores[s], s.block))
+            for r, s in enumerate(ordered):
+                rank.setdefault(s.block, []).append(r / max(1, len(ordered) - 1))
+        blocks = sorted(rank, key=lambda b: (sum(rank[b]) / len(rank[b]), b))[:n]
+        return [Site(b, k) for b in sorted(blocks) for k in ("attn", "act")]
+
+    def remove(self, job: PruneJob, model, chosen):
+        for block in sorted({s.block for s in chosen}):
+            surgery.drop_block(model, block)
+        return {"dropped_blocks": sorted({s.block for s in chosen})}

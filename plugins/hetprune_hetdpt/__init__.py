@@ -1,0 +1,40 @@
+"""HetDPT as a hetprune plugin: the MAP predictor, the scorers, removers and
+mergers, and the ``hetdpt`` strategy. Uses only the public plugin API."""
+
+import hetprune
+
+from .mergers import LayerNormFold, LinearMerge
+from .predictors import PolyPredictor
+from .removers import ActIdentity, AttnIdentity, AttnLnResidual
+from .scorers import BlockInfluenceScorer, GateTaylorScorer, MagnitudeScorer, RandomScorer, TaylorScorer
+from .strategy import HetDPT
+
+__version__ = hetprune.__version__
+
+
+@hetprune.hookimpl
+def register_predictors(register):
+    register(PolyPredictor)
+
+
+@hetprune.hookimpl
+def register_scorers(register):
+    for scorer in (GateTaylorScorer, TaylorScorer, BlockInfluenceScorer, MagnitudeScorer, RandomScorer):
+        register(scorer)
+
+
+@hetprune.hookimpl
+def register_removers(register):
+    for remover in (AttnIdentity, AttnLnResidual, ActIdentity):
+        register(remover)
+
+
+@hetprune.hookimpl
+def register_mergers(register):
+    register(LinearMerge)
+    register(LayerNormFold)
+
+
+@hetprune.hookimpl
+def register_strategies(register):
+    register(HetDPT)

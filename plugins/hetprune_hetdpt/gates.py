@@ -1,0 +1,75 @@
+"""Site gates: every candidate site computes m·f(x) + (1−m)·x.
+
+For an attention site the gate scales the attention branch (``x + m·branch``);
+for an activation site it mixes the activation with its input
+(``m·act(h) + (1−m)·h``). ``m`` is a hard 0/1 mask in the forward pass; with
+the straight-through estimator a scalar score behind each gate receives the
+gradient ∂L/∂m = ⟨f(x) − x, ∂L/∂y⟩, the first-order Taylor estimate of what
+removing the site does to the loss.
+
+The gate bank is a submodule of the model (``model.hetprune_gates``), so its
+scores and mask are in the state dict and a resumed run keeps them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hetprune import Site
+from hetprune.sites import blocks_of
+
+GATE_ATTR = "hetprune_gates"
+
+
+class GateBank(nn.Module):
+    def __init__(self, candidates: list[Site], init: float = 0.0):
+        super().__init__()
+        self.sites = list(candidates)
+        self.scores = nn.Parameter(torch.full((len(self.sites),), float(init)))
+        self.register_buffer("mask", torch.ones(len(self.sites)))
+        self.index = {s: i for i, s in enumerate(self.sites)}
+
+    def gate(self, site: Site) -> torch.Tensor:
+        i = self.index[site]
+        score = self.scores[i]
+        # forward value: the hard mask; backward: d(gate)/d(score) = 1 (straight-through)
+        return self.mask[i] + score - score.detach()
+
+    def active(self, kind: str | None = None) -> list[Site]:
+        return [s for s in self.sites if self.mask[self.index[s]] > 0 and (kind is None or s.kind == kind)]
+
+    def switch_off(self, site: Site) -> None:
+        self.mask[self.index[site]] = 0.0
+
+    def score_of(self, site: Site) -> float:
+        return float(self.scores[self.index[site]].detach())
+
+
+def install(model: nn.Module, candidates: list[Site], init: float = 0.0) -> tuple[GateBank, list]:
+    """Add a gate bank and forward hooks to ``model``; returns the bank and hook handles."""
+    bank = GateBank(candidates, init).to(next(model.parameters()).device)
+    setattr(model, GATE_ATTR, bank)
+    blocks = blocks_of(model)
+    handles = []
+    for site in candidates:
+        block = blocks[site.block]
+        if site.kind == "attn":
+            def attn_hook(module, inputs, output, _site=site):
+                return output * bank.gate(_site)
+
+            handles.append(block.attn.register_forward_hook(attn_hook))
+        else:
+            def act_hook(module, inputs, output, _site=site):
+                m = bank.gate(_site)
+                return m * output + (1 - m) * inputs[0]
+
+            handles.append(block.mlp.act.register_forward_hook(act_hook))
+    return bank, handles
+
+
+def uninstall(model: nn.Module, handles: list) -> None:
+    for h in handles:
+        h.remove()
+    if hasattr(model, GATE_ATTR):
+        delattr(model, GATE_ATTR)

@@ -1,0 +1,246 @@
+"""Importance scorers. Higher score = more important = keep. Scores are only
+ever compared between sites of the same kind."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hetprune import HetpruneError
+from hetprune.sites import blocks_of
+from hetprune.train import training_loss
+
+from . import gates
+
+
+def _ce(model, x, y):
+    return F.cross_entropy(model(x), y)
+
+
+class TaylorScorer:
+    """One-shot first-order Taylor estimate of the loss increase when a site is removed."""
+
+    name = "taylor"
+
+    def score(self, model, sites, ctx):
+        bank, handles = gates.install(model, sites)
+        was_training = model.training
+        model.eval()
+        try:
+            total = torch.zeros_like(bank.scores)
+            n = 0
+            for x, y in ctx.batches():
+                bank.scores.grad = None
+                _ce(model, x, y).backward()
+                total += bank.scores.grad.detach()
+                n += 1
+            model.zero_grad(set_to_none=True)
+        finally:
+            gates.uninstall(model, handles)
+            model.train(was_training)
+        if n == 0:
+            raise HetpruneError("taylor scorer got no batches: the scoring subset is empty")
+        # removing a site moves m from 1 to 0: delta L ~ -dL/dm
+        return {s: float(-total[i] / n) for i, s in enumerate(sites)}
+
+
+class BlockInfluenceScorer:
+    """1 - cosine similarity of a site's input and output (how much it changes the stream)."""
+
+    name = "block-influence"
+
+    @torch.no_grad()
+    def score(self, model, sites, ctx):
+        blocks = blocks_of(model)
+        sums = {s: 0.0 for s in sites}
+        counts = {s: 0 for s in sites}
+        handles = []
+
+        def record(site, x, y):
+            cos = F.cosine_similarity(x.flatten(0, -2), y.flatten(0, -2), dim=-1)
+            sums[site] += float((1 - cos).mean())
+            counts[site] += 1
+
+        for site in sites:
+            block = blocks[site.block]
+
+            def act_hook(module, inputs, output, _site=site):
+                record(_site, inputs[0], output)
+
+            if site.kind == "attn":
+                # the attention site maps the residual stream x to x + ls1(attn(norm1(x)))
+                def pre(module, inputs, _site=site):
+                    module._hp_x = inputs[0]
+
+                def post(module, inputs, output, _site=site):
+                    x = module._hp_x
+                    record(_site, x, x + module.ls1(module.attn(module.norm1(x))))
+                    del module._hp_x
+
+                handles.append(block.register_forward_pre_hook(pre))
+                handles.append(block.register_forward_hook(post))
+            else:
+                handles.append(block.mlp.act.register_forward_hook(act_hook))
+        was_training = model.training
+        model.eval()
+        try:
+            for x, _ in ctx.batches():
+                model(x)
+        finally:
+            for h in handles:
+                h.remove()
+            model.train(was_training)
+        return {s: sums[s] / max(1, counts[s]) for s in sites}
+
+
+class MagnitudeScorer:
+    """RMS of the weights a site's branch owns (attention: qkv, proj; activation: fc1, fc2)."""
+
+    name = "magnitude"
+
+    @torch.no_grad()
+    def score(self, model, sites, ctx):
+        blocks = blocks_of(model)
+        out = {}
+        for s in sites:
+            b = blocks[s.block]
+            layers = (b.attn.qkv, b.attn.proj) if s.kind == "attn" else (b.mlp.fc1, b.mlp.fc2)
+            sq = sum(float((layer.weight.double() ** 2).sum()) for layer in layers)
+            n = sum(layer.weight.numel() for layer in layers)
+            out[s] = (sq / n) ** 0.5
+        return out
+
+
+class RandomScorer:
+    """Seeded random scores: the control every scorer should beat."""
+
+    name = "random"
+
+    def __init__(self, seed: int | None = None):
+        self.seed = seed
+
+    def score(self, model, sites, ctx):
+        seed = ctx.seed if self.seed is None else self.seed
+        gen = torch.Generator().manual_seed(10_007 * seed + sum(ord(c) for c in sites[0].kind) if sites else seed)
+        values = torch.rand(len(sites), generator=gen)
+        return {s: float(v) for s, v in zip(sites, values)}
+
+
+class GateTaylorScorer:
+    """The paper's learned gates: STE-trained scores, incremental removal alternating kinds."""
+
+    name = "gate-taylor"
+
+    def __init__(self, epochs_per_removal: int = 1, warmup_epochs: int = 1, score_lr: float = 1.0):
+        if epochs_per_removal < 1 or warmup_epochs < 0:
+            raise HetpruneError("gate-taylor needs epochs_per_removal >= 1 and warmup_epochs >= 0")
+        self.epochs_per_removal = epochs_per_removal
+        self.warmup_epochs = warmup_epochs
+        self.score_lr = score_lr
+
+    def score(self, model, sites, ctx):
+        """One-shot fallback: the gate gradient on the scoring batches (same as ``taylor``)."""
+        return TaylorScorer().score(model, sites, ctx)
+
+    @staticmethod
+    def schedule(counts: dict[str, int]) -> list[str]:
+        """The kinds due at each removal: alternating, attention first, until both are met."""
+        left = dict(counts)
+        order = []
+        for kind in itertools.cycle(("attn", "act")):
+            if not any(left.values()):
+                break
+            if left.get(kind, 0) > 0:
+                order.append(kind)
+                left[kind] -= 1
+        return order
+
+    def select(self, model, counts, ctx):
+        from hetprune.data import loader, subset
+        from timm.optim import create_optimizer_v2
+
+        order = self.schedule(counts)
+        if not order:
+            return []
+        candidates = [s for kind in ("attn", "act") if counts.get(kind) for s in _present(model, kind)]
+        cfg = ctx.train_config("short_finetune", subset=ctx.settings["scoring"]["subset"])
+        device = torch.device(cfg.device)
+        model.to(device)
+        bank, handles = gates.install(model, candidates)
+        weights = [p for n, p in model.named_parameters() if not n.startswith(gates.GATE_ATTR)]
+        opt_w = create_optimizer_v2(weights, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+        opt_s = torch.optim.SGD([bank.scores], lr=self.score_lr)
+        ckpt_path = Path(ctx.workdir) / "gate-checkpoint.pt"
+        step, removed = 0, []
+        if ctx.resume and ckpt_path.is_file():
+            try:
+                state = torch.load(str(ckpt_path), map_location=device, weights_only=True)
+            except Exception as exc:
+                raise HetpruneError(f"gate checkpoint {ckpt_path} is corrupt ({exc}); delete it to start over") from exc
+            model.load_state_dict(state["model"])
+            opt_w.load_state_dict(state["opt_w"])
+            opt_s.load_state_dict(state["opt_s"])
+            step = state["step"]
+            removed = [s for s in candidates if bank.mask[bank.index[s]] == 0]
+        train_set = subset(ctx.data.train, cfg.subset, ctx.seed)
+        teacher = ctx.teacher.to(device).eval()
+        try:
+            for i in range(step, len(order)):
+                epochs = self.epochs_per_removal + (self.warmup_epochs if i == 0 else 0)
+                for e in range(epochs):
+                    loss = self._epoch(model, teacher, train_set, cfg, opt_w, opt_s, ctx, seed=ctx.seed * 7919 + i * 31 + e)
+                kind = order[i]
+                active = bank.active(kind)
+                victim = min(active, key=lambda s: (bank.score_of(s), s.block))
+                bank.switch_off(victim)
+                removed.append(victim)
+                if ctx.on_epoch_end:
+                    ctx.on_epoch_end(i + 1, {"loss": loss, "removed": str(victim)})
+                if ctx.progress:
+                    ctx.log(f"  gate-taylor: step {i + 1}/{len(order)} removed {victim} "
+                            f"(score {bank.score_of(victim):+.4f}), loss {loss:.4f}")
+                ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = ckpt_path.with_suffix(".tmp")
+                torch.save({"model": model.state_dict(), "opt_w": opt_w.state_dict(), "opt_s": opt_s.state_dict(),
+                            "step": i + 1}, str(tmp))
+                tmp.replace(ckpt_path)
+        finally:
+            self.last_scores = {str(s): bank.score_of(s) for s in candidates}
+            gates.uninstall(model, handles)
+        model.eval()
+        return removed
+
+    @staticmethod
+    def _epoch(model, teacher, train_set, cfg, opt_w, opt_s, ctx, seed: int) -> float:
+        from hetprune.data import loader
+
+        model.train()
+        gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        total, n = 0.0, 0
+        for x, y in loader(train_set, cfg.batch_size, shuffle=True, seed=seed):
+            if ctx.data.augment is not None:
+                x = ctx.data.augment(x, gen)
+            x, y = x.to(opt_s.param_groups[0]["params"][0].device), y.to(opt_s.param_groups[0]["params"][0].device)
+            with torch.no_grad():
+                t = teacher(x) if cfg.kd != "none" else None
+            loss = training_loss(model(x), y, t, cfg)
+            if not torch.isfinite(loss):
+                raise HetpruneError(f"gate-taylor: loss became {loss.item()}; lower short_finetune.lr")
+            opt_w.zero_grad(set_to_none=True)
+            opt_s.zero_grad(set_to_none=True)
+            loss.backward()
+            opt_w.step()
+            opt_s.step()
+            total += loss.item() * y.numel()
+            n += y.numel()
+        return total / max(1, n)
+
+
+def _present(model, kind):
+    from hetprune import sites
+
+    return sites(model, kind)

@@ -1,0 +1,171 @@
+"""The ``hetdpt`` strategy: MAP budget allocation, then the shared depth pipeline
+(learned within-kind selection, KD fine-tune, merge)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hetprune import HetpruneError, Site, sites
+from hetprune.cache import fingerprint
+from hetprune.pipeline import DepthStrategy, PruneJob, rank_lowest, remove_sites, scoring_context
+from hetprune.train import train
+
+
+def axis_values(maximum: int, count: int) -> list[int]:
+    """``count`` evenly spaced integers in 1..maximum (fewer when the range is short)."""
+    if maximum <= 0 or count <= 0:
+        return []
+    return sorted({int(round(v)) for v in np.linspace(maximum / count, maximum, count)} - {0})
+
+
+def spread(pairs: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
+    """``count`` pairs evenly spread along a list of feasible pairs, ends excluded."""
+    inner = pairs[1:-1] if len(pairs) > 2 else []
+    if count <= 0 or not inner:
+        return []
+    idx = np.linspace(0, len(inner) - 1, min(count, len(inner)))
+    return sorted({inner[int(round(i))] for i in idx})
+
+
+class PointStore:
+    """MAP points in a JSONL file, each line keyed by the settings that produced it.
+
+    A point is appended (and fsynced) the moment it is measured; lines with
+    another key are kept but never reused, so a changed setting cannot pick up
+    stale points. A line that does not parse is reported, never skipped.
+    """
+
+    def __init__(self, path: Path, key: str):
+        self.path = Path(path)
+        self.key = key
+
+    def load(self) -> dict[tuple[int, int], dict]:
+        found = {}
+        if not self.path.is_file():
+            return found
+        with self.path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    pair = (int(rec["n_attn"]), int(rec["n_act"]))
+                    float(rec["accuracy"])
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                    raise HetpruneError(f"MAP points file {self.path} line {lineno} is corrupt or truncated ({exc}); "
+                                        "delete that line (or the file) to measure the point again") from exc
+                if rec.get("key") == self.key:
+                    found[pair] = rec
+        return found
+
+    def append(self, record: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps({**record, "key": self.key}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+class HetDPT(DepthStrategy):
+    """HetDPT: split the budget with a fitted accuracy predictor (MAP), learned gates within each kind."""
+
+    name = "hetdpt"
+    description = "HetDPT: split the budget with a fitted accuracy predictor (MAP), learned gates within each kind"
+    defaults = {
+        "hetdpt": {
+            "predictor": "poly",
+            "predictor_options": {"degree": 2},
+            "point_scorer": "taylor",
+            "axis_points": 4,
+            "mixed_points": 3,
+            "dense_point": True,
+        }
+    }
+
+    # -- stage 1: points ------------------------------------------------------
+    def removal_orders(self, job: PruneJob, limits: dict[str, int]) -> dict[str, list[Site]]:
+        """Per kind, the order in which the point scorer removes sites, one at a time, re-scoring after each."""
+        opts = job.settings["hetdpt"]
+        scorer = job.registry.build("scorer", opts["point_scorer"])
+        if hasattr(scorer, "select") and not hasattr(scorer, "score"):
+            raise HetpruneError(f"hetdpt.point_scorer {opts['point_scorer']!r} has no one-shot score(); pick e.g. taylor")
+        ctx = scoring_context(job, job.workdir / "points-scoring")
+        orders = {}
+        for kind in ("attn", "act"):
+            model = copy.deepcopy(job.dense)
+            order: list[Site] = []
+            for _ in range(limits[kind]):
+                victim = rank_lowest(scorer.score(model, sites(model, kind), ctx), 1)[0]
+                remove_sites(job, model, [victim])
+                order.append(victim)
+            orders[kind] = order
+        return orders
+
+    def point_plan(self, job: PruneJob, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        opts = job.settings["hetdpt"]
+        max_a = max(a for a, _ in pairs)
+        max_m = max(m for _, m in pairs)
+        plan = {(0, 0)} if opts["dense_point"] else set()
+        plan |= {(a, 0) for a in axis_values(max_a, opts["axis_points"])}
+        plan |= {(0, m) for m in axis_values(max_m, opts["axis_points"])}
+        plan |= set(spread(sorted(pairs), opts["mixed_points"]))
+        return sorted(plan, key=lambda p: (p[0] + p[1], p))
+
+    def points_key(self, job: PruneJob) -> str:
+        s = job.settings
+        return fingerprint({
+            "base": job.base_info.get("hash"), "data": job.data.fingerprint, "short": s["short_finetune"],
+            "point_scorer": s["hetdpt"]["point_scorer"], "attn_remover": s["attn_remover"],
+            "act_remover": s["act_remover"], "scoring": s["scoring"], "seed": job.seed,
+        })
+
+    def collect_points(self, job: PruneJob, plan: list[tuple[int, int]]) -> list[dict]:
+        store = PointStore(job.shared_dir / "map-points.jsonl", self.points_key(job))
+        have = store.load()
+        todo = [p for p in plan if p not in have]
+        if have and todo != plan:
+            job.log(f"[hetdpt] reusing {len(plan) - len(todo)} measured MAP points from {store.path}")
+        orders = None
+        for i, (a, m) in enumerate(todo, 1):
+            if orders is None:
+                orders = self.removal_orders(job, {"attn": max(p[0] for p in plan), "act": max(p[1] for p in plan)})
+            t0 = time.time()
+            model = copy.deepcopy(job.dense)
+            chosen = orders["attn"][:a] + orders["act"][:m]
+            remove_sites(job, model, chosen)
+            cfg = job.settings["short_finetune"]
+            from hetprune.config import train_config
+
+            train(model, job.data, train_config(job.settings, "short_finetune"), teacher=job.dense,
+                  progress=False, desc="MAP point")
+            acc = job.val_accuracy(model)
+            point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen],
+                     "seconds": round(time.time() - t0, 2), "short_finetune": cfg}
+            store.append(point)
+            have[(a, m)] = point
+            job.event("on_point_collected", point=point)
+            job.log(f"[hetdpt] MAP point {i}/{len(todo)}: {a} attn + {m} act -> {acc:.2f}% "
+                    f"({point['seconds']:.1f}s)")
+        return [have[p] for p in plan]
+
+    # -- stage 1: allocation ---------------------------------------------------
+    def allocate(self, job: PruneJob):
+        opts = job.settings["hetdpt"]
+        pairs = job.feasible_pairs()
+        predictor = job.registry.build("predictor", opts["predictor"], **opts.get("predictor_options", {}))
+        points = self.collect_points(job, self.point_plan(job, pairs))
+        predictor.fit([(p["n_attn"], p["n_act"], p["accuracy"]) for p in points])
+        predicted = {pair: predictor.predict(*pair) for pair in pairs}
+        pick = max(pairs, key=lambda p: (predicted[p], -p[0]))
+        surface = [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)]} for a, m in pairs]
+        fit = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
+        job.log(f"[hetdpt] predictor {predictor.name}: " + ", ".join(
+            f"({d['n_attn']},{d['n_act']})={d['predicted']:.1f}" for d in surface))
+        return pick, {"predictor": predictor.name, "points": points, "fit": fit, "surface": surface,
+                      "pick": {"n_attn": pick[0], "n_act": pick[1], "predicted": predicted[pick]}}
