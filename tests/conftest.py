@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny ViTs (depth <= 4, dim <= 64) and the digits data.
+
+Every test runs with its own cache folder, so nothing is read from or
+written to the user's real cache.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from hetprune.models import ModelSpec, build
+
+TINY_KWARGS = dict(img_size=16, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=4, num_heads=2,
+                   init_values=0.1)
+TINY_SPEC = ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HETPRUNE_CACHE", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setenv("HETPRUNE_NO_PROGRESS", "1")
+
+
+@pytest.fixture
+def tiny_spec() -> ModelSpec:
+    return copy.deepcopy(TINY_SPEC)
+
+
+@pytest.fixture
+def tiny_model(tiny_spec):
+    torch.manual_seed(0)
+    return build(tiny_spec)
+
+
+@pytest.fixture(scope="session")
+def digits_data():
+    from hetprune.data import digits
+
+    return digits()
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(tmp_path_factory):
+    """A tiny ViT briefly trained on digits, saved as a checkpoint: ``(model, spec, path)``."""
+    from hetprune.data import digits
+    from hetprune.io import save_weights
+    from hetprune.train import TrainConfig, train
+
+    torch.manual_seed(0)
+    model = build(TINY_SPEC)
+    train(model, digits(), TrainConfig(epochs=4, lr=2e-3, kd="none", subset=800, warmup_epochs=0), progress=False)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
+    save_weights(path, model)
+    return model.eval(), copy.deepcopy(TINY_SPEC), path
+
+
+def tiny_example(n: int = 4) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(n, 1, 16, 16, generator=gen)
