@@ -19,7 +19,7 @@ from .train import TrainConfig
 # Chosen so the embedded default tells strategies apart (README: "Why these defaults").
 CORE_DEFAULTS: dict = {
     "scorer": "gate-taylor",
-    "scorer_options": {},
+    "scorer_options": {},   # per scorer name, e.g. {"gate-taylor": {"epochs_per_removal": 2}}
     "attn_remover": "attn-identity",
     "act_remover": "act-identity",
     "mergers": ["linear-merge"],

@@ -143,7 +143,7 @@ def select_sites(job: PruneJob, model: nn.Module, counts: dict[str, int], scorer
     weights in place; it must leave every site present.
     """
     name = scorer_name or job.settings["scorer"]
-    scorer = job.registry.build("scorer", name, **job.settings.get("scorer_options", {}))
+    scorer = job.registry.build("scorer", name, **job.settings.get("scorer_options", {}).get(name, {}))
     ctx = ctx or scoring_context(job)
     limits = max_per_kind(model)
     for kind, n in counts.items():

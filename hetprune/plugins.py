@@ -45,6 +45,19 @@ class Component:
         return text.strip().splitlines()[0] if text.strip() else ""
 
     def build(self, **options):
+        """Build the component; options it does not take are an error naming the ones it does."""
+        import inspect
+
+        try:
+            params = inspect.signature(self.factory).parameters
+        except (TypeError, ValueError):
+            params = None
+        if params is not None and options and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            unknown = sorted(set(options) - set(params))
+            if unknown:
+                allowed = ", ".join(sorted(params)) or "none"
+                raise HetpruneError(f"{self.kind} {self.name!r} takes no option(s) {', '.join(unknown)}; "
+                                    f"its options: {allowed}")
         return self.factory(**options)
 
 
@@ -83,10 +96,12 @@ class Registry:
                 f"plugin {plugin!r} registered a {kind} without a string 'name' attribute: {factory!r}"
             )
         known = self._by_kind[kind].get(name)
-        if known is not None and known.factory is not factory:
+        if known is not None and (known.plugin != plugin or known.factory is not factory):
+            by = (f"by plugin {known.plugin!r} and by plugin {plugin!r}" if known.plugin != plugin
+                  else f"twice by plugin {plugin!r} ({known.factory!r} and {factory!r})")
             raise HetpruneError(
-                f"{kind} name {name!r} is registered twice: by plugin {known.plugin!r} "
-                f"and by plugin {plugin!r}; uninstall one or restrict with HETPRUNE_PLUGINS"
+                f"{kind} name {name!r} is registered twice: {by}; "
+                "uninstall one or restrict with HETPRUNE_PLUGINS"
             )
         self._by_kind[kind][name] = Component(kind, name, factory, plugin)
 
@@ -100,7 +115,8 @@ class Registry:
             return self._by_kind[kind][name]
         except KeyError:
             known = ", ".join(self.names(kind)) or "(none)"
-            raise HetpruneError(f"no {kind} named {name!r} is registered; registered {kind}s: {known}") from None
+            kinds = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
+            raise HetpruneError(f"no {kind} named {name!r} is registered; registered {kinds}: {known}") from None
 
     def build(self, kind: str, name: str, **options):
         return self.component(kind, name).build(**options)
@@ -139,27 +155,48 @@ def _allow_list() -> set[str] | None:
     return {part.strip() for part in raw.split(",") if part.strip()}
 
 
+def _register(pm: pluggy.PluginManager, plugin: Any, name: str, where: str) -> bool:
+    """Register one plugin; False when that very object is already registered."""
+    if pm.is_registered(plugin):
+        return False
+    if pm.get_plugin(name) is not None:
+        raise HetpruneError(f"two different plugins are named {name!r} ({where} and "
+                            f"{pm.get_plugin(name)!r}); rename one")
+    try:
+        pm.register(plugin, name=name)
+    except pluggy.PluginValidationError as exc:
+        raise HetpruneError(f"plugin {name!r} ({where}) does not fit the hetprune plugin contract: {exc}") from exc
+    return True
+
+
 def _new_manager() -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]]]:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     versions: dict[str, tuple[str, str]] = {}
     allow = _allow_list()
-    seen = set()
+    seen: dict[str, str] = {}
     for ep in md.entry_points(group=hookspecs.PROJECT):
         if ep.name in seen:
+            # the same distribution found twice on sys.path is harmless; two different ones are not
+            if seen[ep.name] != ep.value:
+                raise HetpruneError(
+                    f"two installed packages declare the hetprune plugin {ep.name!r}: {seen[ep.name]} and "
+                    f"{ep.value}; uninstall one"
+                )
             continue
-        seen.add(ep.name)
+        seen[ep.name] = ep.value
         if allow is not None and ep.name not in allow:
             continue
         try:
             plugin = ep.load()
         except Exception as exc:  # a broken outside plugin must not hide the others' names
             raise HetpruneError(f"plugin entry point {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
-        pm.register(plugin, name=ep.name)
+        if not _register(pm, plugin, ep.name, f"entry point {ep.value}"):
+            continue
         dist = getattr(ep, "dist", None)
         versions[ep.name] = (dist.version if dist else "", f"entry point {ep.value}")
     if allow is not None:
-        missing = allow - seen
+        missing = allow - set(seen)
         if missing:
             raise HetpruneError(
                 f"HETPRUNE_PLUGINS names {', '.join(sorted(missing))}, which no installed package provides; "
@@ -167,20 +204,31 @@ def _new_manager() -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]]]:
             )
     for module_name in _extra_modules:
         module = importlib.import_module(module_name)
-        if pm.get_plugin(module_name) is None:
-            pm.register(module, name=module_name)
+        # a module already loaded from its entry point keeps that registration
+        if _register(pm, module, module_name, "--plugin"):
             versions[module_name] = (str(getattr(module, "__version__", "")), "--plugin")
     for name, obj in _extra_objects:
-        pm.register(obj, name=name)
+        _register(pm, obj, name, "registered in code")
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise HetpruneError(
+            f"plugin {pm.get_name(exc.plugin)!r} implements a hook hetprune does not define: {exc}; "
+            f"the hooks are: {', '.join(sorted(_hook_names()))}"
+        ) from exc
     return pm, versions
+
+
+def _hook_names() -> list[str]:
+    return [n for n in dir(hookspecs) if getattr(getattr(hookspecs, n), "hetprune_spec", None) is not None]
 
 
 def load_module(module_name: str) -> None:
     """Load one more plugin module by import path (the ``--plugin`` flag)."""
     try:
         importlib.import_module(module_name)
-    except ImportError as exc:
-        raise HetpruneError(f"--plugin {module_name!r} cannot be imported: {exc}") from exc
+    except Exception as exc:  # ImportError, or an error in the module's own code
+        raise HetpruneError(f"--plugin {module_name!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
     if module_name not in _extra_modules:
         _extra_modules.append(module_name)
     reset()
@@ -189,6 +237,12 @@ def load_module(module_name: str) -> None:
 def register_plugin(obj: Any, name: str | None = None) -> str:
     """Register a plugin object in code (tests, notebooks). Returns its name."""
     name = name or getattr(obj, "__name__", None) or f"plugin-{id(obj)}"
+    for known_name, known in _extra_objects:
+        if known_name == name:
+            if known is obj:
+                return name
+            raise HetpruneError(f"a different plugin object is already registered as {name!r}; "
+                                "unregister it first or pick another name")
     _extra_objects.append((name, obj))
     reset()
     return name

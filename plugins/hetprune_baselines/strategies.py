@@ -14,11 +14,15 @@ def closest_pair(pairs: list[tuple[int, int]], attn_share: float) -> tuple[int, 
 
     Ties go to fewer attention removals (so an odd budget at 50/50 rounds the
     extra removal to the activation side)."""
-    def share(p):
-        total = p[0] + p[1]
-        return p[0] / total if total else 0.0
+    from fractions import Fraction
 
-    return min(pairs, key=lambda p: (abs(share(p) - attn_share), p[0]))
+    target = Fraction(attn_share).limit_denominator(10_000)
+
+    def distance(p):
+        total = p[0] + p[1]
+        return abs(Fraction(p[0], total) - target) if total else Fraction(0)
+
+    return min(pairs, key=lambda p: (distance(p), p[0]))
 
 
 class Mix(DepthStrategy):
@@ -112,7 +116,8 @@ class BlockDrop(DepthStrategy):
         n = counts["attn"]
         if n == 0:
             return []
-        scorer = job.registry.build("scorer", job.settings["scorer"], **job.settings.get("scorer_options", {}))
+        scorer = job.registry.build("scorer", job.settings["scorer"],
+                                    **job.settings.get("scorer_options", {}).get(job.settings["scorer"], {}))
         ctx = scoring_context(job)
         rank = {}
         for kind in ("attn", "act"):

@@ -48,7 +48,8 @@ class GateBank(nn.Module):
 
 def install(model: nn.Module, candidates: list[Site], init: float = 0.0) -> tuple[GateBank, list]:
     """Add a gate bank and forward hooks to ``model``; returns the bank and hook handles."""
-    bank = GateBank(candidates, init).to(next(model.parameters()).device)
+    ref = next(model.parameters())
+    bank = GateBank(candidates, init).to(device=ref.device, dtype=ref.dtype)
     setattr(model, GATE_ATTR, bank)
     blocks = blocks_of(model)
     handles = []

@@ -1,0 +1,109 @@
+"""Compare strategies with everything else held equal.
+
+    hetprune compare                      # the embedded default (digits ViT)
+    hetprune compare --strategies hetdpt,attn-only,act-only,mix50 --budgets 8,12 --seeds 0,1,2
+
+Every strategy gets the same dense model, train/val split, settings, seeds and
+timer. Writes results.md, results.csv, results.json and pareto.png to --out.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from .. import config as config_mod
+from ..errors import HetpruneError
+from ..plugins import get_registry
+from .common import add_model_arguments, base_model, data_for
+from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from
+
+HELP = "run several strategies under one harness and tabulate/plot the results"
+DEFAULT_BUDGETS = (12,)
+
+
+def int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise HetpruneError(f"{what} must be a comma list of whole numbers, got {text!r}") from None
+    if not values:
+        raise HetpruneError(f"{what} is empty")
+    return values
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    p.add_argument("--strategies", default=None, metavar="A,B,...",
+                   help="strategies to compare (default hetdpt,attn-only,act-only,mix50)")
+    add_budget_arguments(p, many=True)
+    p.add_argument("--seeds", default="0", metavar="0,1,2", help="seeds; several give mean ± std (default 0)")
+    add_settings_arguments(p)
+    p.add_argument("--batch-sizes", default="1,256", metavar="1,256",
+                   help="batch sizes for timing: the smallest and largest are reported")
+    p.add_argument("--out", default="runs/compare", metavar="DIR", help="output folder (default runs/compare)")
+
+
+def run(args) -> int:
+    import torch
+
+    from ..compare import (DEFAULT_STRATEGIES, ROWS_FILE, CompareSpec, attach_speed, measure_rows, run_rows,
+                           write_outputs)
+    from ..costs import cost_summary
+    from ..data import example_batch
+
+    registry = get_registry()
+    names = [s.strip() for s in (args.strategies or ",".join(DEFAULT_STRATEGIES)).split(",") if s.strip()]
+    if len(set(names)) != len(names):
+        raise HetpruneError(f"--strategies lists a strategy twice: {names}")
+    strategies = [registry.build("strategy", n) for n in names]
+    if args.budgets:
+        budgets = [budget_from(args, k) for k in int_list(args.budgets, "--budgets")]
+    else:
+        one = budget_from(args)
+        budgets = [one] if one else [budget_from(args, k) for k in DEFAULT_BUDGETS]
+    seeds = int_list(args.seeds, "--seeds")
+    defaults: dict = {}
+    for s in strategies:
+        defaults.update(getattr(s, "defaults", {}))
+    sets = list(args.set)
+    if args.predictor:
+        owners = [k for k, v in defaults.items() if isinstance(v, dict) and "predictor" in v]
+        if not owners:
+            raise HetpruneError("--predictor applies to strategies with an accuracy predictor; none is selected")
+        sets += [f"{k}.predictor={args.predictor}" for k in owners]
+    settings = config_mod.resolve(defaults, args.config, {"scorer": args.scorer, "device": args.device}, sets)
+    registry.component("scorer", settings["scorer"])
+    out = Path(args.out)
+    if (out / ROWS_FILE).exists() and not args.resume:
+        if not args.overwrite:
+            raise HetpruneError(f"{out} holds results of an earlier compare; pass --resume to reuse its finished "
+                                "rows or --overwrite to start over")
+        shutil.rmtree(out)
+    batch_sizes = int_list(args.batch_sizes, "--batch-sizes")
+    if any(b < 1 for b in batch_sizes):
+        raise HetpruneError(f"--batch-sizes must be >= 1, got {batch_sizes}")
+    spec = CompareSpec(names, budgets, seeds, settings, batch_sizes=batch_sizes, device=settings["device"])
+
+    dense, model_spec, base_info = base_model(args)
+    data = data_for(args, dense)
+    from ..train import evaluate
+    from ..data import loader
+
+    base_info["top1"] = evaluate(dense, loader(data.val, 256, shuffle=False))
+    out.mkdir(parents=True, exist_ok=True)
+    rows = run_rows(spec, registry, dense, model_spec, data, base_info, out, resume=args.resume)
+    example = example_batch(data, 2)
+    dense_row = {"strategy": "dense", "top1": base_info["top1"], **cost_summary(dense, example)}
+    timing = measure_rows(spec, dense, rows, out, input_shape=tuple(example.shape[1:]))
+    attach_speed(rows, dense_row, timing)
+    command = "hetprune " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "hetprune compare"
+    meta = {"model": model_spec.name if args.model else "embedded digits ViT", "data": data.name,
+            "command": command, "base": base_info}
+    result = write_outputs(out, spec, dense_row, rows, timing, meta)
+    print()
+    print(result["markdown"])
+    print(f"wrote {out}/results.md, results.csv, results.json, pareto.png")
+    return 0

@@ -1,0 +1,287 @@
+"""The comparison harness: several strategies, budgets and seeds on the same
+dense model, data, settings and timer; one table and one plot.
+
+Work happens in two phases so that timing never competes with training:
+1. prune + fine-tune every (strategy, budget, seed) row, saving each pruned
+   model and its row the moment it finishes (``rows.jsonl``);
+2. time every pruned model against the dense one, interleaved, in one process.
+A rerun with ``--resume`` reuses every finished row whose settings match, so an
+interrupted run loses at most the row in progress.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from torch import nn
+
+from .budget import Budget
+from .cache import fingerprint
+from .errors import HetpruneError
+from .io import write_json_atomic, write_text_atomic
+from .pipeline import PruneJob
+from .plugins import Registry
+
+DEFAULT_STRATEGIES = ("hetdpt", "attn-only", "act-only", "mix50")
+ROWS_FILE = "rows.jsonl"
+
+
+@dataclass
+class CompareSpec:
+    strategies: list[str]
+    budgets: list[Budget]
+    seeds: list[int]
+    settings: dict                      # one settings dict for every strategy (all sections merged)
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 256])
+    device: str = "cpu"
+    speed_repeats: int = 7
+
+
+def row_id(strategy: str, budget: Budget, seed: int) -> str:
+    b = "-".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in budget.to_dict().items())
+    return f"{strategy}__{b}__seed{seed}"
+
+
+def row_key(spec: CompareSpec, strategy: str, budget: Budget, seed: int, base_hash: str, data_fp: str) -> str:
+    """What a finished row depends on: reuse it only when all of this matches."""
+    return fingerprint({"strategy": strategy, "budget": budget.to_dict(), "seed": seed, "settings": spec.settings,
+                        "base": base_hash, "data": data_fp})
+
+
+class RowStore:
+    """Finished rows, one JSON object per line, appended and fsynced as they finish."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / ROWS_FILE
+
+    def load(self) -> dict[str, dict]:
+        rows: dict[str, dict] = {}
+        if not self.path.is_file():
+            return rows
+        for lineno, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                rows[row["key"]] = row
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise HetpruneError(f"compare rows file {self.path} line {lineno} is corrupt or truncated ({exc}); "
+                                    "delete that line to redo the row") from exc
+        return rows
+
+    def append(self, row: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def _fmt_eta(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def run_rows(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec, data, base_info: dict,
+             out: Path, resume: bool, log: Callable[[str], None] = print, progress: bool = True) -> list[dict]:
+    """Phase 1: prune and fine-tune every row (or reuse finished ones)."""
+    from .recipe import save
+
+    store = RowStore(out)
+    done = store.load() if resume else {}
+    plan = [(s, b, seed) for b in spec.budgets for seed in spec.seeds for s in spec.strategies]
+    rows, durations = [], []
+    for i, (name, budget, seed) in enumerate(plan, 1):
+        key = row_key(spec, name, budget, seed, base_info["hash"], data.fingerprint)
+        rid = row_id(name, budget, seed)
+        if key in done:
+            log(f"[{i}/{len(plan)}] {rid}: reused (finished earlier)")
+            rows.append(done[key])
+            continue
+        left = len(plan) - i + 1
+        eta = f", about {_fmt_eta(statistics.mean(durations) * left)} left" if durations else ""
+        log(f"[{i}/{len(plan)}] {rid}: running{eta}")
+        started = time.time()
+        strategy = registry.build("strategy", name)
+        settings = json.loads(json.dumps(spec.settings))
+        settings["seed"] = seed
+        job = PruneJob(dense=dense, spec=model_spec, data=data, budget=budget, settings=settings, registry=registry,
+                       workdir=out / "work" / rid, shared_dir=out / "work" / "shared", base_info=dict(base_info),
+                       resume=resume, progress=progress, log=log, strategy_name=name)
+        result = strategy.run(job)
+        save(out / "models" / rid, result.model, result.recipe, overwrite=True,
+             extra_files={"report.json": result.report})
+        r = result.report
+        row = {
+            "key": key, "id": rid, "strategy": name, "budget": budget.to_dict(), "seed": seed,
+            "n_attn": r["n_attn"], "n_act": r["n_act"], "sites": r["sites"],
+            "top1_before_finetune": r["top1_before_finetune"], "top1": r["top1"],
+            "params": r["params"], "macs": r["macs"], "dense_macs": r["dense_macs"],
+            "wall_s": round(time.time() - started, 1), "model_dir": str(Path("models") / rid),
+        }
+        if "allocation" in r and isinstance(r["allocation"], dict) and "pick" in r["allocation"]:
+            row["predicted_top1"] = r["allocation"]["pick"].get("predicted")
+        store.append(row)
+        durations.append(time.time() - started)
+        rows.append(row)
+        log(f"[{i}/{len(plan)}] {rid}: top-1 {row['top1']:.2f}% ({row['n_attn']} attn + {row['n_act']} act) "
+            f"in {row['wall_s']:.0f}s")
+    return rows
+
+
+def measure_rows(spec: CompareSpec, dense: nn.Module, rows: list[dict], out: Path, input_shape,
+                 log: Callable[[str], None] = print) -> dict:
+    """Phase 2: time the dense model and every pruned model, interleaved, in this process."""
+    from .bench import measure
+    from .recipe import load
+
+    models = {"dense": dense}
+    for row in rows:
+        models[row["id"]] = load(out / row["model_dir"])
+    log(f"timing {len(models)} models interleaved at batch sizes {spec.batch_sizes} on {spec.device} ...")
+    return measure(models, input_shape=input_shape, batch_sizes=spec.batch_sizes, device=spec.device,
+                   reference="dense", repeats=spec.speed_repeats)
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    """Mean and standard deviation over seeds, per (strategy, budget)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["strategy"], json.dumps(row["budget"], sort_keys=True)), []).append(row)
+    out = []
+    for (name, budget), members in groups.items():
+        def stat(key, _m=members):
+            vals = [m[key] for m in _m if m.get(key) is not None]
+            if not vals:
+                return None, None
+            return statistics.mean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+        agg = {"strategy": name, "budget": json.loads(budget), "seeds": len(members)}
+        for key in ("top1", "top1_before_finetune", "n_attn", "n_act", "macs", "params", "speedup_large",
+                    "speedup_b1", "throughput_large", "throughput_b1", "wall_s"):
+            agg[key], agg[f"{key}_std"] = stat(key)
+        agg["splits"] = sorted({f"{m['n_attn']}+{m['n_act']}" for m in members})
+        out.append(agg)
+    return out
+
+
+def _pm(mean, std, digits=2) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if std else f"{mean:.{digits}f}"
+
+
+def budget_text(budget: dict) -> str:
+    if "sites" in budget:
+        return str(budget["sites"])
+    if "target_macs" in budget:
+        return f"MACs≤{budget['target_macs']:g}"
+    return f"speedup≥{budget['target_speedup']:g}"
+
+
+def markdown_table(dense_row: dict, aggregates: list[dict], large: int) -> str:
+    head = (f"| strategy | budget | seeds | split (attn+act) | top-1 before FT % | top-1 % | MACs | params | "
+            f"img/s b1 | img/s b{large} | speedup b{large} | MAC ratio |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = [f"| dense | - | - | - | - | {dense_row['top1']:.2f} | {dense_row['macs'] / 1e6:.2f}M | "
+             f"{dense_row['params'] / 1e6:.3f}M | {dense_row.get('throughput_b1', 0):.0f} | "
+             f"{dense_row.get('throughput_large', 0):.0f} | 1.00 | 1.00 |"]
+    for a in aggregates:
+        mac_ratio = dense_row["macs"] / a["macs"] if a["macs"] else float("nan")
+        lines.append(
+            f"| {a['strategy']} | {budget_text(a['budget'])} | {a['seeds']} | {', '.join(a['splits'])} | "
+            f"{_pm(a['top1_before_finetune'], a['top1_before_finetune_std'])} | {_pm(a['top1'], a['top1_std'])} | "
+            f"{a['macs'] / 1e6:.2f}M | {a['params'] / 1e6:.3f}M | {_pm(a['throughput_b1'], a['throughput_b1_std'], 0)} | "
+            f"{_pm(a['throughput_large'], a['throughput_large_std'], 0)} | "
+            f"{_pm(a['speedup_large'], a['speedup_large_std'])} | {mac_ratio:.2f} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def rows_csv(rows: list[dict]) -> str:
+    cols = ["strategy", "budget", "seed", "n_attn", "n_act", "sites", "top1_before_finetune", "top1", "params",
+            "macs", "throughput_b1", "throughput_large", "speedup_b1", "speedup_large", "wall_s"]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({**r, "budget": budget_text(r["budget"]), "sites": " ".join(r["sites"])})
+    return buf.getvalue()
+
+
+def pareto_plot(path: Path, dense_row: dict, aggregates: list[dict], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    markers = "osD^v<>phX*"
+    names = sorted({a["strategy"] for a in aggregates})
+    for i, name in enumerate(names):
+        pts = [a for a in aggregates if a["strategy"] == name and a["speedup_large"] is not None]
+        if not pts:
+            continue
+        ax.errorbar([p["speedup_large"] for p in pts], [p["top1"] for p in pts],
+                    xerr=[p["speedup_large_std"] or 0 for p in pts], yerr=[p["top1_std"] or 0 for p in pts],
+                    fmt=markers[i % len(markers)], capsize=3, label=name, linestyle="none")
+        for p in pts:
+            ax.annotate(budget_text(p["budget"]), (p["speedup_large"], p["top1"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7)
+    ax.scatter([1.0], [dense_row["top1"]], marker="*", s=160, color="black", label="dense", zorder=5)
+    ax.set_xlabel("measured speedup over dense (large batch)")
+    ax.set_ylabel("top-1 accuracy (%)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def attach_speed(rows: list[dict], dense_row: dict, timing: dict) -> None:
+    """Copy throughput and speedup per row out of a bench.measure result."""
+    results = timing["results"]
+    sizes = sorted({r["batch_size"] for r in results})
+    small, large = sizes[0], sizes[-1]
+    by = {(r["model"], r["batch_size"]): r for r in results}
+    for row in [dense_row, *rows]:
+        name = "dense" if row is dense_row else row["id"]
+        for tag, size in (("b1", small), ("large", large)):
+            r = by.get((name, size))
+            if r is None:
+                continue
+            row[f"throughput_{tag}"] = r["throughput_img_s"]
+            row[f"speedup_{tag}"] = r.get("speedup", 1.0)
+        row["large_batch"] = large
+
+
+def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict], timing: dict | None,
+                  meta: dict) -> dict:
+    aggregates = aggregate(rows)
+    large = dense_row.get("large_batch", max(spec.batch_sizes))
+    md = markdown_table(dense_row, aggregates, large)
+    machine = (timing or {}).get("environment", {})
+    title = (f"{meta.get('model', '')} on {meta.get('data', '')}: " +
+             ", ".join(sorted({budget_text(a['budget']) for a in aggregates})) + " sites removed")
+    header = (f"# hetprune compare\n\n{title}; seeds {spec.seeds}.\n\n"
+              f"Machine: {machine.get('device_name', '?')}, torch {machine.get('torch', '?')}, "
+              f"{machine.get('threads', '?')} threads. Command: `{meta.get('command', '')}`\n\n"
+              "MACs per image (1 MAC = 2 FLOPs). Speedup = dense time / pruned time, timed interleaved in one "
+              f"process at batch {large}.\n\n")
+    write_text_atomic(out / "results.md", header + md)
+    write_text_atomic(out / "results.csv", rows_csv(rows))
+    data = {"meta": meta, "dense": dense_row, "rows": rows, "aggregates": aggregates, "timing": timing,
+            "settings": spec.settings}
+    write_json_atomic(out / "results.json", data)
+    pareto_plot(out / "pareto.png", dense_row, aggregates, title)
+    return {"markdown": md, "aggregates": aggregates}

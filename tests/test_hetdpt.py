@@ -1,0 +1,347 @@
+"""The hetdpt plugin: predictor, allocation, gates, point collection, KD, config."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hetprune
+from hetprune import HetpruneError, Site
+from hetprune.budget import Budget, feasible_pairs, site_savings
+from hetprune.costs import count_macs
+from hetprune.pipeline import PruneJob, ScoringContext
+from hetprune.plugins import get_registry
+from hetprune.train import TrainConfig, kd_loss, train
+from conftest import tiny_example
+
+from hetprune_hetdpt import gates
+from hetprune_hetdpt.predictors import PolyPredictor
+from hetprune_hetdpt.scorers import GateTaylorScorer
+from hetprune_hetdpt.strategy import HetDPT, PointStore
+
+
+def make_job(model, data, tmp_path, budget=Budget(sites=3), **settings_changes):
+    strategy = HetDPT()
+    settings = hetprune.config.resolve(strategy.defaults, overrides=None, sets=[f"{k}={v}" for k, v in settings_changes.items()])
+    return PruneJob(dense=model, spec=None, data=data, budget=budget, settings=settings, registry=get_registry(),
+                    workdir=tmp_path / "work", base_info={"hash": "test"}, progress=False, log=lambda s: None,
+                    strategy_name="hetdpt")
+
+
+# -- predictor ----------------------------------------------------------------
+
+def test_poly_recovers_known_polynomial_exactly():
+    def truth(a, m):
+        return 90 - 1.5 * a - 0.5 * m - 0.25 * a * a + 0.1 * a * m - 0.05 * m * m
+
+    pts = [(a, m, truth(a, m)) for a in range(4) for m in range(4)]
+    p = PolyPredictor(degree=2).fit(pts)
+    for a in range(6):
+        for m in range(6):
+            assert p.predict(a, m) == pytest.approx(truth(a, m), abs=1e-9)
+    rep = p.fit_report()
+    assert rep["mae"] < 1e-9 and rep["rmse"] < 1e-9 and rep["loo_mae"] < 1e-9
+    assert rep["points"] == 16
+
+
+def test_poly_reports_nonzero_error_on_noisy_points():
+    rng = np.random.default_rng(0)
+    pts = [(a, m, 80 - a - m + rng.normal()) for a in range(4) for m in range(4)]
+    rep = PolyPredictor(degree=1).fit(pts).fit_report()
+    assert rep["rmse"] > 0.1 and rep["loo_mae"] > rep["mae"]
+
+
+def test_poly_refuses_too_few_points_and_says_how_many():
+    with pytest.raises(HetpruneError, match="needs at least 6"):
+        PolyPredictor(degree=2).fit([(0, 0, 90), (1, 0, 89), (0, 1, 88), (1, 1, 87), (2, 0, 85)])
+    # repeated pairs do not count twice: 12 points, but only 3 distinct pairs
+    with pytest.raises(HetpruneError, match="got 3"):
+        PolyPredictor(degree=2).fit([(0, 0, 1), (0, 0, 2), (1, 0, 1), (0, 1, 1)] * 3)
+    with pytest.raises(HetpruneError):
+        PolyPredictor(degree=0)
+
+
+# -- allocation ----------------------------------------------------------------
+
+def test_site_budget_pairs_respect_budget_and_class_token(tiny_model):
+    pairs = feasible_pairs(tiny_model, Budget(sites=5))
+    assert all(a + m == 5 for a, m in pairs)
+    # depth 4: at most 3 attention sites may go from a class-token model, at most 4 activations
+    assert sorted(pairs) == [(1, 4), (2, 3), (3, 2)]
+    with pytest.raises(HetpruneError, match="more than this model can lose"):
+        feasible_pairs(tiny_model, Budget(sites=8))
+
+
+def test_cost_budget_pairs_meet_target_and_are_minimal(tiny_model):
+    x = tiny_example(2)
+    dense = count_macs(tiny_model, x)
+    save = site_savings(tiny_model, x)
+    limit = 0.7 * dense
+    pairs = feasible_pairs(tiny_model, Budget(target_macs=0.7), x)
+    assert pairs
+    for a, m in pairs:
+        assert dense - a * save["attn"] - m * save["act"] <= limit
+        if a:
+            assert dense - (a - 1) * save["attn"] - m * save["act"] > limit
+        if m:
+            assert dense - a * save["attn"] - (m - 1) * save["act"] > limit
+    # the per-site savings are real: removing the sites of a pair gives the counted MACs
+    a, m = pairs[0]
+    model = copy.deepcopy(tiny_model)
+    for b in range(a):
+        hetprune.surgery.remove_attention(model, b)
+    for b in range(m):
+        hetprune.surgery.remove_activation(model, b)
+    hetprune.surgery.merge_all(model)
+    assert count_macs(model, x) == dense - a * save["attn"] - m * save["act"]
+
+
+@pytest.mark.parametrize("budget", [Budget(sites=5), Budget(target_macs=0.7)])
+def test_allocation_is_argmax_over_feasible_pairs(tiny_model, digits_data, tmp_path, monkeypatch, budget):
+    def truth(a, m):  # best is at a ~ 1.5 along any line: a quadratic with a known peak
+        return 90 - (a - 1.5) ** 2 - 0.3 * m
+
+    def fake_collect(self, job, plan):
+        return [{"n_attn": a, "n_act": m, "accuracy": truth(a, m)} for a, m in plan]
+
+    monkeypatch.setattr(HetDPT, "collect_points", fake_collect)
+    job = make_job(tiny_model, digits_data, tmp_path, budget=budget)
+    (a, m), info = HetDPT().allocate(job)
+    pairs = job.feasible_pairs()
+    assert (a, m) in pairs
+    assert truth(a, m) == max(truth(*p) for p in pairs)
+    assert info["pick"] == {"n_attn": a, "n_act": m, "predicted": pytest.approx(truth(a, m), abs=1e-6)}
+    assert len(info["surface"]) == len(pairs)
+
+
+# -- gates ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["attn", "act"])
+def test_gate_gradient_is_first_order_taylor_estimate(tiny_model, kind):
+    model = tiny_model.double()
+    x = tiny_example(3).double()
+    y = torch.tensor([1, 2, 3])
+    site = Site(1, kind)
+    block = model.blocks[1]
+
+    # by hand: f(x) - x of the site, and dL/dy at its output, on the ungated model
+    captured = {}
+    if kind == "attn":
+        def pre(mod, inputs):
+            captured["x"] = inputs[0]
+
+        def post(mod, inputs, output):
+            output.retain_grad()
+            captured["y"] = output
+        h1 = block.register_forward_pre_hook(pre)
+        h2 = block.ls1.register_forward_hook(post)   # y - x of the site = ls1(attn(norm1(x)))
+    else:
+        def act_hook(mod, inputs, output):
+            output.retain_grad()
+            captured["x"], captured["y"] = inputs[0], output
+        h1 = block.mlp.act.register_forward_hook(act_hook)
+        h2 = None
+    F.cross_entropy(model(x), y).backward()
+    if kind == "attn":
+        # the site maps x -> x + b with b = ls1(...); dL/d(site output) equals dL/db
+        expected = (captured["y"] * captured["y"].grad).sum().item()
+    else:
+        expected = ((captured["y"] - captured["x"]) * captured["y"].grad).sum().item()
+    h1.remove()
+    if h2:
+        h2.remove()
+    model.zero_grad()
+
+    bank, handles = gates.install(model, [site])
+    out_gated = model(x)
+    F.cross_entropy(out_gated, y).backward()
+    got = bank.scores.grad[0].item()
+    gates.uninstall(model, handles)
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert expected != 0.0
+
+
+def test_gate_forward_is_identity_while_on_and_removal_when_off(tiny_model):
+    x = tiny_example()
+    ref = tiny_model(x)
+    sites = [Site(0, "attn"), Site(2, "act")]
+    bank, handles = gates.install(tiny_model, sites)
+    assert torch.allclose(tiny_model(x), ref)
+    for s in sites:
+        bank.switch_off(s)
+    gated = tiny_model(x)
+    gates.uninstall(tiny_model, handles)
+    pruned = copy.deepcopy(tiny_model)
+    hetprune.surgery.remove_attention(pruned, 0)
+    hetprune.surgery.remove_activation(pruned, 2)
+    assert torch.allclose(gated, pruned(x), atol=1e-6)
+
+
+def test_gate_state_lives_in_state_dict(tiny_model):
+    bank, handles = gates.install(tiny_model, [Site(0, "attn")])
+    state = tiny_model.state_dict()
+    assert "hetprune_gates.scores" in state and "hetprune_gates.mask" in state
+    gates.uninstall(tiny_model, handles)
+    assert not any(k.startswith("hetprune_gates") for k in tiny_model.state_dict())
+
+
+def test_gate_taylor_schedule_alternates_kinds():
+    assert GateTaylorScorer.schedule({"attn": 2, "act": 4}) == ["attn", "act", "attn", "act", "act", "act"]
+    assert GateTaylorScorer.schedule({"attn": 0, "act": 2}) == ["act", "act"]
+
+
+def test_gate_taylor_selects_asked_counts_and_resumes(tiny_model, digits_data, tmp_path):
+    job = make_job(tiny_model, digits_data, tmp_path, **{"scoring.subset": 64, "short_finetune.batch_size": 32})
+    from hetprune.pipeline import scoring_context, select_sites
+
+    model = copy.deepcopy(tiny_model)
+    chosen = select_sites(job, model, {"attn": 1, "act": 2})
+    assert sorted(s.kind for s in chosen) == ["act", "act", "attn"]
+    assert not hasattr(model, gates.GATE_ATTR)
+    assert (tmp_path / "work" / "scoring" / "gate-checkpoint.pt").is_file()
+    # resuming a finished selection repeats no step and returns the same sites
+    job.resume = True
+    again = select_sites(job, copy.deepcopy(tiny_model), {"attn": 1, "act": 2})
+    assert again == chosen
+
+
+# -- MAP points: resume --------------------------------------------------------------
+
+def test_interrupted_point_collection_resumes_without_remeasuring(tiny_model, digits_data, tmp_path, monkeypatch):
+    import hetprune_hetdpt.strategy as strat
+
+    calls = []
+    real_train = strat.train
+
+    def counting_train(model, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3 and not getattr(counting_train, "done", False):
+            counting_train.done = True
+            raise KeyboardInterrupt
+        kwargs["progress"] = False
+        return real_train(model, *args, **kwargs)
+
+    monkeypatch.setattr(strat, "train", counting_train)
+    job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=3),
+                   **{"short_finetune.epochs": 1, "short_finetune.subset": 32, "hetdpt.axis_points": 2,
+                      "hetdpt.mixed_points": 1})
+    strategy = HetDPT()
+    plan = strategy.point_plan(job, job.feasible_pairs())
+    with pytest.raises(KeyboardInterrupt):
+        strategy.collect_points(job, plan)
+    store = PointStore(job.shared_dir / "map-points.jsonl", strategy.points_key(job))
+    assert len(store.load()) == 2
+    calls.clear()
+    points = strategy.collect_points(job, plan)
+    assert len(calls) == len(plan) - 2
+    assert [(p["n_attn"], p["n_act"]) for p in points] == plan
+    # a changed schedule must not reuse the stale points
+    job.settings["short_finetune"]["lr"] = 1e-4
+    assert strategy.points_key(job) != store.key
+
+
+def test_corrupt_points_file_is_reported_by_name(tmp_path):
+    path = tmp_path / "map-points.jsonl"
+    path.write_text('{"n_attn": 1, "n_act": 0, "accuracy": 50, "key": "k"}\n{"n_attn": 2, "n_a')
+    with pytest.raises(HetpruneError, match="map-points.jsonl line 2"):
+        PointStore(path, "k").load()
+
+
+# -- KD and fine-tune ----------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_kd_loss_zero_for_identical_soft_and_minimal_for_hard(mode):
+    logits = torch.randn(8, 10)
+    same = kd_loss(logits, logits.clone(), mode, 2.0)
+    other = kd_loss(logits, torch.randn(8, 10), mode, 2.0)
+    if mode == "soft":
+        assert same.item() == pytest.approx(0.0, abs=1e-6)
+        assert other.item() > 0.01
+    else:
+        assert same.item() < other.item()
+    assert kd_loss(logits, torch.randn(8, 10), "none").item() == 0.0
+
+
+def test_nan_loss_stops_with_message_and_keeps_last_checkpoint(tiny_model, digits_data, tmp_path):
+    cfg = TrainConfig(epochs=3, subset=32, batch_size=16, kd="none")
+    calls = {"n": 0}
+    real_forward = tiny_model.forward
+
+    def forward(x):
+        calls["n"] += 1
+        out = real_forward(x)
+        return out * float("nan") if calls["n"] > 2 else out   # 2 steps = 1 epoch is fine
+
+    tiny_model.forward = forward
+    with pytest.raises(HetpruneError, match="loss became nan at epoch 2.*last good checkpoint"):
+        train(tiny_model, digits_data, cfg, checkpoint_dir=tmp_path, progress=False)
+    ckpt = torch.load(tmp_path / "finetune-checkpoint.pt", weights_only=True)
+    assert ckpt["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_finetune_resume_matches_uninterrupted(tiny_model, digits_data, tmp_path):
+    cfg = TrainConfig(epochs=2, subset=48, batch_size=16, kd="none", seed=3)
+    full = copy.deepcopy(tiny_model)
+    train(full, digits_data, cfg, progress=False)
+    part = copy.deepcopy(tiny_model)
+    first = TrainConfig(**{**cfg.to_dict()})
+    # run one epoch by stopping after the first epoch's checkpoint
+    class Stop(Exception):
+        pass
+
+    def stop_after_first(epoch, metrics):
+        raise Stop
+
+    with pytest.raises(Stop):
+        train(part, digits_data, first, checkpoint_dir=tmp_path, progress=False, on_epoch_end=stop_after_first)
+    resumed = copy.deepcopy(tiny_model)
+    train(resumed, digits_data, cfg, checkpoint_dir=tmp_path, resume=True, progress=False)
+    x = tiny_example()
+    assert torch.allclose(resumed(x), full(x), atol=1e-6)
+
+
+# -- config ----------------------------------------------------------------------
+
+def test_unknown_config_key_names_key_and_file(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("finetune:\n  epochs: 2\n  epochz: 3\n")
+    with pytest.raises(HetpruneError, match=r"'finetune.epochz' in config file .*cfg.yaml"):
+        hetprune.config.resolve(HetDPT.defaults, str(path))
+    path.write_text("hetdpt:\n  degree: 3\n")
+    with pytest.raises(HetpruneError, match="hetdpt.degree"):
+        hetprune.config.resolve(HetDPT.defaults, str(path))
+    path.write_text("hetdpt:\n  predictor_options: {degree: 3}\nfinetune: {epochs: 7}\n")
+    s = hetprune.config.resolve(HetDPT.defaults, str(path), sets=["short_finetune.lr=0.01"])
+    assert s["hetdpt"]["predictor_options"] == {"degree": 3}
+    assert s["finetune"]["epochs"] == 7 and s["short_finetune"]["lr"] == 0.01
+
+
+# -- end to end -------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tmp_path, capsys):
+    from hetprune.cli import main
+
+    model, spec, ckpt = trained_tiny
+    common = ["--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt)]
+    rc = main(["prune", *common, "--predictor", "no-such", "--budget", "3", "--out", str(tmp_path / "x")])
+    assert rc == 2 and "no predictor named 'no-such'" in capsys.readouterr().err
+    out = tmp_path / "pruned"
+    rc = main(["prune", *common, "--strategy", "hetdpt", "--budget", "3", "--out", str(out),
+               "--set", "finetune.epochs=1", "--set", "short_finetune.epochs=1", "--set", "scoring.subset=64",
+               "--set", "finetune.subset=64", "--set", "short_finetune.subset=64"])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["n_attn"] + report["n_act"] == 3
+    assert {"points", "fit", "surface", "pick"} <= set(report["allocation"])
+    assert report["allocation"]["fit"]["rmse"] >= 0
+    loaded = hetprune.load(out)
+    assert loaded is not None
+    recipe = hetprune.recipe.load_recipe(out)
+    assert recipe.n_attn == report["n_attn"] and recipe.n_act == report["n_act"]
