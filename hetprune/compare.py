@@ -90,51 +90,115 @@ def _fmt_eta(seconds: float) -> str:
     return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-def run_rows(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec, data, base_info: dict,
-             out: Path, resume: bool, log: Callable[[str], None] = print, progress: bool = True) -> list[dict]:
-    """Phase 1: prune and fine-tune every row (or reuse finished ones)."""
+def run_one(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec, data, base_info: dict, out: Path,
+            name: str, budget: Budget, seed: int, key: str, resume: bool, log: Callable[[str], None],
+            progress: bool) -> dict:
+    """Prune + fine-tune one row, save its model, and return the row."""
     from .recipe import save
 
+    started = time.time()
+    rid = row_id(name, budget, seed)
+    strategy = registry.build("strategy", name)
+    settings = json.loads(json.dumps(spec.settings))
+    settings["seed"] = seed
+    job = PruneJob(dense=dense, spec=model_spec, data=data, budget=budget, settings=settings, registry=registry,
+                   workdir=out / "work" / rid, shared_dir=out / "work" / "shared", base_info=dict(base_info),
+                   resume=resume, progress=progress, log=log, strategy_name=name)
+    result = strategy.run(job)
+    save(out / "models" / rid, result.model, result.recipe, overwrite=True, extra_files={"report.json": result.report})
+    r = result.report
+    row = {
+        "key": key, "id": rid, "strategy": name, "budget": budget.to_dict(), "seed": seed,
+        "n_attn": r["n_attn"], "n_act": r["n_act"], "sites": r["sites"],
+        "top1_before_finetune": r["top1_before_finetune"], "top1": r["top1"],
+        "params": r["params"], "macs": r["macs"], "dense_macs": r["dense_macs"],
+        "wall_s": round(time.time() - started, 1), "model_dir": str(Path("models") / rid),
+    }
+    alloc = r.get("allocation")
+    if isinstance(alloc, dict) and isinstance(alloc.get("pick"), dict):
+        row["predicted_top1"] = alloc["pick"].get("predicted")
+    return row
+
+
+def _worker(payload: dict) -> dict:
+    """Run one row in a fresh single-threaded process (``--jobs N``)."""
+    import torch
+
+    from .data import load_data
+    from .io import load_weights
+    from .models import ModelSpec, build, load_state_into
+    from .plugins import get_registry, load_module
+
+    torch.set_num_threads(1)
+    for module in payload["plugin_modules"]:
+        load_module(module)
+    model_spec = ModelSpec.from_dict(payload["model_spec"])
+    dense = build(model_spec)
+    load_state_into(dense, load_weights(payload["dense_weights"]), "dense model")
+    data = load_data(payload["data_spec"], dense, seed=payload["data_seed"])
+    tag = row_id(payload["name"], Budget(**payload["budget"]), payload["seed"])
+    return run_one(CompareSpec(**payload["spec"]), get_registry(), dense, model_spec, data, payload["base_info"],
+                   Path(payload["out"]), payload["name"], Budget(**payload["budget"]), payload["seed"],
+                   payload["key"], payload["resume"], log=lambda msg: print(f"  ({tag}) {msg}", flush=True),
+                   progress=False)
+
+
+def run_rows(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec, data, base_info: dict,
+             out: Path, resume: bool, log: Callable[[str], None] = print, progress: bool = True,
+             jobs: int = 1, data_spec: str = "digits") -> list[dict]:
+    """Phase 1: prune and fine-tune every row (or reuse finished ones).
+
+    With ``jobs > 1`` rows run in parallel single-threaded processes (at these
+    model sizes one thread per job is the faster use of the cores); each row is
+    saved the moment it finishes either way.
+    """
     store = RowStore(out)
     done = store.load() if resume else {}
     plan = [(s, b, seed) for b in spec.budgets for seed in spec.seeds for s in spec.strategies]
-    rows, durations = [], []
-    for i, (name, budget, seed) in enumerate(plan, 1):
+    results: dict[int, dict] = {}
+    todo = []
+    for i, (name, budget, seed) in enumerate(plan):
         key = row_key(spec, name, budget, seed, base_info["hash"], data.fingerprint)
-        rid = row_id(name, budget, seed)
         if key in done:
-            log(f"[{i}/{len(plan)}] {rid}: reused (finished earlier)")
-            rows.append(done[key])
-            continue
-        left = len(plan) - i + 1
-        eta = f", about {_fmt_eta(statistics.mean(durations) * left)} left" if durations else ""
-        log(f"[{i}/{len(plan)}] {rid}: running{eta}")
-        started = time.time()
-        strategy = registry.build("strategy", name)
-        settings = json.loads(json.dumps(spec.settings))
-        settings["seed"] = seed
-        job = PruneJob(dense=dense, spec=model_spec, data=data, budget=budget, settings=settings, registry=registry,
-                       workdir=out / "work" / rid, shared_dir=out / "work" / "shared", base_info=dict(base_info),
-                       resume=resume, progress=progress, log=log, strategy_name=name)
-        result = strategy.run(job)
-        save(out / "models" / rid, result.model, result.recipe, overwrite=True,
-             extra_files={"report.json": result.report})
-        r = result.report
-        row = {
-            "key": key, "id": rid, "strategy": name, "budget": budget.to_dict(), "seed": seed,
-            "n_attn": r["n_attn"], "n_act": r["n_act"], "sites": r["sites"],
-            "top1_before_finetune": r["top1_before_finetune"], "top1": r["top1"],
-            "params": r["params"], "macs": r["macs"], "dense_macs": r["dense_macs"],
-            "wall_s": round(time.time() - started, 1), "model_dir": str(Path("models") / rid),
-        }
-        if "allocation" in r and isinstance(r["allocation"], dict) and "pick" in r["allocation"]:
-            row["predicted_top1"] = r["allocation"]["pick"].get("predicted")
+            log(f"[{i + 1}/{len(plan)}] {row_id(name, budget, seed)}: reused (finished earlier)")
+            results[i] = done[key]
+        else:
+            todo.append((i, name, budget, seed, key))
+    durations: list[float] = []
+
+    def finished(i: int, row: dict) -> None:
         store.append(row)
-        durations.append(time.time() - started)
-        rows.append(row)
-        log(f"[{i}/{len(plan)}] {rid}: top-1 {row['top1']:.2f}% ({row['n_attn']} attn + {row['n_act']} act) "
-            f"in {row['wall_s']:.0f}s")
-    return rows
+        results[i] = row
+        durations.append(row["wall_s"])
+        left = len(plan) - len(results)
+        eta = f"; about {_fmt_eta(statistics.mean(durations) * left / max(1, jobs))} left" if left else ""
+        log(f"[{len(results)}/{len(plan)}] {row['id']}: top-1 {row['top1']:.2f}% "
+            f"({row['n_attn']} attn + {row['n_act']} act) in {row['wall_s']:.0f}s{eta}")
+
+    if jobs <= 1 or len(todo) <= 1:
+        for i, name, budget, seed, key in todo:
+            log(f"[{len(results) + 1}/{len(plan)}] {row_id(name, budget, seed)}: running")
+            finished(i, run_one(spec, registry, dense, model_spec, data, base_info, out, name, budget, seed, key,
+                                resume, log, progress))
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        from .io import save_weights
+        from .plugins import _extra_modules
+
+        dense_path = out / "work" / "dense.safetensors"
+        save_weights(dense_path, dense)
+        common = {"spec": spec.__dict__, "model_spec": model_spec.to_dict(), "dense_weights": str(dense_path),
+                  "data_spec": data_spec, "data_seed": 0, "base_info": base_info, "out": str(out),
+                  "resume": resume, "plugin_modules": list(_extra_modules)}
+        log(f"running {len(todo)} rows in {jobs} parallel processes ...")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(_worker, {**common, "name": name, "budget": budget.to_dict(), "seed": seed,
+                                             "key": key}): i for i, name, budget, seed, key in todo}
+            for fut in as_completed(futures):
+                finished(futures[fut], fut.result())
+    return [results[i] for i in sorted(results)]
 
 
 def measure_rows(spec: CompareSpec, dense: nn.Module, rows: list[dict], out: Path, input_shape,

@@ -163,3 +163,16 @@ def test_compare_bad_input(trained_tiny, tmp_path, capsys):
     assert "--budgets" in capsys.readouterr().err
     assert main(base + ["--strategies", "mix50,mix50", "--budget", "2"]) == 2
     assert "twice" in capsys.readouterr().err
+
+
+def test_parallel_jobs_give_the_same_rows_as_sequential(trained_tiny, tmp_path):
+    common = ["compare", *model_args(trained_tiny), "--strategies", "act-only,mix50", "--budget", "2",
+              "--batch-sizes", "1,4", "--scorer", "magnitude", *FAST]
+    assert main(common + ["--out", str(tmp_path / "seq")]) == 0
+    assert main(common + ["--out", str(tmp_path / "par"), "--jobs", "2"]) == 0
+
+    def rows(folder):
+        data = json.loads((folder / "results.json").read_text())
+        return {r["id"]: (r["sites"], r["top1"], r["macs"]) for r in data["rows"]}
+
+    assert rows(tmp_path / "seq") == rows(tmp_path / "par")

@@ -43,6 +43,8 @@ def add_arguments(p) -> None:
     add_settings_arguments(p)
     p.add_argument("--batch-sizes", default="1,256", metavar="1,256",
                    help="batch sizes for timing: the smallest and largest are reported")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run N rows at once in single-threaded processes (default 1; try the core count)")
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="output folder (default runs/compare)")
 
 
@@ -94,7 +96,10 @@ def run(args) -> int:
 
     base_info["top1"] = evaluate(dense, loader(data.val, 256, shuffle=False))
     out.mkdir(parents=True, exist_ok=True)
-    rows = run_rows(spec, registry, dense, model_spec, data, base_info, out, resume=args.resume)
+    if args.jobs < 1:
+        raise HetpruneError(f"--jobs must be >= 1, got {args.jobs}")
+    rows = run_rows(spec, registry, dense, model_spec, data, base_info, out, resume=args.resume, jobs=args.jobs,
+                    data_spec=args.data or "digits")
     example = example_batch(data, 2)
     dense_row = {"strategy": "dense", "top1": base_info["top1"], **cost_summary(dense, example)}
     timing = measure_rows(spec, dense, rows, out, input_shape=tuple(example.shape[1:]))

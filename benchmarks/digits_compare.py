@@ -1,0 +1,67 @@
+"""Reproduce benchmarks/results/digits-compare.md and digits-compare.png.
+
+Runs `hetprune compare` on the embedded default (digits ViT) for several
+budgets and seeds, then copies its table and plot into benchmarks/results/
+with the machine and the exact command.
+
+    python benchmarks/digits_compare.py                      # budgets 8,12; seeds 0,1,2
+    python benchmarks/digits_compare.py --budgets 12 --seeds 0 --out runs/quick
+
+Resumable: rerun the same command to continue an interrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--strategies", default="hetdpt,attn-only,act-only,mix50,block-drop")
+    p.add_argument("--budgets", default="8,12")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--jobs", default="2", help="rows run in parallel single-threaded processes")
+    p.add_argument("--out", default=str(ROOT / "runs" / "digits-compare"))
+    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    args = p.parse_args()
+
+    from hetprune.cli import main as cli
+
+    argv = ["compare", "--strategies", args.strategies, "--budgets", args.budgets, "--seeds", args.seeds,
+            "--jobs", args.jobs, "--out", args.out]
+    if (Path(args.out) / "rows.jsonl").exists():
+        argv.append("--resume")
+    rc = cli(argv)
+    if rc:
+        return rc
+    out, results = Path(args.out), Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    data = json.loads((out / "results.json").read_text())
+    env = (data.get("timing") or {}).get("environment", {})
+    command = "python benchmarks/digits_compare.py " + " ".join(sys.argv[1:])
+    text = (out / "results.md").read_text()
+    body = text.split("\n\n", 2)[-1] if text.startswith("# ") else text
+    header = (
+        "# Strategies compared on the embedded default (digits ViT)\n\n"
+        f"Produced by `{command.strip()}` (which runs `hetprune {' '.join(argv)}`).\n\n"
+        f"Machine: {env.get('cpu', platform.processor() or '?')}, {env.get('cpu_count', '?')} cores, "
+        f"{env.get('threads', '?')} torch threads for timing, torch {env.get('torch', '?')}, "
+        f"timm {env.get('timm', '?')}, {env.get('platform', platform.platform())}; "
+        f"load average {env.get('load_start')} at the start of timing.\n\n"
+    )
+    (results / "digits-compare.md").write_text(header + body)
+    shutil.copyfile(out / "pareto.png", results / "digits-compare.png")
+    shutil.copyfile(out / "results.json", results / "digits-compare.json")
+    print(f"wrote {results / 'digits-compare.md'}, digits-compare.png, digits-compare.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
