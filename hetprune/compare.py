@@ -23,6 +23,7 @@ from typing import Callable
 
 from torch import nn
 
+from . import distributed as dist
 from .budget import Budget
 from .cache import fingerprint
 from .errors import HetpruneError
@@ -105,7 +106,9 @@ def run_one(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec,
                    workdir=out / "work" / rid, shared_dir=out / "work" / "shared", base_info=dict(base_info),
                    resume=resume, progress=progress, log=log, strategy_name=name)
     result = strategy.run(job)
-    save(out / "models" / rid, result.model, result.recipe, overwrite=True, extra_files={"report.json": result.report})
+    if dist.is_main():
+        save(out / "models" / rid, result.model, result.recipe, overwrite=True,
+             extra_files={"report.json": result.report})
     r = result.report
     row = {
         "key": key, "id": rid, "strategy": name, "budget": budget.to_dict(), "seed": seed,
@@ -152,6 +155,8 @@ def run_rows(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec
     model sizes one thread per job is the faster use of the cores); each row is
     saved the moment it finishes either way.
     """
+    if not dist.is_main():
+        log = lambda msg: None  # noqa: E731 - under torchrun rank 0 alone reports
     store = RowStore(out)
     done = store.load() if resume else {}
     plan = [(s, b, seed) for b in spec.budgets for seed in spec.seeds for s in spec.strategies]
@@ -167,7 +172,8 @@ def run_rows(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec
     durations: list[float] = []
 
     def finished(i: int, row: dict) -> None:
-        store.append(row)
+        if dist.is_main():
+            store.append(row)
         results[i] = row
         durations.append(row["wall_s"])
         left = len(plan) - len(results)

@@ -7,14 +7,14 @@ data it was measured on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import random
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 
 from .cache import fingerprint
 from .errors import HetpruneError
@@ -31,8 +31,6 @@ class DataBundle:
     in_chans: int
     img_size: int
     fingerprint: str
-    # batch-level augmentation applied to training batches (tensor in, tensor out)
-    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = field(default=None, repr=False)
 
     def describe(self) -> dict:
         return {
@@ -44,22 +42,65 @@ class DataBundle:
         }
 
 
-def random_shift(pixels: int):
-    """Batch augmentation: shift every image by up to ``pixels`` in x and y (zero fill)."""
+class ShiftedImages(Dataset):
+    """Images shifted by up to ``pixels`` in x and y (zero fill) as training augmentation.
 
-    def shift(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        if pixels <= 0:
-            return x
-        b, _, h, w = x.shape
-        padded = F.pad(x, (pixels, pixels, pixels, pixels))
-        dx = torch.randint(0, 2 * pixels + 1, (b,), generator=gen)
-        dy = torch.randint(0, 2 * pixels + 1, (b,), generator=gen)
-        out = torch.empty_like(x)
-        for i in range(b):
-            out[i] = padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w]
-        return out
+    The shift of item ``i`` depends only on ``(epoch seed, i)``, not on batch
+    position or process, so a run split over ranks sees the very same images
+    as a single-process run (see :class:`GlobalBatchSampler`).
+    """
 
-    return shift
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, pixels: int):
+        self.images, self.labels, self.pixels = images, labels, pixels
+        self.seed = 0
+
+    def set_epoch(self, seed: int) -> None:
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        x, p = self.images[i], self.pixels
+        if p > 0:
+            rng = random.Random(self.seed * 1_000_003 + i)
+            dx, dy = rng.randint(-p, p), rng.randint(-p, p)
+            x = torch.roll(F.pad(x, (p, p, p, p)), shifts=(dy, dx), dims=(1, 2))[:, p:-p, p:-p]
+        return x, self.labels[i]
+
+
+def set_epoch(dataset: Dataset, seed: int) -> None:
+    """Tell an augmenting data set (possibly inside a Subset) which epoch this is."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    if hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(seed)
+
+
+class GlobalBatchSampler(Sampler):
+    """Seeded global batches, each split across ranks.
+
+    Global batch ``t`` is the same set of items whatever the number of ranks;
+    rank ``r`` of ``w`` takes every ``w``-th item of it. With gradients averaged
+    across ranks, training under torchrun follows the single-process run.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool = True, rank: int = 0, world: int = 1):
+        self.n, self.batch_size, self.seed, self.shuffle, self.rank, self.world = n, batch_size, seed, shuffle, rank, world
+
+    def global_batches(self) -> list[list[int]]:
+        order = (torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist()
+                 if self.shuffle else list(range(self.n)))
+        return [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)]
+
+    def __iter__(self):
+        for batch in self.global_batches():
+            mine = batch[self.rank::self.world]
+            if mine:
+                yield mine
+
+    def __len__(self) -> int:
+        return sum(1 for b in self.global_batches() if b[self.rank::self.world])
 
 
 def digits(img_size: int = 16, val_size: int = 450, seed: int = 0, shift: int = 2) -> DataBundle:
@@ -74,10 +115,11 @@ def digits(img_size: int = 16, val_size: int = 450, seed: int = 0, shift: int = 
     labels = torch.tensor(raw.target, dtype=torch.long)
     idx = np.arange(len(labels))
     train_idx, val_idx = train_test_split(idx, test_size=val_size, stratify=raw.target, random_state=seed)
-    train = TensorDataset(images[train_idx], labels[train_idx])
+    train = ShiftedImages(images[train_idx], labels[train_idx], shift)
     val = TensorDataset(images[val_idx], labels[val_idx])
-    fp = fingerprint({"data": DIGITS, "img_size": img_size, "val_size": val_size, "seed": seed, "shift": shift})
-    return DataBundle(DIGITS, train, val, 10, 1, img_size, fp, augment=random_shift(shift))
+    fp = fingerprint({"data": DIGITS, "img_size": img_size, "val_size": val_size, "seed": seed, "shift": shift,
+                      "augment": "per-item-v2"})
+    return DataBundle(DIGITS, train, val, 10, 1, img_size, fp)
 
 
 def image_folder(path: str | Path, model: torch.nn.Module) -> DataBundle:
@@ -120,10 +162,12 @@ def subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
     return Subset(dataset, sorted(idx))
 
 
-def loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0, workers: int = 0) -> DataLoader:
-    gen = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=gen, num_workers=workers,
-                      drop_last=False)
+def loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0, workers: int = 0,
+           rank: int = 0, world: int = 1) -> DataLoader:
+    """Batches of ``dataset`` for one epoch seeded by ``seed`` (this rank's share under torchrun)."""
+    set_epoch(dataset, seed)
+    sampler = GlobalBatchSampler(len(dataset), batch_size, seed, shuffle=shuffle, rank=rank, world=world)
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=workers, persistent_workers=False)
 
 
 def example_batch(data: DataBundle, n: int = 8) -> torch.Tensor:

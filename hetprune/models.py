@@ -33,6 +33,8 @@ class ModelSpec:
     def from_dict(cls, d: dict) -> "ModelSpec":
         if not isinstance(d, dict) or not isinstance(d.get("name"), str):
             raise HetpruneError(f"a model spec needs a string 'name', got {d!r}")
+        if d.get("kwargs") is not None and not isinstance(d["kwargs"], dict):
+            raise HetpruneError(f"a model spec's 'kwargs' must be a JSON object, got {d['kwargs']!r}")
         return cls(d["name"], dict(d.get("kwargs") or {}))
 
 
@@ -98,10 +100,16 @@ def digits_model(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None, pr
     from .data import digits, loader
     from .train import TrainConfig, evaluate, train
 
+    from . import distributed as dist
+
+    folder = digits_model_folder(spec, training)
     training = {**DIGITS_TRAINING, **(training or {})}
-    key = fingerprint({"spec": spec.to_dict(), "training": training, "v": 1})
-    folder = cache_dir() / "base" / f"digits-{key}"
     weights = folder / "model.safetensors"
+    if dist.active() and not weights.is_file():
+        # rank 0 trains the base model alone; the others wait, then read the cache
+        if dist.is_main():
+            digits_model(spec, training, progress, log)
+        dist.barrier()
     model = build(spec)
     if weights.is_file():
         load_state_into(model, load_weights(weights), f"cached base model {weights}")
@@ -113,7 +121,7 @@ def digits_model(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None, pr
     cfg = TrainConfig(epochs=training["epochs"], lr=training["lr"], batch_size=training["batch_size"],
                       weight_decay=training["weight_decay"], seed=training["seed"], kd="none", warmup_epochs=2)
     start = time.time()
-    train(model, data, cfg, progress=progress, desc="base model")
+    train(model, data, cfg, progress=progress, desc="base model", distributed=False)
     acc = evaluate(model, loader(data.val, 256, shuffle=False))
     save_weights(weights, model)
     write_json_atomic(folder / "meta.json", {"spec": spec.to_dict(), "training": training, "val_top1": acc,
@@ -122,10 +130,15 @@ def digits_model(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None, pr
     return model.eval()
 
 
-def digits_model_info(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None) -> dict | None:
+def digits_model_folder(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None) -> Path:
+    """The cache folder of the embedded base model, keyed by its settings and data pipeline."""
     training = {**DIGITS_TRAINING, **(training or {})}
-    key = fingerprint({"spec": spec.to_dict(), "training": training, "v": 1})
-    meta = cache_dir() / "base" / f"digits-{key}" / "meta.json"
+    key = fingerprint({"spec": spec.to_dict(), "training": training, "v": 2})
+    return cache_dir() / "base" / f"digits-{key}"
+
+
+def digits_model_info(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None) -> dict | None:
+    meta = digits_model_folder(spec, training) / "meta.json"
     return read_json(meta) if meta.is_file() else None
 
 

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from . import distributed as dist
 from . import surgery
 from .budget import Budget, feasible_pairs, max_per_kind
 from .config import train_config
@@ -29,7 +30,7 @@ from .models import ModelSpec
 from .plugins import Registry
 from .recipe import Recipe, arch_of, recipe_from_model
 from .sites import Site, sites
-from .train import TrainConfig, evaluate, train
+from .train import TrainConfig, evaluate_dataset, train
 
 
 @dataclass
@@ -53,6 +54,9 @@ class PruneJob:
     def __post_init__(self):
         self.workdir = Path(self.workdir)
         self.shared_dir = Path(self.shared_dir) if self.shared_dir else self.workdir
+        if not dist.is_main():  # under torchrun only rank 0 talks
+            self.log = lambda msg: None
+            self.progress = False
 
     @property
     def seed(self) -> int:
@@ -80,7 +84,7 @@ class PruneJob:
                    info={"strategy": self.strategy_name, "seconds": round(time.time() - started, 2), **info})
 
     def val_accuracy(self, model: nn.Module) -> float:
-        return evaluate(model, loader(self.data.val, 256, shuffle=False), self.device)
+        return evaluate_dataset(model, self.data.val, dist.local_device(self.device))
 
     def feasible_pairs(self) -> list[tuple[int, int]]:
         merge = bool(self.settings.get("mergers"))
@@ -140,8 +144,20 @@ def select_sites(job: PruneJob, model: nn.Module, counts: dict[str, int], scorer
     """Choose ``counts[kind]`` sites of each kind with the configured scorer.
 
     A scorer with ``select`` (learning while it removes) may adapt ``model``'s
-    weights in place; it must leave every site present.
+    weights in place; it must leave every site present. Under torchrun rank 0
+    selects and every rank receives its choice and weights.
     """
+    chosen = None
+    if dist.is_main():
+        chosen = _select_sites(job, model, counts, scorer_name, ctx)
+    if dist.active():
+        chosen = dist.broadcast(chosen)
+        dist.broadcast_module(model)
+    return chosen
+
+
+def _select_sites(job: PruneJob, model: nn.Module, counts: dict[str, int], scorer_name: str | None,
+                  ctx: ScoringContext | None) -> list[Site]:
     name = scorer_name or job.settings["scorer"]
     scorer = job.registry.build("scorer", name, **job.settings.get("scorer_options", {}).get(name, {}))
     ctx = ctx or scoring_context(job)
@@ -258,7 +274,7 @@ class DepthStrategy:
         job.strategy_name = job.strategy_name or self.name
         started = time.time()
         t = job.stage_start("allocate", budget=job.budget.to_dict())
-        (n_attn, n_act), alloc_info = self.allocate(job)
+        (n_attn, n_act), alloc_info = dist.broadcast(self.allocate(job))
         job.stage_end("allocate", t, n_attn=n_attn, n_act=n_act, **alloc_info)
         job.log(f"[{job.strategy_name}] split: {n_attn} attention + {n_act} activation sites")
 

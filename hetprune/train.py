@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from . import distributed as dist
 from .data import DataBundle, loader, subset
 from .errors import HetpruneError
 
@@ -37,6 +38,7 @@ class TrainConfig:
     subset: int | None = None   # train on this many training images (seeded), None = all
     seed: int = 0
     device: str = "cpu"
+    workers: int = 0            # data-loading worker processes (ImageFolder data)
 
     def __post_init__(self):
         if self.kd not in KD_MODES:
@@ -46,6 +48,8 @@ class TrainConfig:
                                 f"lr={self.lr} (need epochs >= 0, batch_size >= 1, lr > 0)")
         if not 0.0 <= self.kd_alpha <= 1.0:
             raise HetpruneError(f"kd_alpha must be within [0, 1], got {self.kd_alpha}")
+        if self.workers < 0:
+            raise HetpruneError(f"workers must be >= 0, got {self.workers}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,19 +93,28 @@ def training_loss(student_logits, labels, teacher_logits, cfg: TrainConfig) -> t
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, data_loader, device: str | torch.device = "cpu") -> float:
-    """Top-1 accuracy in percent."""
+def evaluate(model: nn.Module, data_loader, device: str | torch.device = "cpu", reduce: bool = False) -> float:
+    """Top-1 accuracy in percent (``reduce``: sum the counts of all ranks)."""
     was_training = model.training
     model.eval()
-    correct = total = 0
+    counts = torch.zeros(2, dtype=torch.float64)
     for x, y in data_loader:
         x, y = x.to(device), y.to(device)
-        correct += (model(x).argmax(dim=-1) == y).sum().item()
-        total += y.numel()
+        counts[0] += (model(x).argmax(dim=-1) == y).sum().item()
+        counts[1] += y.numel()
     model.train(was_training)
-    if total == 0:
+    if reduce:
+        counts = dist.sum_tensor(counts.to(device)).cpu()
+    if counts[1] == 0:
         raise HetpruneError("evaluation set is empty")
-    return 100.0 * correct / total
+    return float(100.0 * counts[0] / counts[1])
+
+
+def evaluate_dataset(model: nn.Module, dataset, device: str | torch.device = "cpu", batch_size: int = 256,
+                     workers: int = 0) -> float:
+    """Top-1 on a whole data set; under torchrun each rank takes a share and the counts are summed."""
+    return evaluate(model, loader(dataset, batch_size, shuffle=False, workers=workers, rank=dist.rank(),
+                                  world=dist.world()), device, reduce=dist.active())
 
 
 def _checkpoint_path(folder: Path) -> Path:
@@ -111,6 +124,9 @@ def _checkpoint_path(folder: Path) -> Path:
 def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, history: list, cfg: TrainConfig):
     import os
     import tempfile
+
+    if not dist.is_main():
+        return
 
     folder.mkdir(parents=True, exist_ok=True)
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -147,6 +163,7 @@ def train(
     desc: str = "fine-tune",
     on_epoch_end: Callable[[int, dict], None] | None = None,
     eval_each_epoch: bool = False,
+    distributed: bool | None = None,
 ) -> list[dict]:
     """Train ``model`` in place; returns the per-epoch history.
 
@@ -155,11 +172,19 @@ def train(
     augmentation are seeded by ``(seed, epoch)``, so a resumed run repeats
     the uninterrupted one. A NaN or inf loss stops training with an error and
     leaves the last good checkpoint in place.
+
+    Under torchrun (``distributed`` defaults to whether a process group is
+    active) the model is wrapped in DistributedDataParallel and every global
+    batch of ``cfg.batch_size`` items is split across ranks, so the run
+    follows the single-process one; ``distributed=False`` trains this rank's
+    model alone (e.g. one MAP point per rank).
     """
     from timm.optim import create_optimizer_v2
     from timm.scheduler import CosineLRScheduler
 
-    device = resolve_device(cfg.device)
+    distributed = dist.active() if distributed is None else (distributed and dist.active())
+    rank, world = (dist.rank(), dist.world()) if distributed else (0, 1)
+    device = resolve_device(dist.local_device(cfg.device) if distributed else cfg.device)
     model.to(device)
     if teacher is not None:
         teacher.to(device).eval()
@@ -181,25 +206,32 @@ def train(
             optimizer.load_state_dict(ckpt["optimizer"])
             scheduler.load_state_dict(ckpt["scheduler"])
             start_epoch, history = ckpt["epoch"], list(ckpt["history"])
-    val_loader = loader(data.val, 256, shuffle=False) if eval_each_epoch else None
-    bar = tqdm(range(start_epoch, cfg.epochs), desc=desc, disable=not progress, leave=False, dynamic_ncols=True,
-               initial=start_epoch, total=cfg.epochs)
+    net = model
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        dist.broadcast_module(model)
+        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    bar = tqdm(range(start_epoch, cfg.epochs), desc=desc, disable=not progress or rank != 0, leave=False,
+               dynamic_ncols=True, initial=start_epoch, total=cfg.epochs)
     for epoch in bar:
         model.train()
         seed = cfg.seed * 100_003 + epoch
         torch.manual_seed(seed)
-        gen = torch.Generator().manual_seed(seed)
-        epoch_loss, n_seen, t0 = 0.0, 0, time.time()
-        for step, (x, y) in enumerate(loader(train_set, cfg.batch_size, shuffle=True, seed=seed)):
-            if data.augment is not None:
-                x = data.augment(x, gen)
+        epoch_loss, t0 = torch.zeros(2, dtype=torch.float64), time.time()
+        batches = loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=cfg.workers, rank=rank,
+                         world=world)
+        for step, (x, y) in enumerate(batches):
             x, y = x.to(device), y.to(device)
             teacher_logits = None
             if teacher is not None and cfg.kd != "none":
                 with torch.no_grad():
                     teacher_logits = teacher(x)
-            loss = training_loss(model(x), y, teacher_logits, cfg)
-            if not torch.isfinite(loss):
+            loss = training_loss(net(x), y, teacher_logits, cfg)
+            bad = not torch.isfinite(loss)
+            if distributed:  # every rank stops together, or the others would wait forever
+                bad = bool(dist.sum_tensor(torch.tensor([float(bad)], device=device)).item())
+            if bad:
                 where = f"; the last good checkpoint is {_checkpoint_path(folder)}" if folder and epoch else ""
                 raise HetpruneError(f"{desc}: loss became {loss.item()} at epoch {epoch + 1}, step {step + 1} "
                                     f"(lr {optimizer.param_groups[0]['lr']:.2e}); stopped{where}. "
@@ -208,15 +240,21 @@ def train(
             loss.backward()
             optimizer.step()
             scheduler.step_update(epoch * steps_per_epoch + step + 1)
-            epoch_loss += loss.item() * y.numel()
-            n_seen += y.numel()
-        metrics = {"epoch": epoch + 1, "loss": epoch_loss / max(1, n_seen), "seconds": round(time.time() - t0, 2)}
-        if val_loader is not None:
-            metrics["accuracy"] = evaluate(model, val_loader, device)
+            epoch_loss[0] += loss.item() * y.numel()
+            epoch_loss[1] += y.numel()
+        if distributed:
+            epoch_loss = dist.sum_tensor(epoch_loss.to(device)).cpu()
+        metrics = {"epoch": epoch + 1, "loss": float(epoch_loss[0] / max(1.0, float(epoch_loss[1]))),
+                   "seconds": round(time.time() - t0, 2)}
+        if eval_each_epoch:
+            metrics["accuracy"] = (evaluate_dataset(model, data.val, device) if distributed
+                                   else evaluate(model, loader(data.val, 256, shuffle=False), device))
         history.append(metrics)
         bar.set_postfix({k: round(v, 4) for k, v in metrics.items() if k in ("loss", "accuracy")})
         if folder is not None:
             _save_checkpoint(folder, model, optimizer, scheduler, epoch + 1, history, cfg)
+            if distributed:
+                dist.barrier()
         if on_epoch_end is not None:
             on_epoch_end(epoch + 1, metrics)
     model.eval()

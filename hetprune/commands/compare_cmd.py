@@ -91,15 +91,19 @@ def run(args) -> int:
 
     dense, model_spec, base_info = base_model(args)
     data = data_for(args, dense)
-    from ..train import evaluate
-    from ..data import loader
+    from .. import distributed as dist
+    from ..train import evaluate_dataset
 
-    base_info["top1"] = evaluate(dense, loader(data.val, 256, shuffle=False))
+    base_info["top1"] = evaluate_dataset(dense, data.val)
+    if dist.active() and args.jobs > 1:
+        raise HetpruneError("--jobs runs rows in parallel processes on one machine; under torchrun use --jobs 1")
     out.mkdir(parents=True, exist_ok=True)
     if args.jobs < 1:
         raise HetpruneError(f"--jobs must be >= 1, got {args.jobs}")
     rows = run_rows(spec, registry, dense, model_spec, data, base_info, out, resume=args.resume, jobs=args.jobs,
                     data_spec=args.data or "digits")
+    if not dist.is_main():  # rank 0 times the models and writes the results
+        return 0
     example = example_batch(data, 2)
     dense_row = {"strategy": "dense", "top1": base_info["top1"], **cost_summary(dense, example)}
     timing = measure_rows(spec, dense, rows, out, input_shape=tuple(example.shape[1:]))

@@ -106,8 +106,12 @@ def run(args) -> int:
     job = PruneJob(dense=dense, spec=spec, data=data, budget=budget, settings=settings, registry=registry,
                    workdir=out.with_name(out.name + ".work"), base_info=base_info, resume=args.resume,
                    strategy_name=strategy.name)
-    job.base_info.setdefault("top1", job.val_accuracy(dense))
+    job.base_info["top1"] = job.val_accuracy(dense)
     result = strategy.run(job)
+    from .. import distributed as dist
+
+    if not dist.is_main():  # under torchrun rank 0 writes and reports
+        return 0
     save(out, result.model, result.recipe, overwrite=args.overwrite, extra_files={"report.json": result.report})
     r = result.report
     print(f"\n{strategy.name}: {r['n_attn']} attention + {r['n_act']} activation sites removed: {', '.join(r['sites'])}")

@@ -218,13 +218,11 @@ class GateTaylorScorer:
         from hetprune.data import loader
 
         model.train()
-        gen = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
+        device = opt_s.param_groups[0]["params"][0].device
         total, n = 0.0, 0
-        for x, y in loader(train_set, cfg.batch_size, shuffle=True, seed=seed):
-            if ctx.data.augment is not None:
-                x = ctx.data.augment(x, gen)
-            x, y = x.to(opt_s.param_groups[0]["params"][0].device), y.to(opt_s.param_groups[0]["params"][0].device)
+        for x, y in loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=cfg.workers):
+            x, y = x.to(device), y.to(device)
             with torch.no_grad():
                 t = teacher(x) if cfg.kd != "none" else None
             loss = training_loss(model(x), y, t, cfg)

@@ -14,7 +14,9 @@ import numpy as np
 from hetprune import HetpruneError, Site, sites
 from hetprune.cache import fingerprint
 from hetprune.pipeline import DepthStrategy, PruneJob, rank_lowest, remove_sites, scoring_context
-from hetprune.train import train
+from hetprune import distributed as dist
+from hetprune.data import loader
+from hetprune.train import evaluate, train
 
 
 def axis_values(maximum: int, count: int) -> list[int]:
@@ -65,11 +67,18 @@ class PointStore:
         return found
 
     def append(self, record: dict) -> None:
+        """Append one point; an exclusive lock keeps lines whole when several ranks append."""
+        import fcntl
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps({**record, "key": self.key}) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                fh.write(json.dumps({**record, "key": self.key}) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class HetDPT(DepthStrategy):
@@ -126,13 +135,20 @@ class HetDPT(DepthStrategy):
         })
 
     def collect_points(self, job: PruneJob, plan: list[tuple[int, int]]) -> list[dict]:
+        """Measure every planned point not already in the points file.
+
+        Under torchrun each rank measures its share (point i goes to rank
+        i mod world) with its own single-process fine-tune, appends it to the
+        shared file under a lock, and all ranks read the whole file at the end.
+        """
         store = PointStore(job.shared_dir / "map-points.jsonl", self.points_key(job))
         have = store.load()
         todo = [p for p in plan if p not in have]
         if have and todo != plan:
             job.log(f"[hetdpt] reusing {len(plan) - len(todo)} measured MAP points from {store.path}")
+        mine = todo[dist.rank()::dist.world()]
         orders = None
-        for i, (a, m) in enumerate(todo, 1):
+        for i, (a, m) in enumerate(mine, 1):
             if orders is None:
                 orders = self.removal_orders(job, {"attn": max(p[0] for p in plan), "act": max(p[1] for p in plan)})
             t0 = time.time()
@@ -143,15 +159,18 @@ class HetDPT(DepthStrategy):
             from hetprune.config import train_config
 
             train(model, job.data, train_config(job.settings, "short_finetune"), teacher=job.dense,
-                  progress=False, desc="MAP point")
-            acc = job.val_accuracy(model)
+                  progress=False, desc="MAP point", distributed=False)
+            acc = evaluate(model, loader(job.data.val, 256, shuffle=False), job.device)
             point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen],
                      "seconds": round(time.time() - t0, 2), "short_finetune": cfg}
             store.append(point)
             have[(a, m)] = point
             job.event("on_point_collected", point=point)
-            job.log(f"[hetdpt] MAP point {i}/{len(todo)}: {a} attn + {m} act -> {acc:.2f}% "
+            job.log(f"[hetdpt] MAP point {i}/{len(mine)}: {a} attn + {m} act -> {acc:.2f}% "
                     f"({point['seconds']:.1f}s)")
+        if dist.active():
+            dist.barrier()
+            have = store.load()
         return [have[p] for p in plan]
 
     # -- stage 1: allocation ---------------------------------------------------

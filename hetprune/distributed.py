@@ -1,0 +1,88 @@
+"""Running under ``torchrun``: process group set-up and the few collective
+operations the pipeline needs. Outside torchrun every helper is a no-op, so
+the single-process path has no distributed code in its way.
+
+Conventions: rank 0 alone writes files and prints progress; a decision made
+on one rank (chosen sites, a fitted allocation) is broadcast from rank 0.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def init_from_env(device: str = "cpu") -> bool:
+    """Join the process group torchrun describes (``WORLD_SIZE`` > 1); gloo on CPU, nccl on CUDA."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return dist.is_initialized()
+    backend = "nccl" if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()) else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # rank 0 alone runs some long stages (site selection) while the others wait
+    minutes = float(os.environ.get("HETPRUNE_DIST_TIMEOUT_MIN", "360"))
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=minutes))
+    return True
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else 0
+
+
+def world() -> int:
+    return dist.get_world_size() if active() else 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
+def broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (picklable Python objects between our own processes)."""
+    if not active():
+        return obj
+    box = [obj if is_main() else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def broadcast_module(module: torch.nn.Module) -> None:
+    """Make every rank's parameters and buffers equal to rank 0's."""
+    if not active():
+        return
+    for tensor in list(module.state_dict().values()):
+        dist.broadcast(tensor.data if hasattr(tensor, "data") else tensor, src=0)
+
+
+def all_gather(obj: Any) -> list[Any]:
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def sum_tensor(t: torch.Tensor) -> torch.Tensor:
+    if active():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def local_device(device: str) -> str:
+    """On CUDA under torchrun, each rank uses its own GPU."""
+    if active() and device.startswith("cuda") and ":" not in device:
+        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    return device
