@@ -345,3 +345,14 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
     assert loaded is not None
     recipe = hetprune.recipe.load_recipe(out)
     assert recipe.n_attn == report["n_attn"] and recipe.n_act == report["n_act"]
+
+
+def test_too_small_point_plan_fails_before_any_fine_tune(tiny_model, digits_data, tmp_path, monkeypatch):
+    def never(*a, **k):
+        raise AssertionError("no point may be measured")
+
+    monkeypatch.setattr(HetDPT, "collect_points", never)
+    job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=1),
+                   **{"hetdpt.axis_points": 1, "hetdpt.mixed_points": 0})
+    with pytest.raises(HetpruneError, match="needs at least 6 distinct points"):
+        HetDPT().allocate(job)

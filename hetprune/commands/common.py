@@ -21,6 +21,13 @@ def add_model_arguments(p, data: bool = True) -> None:
     if data:
         g.add_argument("--data", metavar="digits|PATH", default=None,
                        help="'digits' (embedded default) or an ImageFolder root with train/ and val/")
+        s = g.add_mutually_exclusive_group()
+        s.add_argument("--subset", type=int, metavar="N",
+                       help="training images for the short fine-tunes of MAP points (sets short_finetune.subset)")
+        s.add_argument("--subset-frac", type=float, metavar="F",
+                       help="the same as a fraction of the training set, e.g. 0.01")
+        g.add_argument("--workers", type=int, metavar="N",
+                       help="data-loading worker processes for every fine-tune (default 0)")
 
 
 def model_spec(args) -> ModelSpec:
@@ -60,3 +67,20 @@ def data_for(args, model, seed: int = 0):
     if args.model and spec == DIGITS and not args.checkpoint:
         raise HetpruneError("--model NAME needs --data PATH (an ImageFolder) or a --checkpoint trained on digits")
     return load_data(spec, model, seed=seed)
+
+
+def apply_data_options(args, settings: dict, data) -> None:
+    """Turn --subset/--subset-frac/--workers into settings, now that the data set's size is known."""
+    if getattr(args, "subset", None) is not None:
+        if args.subset < 1:
+            raise HetpruneError(f"--subset must be >= 1, got {args.subset}")
+        settings["short_finetune"]["subset"] = args.subset
+    if getattr(args, "subset_frac", None) is not None:
+        if not 0 < args.subset_frac <= 1:
+            raise HetpruneError(f"--subset-frac must be within (0, 1], got {args.subset_frac}")
+        settings["short_finetune"]["subset"] = max(1, round(args.subset_frac * len(data.train)))
+    if getattr(args, "workers", None) is not None:
+        if args.workers < 0:
+            raise HetpruneError(f"--workers must be >= 0, got {args.workers}")
+        for section in ("finetune", "short_finetune"):
+            settings[section]["workers"] = args.workers

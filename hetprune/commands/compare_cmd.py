@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, base_model, data_for
+from .common import add_model_arguments, apply_data_options, base_model, data_for
 from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from
 
 HELP = "run several strategies under one harness and tabulate/plot the results"
@@ -91,6 +91,8 @@ def run(args) -> int:
 
     dense, model_spec, base_info = base_model(args)
     data = data_for(args, dense)
+    apply_data_options(args, settings, data)
+    spec.settings = settings
     from .. import distributed as dist
     from ..train import evaluate_dataset
 

@@ -16,7 +16,7 @@ from .. import config as config_mod
 from ..costs import human
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, base_model, data_for
+from .common import add_model_arguments, apply_data_options, base_model, data_for
 
 HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
 
@@ -103,6 +103,7 @@ def run(args) -> int:
     torch.manual_seed(settings["seed"])
     dense, spec, base_info = base_model(args)
     data = data_for(args, dense, seed=0)
+    apply_data_options(args, settings, data)
     job = PruneJob(dense=dense, spec=spec, data=data, budget=budget, settings=settings, registry=registry,
                    workdir=out.with_name(out.name + ".work"), base_info=base_info, resume=args.resume,
                    strategy_name=strategy.name)

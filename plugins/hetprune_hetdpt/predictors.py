@@ -22,6 +22,11 @@ class PolyPredictor:
         self.coef: np.ndarray | None = None
         self._report: dict = {}
 
+    @property
+    def min_points(self) -> int:
+        """Distinct (n_attn, n_act) points the fit needs: one per coefficient."""
+        return len(self.terms)
+
     def _design(self, a, m) -> np.ndarray:
         a, m = np.asarray(a, dtype=float), np.asarray(m, dtype=float)
         return np.stack([a ** i * m ** j for i, j in self.terms], axis=-1)

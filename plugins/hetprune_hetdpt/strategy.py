@@ -178,7 +178,14 @@ class HetDPT(DepthStrategy):
         opts = job.settings["hetdpt"]
         pairs = job.feasible_pairs()
         predictor = job.registry.build("predictor", opts["predictor"], **opts.get("predictor_options", {}))
-        points = self.collect_points(job, self.point_plan(job, pairs))
+        plan = self.point_plan(job, pairs)
+        need = getattr(predictor, "min_points", None)
+        if need is not None and len(plan) < need:  # say so before an hour of fine-tuning, not after
+            raise HetpruneError(
+                f"predictor {predictor.name!r} needs at least {need} distinct points, but this budget and model "
+                f"give a plan of {len(plan)}: {plan}. Raise hetdpt.axis_points / hetdpt.mixed_points, or lower "
+                "the degree (hetdpt.predictor_options)")
+        points = self.collect_points(job, plan)
         predictor.fit([(p["n_attn"], p["n_act"], p["accuracy"]) for p in points])
         predicted = {pair: predictor.predict(*pair) for pair in pairs}
         pick = max(pairs, key=lambda p: (predicted[p], -p[0]))

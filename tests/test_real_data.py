@@ -1,0 +1,144 @@
+"""Real-data paths: ImageFolder trees, checkpoints, and surviving kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import hetprune
+from hetprune import HetpruneError
+from hetprune.cli import main
+from hetprune.io import load_weights
+from hetprune.models import ModelSpec, build, build_with_weights
+
+RGB_KWARGS = dict(img_size=16, patch_size=4, num_classes=3, embed_dim=32, depth=2, num_heads=2, init_values=0.1)
+FAST = ["--set", "finetune.epochs=1", "--set", "short_finetune.epochs=1", "--set", "scoring.batches=1",
+        "--set", "finetune.batch_size=8", "--set", "short_finetune.batch_size=8", "--set", "scoring.batch_size=8"]
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory):
+    """PNG files in PATH/{train,val}/<class>/, each class its own colour."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("imgs")
+    gen = torch.Generator().manual_seed(0)
+    colours = {"red": (200, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 200)}
+    for split, n in (("train", 10), ("val", 4)):
+        for name, rgb in colours.items():
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(n):
+                noise = torch.randint(-25, 26, (20, 20, 3), generator=gen)
+                pixels = (torch.tensor(rgb) + noise).clamp(0, 255).to(torch.uint8).numpy()
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root
+
+
+def rgb_args():
+    return ["--model", "vit_tiny_patch16_224", "--model-kwargs", json.dumps(RGB_KWARGS)]
+
+
+def test_prune_end_to_end_on_image_folder(image_folder, tmp_path):
+    out = tmp_path / "out"
+    rc = main(["prune", *rgb_args(), "--data", str(image_folder), "--strategy", "hetdpt", "--budget", "2",
+               "--scorer", "taylor", "--subset", "6", "--workers", "0", "--out", str(out), *FAST,
+               "--set", "hetdpt.axis_points=2", "--set", "hetdpt.mixed_points=1",
+               "--set", "hetdpt.predictor_options={degree: 1}"])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["short_finetune"]["subset"] == 6
+    assert report["n_attn"] + report["n_act"] == 2
+    assert report["allocation"]["fit"]["degree"] == 1 and len(report["allocation"]["points"]) >= 3
+    model = hetprune.load(out)
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 3)
+
+
+def test_subset_frac_and_bad_data_errors(image_folder, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["prune", *rgb_args(), "--data", str(image_folder), "--strategy", "act-only", "--budget", "1",
+                 "--scorer", "magnitude", "--subset-frac", "1.5", "--out", str(out), *FAST]) == 2
+    assert "--subset-frac" in capsys.readouterr().err
+    assert main(["prune", *rgb_args(), "--data", str(tmp_path / "nowhere"), "--budget", "1", "--out", str(out)]) == 2
+    assert "no train/ folder" in capsys.readouterr().err
+    assert main(["prune", *rgb_args(), "--budget", "1", "--out", str(out)]) == 2
+    assert "--data PATH" in capsys.readouterr().err
+
+
+def test_checkpoint_files_load_safely_or_fail_clearly(tmp_path):
+    spec = ModelSpec("vit_tiny_patch16_224", RGB_KWARGS)
+    torch.manual_seed(3)
+    model = build(spec)
+    pth = tmp_path / "model.pth"
+    torch.save({"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}}, pth)
+    loaded = build_with_weights(spec, checkpoint=str(pth))
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.equal(loaded(x), model.eval()(x))
+    # a checkpoint of another model
+    other = build(ModelSpec("vit_tiny_patch16_224", {**RGB_KWARGS, "embed_dim": 48}))
+    wrong = tmp_path / "other.pth"
+    torch.save(other.state_dict(), wrong)
+    with pytest.raises(HetpruneError, match="does not fit this model.*shape mismatches"):
+        build_with_weights(spec, checkpoint=str(wrong))
+    # pickled objects are refused
+    evil = tmp_path / "evil.pth"
+    torch.save({"state_dict": {"x": torch.zeros(1)}, "obj": HetpruneError("x")}, evil)
+    with pytest.raises(HetpruneError, match="weights_only"):
+        build_with_weights(spec, checkpoint=str(evil))
+
+
+def run_prune(args, cwd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "hetprune", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_kill_9_during_finetune_then_resume_gives_same_files(trained_tiny, tmp_path):
+    _, spec, ckpt = trained_tiny
+    args = ["prune", "--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt),
+            "--strategy", "act-only", "--scorer", "magnitude", "--budget", "2",
+            "--set", "finetune.epochs=5", "--set", "finetune.subset=600", "--set", "finetune.batch_size=16"]
+    ref = run_prune(args + ["--out", "ref"], tmp_path)
+    assert ref.wait(timeout=600) == 0, ref.stdout.read().decode()[-2000:]
+
+    proc = run_prune(args + ["--out", "cut"], tmp_path)
+    ckpt_file = tmp_path / "cut.work" / "finetune" / "finetune-checkpoint.pt"
+    deadline = time.time() + 300
+    while not ckpt_file.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "fine-tune finished before it could be interrupted"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "cut").exists()           # nothing that looks complete
+    epoch = torch.load(ckpt_file, weights_only=True)["epoch"]
+    assert 1 <= epoch < 5
+
+    resumed = run_prune(args + ["--out", "cut", "--resume"], tmp_path)
+    assert resumed.wait(timeout=600) == 0, resumed.stdout.read().decode()[-2000:]
+    a, b = load_weights(tmp_path / "ref" / "model.safetensors"), load_weights(tmp_path / "cut" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra = json.loads((tmp_path / "ref" / "report.json").read_text())
+    rb = json.loads((tmp_path / "cut" / "report.json").read_text())
+    assert ra["top1"] == rb["top1"] and ra["finetune_history"] == [
+        {**h, "seconds": ra["finetune_history"][i]["seconds"]} for i, h in enumerate(rb["finetune_history"])]
+
+
+def test_corrupt_finetune_checkpoint_is_reported_by_name(trained_tiny, tmp_path, capsys):
+    _, spec, ckpt = trained_tiny
+    work = tmp_path / "out.work" / "finetune"
+    work.mkdir(parents=True)
+    (work / "finetune-checkpoint.pt").write_bytes(b"PK\x03\x04 truncated")
+    rc = main(["prune", "--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt),
+               "--strategy", "act-only", "--scorer", "magnitude", "--budget", "1", "--resume",
+               "--out", str(tmp_path / "out"), "--set", "finetune.epochs=1"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "finetune-checkpoint.pt is corrupt or truncated" in err
+    assert (work / "finetune-checkpoint.pt").read_bytes() == b"PK\x03\x04 truncated"   # never overwritten
