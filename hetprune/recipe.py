@@ -21,7 +21,7 @@ from . import surgery
 from .errors import HetpruneError
 from .io import atomic_folder, load_weights, read_json, save_weights, write_json_atomic
 from .models import ModelSpec, build, load_state_into
-from .sites import Site, blocks_of
+from .sites import Site, blocks_of, sites
 
 SCHEMA_VERSION = 1
 RECIPE_FILE = "recipe.json"
@@ -31,15 +31,18 @@ WEIGHTS_FILE = "model.safetensors"
 def arch_of(model: nn.Module) -> dict:
     """The shape facts a recipe must agree with: depth, embed dim, heads, MLP hidden."""
     blocks = blocks_of(model)
-    first = blocks[0]
-    attn = getattr(first, "attn", None)
-    mlp = first.mlp
-    hidden = mlp.fc1.out_features if hasattr(mlp, "fc1") else None
+    # read the widths from the first block that still has them (a pruned model may have lost some)
+    attn = next((b.attn for b in blocks if hasattr(b, "attn")), None)
+    mlp = next((b.mlp for b in blocks if hasattr(getattr(b, "mlp", None), "fc1")), None)
+    norm = next((b.norm2 for b in blocks if hasattr(b, "norm2")), None)
+    embed = getattr(model, "embed_dim", None)
+    if embed is None and norm is not None:
+        embed = norm.normalized_shape[0]
     return {
         "depth": len(blocks),
-        "embed_dim": int(getattr(model, "embed_dim", first.norm2.normalized_shape[0])),
+        "embed_dim": int(embed) if embed is not None else None,
         "num_heads": int(getattr(attn, "num_heads", 0)) or None,
-        "mlp_hidden": hidden,
+        "mlp_hidden": mlp.fc1.out_features if mlp is not None else None,
     }
 
 
@@ -75,10 +78,21 @@ class Recipe:
             value = d.get(key, [])
             if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
                 raise HetpruneError(f"{where}: {key!r} must be a list of block indices, got {value!r}")
+        if not isinstance(d["arch"], dict):
+            raise HetpruneError(f"{where}: 'arch' must be a JSON object like {{\"depth\": 12, ...}}, got {d['arch']!r}")
+        if not isinstance(d.get("fold_norm", False), bool):
+            raise HetpruneError(f"{where}: 'fold_norm' must be true or false, got {d.get('fold_norm')!r}")
+        for key in ("widths", "provenance"):
+            if d.get(key) is not None and not isinstance(d[key], dict):
+                raise HetpruneError(f"{where}: {key!r} must be a JSON object or null, got {d[key]!r}")
         if d.get("attn_mode", "identity") not in surgery.ATTN_MODES:
             raise HetpruneError(f"{where}: attn_mode must be one of {surgery.ATTN_MODES}, got {d.get('attn_mode')!r}")
         fields_ = dict(d)
-        fields_["base"] = ModelSpec.from_dict(d["base"])
+        try:
+            fields_["base"] = ModelSpec.from_dict(d["base"])
+        except HetpruneError as exc:
+            raise HetpruneError(f"{where}: 'base': {exc}") from None
+        fields_["provenance"] = d.get("provenance") or {}
         return cls(**fields_)
 
     @classmethod
@@ -177,6 +191,10 @@ def apply_recipe(model: nn.Module, recipe: Recipe, compute_merge: bool = True) -
     saved weights afterwards.
     """
     recipe.check_fits(model)
+    already = [str(s) for s in sites(model, present_only=False) if surgery.site_removed(model, s)]
+    if already:
+        raise HetpruneError(f"a recipe is applied to an unpruned model, but this one has lost {', '.join(already)} "
+                            "already; build a fresh base model")
     for b in recipe.dropped:
         surgery.drop_block(model, b)
     for b in recipe.attn_removed:

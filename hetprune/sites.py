@@ -48,6 +48,12 @@ def blocks_of(model: nn.Module) -> nn.Sequential:
         kind = type(block).__name__
         if kind == "DroppedBlock":  # hetprune.surgery's dropped block: nothing left to check
             continue
+        if "ResPost" in kind or "PostNorm" in kind:
+            # same child names as a pre-norm block, but norm after the branch: the surgery would be wrong
+            raise HetpruneError(
+                f"{type(model).__name__}: block {i} ({kind}) is a post-norm block; hetprune needs pre-norm "
+                "blocks (x + f(norm(x))) with norm1, attn, norm2 and mlp(fc1, act, fc2)"
+            )
         needed = ("norm2", "mlp") if kind == "HetBlock" else ("norm1", "attn", "norm2", "mlp")
         missing = [n for n in needed if not hasattr(block, n)]
         mlp = getattr(block, "mlp", None)
