@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     except HetpruneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("interrupted: finished work is saved; rerun the same command with --resume to continue",
               file=sys.stderr)

@@ -316,9 +316,9 @@ def test_unknown_config_key_names_key_and_file(tmp_path):
     path.write_text("hetdpt:\n  degree: 3\n")
     with pytest.raises(HetpruneError, match="hetdpt.degree"):
         hetprune.config.resolve(HetDPT.defaults, str(path))
-    path.write_text("hetdpt:\n  predictor_options: {degree: 3}\nfinetune: {epochs: 7}\n")
+    path.write_text("hetdpt:\n  predictor_options: {poly: {degree: 3}}\nfinetune: {epochs: 7}\n")
     s = hetprune.config.resolve(HetDPT.defaults, str(path), sets=["short_finetune.lr=0.01"])
-    assert s["hetdpt"]["predictor_options"] == {"degree": 3}
+    assert s["hetdpt"]["predictor_options"] == {"poly": {"degree": 3}}
     assert s["finetune"]["epochs"] == 7 and s["short_finetune"]["lr"] == 0.01
 
 

@@ -89,7 +89,7 @@ class HetDPT(DepthStrategy):
     defaults = {
         "hetdpt": {
             "predictor": "poly",
-            "predictor_options": {"degree": 2},
+            "predictor_options": {"poly": {"degree": 2}},   # per predictor name
             "point_scorer": "taylor",
             "axis_points": 4,
             "mixed_points": 3,
@@ -177,14 +177,15 @@ class HetDPT(DepthStrategy):
     def allocate(self, job: PruneJob):
         opts = job.settings["hetdpt"]
         pairs = job.feasible_pairs()
-        predictor = job.registry.build("predictor", opts["predictor"], **opts.get("predictor_options", {}))
+        predictor = job.registry.build("predictor", opts["predictor"],
+                                       **opts.get("predictor_options", {}).get(opts["predictor"], {}))
         plan = self.point_plan(job, pairs)
         need = getattr(predictor, "min_points", None)
         if need is not None and len(plan) < need:  # say so before an hour of fine-tuning, not after
             raise HetpruneError(
                 f"predictor {predictor.name!r} needs at least {need} distinct points, but this budget and model "
                 f"give a plan of {len(plan)}: {plan}. Raise hetdpt.axis_points / hetdpt.mixed_points, or lower "
-                "the degree (hetdpt.predictor_options)")
+                "the degree (hetdpt.predictor_options.poly.degree)")
         points = self.collect_points(job, plan)
         predictor.fit([(p["n_attn"], p["n_act"], p["accuracy"]) for p in points])
         predicted = {pair: predictor.predict(*pair) for pair in pairs}
