@@ -91,32 +91,66 @@ def _fmt_eta(seconds: float) -> str:
     return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-def run_one(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec, data, base_info: dict, out: Path,
-            name: str, budget: Budget, seed: int, key: str, resume: bool, log: Callable[[str], None],
-            progress: bool) -> dict:
+@dataclass
+class RowPlan:
+    """One row to run: a strategy (registered name, or a fixed split), budget, seed and full settings."""
+
+    id: str
+    strategy: str
+    budget: Budget
+    seed: int
+    settings: dict
+    key: str
+    split: tuple[int, int] | None = None   # run hetprune.pipeline.FixedSplit instead of a named strategy
+    label: str | None = None               # what the row is called in tables (default: the strategy)
+
+    def to_payload(self) -> dict:
+        return {"id": self.id, "strategy": self.strategy, "budget": self.budget.to_dict(), "seed": self.seed,
+                "settings": self.settings, "key": self.key, "split": self.split, "label": self.label}
+
+    @classmethod
+    def from_payload(cls, d: dict) -> "RowPlan":
+        return cls(**{**d, "budget": Budget(**d["budget"]), "split": tuple(d["split"]) if d["split"] else None})
+
+
+def plan_rows(spec: CompareSpec, base_hash: str, data_fp: str) -> list[RowPlan]:
+    plans = []
+    for budget in spec.budgets:
+        for seed in spec.seeds:
+            for name in spec.strategies:
+                settings = json.loads(json.dumps(spec.settings))
+                settings["seed"] = seed
+                plans.append(RowPlan(row_id(name, budget, seed), name, budget, seed, settings,
+                                     row_key(spec, name, budget, seed, base_hash, data_fp)))
+    return plans
+
+
+def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, data, base_info: dict, out: Path,
+            resume: bool, log: Callable[[str], None], progress: bool) -> dict:
     """Prune + fine-tune one row, save its model, and return the row."""
+    from .pipeline import FixedSplit
     from .recipe import save
 
     started = time.time()
-    rid = row_id(name, budget, seed)
-    strategy = registry.build("strategy", name)
-    settings = json.loads(json.dumps(spec.settings))
-    settings["seed"] = seed
-    job = PruneJob(dense=dense, spec=model_spec, data=data, budget=budget, settings=settings, registry=registry,
-                   workdir=out / "work" / rid, shared_dir=out / "work" / "shared", base_info=dict(base_info),
-                   resume=resume, progress=progress, log=log, strategy_name=name)
+    strategy = FixedSplit(*plan.split) if plan.split else registry.build("strategy", plan.strategy)
+    job = PruneJob(dense=dense, spec=model_spec, data=data, budget=plan.budget, settings=plan.settings,
+                   registry=registry, workdir=out / "work" / plan.id, shared_dir=out / "work" / "shared",
+                   base_info=dict(base_info), resume=resume, progress=progress, log=log,
+                   strategy_name=plan.label or plan.strategy)
     result = strategy.run(job)
     if dist.is_main():
-        save(out / "models" / rid, result.model, result.recipe, overwrite=True,
+        save(out / "models" / plan.id, result.model, result.recipe, overwrite=True,
              extra_files={"report.json": result.report})
     r = result.report
     row = {
-        "key": key, "id": rid, "strategy": name, "budget": budget.to_dict(), "seed": seed,
-        "n_attn": r["n_attn"], "n_act": r["n_act"], "sites": r["sites"],
+        "key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy, "budget": plan.budget.to_dict(),
+        "seed": plan.seed, "n_attn": r["n_attn"], "n_act": r["n_act"], "sites": r["sites"],
         "top1_before_finetune": r["top1_before_finetune"], "top1": r["top1"],
         "params": r["params"], "macs": r["macs"], "dense_macs": r["dense_macs"],
-        "wall_s": round(time.time() - started, 1), "model_dir": str(Path("models") / rid),
+        "wall_s": round(time.time() - started, 1), "model_dir": str(Path("models") / plan.id),
     }
+    if plan.split:
+        row["scorer"] = plan.settings["scorer"]
     alloc = r.get("allocation")
     if isinstance(alloc, dict) and isinstance(alloc.get("pick"), dict):
         row["predicted_top1"] = alloc["pick"].get("predicted")
@@ -139,17 +173,15 @@ def _worker(payload: dict) -> dict:
     dense = build(model_spec)
     load_state_into(dense, load_weights(payload["dense_weights"]), "dense model")
     data = load_data(payload["data_spec"], dense, seed=payload["data_seed"])
-    tag = row_id(payload["name"], Budget(**payload["budget"]), payload["seed"])
-    return run_one(CompareSpec(**payload["spec"]), get_registry(), dense, model_spec, data, payload["base_info"],
-                   Path(payload["out"]), payload["name"], Budget(**payload["budget"]), payload["seed"],
-                   payload["key"], payload["resume"], log=lambda msg: print(f"  ({tag}) {msg}", flush=True),
-                   progress=False)
+    plan = RowPlan.from_payload(payload["plan"])
+    return run_one(plan, get_registry(), dense, model_spec, data, payload["base_info"], Path(payload["out"]),
+                   payload["resume"], log=lambda msg: print(f"  ({plan.id}) {msg}", flush=True), progress=False)
 
 
-def run_rows(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec, data, base_info: dict,
+def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_spec, data, base_info: dict,
              out: Path, resume: bool, log: Callable[[str], None] = print, progress: bool = True,
              jobs: int = 1, data_spec: str = "digits") -> list[dict]:
-    """Phase 1: prune and fine-tune every row (or reuse finished ones).
+    """Phase 1: prune and fine-tune every planned row (or reuse finished ones).
 
     With ``jobs > 1`` rows run in parallel single-threaded processes (at these
     model sizes one thread per job is the faster use of the cores); each row is
@@ -159,16 +191,14 @@ def run_rows(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec
         log = lambda msg: None  # noqa: E731 - under torchrun rank 0 alone reports
     store = RowStore(out)
     done = store.load() if resume else {}
-    plan = [(s, b, seed) for b in spec.budgets for seed in spec.seeds for s in spec.strategies]
     results: dict[int, dict] = {}
     todo = []
-    for i, (name, budget, seed) in enumerate(plan):
-        key = row_key(spec, name, budget, seed, base_info["hash"], data.fingerprint)
-        if key in done:
-            log(f"[{i + 1}/{len(plan)}] {row_id(name, budget, seed)}: reused (finished earlier)")
-            results[i] = done[key]
+    for i, plan in enumerate(plans):
+        if plan.key in done:
+            log(f"[{i + 1}/{len(plans)}] {plan.id}: reused (finished earlier)")
+            results[i] = done[plan.key]
         else:
-            todo.append((i, name, budget, seed, key))
+            todo.append((i, plan))
     durations: list[float] = []
 
     def finished(i: int, row: dict) -> None:
@@ -176,16 +206,15 @@ def run_rows(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec
             store.append(row)
         results[i] = row
         durations.append(row["wall_s"])
-        left = len(plan) - len(results)
+        left = len(plans) - len(results)
         eta = f"; about {_fmt_eta(statistics.mean(durations) * left / max(1, jobs))} left" if left else ""
-        log(f"[{len(results)}/{len(plan)}] {row['id']}: top-1 {row['top1']:.2f}% "
+        log(f"[{len(results)}/{len(plans)}] {row['id']}: top-1 {row['top1']:.2f}% "
             f"({row['n_attn']} attn + {row['n_act']} act) in {row['wall_s']:.0f}s{eta}")
 
     if jobs <= 1 or len(todo) <= 1:
-        for i, name, budget, seed, key in todo:
-            log(f"[{len(results) + 1}/{len(plan)}] {row_id(name, budget, seed)}: running")
-            finished(i, run_one(spec, registry, dense, model_spec, data, base_info, out, name, budget, seed, key,
-                                resume, log, progress))
+        for i, plan in todo:
+            log(f"[{len(results) + 1}/{len(plans)}] {plan.id}: running")
+            finished(i, run_one(plan, registry, dense, model_spec, data, base_info, out, resume, log, progress))
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -195,13 +224,12 @@ def run_rows(spec: CompareSpec, registry: Registry, dense: nn.Module, model_spec
 
         dense_path = out / "work" / "dense.safetensors"
         save_weights(dense_path, dense)
-        common = {"spec": spec.__dict__, "model_spec": model_spec.to_dict(), "dense_weights": str(dense_path),
-                  "data_spec": data_spec, "data_seed": 0, "base_info": base_info, "out": str(out),
-                  "resume": resume, "plugin_modules": list(_extra_modules)}
+        common = {"model_spec": model_spec.to_dict(), "dense_weights": str(dense_path), "data_spec": data_spec,
+                  "data_seed": 0, "base_info": base_info, "out": str(out), "resume": resume,
+                  "plugin_modules": list(_extra_modules)}
         log(f"running {len(todo)} rows in {jobs} parallel processes ...")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(_worker, {**common, "name": name, "budget": budget.to_dict(), "seed": seed,
-                                             "key": key}): i for i, name, budget, seed, key in todo}
+            futures = {pool.submit(_worker, {**common, "plan": plan.to_payload()}): i for i, plan in todo}
             for fut in as_completed(futures):
                 finished(futures[fut], fut.result())
     return [results[i] for i in sorted(results)]

@@ -16,6 +16,12 @@ import yaml
 from .errors import HetpruneError
 from .train import TrainConfig
 
+def _schedule(cfg: TrainConfig) -> dict:
+    d = cfg.to_dict()
+    del d["seed"], d["device"]
+    return d
+
+
 # Chosen so the embedded default tells strategies apart (README: "Why these defaults").
 CORE_DEFAULTS: dict = {
     "scorer": "gate-taylor",
@@ -25,8 +31,9 @@ CORE_DEFAULTS: dict = {
     "mergers": ["linear-merge"],
     "seed": 0,
     "device": "cpu",
-    "finetune": {**TrainConfig(epochs=3, lr=5e-4, subset=300, kd="soft").to_dict()},
-    "short_finetune": {**TrainConfig(epochs=2, lr=5e-4, subset=150, kd="soft").to_dict()},
+    # "seed" and "device" of a fine-tune always come from the run's own (top level)
+    "finetune": _schedule(TrainConfig(epochs=3, lr=5e-4, subset=300, kd="soft")),
+    "short_finetune": _schedule(TrainConfig(epochs=2, lr=5e-4, subset=150, kd="soft")),
     "scoring": {"batches": 4, "batch_size": 64, "subset": 300},
 }
 
@@ -95,13 +102,17 @@ def resolve(strategy_defaults: dict | None, config_file: str | None = None, over
     if sets:
         settings = _merge(settings, parse_set(sets), "--set options")
     for section in ("finetune", "short_finetune"):
-        TrainConfig.from_dict(settings[section], where=f"settings section {section!r}")
+        train_config(settings, section)  # validates the schedule now, not after an hour
     return settings
 
 
 def train_config(settings: dict, section: str, **changes) -> TrainConfig:
+    """The TrainConfig of a settings section; seed and device are the run's."""
     d = {**settings[section], **changes}
-    d.setdefault("device", settings.get("device", "cpu"))
-    if settings.get("device") and d.get("device") == "cpu":
-        d["device"] = settings["device"]
+    for key in ("seed", "device"):
+        if key in settings[section]:
+            raise HetpruneError(f"{section}.{key} is not a setting: the run's top-level {key!r} applies to every "
+                                "fine-tune")
+    d["seed"] = int(settings.get("seed", 0))
+    d["device"] = settings.get("device", "cpu")
     return TrainConfig.from_dict(d, where=f"settings section {section!r}")

@@ -306,3 +306,20 @@ class DepthStrategy:
             "seconds": round(time.time() - started, 1),
         }
         return finish(job, model, report, fold_norm="ln-fold" in (job.settings.get("mergers") or []))
+
+
+class FixedSplit(DepthStrategy):
+    """Prune exactly ``n_attn`` attention and ``n_act`` activation sites (ablation studies)."""
+
+    name = "fixed-split"
+    description = "a given (n_attn, n_act), for ablations"
+
+    def __init__(self, n_attn: int, n_act: int):
+        self.split = (int(n_attn), int(n_act))
+
+    def allocate(self, job: PruneJob):
+        limits = max_per_kind(job.dense)
+        if self.split[0] > limits["attn"] or self.split[1] > limits["act"]:
+            raise HetpruneError(f"split {self.split} is more than this model can lose "
+                                f"(at most {limits['attn']} attention and {limits['act']} activation sites)")
+        return self.split, {"fixed": True}

@@ -212,7 +212,8 @@ def train(
 
         dist.broadcast_module(model)
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    bar = tqdm(range(start_epoch, cfg.epochs), desc=desc, disable=not progress or rank != 0, leave=False,
+    # disable=None: tqdm shows itself on a terminal only, so logs stay readable
+    bar = tqdm(range(start_epoch, cfg.epochs), desc=desc, disable=None if progress and rank == 0 else True, leave=False,
                dynamic_ncols=True, initial=start_epoch, total=cfg.epochs)
     for epoch in bar:
         model.train()

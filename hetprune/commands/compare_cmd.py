@@ -51,8 +51,8 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import torch
 
-    from ..compare import (DEFAULT_STRATEGIES, ROWS_FILE, CompareSpec, attach_speed, measure_rows, run_rows,
-                           write_outputs)
+    from ..compare import (DEFAULT_STRATEGIES, ROWS_FILE, CompareSpec, attach_speed, measure_rows, plan_rows,
+                           run_rows, write_outputs)
     from ..costs import cost_summary
     from ..data import example_batch
 
@@ -102,7 +102,8 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.jobs < 1:
         raise HetpruneError(f"--jobs must be >= 1, got {args.jobs}")
-    rows = run_rows(spec, registry, dense, model_spec, data, base_info, out, resume=args.resume, jobs=args.jobs,
+    plans = plan_rows(spec, base_info["hash"], data.fingerprint)
+    rows = run_rows(plans, registry, dense, model_spec, data, base_info, out, resume=args.resume, jobs=args.jobs,
                     data_spec=args.data or "digits")
     if not dist.is_main():  # rank 0 times the models and writes the results
         return 0

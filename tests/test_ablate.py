@@ -1,0 +1,84 @@
+"""hetprune ablate: metrics against hand-computed values, and resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import hetprune
+from hetprune.ablate import argmax_pair, predictor_metrics
+from hetprune.cli import main
+
+
+def test_metrics_match_hand_computed_values():
+    true = {(0, 4): 90.0, (1, 3): 92.0, (2, 2): 91.0, (3, 1): 85.0}
+    predicted = {(0, 4): 88.0, (1, 3): 87.0, (2, 2): 89.0, (3, 1): 80.0}
+    m = predictor_metrics(predicted, true)
+    assert m["pick"] == [2, 2] and m["best"] == [1, 3]
+    assert m["regret"] == pytest.approx(1.0)
+    assert m["within_tolerance"] is False
+    # ranks: true (0,4)=2 (1,3)=4 (2,2)=3 (3,1)=1 ; predicted 3, 2, 4, 1 -> d^2 = 1+4+1+0 = 6
+    assert m["spearman"] == pytest.approx(1 - 6 * 6 / (4 * (16 - 1)))
+    # pairs: concordant 4, discordant 2 -> (4 - 2) / 6
+    assert m["kendall"] == pytest.approx(2 / 6)
+
+
+def test_perfect_and_tolerated_picks():
+    true = {(0, 2): 90.0, (1, 1): 90.2, (2, 0): 80.0}
+    assert predictor_metrics(true, true)["regret"] == 0 and predictor_metrics(true, true)["spearman"] == 1
+    near = {(0, 2): 95.0, (1, 1): 94.0, (2, 0): 70.0}   # picks (0,2), 0.2 below the best
+    m = predictor_metrics(near, true)
+    assert m["pick"] == [0, 2] and m["regret"] == pytest.approx(0.2) and m["within_tolerance"] is True
+    assert argmax_pair({(0, 2): 1.0, (1, 1): 1.0}) == (0, 2)
+    with pytest.raises(hetprune.HetpruneError, match="no value for splits"):
+        predictor_metrics({(0, 2): 1.0}, true)
+
+
+def test_ablate_end_to_end_with_fake_cheap_points_and_resume(trained_tiny, tmp_path, monkeypatch, capsys):
+    """Cheap points come from a fake evaluator (a known curve): no short fine-tune is run."""
+    from hetprune_hetdpt.strategy import HetDPT
+
+    import hetprune.pipeline as pipeline
+
+    def fake_points(self, job, plan):
+        return [{"n_attn": a, "n_act": m, "accuracy": 90.0 - 2.0 * a - 0.5 * m} for a, m in plan]
+
+    monkeypatch.setattr(HetDPT, "collect_points", fake_points)
+    runs = []
+    real_run = pipeline.DepthStrategy.run
+
+    def counting_run(self, job):
+        runs.append((job.strategy_name, job.seed))
+        return real_run(self, job)
+
+    monkeypatch.setattr(pipeline.DepthStrategy, "run", counting_run)
+    _, spec, ckpt = trained_tiny
+    out = tmp_path / "abl"
+    args = ["ablate", "--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt),
+            "--budget", "2", "--seeds", "0,1", "--scorer", "magnitude", "--scorers", "magnitude,random",
+            "--predictors", "poly", "--out", str(out), "--set", "finetune.epochs=1", "--set", "finetune.subset=32",
+            "--set", "hetdpt.predictor_options={poly: {degree: 1}}"]
+    assert main(args) == 0
+    result = json.loads((out / "ablation.json").read_text())
+    splits = {(s["n_attn"], s["n_act"]) for s in result["splits"]}
+    assert splits == {(0, 2), (1, 1), (2, 0)}
+    assert len(runs) == 3 * 2 + 2 * 2            # every split x seed, then every scorer x seed
+    poly = result["predictors"]["poly"]
+    assert poly["pick"] == [0, 2]                # the fake curve prefers activations
+    assert poly["fit"]["mae"] == pytest.approx(0, abs=1e-9)
+    true = {(s["n_attn"], s["n_act"]): s["true"] for s in result["splits"]}
+    assert poly["regret"] == pytest.approx(max(true.values()) - true[(0, 2)])
+    assert set(result["scorers"]) == {"magnitude", "random"} and result["scorer_split"] == [0, 2]
+    for name in ("ablation.md", "splits.png", "scorers.png"):
+        assert (out / name).stat().st_size > 0
+    assert "| poly | 0+2 |" in (out / "ablation.md").read_text()
+
+    # a rerun without --resume is refused; with --resume no split is fine-tuned again
+    assert main(args) == 2
+    assert "--resume" in capsys.readouterr().err
+    runs.clear()
+    assert main(args + ["--resume"]) == 0
+    assert runs == []
+    again = json.loads((out / "ablation.json").read_text())
+    assert again["predictors"] == result["predictors"]
