@@ -1,0 +1,192 @@
+"""HetDPT+ speed on DeiT-B geometry: width only vs depth + width at the same MACs.
+
+Three (four) models with random weights, timed against each other in one run
+(interleaved, :func:`hetprune.bench.measure`):
+
+* ``dense``            — ``deit_base_patch16_224``;
+* ``isomorphic``       — dense, width-pruned by the ``isomorphic`` width pruner to the target (2.6 GMACs);
+* ``hetdpt-plus``      — the shipped recipe ``deit_base_hetdpt_paper`` (attention gone in 5 blocks, GELU gone
+                         and MLPs merged in 5) applied to dense, then width-pruned to the same target;
+* ``hetdpt`` (``--with-depth-only``) — the recipe alone (depth only, about 10.9 GMACs).
+
+Weights are random: the shapes (what speed depends on) come from magnitude
+importance on random weights, not from Taylor importance on ImageNet as in
+the papers, so the per-layer widths differ from theirs; the MAC budget is
+the same. MACs follow hetprune's convention (:data:`hetprune.costs.CONVENTION`).
+
+    python benchmarks/hetdpt_plus_speed.py --batch 8 --threads 2 \\
+        --out benchmarks/results/hetdpt-plus-speed-cpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PAPER = {"isomorphic_2.6G_speedup": 4.24, "hetdpt_plus_speedup": 5.19}
+
+
+def widths_summary(widths: dict) -> str:
+    heads, dims, hidden = [], [], []
+    for b in widths["blocks"]:
+        if b == "dropped":
+            heads.append("-"); hidden.append("-")
+            continue
+        a, m = b["attn"], b["mlp"]
+        heads.append("x" if a == "removed" else f"{a['heads']}")
+        if a != "removed":
+            dims.append(a["head_dim"])
+        hidden.append("M" if m == "merged" else str(m["hidden"]))
+    return (f"embed {widths['embed_dim']}; heads per block [{' '.join(heads)}] (x = attention removed); "
+            f"head dims {sorted(set(dims))}; MLP hidden [{' '.join(hidden)}] (M = merged {widths['embed_dim']}x"
+            f"{widths['embed_dim']} linear)")
+
+
+def search_text(report: dict) -> str:
+    text = f"{len(report['trials'])} trials, {report['seconds']:.0f}s, ratio {report['ratio']:.4f}"
+    if report.get("trim_ratio") is not None:
+        text += f" then an MLP-only trim at ratio {report['trim_ratio']:.4f}"
+    return text
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="deit_base_patch16_224")
+    p.add_argument("--recipe", default="deit_base_hetdpt_paper", help="depth recipe (file or shipped name)")
+    p.add_argument("--target", default="2.6G", help="MAC target of both pruned models (absolute or fraction)")
+    p.add_argument("--batch", type=int, nargs="+", default=[8])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="fp32")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--min-time", type=float, default=0.5)
+    p.add_argument("--importance", default="magnitude")
+    p.add_argument("--with-depth-only", action="store_true", help="also time the depth-only recipe model")
+    p.add_argument("--out", help="Markdown report to write (a .json with the raw result is written beside it)")
+    args = p.parse_args(argv)
+
+    import hetprune
+    from hetprune.bench import format_table, load_average, measure
+    from hetprune.budget import parse_macs
+    from hetprune.costs import CONVENTION, count_macs, human
+    from hetprune.models import ModelSpec, build
+    from hetprune.recipe import apply_recipe, resolve_recipe
+    from hetprune.widths import read_widths
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    load_before = load_average()
+    started = time.time()
+    log = print
+    x = torch.randn(1, 3, 224, 224)
+    dense = build(ModelSpec(args.model)).eval()
+    dense_macs = count_macs(dense, x)
+    t = parse_macs(args.target)
+    target = t * dense_macs if t <= 1 else t
+    log(f"dense {args.model}: {human(dense_macs)} MACs; target {human(target)}")
+    registry = hetprune.get_registry()
+
+    class Ctx:
+        log = staticmethod(print)
+
+    def width_prune(model, name):
+        pruner = registry.build("width_pruner", "isomorphic", importance=args.importance)
+        t0 = time.time()
+        report = pruner.prune(model, target, x, Ctx())
+        report["seconds"] = round(time.time() - t0, 1)
+        log(f"{name}: {human(report['macs'])} MACs after {report['seconds']:.0f}s, {len(report['trials'])} trials")
+        return report
+
+    iso = copy.deepcopy(dense)
+    iso_report = width_prune(iso, "isomorphic")
+
+    recipe = resolve_recipe(args.recipe)
+    depth = apply_recipe(copy.deepcopy(dense), recipe, compute_merge=True).eval()
+    depth_macs = count_macs(depth, x)
+    plus = copy.deepcopy(depth)
+    plus_report = width_prune(plus, "hetdpt-plus")
+    prune_seconds = round(time.time() - started, 1)
+
+    models = {"dense": dense, "isomorphic": iso, "hetdpt-plus": plus}
+    if args.with_depth_only:
+        models["hetdpt (depth only)"] = depth
+    with torch.inference_mode():
+        for name, m in models.items():
+            y = m(x)
+            assert y.shape == (1, 1000) and torch.isfinite(y).all(), name
+    result = measure(models, (3, 224, 224), args.batch, device=args.device, dtype=args.dtype,
+                     repeats=args.repeats, warmup=args.warmup, min_time_s=args.min_time, reference="dense",
+                     threads=args.threads, log=log)
+    table = format_table(result, markdown=True)
+    print(format_table(result))
+
+    rows = {(r["model"], r["batch_size"]): r for r in result["results"]}
+    env = result["environment"]
+    command = "python benchmarks/hetdpt_plus_speed.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [
+        "# HetDPT+ speed on DeiT-B geometry (CPU)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {env['device_name']}, {env['cpu_count']} logical CPUs, {platform.platform()}; torch "
+        f"{env['torch']}, timm {env.get('timm')}; {env['threads']} threads, {env['dtype']}. Load average "
+        f"{load_before} before pruning, {env.get('load_start')} when timing started, {env.get('load_end')} at the "
+        f"end (the cores are shared with other jobs: treat small differences with care).",
+        "",
+        f"Models (random weights, {args.model}): `isomorphic` = dense width-pruned to {human(target)} MACs by the "
+        f"`isomorphic` width pruner ({args.importance} importance); `hetdpt-plus` = shipped recipe "
+        f"`{args.recipe}` applied and merged ({human(depth_macs)} MACs), then width-pruned to the same target. "
+        f"Pruning both took {prune_seconds:.0f}s. Timing: `hetprune.bench.measure`, interleaved, median of "
+        f"{args.repeats} repeats, batch {', '.join(map(str, args.batch))}. MACs: {CONVENTION}.",
+        "",
+        table,
+        "",
+        "## HetDPT+ over isomorphic at equal MACs",
+        "",
+        "| batch | isomorphic speedup | hetdpt-plus speedup | hetdpt-plus / isomorphic |",
+        "|---|---|---|---|",
+    ]
+    for b in args.batch:
+        i, h = rows.get(("isomorphic", b)), rows.get(("hetdpt-plus", b))
+        if i and h:
+            lines.append(f"| {i['batch_size']} | {i['speedup']:.2f}x | {h['speedup']:.2f}x | "
+                         f"{h['speedup'] / i['speedup']:.2f}x |")
+    lines += [
+        "",
+        f"The paper (its own hardware and timing, trained weights) reports {PAPER['hetdpt_plus_speedup']}x for "
+        f"HetDPT+ vs "
+        f"{PAPER['isomorphic_2.6G_speedup']}x for Isomorphic-2.6G, a ratio of "
+        f"{PAPER['hetdpt_plus_speedup'] / PAPER['isomorphic_2.6G_speedup']:.2f}x.",
+        "",
+        "## Widths",
+        "",
+        f"* isomorphic: {widths_summary(read_widths(iso))}",
+        f"* hetdpt-plus: {widths_summary(read_widths(plus))}",
+        "",
+        f"Width search: isomorphic {search_text(iso_report)}; hetdpt-plus {search_text(plus_report)}.",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        raw = {**result, "command": command, "target_macs": target, "depth_macs": depth_macs,
+               "widths": {"isomorphic": read_widths(iso), "hetdpt-plus": read_widths(plus)},
+               "width_search": {"isomorphic": iso_report, "hetdpt-plus": plus_report},
+               "paper": PAPER, "load_before_pruning": load_before}
+        out.with_suffix(".json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

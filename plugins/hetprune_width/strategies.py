@@ -1,0 +1,299 @@
+"""Width strategies: ``isomorphic`` (width only, the baseline) and ``hetdpt-plus``
+(HetDPT depth pruning and isomorphic width pruning together, to one MAC target).
+
+Both fine-tune with the shared KD schedule (``finetune`` section) and return
+the same report keys as the depth strategies, so ``hetprune compare`` can put
+them in one table.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from hetprune import HetpruneError, get_registry
+from hetprune import surgery
+from hetprune.budget import Budget, site_savings
+from hetprune.costs import count_macs, human
+from hetprune.models import model_hash
+from hetprune.sites import blocks_of
+from hetprune.pipeline import PruneJob, PruneResult, finetune, finish, merge, scoring_context
+from hetprune.widths import read_widths
+
+from .pruner import IsomorphicWidthPruner
+
+WIDTH_DEFAULTS = {
+    "pruner": "isomorphic",
+    # the width pruner's keyword options; a --set of one option replaces this mapping (the pruner's
+    # own defaults fill the rest), e.g. --set width.pruner_options='{importance: taylor}'
+    "pruner_options": IsomorphicWidthPruner().options(),
+}
+
+PLUS_DEFAULTS = {
+    "order": "depth-width",       # or width-depth
+    "depth_strategy": "hetdpt",   # any registered depth strategy (its settings section must be present)
+    "depth_share": 0.45,          # share of the MAC reduction (dense -> target) taken by depth pruning
+    "depth_sites": None,          # or a site count for the depth part (overrides depth_share)
+    "intermediate_finetune": "short_finetune",  # settings section of the fine-tune between the two steps, or none
+}
+
+
+@dataclass
+class WidthContext:
+    """What a width pruner may use: training batches (Taylor), the cost to meet, a log."""
+
+    batches: Callable | None = None
+    macs_fn: Callable[[nn.Module], int] | None = None
+    log: Callable[[str], None] = print
+
+
+def mac_target(job: PruneJob, dense_macs: int, who: str) -> float:
+    limit = job.budget.mac_limit(dense_macs)
+    if limit is None:
+        raise HetpruneError(f"{who} needs a cost target: --target-macs F (fraction of dense, or e.g. 2.6G) or "
+                            f"--target-speedup S; a site count (--budget) does not say how wide to stay")
+    if limit >= dense_macs:
+        raise HetpruneError(f"{who}: the target {human(limit)} MACs is not below the dense model's "
+                            f"{human(dense_macs)}")
+    return float(limit)
+
+
+def merged_cost(job: PruneJob, example: torch.Tensor) -> Callable[[nn.Module], int]:
+    """MACs as they will be after the final merge: linear MLPs that pay to merge are counted merged."""
+    mergers = job.settings.get("mergers") or []
+    fold = "ln-fold" in mergers
+
+    def macs(model: nn.Module) -> int:
+        linear = [i for i in range(len(blocks_of(model))) if surgery.mergeable(model, i)]
+        if not mergers or not linear:
+            return count_macs(model, example)
+        twin = copy.deepcopy(model)
+        surgery.merge_all(twin, fold_norm=fold, blocks=linear)
+        return count_macs(twin, example)
+
+    return macs
+
+
+def example_for(job: PruneJob, model: nn.Module) -> torch.Tensor:
+    """One example image on the model's device (a fine-tune may have moved the model)."""
+    return job.example[:1].to(next(model.parameters()).device)
+
+
+def width_prune(job: PruneJob, model: nn.Module, target: float, stage: str = "width") -> dict:
+    """Prune ``model``'s widths in place to ``target`` MACs with the configured width pruner."""
+    opts = job.settings["width"]
+    pruner = job.registry.build("width_pruner", opts["pruner"], **(opts.get("pruner_options") or {}))
+    example = example_for(job, model)
+    ctx = WidthContext(batches=scoring_context(job).batches, macs_fn=merged_cost(job, example), log=job.log)
+    t = job.stage_start(stage, target_macs=int(target), pruner=opts["pruner"])
+    info = pruner.prune(model, target, example, ctx) or getattr(pruner, "last_report", {}) or {}
+    macs = ctx.macs_fn(model)
+    if macs > target:
+        raise HetpruneError(f"width pruner {opts['pruner']!r} left {human(macs)} MACs, above its target "
+                            f"{human(target)}")
+    info = {**info, "macs": macs, "widths": read_widths(model)}
+    job.stage_end(stage, t, macs=macs)
+    job.log(f"[{job.strategy_name}] width pruning: {human(macs)} MACs (target {human(target)})")
+    return info
+
+
+def within(macs: float, target: float, tol: float) -> bool:
+    return target * (1 - tol) <= macs <= target
+
+
+def tolerance_of(job: PruneJob) -> float:
+    return float((job.settings["width"].get("pruner_options") or {}).get("tolerance", 0.02))
+
+
+class Isomorphic:
+    """Width only: Torch-Pruning isomorphic pruning to a MAC target, then the shared KD fine-tune."""
+
+    name = "isomorphic"
+    description = ("width only: Torch-Pruning isomorphic pruning (heads, head dims, MLP hidden, embedding) to a "
+                   "MAC target, then the shared KD fine-tune")
+    defaults = {"width": WIDTH_DEFAULTS}
+
+    def run(self, job: PruneJob) -> PruneResult:
+        job.strategy_name = job.strategy_name or self.name
+        started = time.time()
+        dense_macs = count_macs(job.dense, job.example)
+        target = mac_target(job, dense_macs, self.name)
+        model = copy.deepcopy(job.dense)
+        info = width_prune(job, model, target)
+        top1_pruned = job.val_accuracy(model)
+        t = job.stage_start("finetune")
+        history = finetune(job, model)
+        top1 = job.val_accuracy(model)
+        job.stage_end("finetune", t, top1=top1)
+        job.log(f"[{job.strategy_name}] top-1 {top1_pruned:.2f}% after width pruning, {top1:.2f}% after fine-tune")
+        report = {
+            "allocation": {"target_macs": int(target), "width": info,
+                           "within_tolerance": within(info["macs"], target, tolerance_of(job))},
+            "removal": {},
+            "merged": [],
+            "top1_dense": job.base_info.get("top1"),
+            "top1_before_finetune": top1_pruned,
+            "top1": top1,
+            "finetune_history": history,
+            "seconds": round(time.time() - started, 1),
+        }
+        return finish(job, model, report, widths=read_widths(model))
+
+
+class _WithDepthDefaults:
+    """``defaults`` of hetdpt-plus: its own sections plus those of the registered depth strategy (hetdpt).
+
+    Read through the registry when asked for (not at import), so the hetdpt
+    plugin stays an ordinary, separately loaded plugin.
+    """
+
+    def __init__(self, own: dict):
+        self.own = own
+
+    def __get__(self, obj, owner) -> dict:
+        d = copy.deepcopy(self.own)
+        try:
+            depth = get_registry().component("strategy", self.own["hetdpt_plus"]["depth_strategy"]).factory
+        except HetpruneError:
+            return d  # reported when the strategy runs
+        for key, value in (getattr(depth, "defaults", None) or {}).items():
+            d.setdefault(key, copy.deepcopy(value))
+        return d
+
+
+class HetDPTPlus:
+    """HetDPT+: HetDPT depth pruning and isomorphic width pruning together, to one MAC target."""
+
+    name = "hetdpt-plus"
+    description = ("HetDPT+: HetDPT depth pruning (share hetdpt_plus.depth_share of the MAC cut), then "
+                   "isomorphic width pruning to the MAC target; merges only where it pays")
+    defaults = _WithDepthDefaults({"hetdpt_plus": PLUS_DEFAULTS, "width": WIDTH_DEFAULTS})
+
+    # -- settings ----------------------------------------------------------------
+    def options(self, job: PruneJob) -> dict:
+        o = dict(job.settings["hetdpt_plus"])
+        if o["order"] not in ("depth-width", "width-depth"):
+            raise HetpruneError(f"hetdpt_plus.order must be depth-width or width-depth, got {o['order']!r}")
+        if o["depth_sites"] is None:
+            share = o["depth_share"]
+            if not isinstance(share, (int, float)) or not 0 < share < 1:
+                raise HetpruneError(f"hetdpt_plus.depth_share must be within (0, 1), got {share!r}")
+        elif not isinstance(o["depth_sites"], int) or isinstance(o["depth_sites"], bool) or o["depth_sites"] < 1:
+            raise HetpruneError(f"hetdpt_plus.depth_sites must be a site count >= 1 (or null), got {o['depth_sites']!r}")
+        if o["intermediate_finetune"] not in ("short_finetune", "finetune", "none"):
+            raise HetpruneError(f"hetdpt_plus.intermediate_finetune must be short_finetune, finetune or none, "
+                                f"got {o['intermediate_finetune']!r}")
+        return o
+
+    def depth_job(self, job: PruneJob, o: dict, dense: nn.Module, budget: Budget) -> PruneJob:
+        settings = copy.deepcopy(job.settings)
+        section = o["intermediate_finetune"]
+        settings["finetune"] = ({**settings["short_finetune"], "epochs": 0} if section == "none"
+                                else copy.deepcopy(settings[section]))
+        base_info = dict(job.base_info)
+        if dense is not job.dense:  # width first: MAP points etc. belong to the width-pruned model
+            base_info["hash"] = model_hash(dense)
+        return dataclasses.replace(job, dense=dense, budget=budget, settings=settings, base_info=base_info,
+                                   workdir=job.workdir / "depth")
+
+    def run_depth(self, job: PruneJob, o: dict, dense: nn.Module, budget: Budget) -> PruneResult:
+        name = o["depth_strategy"]
+        strategy = job.registry.build("strategy", name)
+        sub = self.depth_job(job, o, dense, budget)
+        for key, value in (getattr(strategy, "defaults", None) or {}).items():
+            sub.settings.setdefault(key, copy.deepcopy(value))
+        job.log(f"[{job.strategy_name}] depth pruning with {name}: {budget.describe()}")
+        t = job.stage_start("depth", strategy=name, budget=budget.to_dict())
+        result = strategy.run(sub)
+        job.stage_end("depth", t, sites=result.report.get("sites"), macs=result.report.get("macs"))
+        return result
+
+    # -- run ---------------------------------------------------------------------
+    def run(self, job: PruneJob) -> PruneResult:
+        job.strategy_name = job.strategy_name or self.name
+        started = time.time()
+        o = self.options(job)
+        example = job.example
+        dense_macs = count_macs(job.dense, example)
+        target = mac_target(job, dense_macs, self.name)
+        tol = tolerance_of(job)
+        # the depth part's budget: a site count, or its share of the MAC cut as a fraction of its input model
+        depth_fraction = 1 - o["depth_share"] * (1 - target / dense_macs) if o["depth_sites"] is None else None
+        depth_budget = Budget(sites=o["depth_sites"]) if depth_fraction is None else Budget(target_macs=depth_fraction)
+        mergers = bool(job.settings.get("mergers"))
+
+        widths_info: list[dict] = []
+        if o["order"] == "depth-width":
+            depth = self.run_depth(job, o, job.dense, depth_budget)
+            model = depth.model
+            widths_info.append(width_prune(job, model, target))
+        else:
+            # width first, to a target chosen so that the depth step cannot take the model below the final
+            # target (one site saves at most `step` of the MACs), then a trim pass lands it within tolerance
+            save = site_savings(job.dense, example, merge=mergers)
+            step = max(save.values()) / dense_macs
+            if depth_fraction is None:
+                keep = max(0.05, 1 - o["depth_sites"] * step)
+            else:
+                keep = max(0.05, depth_fraction - step)
+            first = min(0.999 * dense_macs, target / keep)
+            model = copy.deepcopy(job.dense)
+            widths_info.append(width_prune(job, model, first, stage="width"))
+            if o["intermediate_finetune"] != "none":
+                t = job.stage_start("width-finetune")
+                finetune(job, model, section=o["intermediate_finetune"], stage="width-finetune")
+                job.stage_end("width-finetune", t)
+            depth = self.run_depth(job, o, model, depth_budget)
+            model = depth.model
+            macs = merged_cost(job, example_for(job, model))(model)
+            if macs > target:
+                widths_info.append(width_prune(job, model, target, stage="width-trim"))
+            elif macs < target * (1 - tol):
+                job.log(f"[{job.strategy_name}] note: depth pruning took the model to {human(macs)} MACs, more "
+                        f"than {tol:.0%} below the target {human(target)}")
+        top1_pruned = job.val_accuracy(model)
+        t = job.stage_start("finetune")
+        history = finetune(job, model)
+        top1 = job.val_accuracy(model)
+        job.stage_end("finetune", t, top1=top1)
+        job.log(f"[{job.strategy_name}] top-1 {top1_pruned:.2f}% after depth + width pruning, "
+                f"{top1:.2f}% after fine-tune")
+
+        t = job.stage_start("merge")
+        merged_now = merge(job, model) if mergers else []
+        job.stage_end("merge", t, merged=merged_now)
+        merged = sorted(set(depth.report.get("merged") or []) | set(merged_now))
+        linear = [i for i, b in enumerate(blocks_of(model)) if not isinstance(b, surgery.DroppedBlock)
+                  and isinstance(getattr(b.mlp, "act", None), surgery.RemovedActivation)]
+        macs = count_macs(model, example_for(job, model))
+        dr = depth.report
+        report = {
+            "allocation": {
+                "order": o["order"],
+                "target_macs": int(target),
+                "within_tolerance": within(macs, target, tol),
+                "depth": {"strategy": o["depth_strategy"], "budget": depth_budget.to_dict(),
+                          "allocation": dr.get("allocation"), "sites": dr.get("sites"), "macs": dr.get("macs"),
+                          "top1_before_finetune": dr.get("top1_before_finetune"), "top1": dr.get("top1"),
+                          "finetune_history": dr.get("finetune_history"), "seconds": dr.get("seconds")},
+                "width": widths_info,
+            },
+            "removal": dr.get("removal", {}),
+            "merged": merged,
+            "not_merged": {str(b): ("merging would not lower MACs at these widths" if mergers
+                                    else "no mergers configured") for b in linear},
+            "top1_dense": job.base_info.get("top1"),
+            "top1_before_finetune": top1_pruned,
+            "top1": top1,
+            "finetune_history": history,
+            "seconds": round(time.time() - started, 1),
+        }
+        return finish(job, model, report, fold_norm="ln-fold" in (job.settings.get("mergers") or []),
+                      widths=read_widths(model))

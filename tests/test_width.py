@@ -1,0 +1,273 @@
+"""Width pruning (plugin ``width``): the isomorphic width pruner, recipe widths
+(read, replay, exact round trip), merge-only-where-it-pays, and the
+``isomorphic`` / ``hetdpt-plus`` strategies through the CLI. Tiny models only."""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+
+import pytest
+import torch
+
+import hetprune
+from hetprune import HetpruneError, surgery
+from hetprune.costs import count_macs
+from hetprune.models import ModelSpec, build
+from hetprune.recipe import arch_of, recipe_from_model
+from hetprune.widths import apply_widths, attention_problems, read_widths
+
+
+WIDE = ModelSpec("vit_tiny_patch16_224", dict(img_size=16, patch_size=4, in_chans=1, num_classes=10, embed_dim=64,
+                                             depth=4, num_heads=4, init_values=0.1))
+TOL = 0.02
+
+
+def tiny_example(n: int = 4) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(n, 1, 16, 16, generator=gen)
+
+
+def wide_model(seed: int = 0):
+    torch.manual_seed(seed)
+    return build(WIDE)
+
+
+def pruner(**options):
+    return hetprune.get_registry().build("width_pruner", "isomorphic", **options)
+
+
+def depth_pruned(model, mode="identity", fold_norm=False, merge=True):
+    """attention gone in block 1, activations gone in blocks 2 and 3, block 3 merged."""
+    surgery.remove_attention(model, 1, mode)
+    surgery.remove_activation(model, 2)
+    surgery.remove_activation(model, 3)
+    if merge:
+        surgery.merge_mlp(model, 3, fold_norm=fold_norm)
+    return model
+
+
+def replay(spec, model, fold_norm=False):
+    """What hetprune.load does: fresh base model + the recipe's depth surgery + widths, shapes only."""
+    recipe = recipe_from_model(model, spec, arch_of(build(spec)), fold_norm=fold_norm, widths=read_widths(model))
+    fresh = hetprune.apply_recipe(build(spec), recipe, compute_merge=False)
+    fresh.load_state_dict(model.state_dict(), strict=True)
+    return fresh.eval(), recipe
+
+
+def test_plugin_registers_pruner_and_strategies():
+    reg = hetprune.get_registry()
+    assert "isomorphic" in reg.names("width_pruner")
+    assert {"isomorphic", "hetdpt-plus"} <= set(reg.names("strategy"))
+    info = {p.name: p for p in reg.plugins()}["width"]
+    assert info.components == {"width_pruner": ["isomorphic"], "strategy": ["hetdpt-plus", "isomorphic"]}
+
+
+def test_width_pruning_meets_target_keeps_forward_and_attention_consistent():
+    model = wide_model()
+    x = tiny_example()
+    dense = count_macs(model, x)
+    report = pruner().prune(model, 0.5 * dense, x)
+    macs = count_macs(model, x)
+    assert 0.5 * dense * (1 - TOL) <= macs <= 0.5 * dense
+    assert report["within_tolerance"] and report["macs"] == macs
+    assert model(x).shape == (4, 10) and torch.isfinite(model(x)).all()
+    assert attention_problems(model) == []
+    for block in model.blocks:
+        a = block.attn
+        assert a.qkv.out_features == 3 * a.num_heads * a.head_dim == 3 * a.attn_dim
+        assert a.proj.in_features == a.attn_dim and a.scale == a.head_dim ** -0.5
+    w = read_widths(model)
+    assert w["embed_dim"] == model.embed_dim == model.patch_embed.proj.out_channels < 64
+    assert all(b["mlp"]["hidden"] % 8 == 0 for b in w["blocks"])  # round_to 8
+    # both of timm's attention paths compute the same function after pruning
+    fused = model(x)
+    for block in model.blocks:
+        block.attn.fused_attn = False
+    assert torch.allclose(model(x), fused, atol=1e-5)
+
+
+def test_progressive_steps_meet_the_target():
+    model = wide_model(2)
+    x = tiny_example()
+    dense = count_macs(model, x)
+    report = pruner(steps=2).prune(model, 0.4 * dense, x)
+    assert len(report["stages"]) == 2 and report["stages"][0]["target"] > report["stages"][1]["target"]
+    assert 0.4 * dense * (1 - TOL) <= count_macs(model, x) <= 0.4 * dense
+    assert attention_problems(model) == []
+
+
+@pytest.mark.parametrize("mode,fold_norm", [("identity", False), ("ln-residual", True)])
+def test_depth_and_width_recipe_round_trips_exactly(tmp_path, mode, fold_norm):
+    model = depth_pruned(wide_model(), mode=mode, fold_norm=fold_norm).eval()
+    x = tiny_example()
+    target = 0.45 * count_macs(model, x)
+    pruner().prune(model, target, x)
+    macs = count_macs(model, x)
+    assert target * (1 - TOL) <= macs <= target
+    w = read_widths(model)
+    assert w["blocks"][1]["attn"] == "removed" and w["blocks"][3]["mlp"] == "merged"
+    assert w["blocks"][2]["mlp"]["hidden"] < 256  # a linear, unmerged MLP keeps a prunable hidden width
+    recipe = recipe_from_model(model, WIDE, arch_of(build(WIDE)), fold_norm=fold_norm, widths=w)
+    hetprune.save(tmp_path / "m", model, recipe)
+    loaded = hetprune.load(tmp_path / "m")
+    assert torch.equal(loaded(x), model(x))
+    assert read_widths(loaded) == w and attention_problems(loaded) == []
+    assert json.loads((tmp_path / "m" / "recipe.json").read_text())["widths"] == w
+
+
+def test_width_then_depth_pruned_model_round_trips(tmp_path):
+    """Width first, then sites removed from the narrow model (HetBlock, RemovedActivation), then merge."""
+    model = wide_model(1).eval()
+    x = tiny_example()
+    pruner().prune(model, 0.6 * count_macs(model, x), x)
+    depth_pruned(model, merge=False)
+    surgery.merge_all(model)
+    fresh, recipe = replay(WIDE, model)
+    assert torch.equal(fresh(x), model(x))
+    assert recipe.merged == [b for b in (2, 3) if isinstance(model.blocks[b].mlp, surgery.MergedMlp)]
+
+
+def test_merge_is_skipped_where_it_would_not_pay():
+    model = depth_pruned(wide_model(), merge=False)  # blocks 2 and 3: linear MLPs, hidden 256, D = 64
+    widths = read_widths(model)
+    widths["blocks"][2]["mlp"]["hidden"] = 16   # < D/2: fc1 + fc2 = 2*64*16 < 64*64 MACs per token
+    widths["blocks"][3]["mlp"]["hidden"] = 40   # > D/2: one 64x64 linear is cheaper
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        apply_widths(model, widths, compute=True)
+    assert not surgery.merge_pays(model.blocks[2].mlp) and surgery.merge_pays(model.blocks[3].mlp)
+    assert sorted(surgery.merge_all(model)) == [3]
+    assert not isinstance(model.blocks[2].mlp, surgery.MergedMlp)
+    assert isinstance(model.blocks[3].mlp, surgery.MergedMlp)
+
+
+def test_width_pruner_counts_the_cost_it_is_given():
+    """With a cost that counts linear MLPs as merged, the target holds for the merged model."""
+    from hetprune_width.strategies import WidthContext
+
+    model = depth_pruned(wide_model(), merge=False).eval()
+    x = tiny_example()
+
+    def merged_macs(m):
+        twin = copy.deepcopy(m)
+        surgery.merge_all(twin)
+        return count_macs(twin, x)
+
+    target = 0.5 * merged_macs(model)
+    pruner().prune(model, target, x, WidthContext(macs_fn=merged_macs, log=lambda m: None))
+    assert count_macs(model, x) > target  # unmerged, it costs more...
+    merged = sorted(surgery.merge_all(model))
+    assert target * (1 - TOL) <= count_macs(model, x) <= target  # ...merged, it meets the target
+    assert merged == [b for b in (2, 3) if isinstance(model.blocks[b].mlp, surgery.MergedMlp)]
+
+
+def test_taylor_importance_needs_data_and_uses_it(digits_data):
+    from hetprune.data import loader
+    from hetprune_width.strategies import WidthContext
+
+    model = wide_model().eval()
+    x = tiny_example()
+    with pytest.raises(HetpruneError, match="needs training data"):
+        pruner(importance="taylor").prune(model, 0.6 * count_macs(model, x), x)
+
+    def batches():
+        for i, batch in enumerate(loader(digits_data.train, 32, shuffle=False)):
+            if i == 2:
+                break
+            yield batch
+
+    before = {n: p.clone() for n, p in model.state_dict().items()}
+    pruner(importance="taylor").prune(model, 0.6 * count_macs(model, x), x, WidthContext(batches=batches))
+    assert count_macs(model, x) <= 0.6 * count_macs(build(WIDE), x)
+    assert all(p.grad is None for p in model.parameters())
+    assert model.state_dict().keys() == before.keys()
+
+
+def test_apply_widths_refuses_bad_or_mismatched_widths():
+    model = wide_model()
+    widths = read_widths(model)
+    with pytest.raises(HetpruneError, match="list 3 blocks"):
+        apply_widths(build(WIDE), {**widths, "blocks": widths["blocks"][:3]})
+    with pytest.raises(HetpruneError, match="only 64"):
+        apply_widths(build(WIDE), {**widths, "embed_dim": 65})
+    bad = copy.deepcopy(widths)
+    bad["blocks"][0]["attn"]["heads"] = 0
+    with pytest.raises(HetpruneError, match="positive integer"):
+        apply_widths(build(WIDE), bad)
+    bad = copy.deepcopy(widths)
+    bad["blocks"][1]["attn"] = "removed"  # the fresh model still has block 1's attention
+    with pytest.raises(HetpruneError, match="disagree at block 1"):
+        apply_widths(build(WIDE), bad)
+    with pytest.raises(HetpruneError, match="exactly the keys"):
+        apply_widths(build(WIDE), {"embed_dim": 64})
+
+
+def test_recipe_with_widths_replays_on_hetprune_apply_path():
+    """compute=True (hetprune apply on a base model): shapes as recorded, a warning that channels are leading."""
+    model = depth_pruned(wide_model()).eval()
+    x = tiny_example()
+    pruner().prune(model, 0.5 * count_macs(model, x), x)
+    recipe = recipe_from_model(model, WIDE, arch_of(build(WIDE)), widths=read_widths(model))
+    with pytest.warns(UserWarning, match="leading channels"):
+        other = hetprune.apply_recipe(build(WIDE), recipe, compute_merge=True)
+    assert read_widths(other) == read_widths(model)
+    assert count_macs(other, x) == count_macs(model, x)
+
+
+# -- strategies through the CLI ------------------------------------------------------
+
+FAST = ["--set", "finetune.epochs=1", "--set", "short_finetune.epochs=1", "--set", "scoring.subset=64",
+        "--set", "finetune.subset=64", "--set", "short_finetune.subset=64", "--set", "scoring.batches=1"]
+
+
+def _cli(trained_tiny, tmp_path, strategy, *extra):
+    from hetprune.cli import main
+
+    model, spec, ckpt = trained_tiny
+    out = tmp_path / strategy
+    rc = main(["prune", "--strategy", strategy, "--target-macs", "0.5", "--model", spec.name,
+               "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt), "--out", str(out), *FAST, *extra])
+    assert rc == 0
+    return out, json.loads((out / "report.json").read_text())
+
+
+REPORT_KEYS = {"top1_before_finetune", "top1", "seconds", "allocation", "removal", "merged", "finetune_history",
+               "macs", "dense_macs", "params", "n_attn", "n_act", "sites", "strategy"}
+
+
+@pytest.mark.slow
+def test_isomorphic_strategy_cli(trained_tiny, tmp_path):
+    out, report = _cli(trained_tiny, tmp_path, "isomorphic")
+    assert REPORT_KEYS <= set(report)
+    assert report["n_attn"] == report["n_act"] == 0 and report["merged"] == []
+    target = 0.5 * report["dense_macs"]
+    assert target * (1 - TOL) <= report["macs"] <= target and report["allocation"]["within_tolerance"]
+    loaded = hetprune.load(out)
+    x = tiny_example()
+    recipe = hetprune.recipe.load_recipe(out)
+    assert recipe.widths == read_widths(loaded) and recipe.provenance["strategy"] == "isomorphic"
+    assert count_macs(loaded, x) == report["macs"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["depth-width", "width-depth"])
+def test_hetdpt_plus_strategy_cli(trained_tiny, tmp_path, order):
+    out, report = _cli(trained_tiny, tmp_path, "hetdpt-plus", "--scorer", "taylor",
+                       "--set", f"hetdpt_plus.order={order}", "--set", "hetdpt.axis_points=1",
+                       "--set", "hetdpt.mixed_points=1", "--set", "hetdpt.dense_point=false",
+                       "--set", "hetdpt.predictor_options={poly: {degree: 1}}")
+    assert REPORT_KEYS <= set(report)
+    assert report["n_attn"] + report["n_act"] >= 1  # depth took its share...
+    target = 0.5 * report["dense_macs"]
+    assert target * (1 - TOL) <= report["macs"] <= target  # ...and width landed the total
+    assert report["allocation"]["order"] == order and report["allocation"]["within_tolerance"]
+    recipe = hetprune.recipe.load_recipe(out)
+    loaded = hetprune.load(out)
+    for b in recipe.act_removed:  # merged exactly where it pays
+        mlp = loaded.blocks[b].mlp
+        assert (b in recipe.merged) == (isinstance(mlp, surgery.MergedMlp))
+        if b not in recipe.merged:
+            assert not surgery.merge_pays(mlp)
+    assert recipe.widths == read_widths(loaded) and attention_problems(loaded) == []
