@@ -1,0 +1,347 @@
+"""Speed measurement: one harness for GPU and CPU.
+
+:func:`measure` times several models on random input and returns plain data
+(JSON-ready); :func:`format_table` renders it. Choices, and why:
+
+* The models of one comparison are timed **interleaved** in one process
+  (warm-up and repeats go round-robin A, B, A, B, ...), so a noisy neighbour,
+  turbo or thermal drift hits every model alike instead of whichever ran last.
+* Each repeat runs the forward ``number`` times, ``number`` calibrated per
+  model so one repeat lasts at least ``min_time_s`` (timer resolution does not
+  matter for tiny models). We report the median per-batch latency and its
+  spread (quartiles, min, max) over the repeats, never a single run or a mean.
+* CPU: ``time.perf_counter``. CUDA: CUDA events around the repeat, then a
+  synchronise, so queued kernels are counted. We do not use
+  ``torch.utils.benchmark.Timer.blocked_autorange`` because it times one
+  statement at a time and cannot interleave.
+* Low precision is ``torch.autocast`` (what deployment code does), not a cast
+  of the weights. ``bf16`` on CPU is allowed (autocast CPU; only fast on CPUs
+  with native bf16 support, so measure rather than assume). ``fp16`` on CPU is
+  refused: most CPU kernels have no fp16 path and the number would mean little.
+* On CUDA out-of-memory the batch of the whole comparison is halved (all
+  models keep the same batch, so speedups stay comparable) and the result says
+  so (``requested_batch_size``, ``note``).
+* Costs are MACs (``costs.CONVENTION``), counted once per model in fp32.
+
+Models are put in eval mode and moved to the device in place.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .costs import CONVENTION, count_macs, count_params, human
+from .errors import HetpruneError
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEVICES = ("auto", "cpu", "cuda")
+
+
+# -- environment ---------------------------------------------------------------
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):  # not on every platform
+        return None
+
+
+def resolve_device(device: str) -> torch.device:
+    if device not in DEVICES:
+        raise HetpruneError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise HetpruneError("device 'cuda' asked for, but torch sees no CUDA device "
+                            f"(torch {torch.__version__}); use --device cpu or auto")
+    return torch.device(device)
+
+
+def check_dtype(dtype: str, device: torch.device) -> None:
+    if dtype not in DTYPES:
+        raise HetpruneError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "fp16" and device.type == "cpu":
+        raise HetpruneError("fp16 on CPU is not supported by this harness (few CPU kernels have an fp16 path); "
+                            "use fp32, or bf16 (autocast CPU)")
+
+
+def environment(device: torch.device, dtype: str, compile: bool) -> dict:
+    """What a reader needs to judge a number: machine, library versions, threads."""
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": device.type,
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "dtype": dtype,
+        "compile": bool(compile),
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        import timm
+
+        env["timm"] = timm.__version__
+    except ImportError:  # pragma: no cover - a declared dependency
+        pass
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        env["gpu"] = torch.cuda.get_device_name(index)
+        env["cuda"] = torch.version.cuda
+        env["device_name"] = env["gpu"]
+    else:
+        env["device_name"] = env["cpu"]
+    return env
+
+
+# -- timing --------------------------------------------------------------------
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def summarize(latencies: list[float]) -> dict:
+    """Median, quartiles, min and max of per-batch latencies (seconds)."""
+    q1, q3 = _quartiles(latencies)
+    return {
+        "median": statistics.median(latencies),
+        "q1": q1,
+        "q3": q3,
+        "min": min(latencies),
+        "max": max(latencies),
+        "runs": list(latencies),
+    }
+
+
+class _Runner:
+    """Calls one model on a fixed input, under autocast, and times ``number`` calls."""
+
+    def __init__(self, model: Callable, x: torch.Tensor, device: torch.device, dtype: str):
+        self.model, self.x, self.device = model, x, device
+        self.autocast = DTYPES[dtype]
+
+    def __call__(self):
+        if self.autocast is None:
+            return self.model(self.x)
+        with torch.autocast(self.device.type, dtype=self.autocast):
+            return self.model(self.x)
+
+    def time(self, number: int) -> float:
+        """Seconds per call, averaged over ``number`` back-to-back calls."""
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(self.device)
+            start.record()
+            for _ in range(number):
+                self()
+            end.record()
+            torch.cuda.synchronize(self.device)
+            return start.elapsed_time(end) / 1000.0 / number
+        t0 = time.perf_counter()
+        for _ in range(number):
+            self()
+        return (time.perf_counter() - t0) / number
+
+
+def _is_oom(exc: BaseException) -> bool:
+    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(exc, oom)) or "out of memory" in str(exc).lower()
+
+
+def _time_batch(models: dict[str, nn.Module], input_shape: tuple, batch: int, device: torch.device, dtype: str,
+                repeats: int, warmup: int, min_time_s: float, log) -> dict[str, dict]:
+    """Time every model at one batch size, interleaved; raises on OOM."""
+    x = torch.randn(batch, *input_shape, device=device)
+    runners = {name: _Runner(m, x, device, dtype) for name, m in models.items()}
+    peak = {}
+    with torch.inference_mode():
+        if device.type == "cuda":  # peak memory, one model at a time (interleaving would mix them)
+            for name, r in runners.items():
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+                r()
+                torch.cuda.synchronize(device)
+                peak[name] = torch.cuda.max_memory_allocated(device)
+        for _ in range(warmup):
+            for r in runners.values():
+                r.time(1)
+        number = {}
+        for name, r in runners.items():  # calibrate: enough calls per repeat to last min_time_s
+            once = r.time(1)
+            number[name] = max(1, math.ceil(min_time_s / once)) if once > 0 else 1
+        runs: dict[str, list[float]] = {name: [] for name in runners}
+        for i in range(repeats):
+            for name, r in runners.items():
+                runs[name].append(r.time(number[name]))
+            log(f"  batch {batch}: repeat {i + 1}/{repeats} " +
+                ", ".join(f"{n} {runs[n][-1] * 1e3:.1f} ms" for n in runners))
+    return {name: {"latency_s": summarize(runs[name]), "calls_per_repeat": number[name],
+                   **({"peak_memory_bytes": peak[name]} if name in peak else {})} for name in runners}
+
+
+def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_sizes: list[int],
+            device: str = "auto", dtype: str = "fp32", compile: bool = False, repeats: int = 7, warmup: int = 2,
+            min_time_s: float = 0.2, reference: str | None = None, threads: int | None = None,
+            log: Callable[[str], None] | None = None) -> dict:
+    """Time ``models`` (name -> module) on random input of shape ``(B, *input_shape)``.
+
+    ``reference`` names the model others are compared with (speedup = its
+    median latency / the model's, beside the MAC ratio); default: the first
+    model when there are several. ``threads`` sets torch's CPU thread count for
+    the measurement (restored afterwards). Returns a JSON-ready dict:
+    ``environment``, ``models`` (params, MACs), ``results`` (one row per model
+    and batch size).
+    """
+    log = log or (lambda msg: None)
+    if not models:
+        raise HetpruneError("nothing to measure: give at least one model")
+    input_shape = tuple(int(s) for s in input_shape)
+    if not batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in batch_sizes):
+        raise HetpruneError(f"batch sizes must be positive integers, got {batch_sizes!r}")
+    if repeats < 1 or warmup < 0 or min_time_s < 0:
+        raise HetpruneError(f"need repeats >= 1, warmup >= 0, min_time_s >= 0; got {repeats}, {warmup}, {min_time_s}")
+    dev = resolve_device(device)
+    check_dtype(dtype, dev)
+    if reference is None and len(models) > 1:
+        reference = next(iter(models))
+    if reference is not None and reference not in models:
+        raise HetpruneError(f"reference {reference!r} is not one of the models: {', '.join(models)}")
+
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        if threads < 1:
+            raise HetpruneError(f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    try:
+        env = environment(dev, dtype, compile)
+        env["load_start"] = load_average()
+        costs, runnable = {}, {}
+        example = torch.randn(1, *input_shape, device=dev)
+        for name, model in models.items():
+            model.eval().to(dev)
+            costs[name] = {"params": count_params(model), "macs": count_macs(model, example)}
+            runnable[name] = torch.compile(model) if compile else model
+        rows = []
+        for requested in batch_sizes:
+            batch, note = requested, None
+            while True:
+                load = load_average()
+                try:
+                    timed = _time_batch(runnable, input_shape, batch, dev, dtype, repeats, warmup, min_time_s, log)
+                    break
+                except RuntimeError as exc:
+                    if dev.type != "cuda" or not _is_oom(exc):
+                        raise
+                    torch.cuda.empty_cache()
+                    if batch == 1:
+                        raise HetpruneError(f"CUDA out of memory even at batch 1: {exc}") from exc
+                    log(f"  batch {batch}: CUDA out of memory, halving to {batch // 2}")
+                    batch //= 2
+                    note = f"CUDA out of memory at batch {requested}; halved to {batch}"
+            for name, t in timed.items():
+                median = t["latency_s"]["median"]
+                row = {"model": name, "batch_size": batch, "requested_batch_size": requested, "dtype": dtype,
+                       "device": env["device_name"], "threads": torch.get_num_threads(),
+                       "latency_s": t["latency_s"], "calls_per_repeat": t["calls_per_repeat"],
+                       "throughput_img_s": batch / median, **costs[name],
+                       "peak_memory_bytes": t.get("peak_memory_bytes"),
+                       "load_start": load, "load_end": load_average(), "note": note}
+                if reference is not None:
+                    ref = timed[reference]["latency_s"]
+                    row["speedup"] = ref["median"] / median
+                    # rounds are interleaved, so a round's two times share its noise: their ratio is a
+                    # second, paired estimate of the speedup, with a spread
+                    paired = summarize([a / b for a, b in zip(ref["runs"], t["latency_s"]["runs"])])
+                    row["paired_speedup"] = {k: v for k, v in paired.items() if k != "runs"}
+                    row["mac_ratio"] = costs[reference]["macs"] / costs[name]["macs"]
+                    row["speedup_over_mac_ratio"] = row["speedup"] / row["mac_ratio"]
+                rows.append(row)
+        env["load_end"] = load_average()
+        env["threads"] = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(old_threads)
+    return {
+        "environment": env,
+        "settings": {"input_shape": list(input_shape), "batch_sizes": list(batch_sizes), "repeats": repeats,
+                     "warmup": warmup, "min_time_s": min_time_s, "interleaved": True,
+                     "timer": "cuda events" if dev.type == "cuda" else "time.perf_counter"},
+        "reference": reference,
+        "macs_convention": CONVENTION,
+        "models": costs,
+        "results": rows,
+    }
+
+
+# -- formatting ------------------------------------------------------------------
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f}" if s * 1e3 >= 10 else f"{s * 1e3:.3g}"
+
+
+def environment_line(result: dict) -> str:
+    env = result["environment"]
+    return (f"{env['device_name']} ({env['device']}), torch {env['torch']}, {env['threads']} threads, "
+            f"{env['dtype']}{', compiled' if env['compile'] else ''}; load average "
+            f"{env.get('load_start')} at start, {env.get('load_end')} at end")
+
+
+def format_table(result: dict, markdown: bool = False) -> str:
+    """The result as a terminal table, or as a Markdown table."""
+    has_ref = result.get("reference") is not None
+    has_mem = any(r.get("peak_memory_bytes") is not None for r in result["results"])
+    head = ["model", "batch", "params", "MACs", "latency ms (median)", "IQR ms", "img/s"]
+    if has_ref:
+        head += ["speedup", "per-round IQR", "MAC ratio", "speedup / MAC ratio"]
+    if has_mem:
+        head += ["peak mem"]
+    lines = []
+    for r in result["results"]:
+        lat = r["latency_s"]
+        batch = str(r["batch_size"]) + ("*" if r["batch_size"] != r["requested_batch_size"] else "")
+        row = [r["model"], batch, human(r["params"]), human(r["macs"]), _ms(lat["median"]),
+               f"{_ms(lat['q1'])}-{_ms(lat['q3'])}", f"{r['throughput_img_s']:.1f}"]
+        if has_ref:
+            paired = r.get("paired_speedup")
+            row += [f"{r['speedup']:.2f}x", f"{paired['q1']:.2f}-{paired['q3']:.2f}x" if paired else "-",
+                    f"{r['mac_ratio']:.2f}x",
+                    f"{r['speedup_over_mac_ratio']:.0%}"]
+        if has_mem:
+            mem = r.get("peak_memory_bytes")
+            row += [human(mem) + "B" if mem is not None else "-"]
+        lines.append(row)
+    notes = sorted({r["note"] for r in result["results"] if r.get("note")})
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        out += ["| " + " | ".join(row) + " |" for row in lines]
+    else:
+        widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
+        out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *lines]]
+    if markdown:
+        out.append("")  # end the table: GFM would read a following plain line as one more row
+    out += [f"* {n}" for n in notes]
+    if has_ref:
+        out.append(f"speedup = median latency of {result['reference']} / the model's, same batch; per-round IQR = "
+                   f"quartiles of the ratio within each interleaved round; MAC ratio from {result['macs_convention']}")
+    out.append(environment_line(result))
+    return "\n".join(out)

@@ -1,0 +1,130 @@
+"""Measure the speed of a pruned model (a saved folder) or a timm model.
+
+    hetprune bench runs/prune-hetdpt-sites12                  # vs its dense base
+    hetprune bench pruned/ --against deit_base_patch16_224 --device cuda --dtype bf16 --batch-sizes 1,64,256
+    hetprune bench deit_small_patch16_224 --batch-sizes 1,32 --json speed.json
+
+Models are timed interleaved in one process (A, B, A, B, ...) after a
+warm-up; the table gives the median latency per batch, its spread (IQR),
+images/s, params, MACs and, with a reference, speedup beside the MAC ratio.
+A folder's reference defaults to the dense base model of its recipe, freshly
+built: weights are random, which does not change speed. bf16 on CPU runs under
+autocast (fast only on CPUs with native bf16); fp16 is for CUDA only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import HetpruneError
+
+HELP = "measure latency, throughput and speedup (CPU or GPU), interleaved with a reference"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("target", metavar="DIR_OR_MODEL", help="a saved pruned model folder, or a timm model name")
+    p.add_argument("--against", metavar="MODEL_OR_DIR",
+                   help="reference for the speedup (default for a folder: the dense base model of its recipe)")
+    p.add_argument("--batch-sizes", default="1,64", metavar="B,B,...", help="batch sizes to time (default 1,64)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda if present")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
+                   help="fp32, or autocast to bf16 / fp16 (fp16: CUDA only)")
+    p.add_argument("--compile", action="store_true", help="torch.compile every model first (warm-up absorbs it)")
+    p.add_argument("--model-kwargs", metavar="JSON",
+                   help="timm.create_model arguments for model names, e.g. '{\"img_size\": 384}'")
+    p.add_argument("--repeats", type=int, default=7, metavar="N", help="timed repeats per model (default 7)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed calls per model first (default 2)")
+    p.add_argument("--min-time", type=float, default=0.2, metavar="S",
+                   help="each repeat runs the forward enough times to last S seconds (default 0.2)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's own)")
+    p.add_argument("--json", metavar="FILE", help="also write the full result as JSON")
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table")
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(b < 1 for b in sizes):
+        raise HetpruneError(f"--batch-sizes must be positive integers separated by commas (e.g. 1,64,256), "
+                            f"got {text!r}")
+    return sizes
+
+
+def _kwargs(text: str | None) -> dict:
+    if not text:
+        return {}
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HetpruneError(f"--model-kwargs is not valid JSON: {exc}") from exc
+    if not isinstance(kwargs, dict):
+        raise HetpruneError("--model-kwargs must be a JSON object")
+    return kwargs
+
+
+def load_model(what: str, kwargs: dict):
+    """``(label, model, recipe_or_None)`` for a saved folder or a timm name."""
+    from ..models import ModelSpec, build
+    from ..recipe import RECIPE_FILE, load, load_recipe
+
+    path = Path(what)
+    if path.is_dir():
+        if not (path / RECIPE_FILE).is_file():
+            raise HetpruneError(f"{path} is a folder but holds no {RECIPE_FILE}: not a saved pruned model")
+        return path.name or str(path), load(path), load_recipe(path)
+    if path.exists():
+        raise HetpruneError(f"{what} is a file; give a saved pruned model folder or a timm model name")
+    return what, build(ModelSpec(what, kwargs)), None
+
+
+def input_shape_of(model) -> tuple[int, int, int]:
+    """``(C, H, W)`` the model was built for (timm's pretrained_cfg ignores img_size overrides)."""
+    pe = getattr(model, "patch_embed", None)
+    if pe is not None and getattr(pe, "img_size", None) is not None and hasattr(getattr(pe, "proj", None),
+                                                                                "in_channels"):
+        return (pe.proj.in_channels, *pe.img_size)
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    if "input_size" in cfg:
+        return tuple(cfg["input_size"])
+    raise HetpruneError("cannot tell this model's input size (no patch_embed.img_size or pretrained_cfg)")
+
+
+def run(args) -> int:
+    from ..bench import format_table, measure
+    from ..io import write_json_atomic
+    from ..models import build
+
+    sizes = parse_batch_sizes(args.batch_sizes)
+    kwargs = _kwargs(args.model_kwargs)
+    label, model, recipe = load_model(args.target, kwargs)
+    models = {label: model}
+    reference = None
+    if args.against:
+        ref_label, ref_model, _ = load_model(args.against, kwargs)
+    elif recipe is not None:
+        ref_label, ref_model = f"{recipe.base.name} (dense)", build(recipe.base)
+    else:
+        ref_label = ref_model = None
+    if ref_model is not None:
+        if ref_label == label:
+            ref_label += " (reference)"
+        shape, ref_shape = input_shape_of(model), input_shape_of(ref_model)
+        if shape != ref_shape:
+            raise HetpruneError(f"{label} takes input {shape} but {ref_label} takes {ref_shape}; "
+                                "compare models of the same input size")
+        models = {ref_label: ref_model, label: model}  # reference first: it is timed first in every round
+        reference = ref_label
+    shape = input_shape_of(model)
+    print(f"timing {', '.join(models)} on input {shape}, batch sizes {sizes} ...")
+    result = measure(models, shape, sizes, device=args.device, dtype=args.dtype, compile=args.compile,
+                     repeats=args.repeats, warmup=args.warmup, min_time_s=args.min_time, reference=reference,
+                     threads=args.threads, log=print)
+    result["command"] = {"target": args.target, "against": args.against, "recipe": recipe.to_dict() if recipe else None}
+    print(format_table(result, markdown=args.markdown))
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"wrote {args.json}")
+    return 0

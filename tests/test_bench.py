@@ -1,0 +1,197 @@
+"""The speed harness (hetprune.bench) and `hetprune bench`: structure and
+sanity only; no test asserts on a timing value."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import hetprune
+from hetprune import bench, surgery
+from hetprune.cli import main
+from hetprune.errors import HetpruneError
+from hetprune.recipe import arch_of, recipe_from_model
+
+from conftest import TINY_KWARGS
+
+SHAPE = (1, 16, 16)
+FAST = ["--device", "cpu", "--repeats", "2", "--warmup", "1", "--min-time", "0", "--threads", "1"]
+
+
+@pytest.fixture
+def pruned_dir(tiny_model, tiny_spec, tmp_path):
+    """A saved pruned tiny model: attention of block 1 gone, block 2's MLP linear and merged."""
+    arch = arch_of(tiny_model)
+    surgery.remove_attention(tiny_model, 1)
+    surgery.remove_activation(tiny_model, 2)
+    surgery.merge_mlp(tiny_model, 2)
+    recipe = recipe_from_model(tiny_model, tiny_spec, arch)
+    return hetprune.save(tmp_path / "pruned", tiny_model, recipe)
+
+
+class Recorder(nn.Module):
+    """Wraps a model and appends its name to a shared list on every call."""
+
+    def __init__(self, model: nn.Module, name: str, calls: list):
+        super().__init__()
+        self.model, self.name, self.calls = model, name, calls
+
+    def forward(self, x):
+        self.calls.append(self.name)
+        return self.model(x)
+
+
+def test_bench_saved_folder_against_dense_base(pruned_dir, tmp_path, capsys):
+    out = tmp_path / "speed.json"
+    assert main(["bench", str(pruned_dir), "--batch-sizes", "1,2", "--json", str(out), *FAST]) == 0
+    printed = capsys.readouterr().out
+    assert "speedup" in printed and "MAC ratio" in printed
+    result = json.loads(out.read_text())
+    env = result["environment"]
+    assert env["torch"] == torch.__version__
+    assert env["device"] == "cpu" and env["device_name"] and env["threads"] == 1 and env["dtype"] == "fp32"
+    assert "load_start" in env and "load_end" in env
+    assert result["reference"] == "vit_tiny_patch16_224 (dense)"
+    assert result["macs_convention"] == hetprune.costs.CONVENTION
+    assert result["settings"]["interleaved"] is True
+    assert len(result["results"]) == 4  # 2 models x 2 batch sizes
+    for row in result["results"]:
+        assert row["batch_size"] == row["requested_batch_size"] in (1, 2)
+        assert row["throughput_img_s"] > 0 and row["speedup"] > 0 and row["paired_speedup"]["median"] > 0
+        assert row["latency_s"]["min"] <= row["latency_s"]["median"] <= row["latency_s"]["max"]
+        assert len(row["latency_s"]["runs"]) == 2
+        for key in ("dtype", "device", "threads", "params", "macs", "load_start", "load_end"):
+            assert key in row
+    pruned = [r for r in result["results"] if r["model"] == "pruned"]
+    dense = [r for r in result["results"] if r["model"] != "pruned"]
+    assert all(r["mac_ratio"] > 1 and r["macs"] < dense[0]["macs"] for r in pruned)
+    assert all(r["mac_ratio"] == 1 and r["speedup"] == 1 for r in dense)
+    assert result["command"]["recipe"]["attn_removed"] == [1]
+
+
+def test_bench_timm_name(capsys):
+    args = ["bench", "vit_tiny_patch16_224", "--model-kwargs", json.dumps(TINY_KWARGS), "--batch-sizes", "2",
+            "--markdown", *FAST]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "| model | batch |" in printed and "img/s" in printed
+    assert "speedup" not in printed.split("| model")[1].splitlines()[0]  # one model: no speedup column
+
+
+def test_bench_name_against_folder(pruned_dir, tmp_path):
+    out = tmp_path / "r.json"
+    args = ["bench", "vit_tiny_patch16_224", "--model-kwargs", json.dumps(TINY_KWARGS), "--against",
+            str(pruned_dir), "--batch-sizes", "1", "--json", str(out), *FAST]
+    assert main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["reference"] == "pruned"
+    assert [r["model"] for r in result["results"]] == ["pruned", "vit_tiny_patch16_224"]
+
+
+def test_models_are_timed_interleaved(tiny_model, tiny_spec):
+    calls: list[str] = []
+    torch.manual_seed(1)
+    other = hetprune.models.build(tiny_spec)
+    surgery.remove_attention(other, 0)
+    models = {"a": Recorder(tiny_model, "a", calls), "b": Recorder(other, "b", calls)}
+    result = bench.measure(models, SHAPE, [1, 3], device="cpu", repeats=3, warmup=2, min_time_s=0)
+    assert calls.count("a") == calls.count("b") > 2 * (3 + 2)
+    assert all(x != y for x, y in zip(calls, calls[1:])), f"not interleaved: {calls}"
+    assert [(r["model"], r["batch_size"]) for r in result["results"]] == [("a", 1), ("b", 1), ("a", 3), ("b", 3)]
+    assert result["reference"] == "a"
+
+
+def test_measure_restores_threads_and_bf16_on_cpu(tiny_model):
+    before = torch.get_num_threads()
+    result = bench.measure({"m": tiny_model}, SHAPE, [2], device="cpu", dtype="bf16", repeats=1, warmup=0,
+                           min_time_s=0, threads=1)
+    assert torch.get_num_threads() == before
+    row = result["results"][0]
+    assert row["dtype"] == "bf16" and row["threads"] == 1 and row["throughput_img_s"] > 0
+    assert "speedup" not in row and result["reference"] is None
+
+
+def test_format_table_markdown_and_terminal(tiny_model):
+    result = bench.measure({"x": tiny_model, "y": tiny_model}, SHAPE, [1], device="cpu", repeats=1, warmup=0,
+                           min_time_s=0)
+    md = bench.format_table(result, markdown=True).splitlines()
+    assert md[0].startswith("| model | batch |") and md[1].startswith("|---")
+    assert md[md.index(next(line for line in md if not line.startswith("|")))] == ""  # blank line ends the table
+    term = bench.format_table(result)
+    assert "speedup / MAC ratio" in term and "load average" in term
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "vit_tiny_patch16_224", "--batch-sizes", "1,x"], "--batch-sizes"),
+    (["bench", "vit_tiny_patch16_224", "--batch-sizes", "0"], "--batch-sizes"),
+    (["bench", "no_such_model_xyz", "--batch-sizes", "1"], "no model named"),
+    (["bench", "vit_tiny_patch16_224", "--model-kwargs", "[1]"], "JSON object"),
+])
+def test_bench_cli_errors(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_cli_rejects_plain_file_and_empty_folder(tmp_path, capsys):
+    (tmp_path / "w.safetensors").write_text("x")
+    assert main(["bench", str(tmp_path / "w.safetensors")]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert main(["bench", str(tmp_path)]) == 2
+    assert "no recipe.json" in capsys.readouterr().err
+
+
+def test_bench_cli_mismatched_input_sizes(pruned_dir, capsys):
+    kwargs = dict(TINY_KWARGS, img_size=32)
+    assert main(["bench", str(pruned_dir), "--against", "vit_tiny_patch16_224", "--model-kwargs",
+                 json.dumps(kwargs), *FAST]) == 2
+    assert "same input size" in capsys.readouterr().err
+
+
+def test_measure_errors(tiny_model):
+    with pytest.raises(HetpruneError, match="batch sizes"):
+        bench.measure({"m": tiny_model}, SHAPE, [], device="cpu")
+    with pytest.raises(HetpruneError, match="reference"):
+        bench.measure({"m": tiny_model}, SHAPE, [1], device="cpu", reference="other")
+    with pytest.raises(HetpruneError, match="fp16 on CPU"):
+        bench.measure({"m": tiny_model}, SHAPE, [1], device="cpu", dtype="fp16")
+    with pytest.raises(HetpruneError, match="dtype"):
+        bench.measure({"m": tiny_model}, SHAPE, [1], device="cpu", dtype="int8")
+    with pytest.raises(HetpruneError, match="nothing to measure"):
+        bench.measure({}, SHAPE, [1], device="cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when CUDA is absent")
+def test_cuda_without_cuda_is_a_clear_error(tiny_model, capsys):
+    with pytest.raises(HetpruneError, match="no CUDA device"):
+        bench.measure({"m": tiny_model}, SHAPE, [1], device="cuda")
+    assert main(["bench", "vit_tiny_patch16_224", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_bf16_peak_memory_and_oom_halving(tiny_model, tiny_spec, monkeypatch):
+    other = hetprune.models.build(tiny_spec)
+    surgery.remove_attention(other, 0)
+    result = bench.measure({"dense": tiny_model, "pruned": other}, SHAPE, [1, 8], device="cuda", dtype="bf16",
+                           repeats=2, warmup=1, min_time_s=0.01)
+    env = result["environment"]
+    assert env["device"] == "cuda" and env["gpu"]
+    assert result["settings"]["timer"] == "cuda events"
+    for row in result["results"]:
+        assert row["peak_memory_bytes"] > 0 and row["throughput_img_s"] > 0 and row["speedup"] > 0
+
+    real = bench._time_batch
+
+    def fake(models, shape, batch, *a, **k):
+        if batch > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(models, shape, batch, *a, **k)
+
+    monkeypatch.setattr(bench, "_time_batch", fake)
+    result = bench.measure({"m": tiny_model}, SHAPE, [8], device="cuda", repeats=1, warmup=0, min_time_s=0)
+    row = result["results"][0]
+    assert row["batch_size"] == 2 and row["requested_batch_size"] == 8 and "out of memory" in row["note"]
