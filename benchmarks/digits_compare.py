@@ -1,4 +1,5 @@
-"""Reproduce benchmarks/results/digits-compare.md and digits-compare.png.
+"""Reproduce benchmarks/results/digits-compare.md and digits-compare.png
+(or, with --name and --target-macs, another comparison such as HetDPT+).
 
 Runs `hetprune compare` on the embedded default (digits ViT) for several
 budgets and seeds, then copies its table and plot into benchmarks/results/
@@ -6,6 +7,8 @@ with the machine and the exact command.
 
     python benchmarks/digits_compare.py                      # budgets 8,12; seeds 0,1,2
     python benchmarks/digits_compare.py --budgets 12 --seeds 0 --out runs/quick
+    python benchmarks/digits_compare.py --name digits-hetdpt-plus --strategies isomorphic,hetdpt-plus \
+        --target-macs 0.5 --out runs/digits-hetdpt-plus
 
 Resumable: rerun the same command to continue an interrupted run.
 """
@@ -26,6 +29,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--strategies", default="hetdpt,attn-only,act-only,mix50,block-drop")
     p.add_argument("--budgets", default="8,12")
+    p.add_argument("--target-macs", default=None, help="a MAC target instead of site budgets (e.g. 0.5)")
+    p.add_argument("--name", default="digits-compare", help="stem of the files in benchmarks/results/")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--jobs", default="2", help="rows run in parallel single-threaded processes")
     p.add_argument("--out", default=str(ROOT / "runs" / "digits-compare"))
@@ -34,8 +39,9 @@ def main() -> int:
 
     from hetprune.cli import main as cli
 
-    argv = ["compare", "--strategies", args.strategies, "--budgets", args.budgets, "--seeds", args.seeds,
-            "--jobs", args.jobs, "--out", args.out]
+    budget = ["--target-macs", args.target_macs] if args.target_macs else ["--budgets", args.budgets]
+    argv = ["compare", "--strategies", args.strategies, *budget, "--seeds", args.seeds, "--jobs", args.jobs,
+            "--out", args.out]
     if (Path(args.out) / "rows.jsonl").exists():
         argv.append("--resume")
     rc = cli(argv)
@@ -49,17 +55,17 @@ def main() -> int:
     text = (out / "results.md").read_text()
     body = text.split("\n\n", 2)[-1] if text.startswith("# ") else text
     header = (
-        "# Strategies compared on the embedded default (digits ViT)\n\n"
+        f"# {args.strategies.replace(',', ', ')} on the embedded default (digits ViT)\n\n"
         f"Produced by `{command.strip()}` (which runs `hetprune {' '.join(argv)}`).\n\n"
         f"Machine: {env.get('cpu', platform.processor() or '?')}, {env.get('cpu_count', '?')} cores, "
         f"{env.get('threads', '?')} torch threads for timing, torch {env.get('torch', '?')}, "
         f"timm {env.get('timm', '?')}, {env.get('platform', platform.platform())}; "
         f"load average {env.get('load_start')} at the start of timing.\n\n"
     )
-    (results / "digits-compare.md").write_text(header + body)
-    shutil.copyfile(out / "pareto.png", results / "digits-compare.png")
-    shutil.copyfile(out / "results.json", results / "digits-compare.json")
-    print(f"wrote {results / 'digits-compare.md'}, digits-compare.png, digits-compare.json")
+    (results / f"{args.name}.md").write_text(header + body)
+    shutil.copyfile(out / "pareto.png", results / f"{args.name}.png")
+    shutil.copyfile(out / "results.json", results / f"{args.name}.json")
+    print(f"wrote {results / args.name}.md, .png, .json")
     return 0
 
 

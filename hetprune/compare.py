@@ -86,6 +86,18 @@ class RowStore:
             os.fsync(fh.fileno())
 
 
+def prepare_out(out: Path, resume: bool, overwrite: bool, what: str) -> None:
+    """Refuse to mix a new run into an earlier one's folder unless told how."""
+    import shutil
+
+    if (out / ROWS_FILE).exists() and not resume:
+        if not overwrite:
+            raise HetpruneError(f"{out} holds an earlier {what}; pass --resume to reuse its finished rows "
+                                "or --overwrite to start over")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
 def _fmt_eta(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     return f"{m}m{s:02d}s" if m else f"{s}s"

@@ -201,6 +201,17 @@ def finetune(job: PruneJob, model: nn.Module, section: str = "finetune", stage: 
                  on_epoch_end=lambda e, m: job.event("on_epoch_end", stage=stage, epoch=e, metrics=m))
 
 
+def finetune_and_measure(job: PruneJob, model: nn.Module, after: str) -> tuple[float, list[dict], float]:
+    """Top-1 before the (long) fine-tune, its history, and top-1 after it."""
+    top1_before = job.val_accuracy(model)
+    t = job.stage_start("finetune")
+    history = finetune(job, model)
+    top1 = job.val_accuracy(model)
+    job.stage_end("finetune", t, top1=top1)
+    job.log(f"[{job.strategy_name}] top-1 {top1_before:.2f}% after {after}, {top1:.2f}% after fine-tune")
+    return top1_before, history, top1
+
+
 def merge(job: PruneJob, model: nn.Module, tol: float = 1e-4) -> list[int]:
     """Apply the configured mergers and check the function did not change."""
     reference = copy.deepcopy(model).eval()
@@ -285,12 +296,7 @@ class DepthStrategy:
         job.log(f"[{job.strategy_name}] sites: {', '.join(str(s) for s in chosen) or '(none)'}")
 
         removal = self.remove(job, model, chosen)
-        top1_pruned = job.val_accuracy(model)
-        t = job.stage_start("finetune")
-        history = finetune(job, model)
-        top1 = job.val_accuracy(model)
-        job.stage_end("finetune", t, top1=top1)
-        job.log(f"[{job.strategy_name}] top-1 {top1_pruned:.2f}% after removal, {top1:.2f}% after fine-tune")
+        top1_pruned, history, top1 = finetune_and_measure(job, model, "removal")
 
         t = job.stage_start("merge")
         merged = merge(job, model)

@@ -7,9 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-import torch
-
 import hetprune
 from hetprune.cli import main
 from conftest import tiny_example

@@ -14,7 +14,7 @@ import hetprune
 from hetprune import HetpruneError, Site
 from hetprune.budget import Budget, feasible_pairs, site_savings
 from hetprune.costs import count_macs
-from hetprune.pipeline import PruneJob, ScoringContext
+from hetprune.pipeline import PruneJob
 from hetprune.plugins import get_registry
 from hetprune.train import TrainConfig, kd_loss, train
 from conftest import tiny_example
@@ -197,7 +197,7 @@ def test_gate_taylor_schedule_alternates_kinds():
 
 def test_gate_taylor_selects_asked_counts_and_resumes(tiny_model, digits_data, tmp_path):
     job = make_job(tiny_model, digits_data, tmp_path, **{"scoring.subset": 64, "short_finetune.batch_size": 32})
-    from hetprune.pipeline import scoring_context, select_sites
+    from hetprune.pipeline import select_sites
 
     model = copy.deepcopy(tiny_model)
     chosen = select_sites(job, model, {"attn": 1, "act": 2})

@@ -11,7 +11,6 @@ Every fine-tuned split is saved the moment it finishes; rerun with --resume.
 from __future__ import annotations
 
 import shlex
-import shutil
 import sys
 from pathlib import Path
 
@@ -52,7 +51,7 @@ def run(args) -> int:
     from .. import distributed as dist
     from ..ablate import mean_by_pair, predictor_metrics, split_plans, write
     from ..budget import Budget
-    from ..compare import ROWS_FILE, run_rows
+    from ..compare import prepare_out, run_rows
     from ..pipeline import PruneJob
     from ..train import evaluate_dataset
 
@@ -75,12 +74,7 @@ def run(args) -> int:
         raise HetpruneError(f"--jobs must be >= 1, got {args.jobs}")
     budget = Budget(sites=args.budget)
     out = Path(args.out)
-    if (out / ROWS_FILE).exists() and not args.resume:
-        if not args.overwrite:
-            raise HetpruneError(f"{out} holds an earlier ablation; pass --resume to reuse its finished splits "
-                                "or --overwrite to start over")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_out(out, args.resume, args.overwrite, "ablation")
 
     dense, model_spec, base_info = base_model(args)
     data = data_for(args, dense)

@@ -10,7 +10,6 @@ timer. Writes results.md, results.csv, results.json and pareto.png to --out.
 from __future__ import annotations
 
 import shlex
-import shutil
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
 from .common import add_model_arguments, apply_data_options, base_model, data_for
-from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from
+from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, predictor_sets
 
 HELP = "run several strategies under one harness and tabulate/plot the results"
 DEFAULT_BUDGETS = (12,)
@@ -49,9 +48,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    import torch
-
-    from ..compare import (DEFAULT_STRATEGIES, ROWS_FILE, CompareSpec, attach_speed, measure_rows, plan_rows,
+    from ..compare import (DEFAULT_STRATEGIES, CompareSpec, attach_speed, measure_rows, plan_rows, prepare_out,
                            run_rows, write_outputs)
     from ..costs import cost_summary
     from ..data import example_batch
@@ -72,18 +69,11 @@ def run(args) -> int:
         defaults.update(getattr(s, "defaults", {}))
     sets = list(args.set)
     if args.predictor:
-        owners = [k for k, v in defaults.items() if isinstance(v, dict) and "predictor" in v]
-        if not owners:
-            raise HetpruneError("--predictor applies to strategies with an accuracy predictor; none is selected")
-        sets += [f"{k}.predictor={args.predictor}" for k in owners]
+        sets += predictor_sets(defaults, args.predictor, ",".join(names))
     settings = config_mod.resolve(defaults, args.config, {"scorer": args.scorer, "device": args.device}, sets)
     registry.component("scorer", settings["scorer"])
     out = Path(args.out)
-    if (out / ROWS_FILE).exists() and not args.resume:
-        if not args.overwrite:
-            raise HetpruneError(f"{out} holds results of an earlier compare; pass --resume to reuse its finished "
-                                "rows or --overwrite to start over")
-        shutil.rmtree(out)
+    prepare_out(out, args.resume, args.overwrite, "compare")
     batch_sizes = int_list(args.batch_sizes, "--batch-sizes")
     if any(b < 1 for b in batch_sizes):
         raise HetpruneError(f"--batch-sizes must be >= 1, got {batch_sizes}")
@@ -99,7 +89,6 @@ def run(args) -> int:
     base_info["top1"] = evaluate_dataset(dense, data.val)
     if dist.active() and args.jobs > 1:
         raise HetpruneError("--jobs runs rows in parallel processes on one machine; under torchrun use --jobs 1")
-    out.mkdir(parents=True, exist_ok=True)
     if args.jobs < 1:
         raise HetpruneError(f"--jobs must be >= 1, got {args.jobs}")
     plans = plan_rows(spec, base_info["hash"], data.fingerprint)

@@ -9,7 +9,6 @@ the options below, then --set KEY=VALUE (e.g. --set finetune.epochs=10).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .. import config as config_mod
@@ -66,17 +65,21 @@ def budget_from(args, sites: int | None = None):
     return None
 
 
+def predictor_sets(defaults: dict, predictor: str, what: str) -> list[str]:
+    """``--predictor NAME`` sets the predictor of every settings section that has one."""
+    owners = [k for k, v in defaults.items() if isinstance(v, dict) and "predictor" in v]
+    if not owners:
+        raise HetpruneError(f"--predictor applies to strategies with an accuracy predictor; {what!r} has none")
+    return [f"{k}.predictor={predictor}" for k in owners]
+
+
 def settings_for(args, strategy) -> dict:
     overrides = {"scorer": args.scorer, "device": args.device}
     if getattr(args, "seed", None) is not None:
         overrides["seed"] = args.seed
     sets = list(args.set)
     if args.predictor:
-        section = strategy.defaults.get(strategy.name, {}) if hasattr(strategy, "defaults") else {}
-        if "predictor" not in section:
-            raise HetpruneError(f"--predictor applies to strategies with an accuracy predictor; "
-                                f"{strategy.name!r} has none")
-        sets.append(f"{strategy.name}.predictor={args.predictor}")
+        sets += predictor_sets(getattr(strategy, "defaults", {}), args.predictor, strategy.name)
     return config_mod.resolve(getattr(strategy, "defaults", {}), args.config, overrides, sets)
 
 
@@ -94,8 +97,9 @@ def run(args) -> int:
     settings = settings_for(args, strategy)
     # unknown names fail now, not after an hour of work
     registry.component("scorer", settings["scorer"])
-    if strategy.name in settings and "predictor" in settings[strategy.name]:
-        registry.component("predictor", settings[strategy.name]["predictor"])
+    for section in settings.values():
+        if isinstance(section, dict) and isinstance(section.get("predictor"), str):
+            registry.component("predictor", section["predictor"])
     tag = budget.to_dict()
     out = Path(args.out or f"runs/prune-{strategy.name}-{'-'.join(f'{k}{v}' for k, v in tag.items())}")
     if out.exists() and any(out.iterdir()) and not args.overwrite:

@@ -159,7 +159,7 @@ class GateTaylorScorer:
         return order
 
     def select(self, model, counts, ctx):
-        from hetprune.data import loader, subset
+        from hetprune.data import subset
         from timm.optim import create_optimizer_v2
 
         order = self.schedule(counts)

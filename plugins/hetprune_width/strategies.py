@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +23,7 @@ from hetprune.budget import Budget, site_savings
 from hetprune.costs import count_macs, human
 from hetprune.models import model_hash
 from hetprune.sites import blocks_of
-from hetprune.pipeline import PruneJob, PruneResult, finetune, finish, merge, scoring_context
+from hetprune.pipeline import PruneJob, PruneResult, finetune, finetune_and_measure, finish, merge, scoring_context
 from hetprune.widths import read_widths
 
 from .pruner import IsomorphicWidthPruner
@@ -127,12 +126,7 @@ class Isomorphic:
         target = mac_target(job, dense_macs, self.name)
         model = copy.deepcopy(job.dense)
         info = width_prune(job, model, target)
-        top1_pruned = job.val_accuracy(model)
-        t = job.stage_start("finetune")
-        history = finetune(job, model)
-        top1 = job.val_accuracy(model)
-        job.stage_end("finetune", t, top1=top1)
-        job.log(f"[{job.strategy_name}] top-1 {top1_pruned:.2f}% after width pruning, {top1:.2f}% after fine-tune")
+        top1_pruned, history, top1 = finetune_and_measure(job, model, "width pruning")
         report = {
             "allocation": {"target_macs": int(target), "width": info,
                            "within_tolerance": within(info["macs"], target, tolerance_of(job))},
