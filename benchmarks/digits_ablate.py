@@ -37,7 +37,7 @@ def main() -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--scorers", default="gate-taylor,taylor,block-influence,random")
     p.add_argument("--jobs", default="2")
-    p.add_argument("--out", default=str(ROOT / "runs" / "digits-ablate"))
+    p.add_argument("--out", default="runs/digits-ablate")
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     args = p.parse_args()
 

@@ -33,7 +33,7 @@ def main() -> int:
     p.add_argument("--name", default="digits-compare", help="stem of the files in benchmarks/results/")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--jobs", default="2", help="rows run in parallel single-threaded processes")
-    p.add_argument("--out", default=str(ROOT / "runs" / "digits-compare"))
+    p.add_argument("--out", default="runs/digits-compare")
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     args = p.parse_args()
 
@@ -53,7 +53,7 @@ def main() -> int:
     env = (data.get("timing") or {}).get("environment", {})
     command = "python benchmarks/digits_compare.py " + " ".join(sys.argv[1:])
     text = (out / "results.md").read_text()
-    body = text.split("\n\n", 2)[-1] if text.startswith("# ") else text
+    body = text[text.index("MACs per image"):]  # the table and its conventions; the header is ours
     header = (
         f"# {args.strategies.replace(',', ', ')} on the embedded default (digits ViT)\n\n"
         f"Produced by `{command.strip()}` (which runs `hetprune {' '.join(argv)}`).\n\n"

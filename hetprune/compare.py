@@ -381,8 +381,10 @@ def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict
     large = dense_row.get("large_batch", max(spec.batch_sizes))
     md = markdown_table(dense_row, aggregates, large)
     machine = (timing or {}).get("environment", {})
-    title = (f"{meta.get('model', '')} on {meta.get('data', '')}: " +
-             ", ".join(sorted({budget_text(a['budget']) for a in aggregates})) + " sites removed")
+    budgets = sorted({json.dumps(a["budget"], sort_keys=True) for a in aggregates},
+                     key=lambda b: sorted(json.loads(b).values()))
+    title = (f"{meta.get('model', '')} on {meta.get('data', '')}: budget " +
+             ", ".join(budget_text(json.loads(b)) for b in budgets))
     header = (f"# hetprune compare\n\n{title}; seeds {spec.seeds}.\n\n"
               f"Machine: {machine.get('device_name', '?')}, torch {machine.get('torch', '?')}, "
               f"{machine.get('threads', '?')} threads. Command: `{meta.get('command', '')}`\n\n"

@@ -11,7 +11,6 @@ Every fine-tuned split is saved the moment it finishes; rerun with --resume.
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 from .. import config as config_mod
@@ -118,7 +117,7 @@ def run(args) -> int:
     predicted = {name: {p: f.predict(*p) for p in pairs} for name, f in fitted.items()}
     result = {
         "budget": args.budget, "seeds": seeds, "dense_top1": base_info["top1"],
-        "command": "hetprune " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": "hetprune " + " ".join(shlex.quote(a) for a in args.argv),
         "finetune": settings["finetune"], "short_finetune": settings["short_finetune"], "points": points,
         "predictors": {name: {**predictor_metrics(predicted[name], true, args.tolerance),
                               "fit": f.fit_report() if hasattr(f, "fit_report") else {}}

@@ -10,7 +10,6 @@ timer. Writes results.md, results.csv, results.json and pareto.png to --out.
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 from .. import config as config_mod
@@ -100,7 +99,7 @@ def run(args) -> int:
     dense_row = {"strategy": "dense", "top1": base_info["top1"], **cost_summary(dense, example)}
     timing = measure_rows(spec, dense, rows, out, input_shape=tuple(example.shape[1:]))
     attach_speed(rows, dense_row, timing)
-    command = "hetprune " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "hetprune compare"
+    command = "hetprune " + " ".join(shlex.quote(a) for a in args.argv)
     meta = {"model": model_spec.name if args.model else "embedded digits ViT", "data": data.name,
             "command": command, "base": base_info}
     result = write_outputs(out, spec, dense_row, rows, timing, meta)
