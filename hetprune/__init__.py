@@ -1,18 +1,25 @@
 """hetprune: structured pruning of Vision Transformers, extensible with plugins.
 
-The public API for users and plugin authors is what this module exports.
+The public API for users and plugin authors is what this module exports, plus
+the modules ``hetprune.surgery`` (exact removal/merge primitives),
+``hetprune.pipeline`` (the shared strategy steps), ``hetprune.config``,
+``hetprune.recipe``, ``hetprune.costs`` and ``hetprune.bench``.
 """
 
 __version__ = "0.1.0"
 
+from . import config, costs, recipe, surgery
+from .budget import Budget
 from .errors import HetpruneError
 from .hookspecs import hookimpl, hookspec
 from .models import ModelSpec
+from .pipeline import DepthStrategy, FixedSplit, PruneJob, PruneResult, ScoringContext
 from .plugins import get_registry, register_plugin, unregister_plugin
 from .recipe import Recipe, apply_recipe, load, save
 from .sites import Site, sites
 
 __all__ = [
-    "HetpruneError", "ModelSpec", "Recipe", "Site", "__version__", "apply_recipe", "get_registry", "hookimpl",
-    "hookspec", "load", "register_plugin", "save", "sites", "unregister_plugin",
+    "Budget", "DepthStrategy", "FixedSplit", "HetpruneError", "ModelSpec", "PruneJob", "PruneResult", "Recipe",
+    "ScoringContext", "Site", "__version__", "apply_recipe", "config", "costs", "get_registry", "hookimpl",
+    "hookspec", "load", "recipe", "register_plugin", "save", "sites", "surgery", "unregister_plugin",
 ]

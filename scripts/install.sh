@@ -5,6 +5,6 @@
 # on our machines, from PyPI elsewhere).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+PY=${PYTHON:-python}
 "$PY" -m pip install -q --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1"
 "$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
