@@ -50,11 +50,12 @@ DIGITS_TRAINING = dict(epochs=30, lr=1e-3, batch_size=32, weight_decay=0.05, see
 
 def build(spec: ModelSpec, pretrained: bool = False) -> nn.Module:
     """A fresh model of ``spec`` (random weights unless ``pretrained``)."""
-    if spec.name not in timm.list_models() and not pretrained:
-        if not timm.is_model(spec.name):
-            raise HetpruneError(f"timm has no model named {spec.name!r}; see timm.list_models('*vit*')")
+    if not timm.is_model(spec.name):
+        raise HetpruneError(f"timm has no model named {spec.name!r}; see timm.list_models('*vit*')")
     try:
         model = timm.create_model(spec.name, pretrained=pretrained, **spec.kwargs)
+    except TypeError as exc:
+        raise HetpruneError(f"timm model {spec.name!r} does not take the arguments {spec.kwargs}: {exc}") from exc
     except (RuntimeError, OSError) as exc:
         if pretrained:
             raise HetpruneError(

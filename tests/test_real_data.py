@@ -142,3 +142,10 @@ def test_corrupt_finetune_checkpoint_is_reported_by_name(trained_tiny, tmp_path,
     err = capsys.readouterr().err
     assert "finetune-checkpoint.pt is corrupt or truncated" in err
     assert (work / "finetune-checkpoint.pt").read_bytes() == b"PK\x03\x04 truncated"   # never overwritten
+
+
+def test_model_arguments_timm_rejects_are_clear_errors():
+    with pytest.raises(HetpruneError, match="does not take the arguments"):
+        build(ModelSpec("vit_tiny_patch16_224", {"no_such_argument": 1}))
+    with pytest.raises(HetpruneError, match="timm has no model named 'nope'"):
+        build(ModelSpec("nope", {}))
