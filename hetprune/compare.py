@@ -232,13 +232,13 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         from .io import save_weights
-        from .plugins import _extra_modules
+        from .plugins import extra_modules
 
         dense_path = out / "work" / "dense.safetensors"
         save_weights(dense_path, dense)
         common = {"model_spec": model_spec.to_dict(), "dense_weights": str(dense_path), "data_spec": data_spec,
                   "data_seed": 0, "base_info": base_info, "out": str(out), "resume": resume,
-                  "plugin_modules": list(_extra_modules)}
+                  "plugin_modules": extra_modules()}
         log(f"running {len(todo)} rows in {jobs} parallel processes ...")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = {pool.submit(_worker, {**common, "plan": plan.to_payload()}): i for i, plan in todo}

@@ -234,6 +234,11 @@ def load_module(module_name: str) -> None:
     reset()
 
 
+def extra_modules() -> list[str]:
+    """Modules loaded with ``--plugin`` in this process (handed on to worker processes)."""
+    return list(_extra_modules)
+
+
 def register_plugin(obj: Any, name: str | None = None) -> str:
     """Register a plugin object in code (tests, notebooks). Returns its name."""
     name = name or getattr(obj, "__name__", None) or f"plugin-{id(obj)}"
