@@ -10,13 +10,12 @@ under the compare harness, so rows are saved as they finish and resumable).
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 from scipy import stats
 
 from .cache import fingerprint
-from .compare import RowPlan
+from .compare import RowPlan, mean_std
 from .errors import HetpruneError
 from .io import write_json_atomic, write_text_atomic
 
@@ -76,9 +75,8 @@ def mean_by_pair(rows: list[dict]) -> tuple[dict[Pair, float], dict[Pair, float]
     groups: dict[Pair, list[float]] = {}
     for r in rows:
         groups.setdefault((r["n_attn"], r["n_act"]), []).append(r["top1"])
-    means = {p: statistics.mean(v) for p, v in groups.items()}
-    stds = {p: statistics.stdev(v) if len(v) > 1 else 0.0 for p, v in groups.items()}
-    return means, stds
+    stats_ = {p: mean_std(v) for p, v in groups.items()}
+    return {p: m for p, (m, _) in stats_.items()}, {p: s for p, (_, s) in stats_.items()}
 
 
 def markdown(result: dict) -> str:

@@ -261,6 +261,11 @@ def measure_rows(spec: CompareSpec, dense: nn.Module, rows: list[dict], out: Pat
                    reference="dense", repeats=spec.speed_repeats)
 
 
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
 def aggregate(rows: list[dict]) -> list[dict]:
     """Mean and standard deviation over seeds, per (strategy, budget)."""
     groups: dict[tuple, list[dict]] = {}
@@ -270,9 +275,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
     for (name, budget), members in groups.items():
         def stat(key, _m=members):
             vals = [m[key] for m in _m if m.get(key) is not None]
-            if not vals:
-                return None, None
-            return statistics.mean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+            return mean_std(vals) if vals else (None, None)
 
         agg = {"strategy": name, "budget": json.loads(budget), "seeds": len(members)}
         for key in ("top1", "top1_before_finetune", "n_attn", "n_act", "macs", "params", "speedup_large",

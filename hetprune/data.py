@@ -133,11 +133,11 @@ def image_folder(path: str | Path, model: torch.nn.Module) -> DataBundle:
             raise HetpruneError(
                 f"--data {root}: no {split}/ folder; expected {root}/train/<class>/*.jpg and {root}/val/<class>/*"
             )
+    from .models import input_shape_of
+
     cfg = resolve_data_config({}, model=model)
-    embed = getattr(model, "patch_embed", None)
-    if embed is not None and getattr(embed, "img_size", None):
-        # the model's actual input size wins over its pretrained config (models built with img_size=...)
-        cfg["input_size"] = (embed.proj.in_channels, *embed.img_size)
+    # the model's actual input size wins over its pretrained config (models built with img_size=...)
+    cfg["input_size"] = input_shape_of(model)
     train = ImageFolder(str(root / "train"), transform=create_transform(**cfg, is_training=True))
     val = ImageFolder(str(root / "val"), transform=create_transform(**cfg, is_training=False))
     if train.classes != val.classes:

@@ -48,6 +48,18 @@ DIGITS_SPEC = ModelSpec(
 DIGITS_TRAINING = dict(epochs=30, lr=1e-3, batch_size=32, weight_decay=0.05, seed=0)
 
 
+def input_shape_of(model) -> tuple[int, int, int]:
+    """``(C, H, W)`` the model was built for (timm's pretrained_cfg ignores img_size overrides)."""
+    pe = getattr(model, "patch_embed", None)
+    if pe is not None and getattr(pe, "img_size", None) is not None and hasattr(getattr(pe, "proj", None),
+                                                                                "in_channels"):
+        return (pe.proj.in_channels, *pe.img_size)
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    if "input_size" in cfg:
+        return tuple(cfg["input_size"])
+    raise HetpruneError("cannot tell this model's input size (no patch_embed.img_size or pretrained_cfg)")
+
+
 def build(spec: ModelSpec, pretrained: bool = False) -> nn.Module:
     """A fresh model of ``spec`` (random weights unless ``pretrained``)."""
     if not timm.is_model(spec.name):

@@ -235,7 +235,7 @@ def finish(job: PruneJob, model: nn.Module, report: dict, fold_norm: bool = Fals
                     "base_weights": job.base_info, "data": job.data.describe()},
     )
     dense_cost = cost_summary(job.dense, example)
-    cost = cost_summary(model.cpu() if job.device == "cpu" else model, example.to(next(model.parameters()).device))
+    cost = cost_summary(model, example.to(next(model.parameters()).device))
     report = {
         "strategy": job.strategy_name,
         "budget": job.budget.to_dict(),

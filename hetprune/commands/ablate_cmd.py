@@ -48,9 +48,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from .. import distributed as dist
-    from ..ablate import mean_by_pair, predictor_metrics, split_plans, write
+    from ..ablate import markdown, mean_by_pair, predictor_metrics, split_plans, write
     from ..budget import Budget
-    from ..compare import prepare_out, run_rows
+    from ..compare import mean_std, prepare_out, run_rows
     from ..pipeline import PruneJob
     from ..train import evaluate_dataset
 
@@ -132,14 +132,11 @@ def run(args) -> int:
         result["scorers"] = {}
         for name in scorers:
             mine = [r for r, p in zip(rows, plans) if p.id.startswith("scorer-") and p.settings["scorer"] == name]
-            tops = [r["top1"] for r in mine]
-            result["scorers"][name] = {
-                "top1": sum(tops) / len(tops), "top1_std": (sum((t - sum(tops) / len(tops)) ** 2 for t in tops)
-                                                            / (len(tops) - 1)) ** 0.5 if len(tops) > 1 else 0.0,
-                "before": sum(r["top1_before_finetune"] for r in mine) / len(mine), "sites": mine[0]["sites"]}
+            top1, top1_std = mean_std([r["top1"] for r in mine])
+            result["scorers"][name] = {"top1": top1, "top1_std": top1_std,
+                                       "before": mean_std([r["top1_before_finetune"] for r in mine])[0],
+                                       "sites": mine[0]["sites"]}
     write(out, result)
-    from ..ablate import markdown
-
     print()
     print(markdown(result))
     print(f"wrote {out}/ablation.json, ablation.md, splits.png" + (", scorers.png" if scorers else ""))

@@ -25,6 +25,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import torch
 
+    from ..models import input_shape_of
     from ..recipe import apply_recipe
 
     recipe = resolve_recipe(args.recipe)
@@ -35,9 +36,7 @@ def run(args) -> int:
             args.model_kwargs = json.dumps(recipe.base.kwargs)
     model, spec, info = base_model(args)
     recipe.check_fits(model)
-    size = model.patch_embed.img_size if hasattr(model, "patch_embed") else (224, 224)
-    chans = getattr(model.patch_embed.proj, "in_channels", 3)
-    example = torch.randn(2, chans, *size)
+    example = torch.randn(2, *input_shape_of(model))
     dense = cost_summary(model, example)
     apply_recipe(model, recipe, compute_merge=True)
     recipe.base = spec

@@ -80,22 +80,10 @@ def load_model(what: str, kwargs: dict):
     return what, build(ModelSpec(what, kwargs)), None
 
 
-def input_shape_of(model) -> tuple[int, int, int]:
-    """``(C, H, W)`` the model was built for (timm's pretrained_cfg ignores img_size overrides)."""
-    pe = getattr(model, "patch_embed", None)
-    if pe is not None and getattr(pe, "img_size", None) is not None and hasattr(getattr(pe, "proj", None),
-                                                                                "in_channels"):
-        return (pe.proj.in_channels, *pe.img_size)
-    cfg = getattr(model, "pretrained_cfg", None) or {}
-    if "input_size" in cfg:
-        return tuple(cfg["input_size"])
-    raise HetpruneError("cannot tell this model's input size (no patch_embed.img_size or pretrained_cfg)")
-
-
 def run(args) -> int:
     from ..bench import format_table, measure
     from ..io import write_json_atomic
-    from ..models import build
+    from ..models import build, input_shape_of
 
     sizes = parse_batch_sizes(args.batch_sizes)
     kwargs = _kwargs(args.model_kwargs)

@@ -15,6 +15,7 @@ from hetprune import HetpruneError, Site, sites
 from hetprune.cache import fingerprint
 from hetprune.pipeline import DepthStrategy, PruneJob, rank_lowest, remove_sites, scoring_context
 from hetprune import distributed as dist
+from hetprune.config import train_config
 from hetprune.data import loader
 from hetprune.train import evaluate, train
 
@@ -147,6 +148,7 @@ class HetDPT(DepthStrategy):
         if have and todo != plan:
             job.log(f"[hetdpt] reusing {len(plan) - len(todo)} measured MAP points from {store.path}")
         mine = todo[dist.rank()::dist.world()]
+        cfg = train_config(job.settings, "short_finetune")
         orders = None
         for i, (a, m) in enumerate(mine, 1):
             if orders is None:
@@ -155,14 +157,10 @@ class HetDPT(DepthStrategy):
             model = copy.deepcopy(job.dense)
             chosen = orders["attn"][:a] + orders["act"][:m]
             remove_sites(job, model, chosen)
-            cfg = job.settings["short_finetune"]
-            from hetprune.config import train_config
-
-            train(model, job.data, train_config(job.settings, "short_finetune"), teacher=job.dense,
-                  progress=False, desc="MAP point", distributed=False)
+            train(model, job.data, cfg, teacher=job.dense, progress=False, desc="MAP point", distributed=False)
             acc = evaluate(model, loader(job.data.val, 256, shuffle=False), job.device)
             point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen],
-                     "seconds": round(time.time() - t0, 2), "short_finetune": cfg}
+                     "seconds": round(time.time() - t0, 2), "short_finetune": job.settings["short_finetune"]}
             store.append(point)
             have[(a, m)] = point
             job.event("on_point_collected", point=point)
