@@ -1,8 +1,8 @@
 """Budgets: how much to remove, as a site count or as a cost target, and the
 feasible (n_attn, n_act) splits each one allows.
 
-A cost target is turned into splits with each kind's per-site MAC saving
-(merging included): the splits that meet the target and would miss it with
+A cost target is turned into splits with each kind's mean per-site MAC saving
+(merging included; exact for uniform ViTs, the mean over stages for Swin): the splits that meet the target and would miss it with
 one removal fewer of either kind.
 """
 
@@ -17,7 +17,8 @@ from torch import nn
 from . import surgery
 from .costs import count_macs
 from .errors import HetpruneError
-from .sites import blocks_of
+from .adapters import adapter_for
+from .sites import depth
 
 
 @dataclass(frozen=True)
@@ -69,24 +70,25 @@ def parse_macs(text: str) -> float:
 
 
 def max_per_kind(model: nn.Module) -> dict[str, int]:
-    """How many sites of each kind may go: all, except one attention site must
-    stay in a class-token model (otherwise the class token never sees the image)."""
-    depth = len(blocks_of(model))
-    keep_one = getattr(model, "num_prefix_tokens", 0) > 0 and getattr(model, "global_pool", "") == "token"
-    return {"attn": depth - 1 if keep_one else depth, "act": depth}
+    """How many sites of each kind may go (the adapter's rule: all, except one attention
+    site must stay in a class-token ViT, otherwise the class token never sees the image)."""
+    return adapter_for(model).max_removals(model)
 
 
 @torch.no_grad()
 def site_savings(model: nn.Module, example: torch.Tensor, merge: bool = True) -> dict[str, int]:
-    """MACs saved per image by removing one site of each kind (block 0 as the sample)."""
+    """Mean MACs saved per image by removing one site of each kind (every block of the kind removed
+    at once, the saving divided by the depth)."""
     dense = count_macs(model, example)
+    n = depth(model)
     attn = copy.deepcopy(model)
-    surgery.remove_attention(attn, 0)
     act = copy.deepcopy(model)
-    surgery.remove_activation(act, 0)
+    for b in range(n):
+        surgery.remove_attention(attn, b)
+        surgery.remove_activation(act, b)
     if merge:
-        surgery.merge_all(act, blocks=[0])
-    return {"attn": dense - count_macs(attn, example), "act": dense - count_macs(act, example)}
+        surgery.merge_all(act)
+    return {"attn": (dense - count_macs(attn, example)) // n, "act": (dense - count_macs(act, example)) // n}
 
 
 def feasible_pairs(model: nn.Module, budget: Budget, example: torch.Tensor | None = None,

@@ -2,7 +2,9 @@
 is two FLOPs) per image, for dense and pruned models alike.
 
 Counted: every Linear and Conv2d, and the two attention matmuls (q·kᵀ and
-attn·v) of each attention module. Not counted: norms, activations, softmax,
+attn·v) of each attention module, as the model's adapter computes them from
+the module's input (heads, head dim, tokens; per window for Swin, one query
+for CaiT's class attention). Not counted: norms, activations, softmax,
 additions (they are a small share and do not map to MACs).
 """
 
@@ -11,15 +13,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .adapters import adapter_for
+
 CONVENTION = "MACs per image (1 MAC = 2 FLOPs); Linear, Conv2d and attention matmuls q·kᵀ, attn·v"
 
 
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def _is_attention(module: nn.Module) -> bool:
-    return all(hasattr(module, a) for a in ("num_heads", "head_dim", "qkv", "proj"))
 
 
 @torch.no_grad()
@@ -36,10 +36,11 @@ def count_macs(model: nn.Module, example: torch.Tensor) -> int:
         k = module.kernel_size[0] * module.kernel_size[1]
         total += output.numel() * (module.in_channels // module.groups) * k
 
+    adapter = adapter_for(model)
+
     def attn_hook(module, inputs, output):
         nonlocal total
-        b, n, _ = inputs[0].shape
-        total += 2 * b * module.num_heads * n * n * module.head_dim
+        total += adapter.attention_macs(module, inputs) or 0
 
     handles = []
     for m in model.modules():
@@ -47,7 +48,7 @@ def count_macs(model: nn.Module, example: torch.Tensor) -> int:
             handles.append(m.register_forward_hook(linear_hook))
         elif isinstance(m, nn.Conv2d):
             handles.append(m.register_forward_hook(conv_hook))
-        if _is_attention(m):
+        if adapter.is_attention(m):
             handles.append(m.register_forward_hook(attn_hook))
     was_training = model.training
     model.eval()

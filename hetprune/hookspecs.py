@@ -101,6 +101,20 @@ def register_width_pruners(register: Register) -> None:
 
 
 @hookspec
+def register_architectures(register: Register) -> None:
+    """Register architecture adapters: everything one model family means for pruning.
+
+    An adapter class has a ``name``, a one-line ``description`` and, once
+    built, ``matches(model) -> bool`` (by module types, never by model name)
+    plus the operations of :class:`hetprune.adapters.Adapter`: where the
+    blocks are, how to remove a site, whether and how an MLP merges, where
+    scorers hook, how attention is counted in MACs. Most families subclass
+    :class:`hetprune.adapters.PreNormAdapter` and only name their types and
+    child names. The first registered adapter that matches a model serves it.
+    """
+
+
+@hookspec
 def on_stage_start(stage: str, info: dict) -> None:
     """Observe: a pipeline stage (``allocate``, ``select``, ``finetune``,
     ``merge``, ``measure``, ...) is starting. ``info`` names the strategy and

@@ -29,6 +29,7 @@ KINDS = {
     "merger": "register_mergers",
     "strategy": "register_strategies",
     "width_pruner": "register_width_pruners",
+    "architecture": "register_architectures",
 }
 
 
@@ -76,6 +77,7 @@ class Registry:
         self.pm = pm
         self._versions = versions
         self._by_kind: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
+        self._adapters: list | None = None
         self._collect()
 
     def _collect(self) -> None:
@@ -104,6 +106,12 @@ class Registry:
                 "uninstall one or restrict with HETPRUNE_PLUGINS"
             )
         self._by_kind[kind][name] = Component(kind, name, factory, plugin)
+
+    def adapters(self) -> list:
+        """One instance of every registered architecture adapter, in registration order."""
+        if self._adapters is None:
+            self._adapters = [comp.build() for comp in self._by_kind["architecture"].values()]
+        return self._adapters
 
     def names(self, kind: str) -> list[str]:
         return sorted(self._by_kind[kind])

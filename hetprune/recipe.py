@@ -21,7 +21,8 @@ from . import surgery
 from .errors import HetpruneError
 from .io import atomic_folder, load_weights, read_json, save_weights, write_json_atomic
 from .models import ModelSpec, build, load_state_into
-from .sites import Site, blocks_of, sites
+from .adapters import adapter_for
+from .sites import Site, depth, sites
 
 SCHEMA_VERSION = 1
 RECIPE_FILE = "recipe.json"
@@ -29,21 +30,8 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def arch_of(model: nn.Module) -> dict:
-    """The shape facts a recipe must agree with: depth, embed dim, heads, MLP hidden."""
-    blocks = blocks_of(model)
-    # read the widths from the first block that still has them (a pruned model may have lost some)
-    attn = next((b.attn for b in blocks if hasattr(b, "attn")), None)
-    mlp = next((b.mlp for b in blocks if hasattr(getattr(b, "mlp", None), "fc1")), None)
-    norm = next((b.norm2 for b in blocks if hasattr(b, "norm2")), None)
-    embed = getattr(model, "embed_dim", None)
-    if embed is None and norm is not None:
-        embed = norm.normalized_shape[0]
-    return {
-        "depth": len(blocks),
-        "embed_dim": int(embed) if embed is not None else None,
-        "num_heads": int(getattr(attn, "num_heads", 0)) or None,
-        "mlp_hidden": mlp.fc1.out_features if mlp is not None else None,
-    }
+    """The shape facts a recipe must agree with (depth, embed dim, heads, MLP hidden), from the adapter."""
+    return adapter_for(model).arch(model)
 
 
 @dataclass
@@ -57,6 +45,7 @@ class Recipe:
     dropped: list[int] = field(default_factory=list)
     fold_norm: bool = False
     widths: dict | None = None
+    adapter: str | None = None      # the architecture adapter that made it (None: any that matches)
     provenance: dict = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
 
@@ -85,6 +74,8 @@ class Recipe:
         for key in ("widths", "provenance"):
             if d.get(key) is not None and not isinstance(d[key], dict):
                 raise HetpruneError(f"{where}: {key!r} must be a JSON object or null, got {d[key]!r}")
+        if d.get("adapter") is not None and not isinstance(d["adapter"], str):
+            raise HetpruneError(f"{where}: 'adapter' must be an adapter name or null, got {d['adapter']!r}")
         if d.get("attn_mode", "identity") not in surgery.ATTN_MODES:
             raise HetpruneError(f"{where}: attn_mode must be one of {surgery.ATTN_MODES}, got {d.get('attn_mode')!r}")
         fields_ = dict(d)
@@ -125,14 +116,19 @@ class Recipe:
 
     def check_fits(self, model: nn.Module) -> None:
         """Refuse a recipe made for another architecture, or with bad indices."""
-        actual = arch_of(model)
+        adapter = adapter_for(model)
+        if self.adapter is not None and adapter.name != self.adapter:
+            raise HetpruneError(f"recipe was made with the {self.adapter} adapter, but this model "
+                                f"({type(model).__name__}) is served by {adapter.name}; apply it to the model it was "
+                                f"made for (recipe base: {self.base.name})")
+        actual = adapter.arch(model)
         for key, want in self.arch.items():
             if want is not None and actual.get(key) is not None and actual[key] != want:
                 raise HetpruneError(
                     f"recipe was made for a model with {key}={want}, but this model has {key}={actual[key]} "
                     f"(recipe base: {self.base.name}); apply it to the model it was made for"
                 )
-        depth = actual["depth"]
+        depth = len(adapter.block_slots(model))
         for key in ("attn_removed", "act_removed", "merged", "dropped"):
             values = getattr(self, key)
             bad = [i for i in values if not 0 <= i < depth]
@@ -146,8 +142,7 @@ class Recipe:
         not_linear = sorted(set(self.merged) - set(self.act_removed))
         if not_linear:
             raise HetpruneError(f"recipe merges blocks {not_linear} whose activation is not removed")
-        if depth and self.n_attn == depth and getattr(model, "num_prefix_tokens", 0) and \
-                getattr(model, "global_pool", "") == "token":
+        if self.n_attn > adapter.max_removals(model)["attn"]:
             raise HetpruneError("recipe removes every attention site of a class-token model: the class token "
                                 "would never see the image and the output would be constant")
 
@@ -155,17 +150,18 @@ class Recipe:
 def recipe_from_model(model: nn.Module, base: ModelSpec, arch: dict, fold_norm: bool = False,
                       widths: dict | None = None, provenance: dict | None = None) -> Recipe:
     """Read a pruned model's structure back into a recipe."""
-    blocks = blocks_of(model)
+    adapter = adapter_for(model)
+    n = depth(model)
     dropped = surgery.dropped_blocks(model)
-    attn = [i for i in range(len(blocks)) if i not in dropped and surgery.site_removed(model, Site(i, "attn"))]
-    act = [i for i in range(len(blocks)) if i not in dropped and surgery.site_removed(model, Site(i, "act"))]
-    modes = {surgery.attn_mode_of(model, i) for i in attn}
+    attn = [i for i in range(n) if i not in dropped and adapter.removed(model, i, "attn")]
+    act = [i for i in range(n) if i not in dropped and adapter.removed(model, i, "act")]
+    modes = {adapter.attn_mode(model, i) for i in attn}
     if len(modes) > 1:
         raise HetpruneError(f"model mixes attention removal modes {sorted(modes)}; a recipe holds one")
-    merged = [i for i in range(len(blocks)) if isinstance(getattr(blocks[i], "mlp", None), surgery.MergedMlp)]
+    merged = [i for i in range(n) if adapter.is_merged(model, i)]
     return Recipe(base=base, arch=arch, attn_removed=attn, act_removed=act, dropped=dropped,
                   attn_mode=modes.pop() if modes else "identity", merged=merged, fold_norm=fold_norm,
-                  widths=widths, provenance={**default_provenance(), **(provenance or {})})
+                  widths=widths, adapter=adapter.name, provenance={**default_provenance(), **(provenance or {})})
 
 
 def default_provenance() -> dict:

@@ -1,308 +1,39 @@
-"""Per-layer widths after width pruning: read them from a model, and reshape a
-fresh base model to them.
+"""Per-layer widths after width pruning, for any family whose adapter supports it.
 
-A width-pruned model is saved as ``recipe.json`` + weights like any other; the
-recipe's ``widths`` says every shape that differs from the base model, in a
-form a person can read and diff::
-
-    {"embed_dim": 304,
-     "blocks": [{"attn": {"heads": 5, "head_dim": 40}, "mlp": {"hidden": 1248}},
-                {"attn": "removed", "mlp": "merged"},
-                "dropped", ...]}
-
-* ``embed_dim`` — the residual width (patch embedding, tokens, every norm,
-  every projection into and out of the residual stream, the head's input);
-* per block: ``attn`` is ``{"heads", "head_dim"}`` (the qkv layer then has
-  ``3 * heads * head_dim`` outputs, proj ``heads * head_dim`` inputs) or
-  ``"removed"`` (a :class:`~hetprune.surgery.HetBlock`); ``mlp`` is
-  ``{"hidden"}`` (fc1 outputs, fc2 inputs; also when the activation is
-  removed but the MLP is not merged) or ``"merged"`` (one ``embed_dim x
-  embed_dim`` linear); a whole dropped block is ``"dropped"``.
-
-:func:`apply_widths` runs after the depth surgery of a recipe (removals and
-merges) on a fresh base model and gives every layer the recorded shape, with
-timm's ``Attention`` attributes (``num_heads``, ``head_dim``, ``attn_dim``,
-``scale``) made consistent, so the saved state dict loads strictly.
-
-Which channels were kept is not recorded (it lives in the saved weights):
-reshaping real weights (``compute=True``) keeps the leading channels of every
-layer, which is right for speed studies on random weights and wrong for
-accuracy; a warning says so.
+A recipe's ``widths`` says every shape that differs from the base model (see
+the adapter's documentation for its form; for the timm ViT family:
+``{"embed_dim": E, "blocks": [{"attn": {"heads", "head_dim"} | "removed",
+"mlp": {"hidden"} | "merged"} | "dropped", ...]}``). These functions ask the
+model's adapter; a family without width support is one clear error.
 """
 
 from __future__ import annotations
 
-import warnings
-
-import torch
 from torch import nn
 
+from .adapters import WidthInfo, adapter_for
 from .errors import HetpruneError
-from .sites import blocks_of
-from .surgery import DroppedBlock, HetBlock, MergedMlp
-
-WIDTHS_KEYS = ("embed_dim", "blocks")
-TOKEN_PARAMS = ("cls_token", "reg_token", "dist_token", "pos_embed")
-MODEL_NORMS = ("norm_pre", "norm", "fc_norm")
-HEADS = ("head", "head_dist")
 
 
-# -- timm attention ------------------------------------------------------------
-def is_attention(module: nn.Module) -> bool:
-    """A timm-style attention module: one fused ``qkv`` linear and a ``proj``."""
-    return all(hasattr(module, a) for a in ("num_heads", "head_dim", "qkv", "proj")) and \
-        isinstance(module.qkv, nn.Linear) and isinstance(module.proj, nn.Linear)
+def _width_adapter(model: nn.Module):
+    adapter = adapter_for(model)
+    if not adapter.supports.get("width"):
+        raise HetpruneError(f"width pruning is not supported for the {adapter.name} family yet "
+                            f"({type(model).__name__}); depth pruning and merging are")
+    return adapter
 
 
-def fix_attention(attn: nn.Module, num_heads: int) -> None:
-    """Make ``num_heads``, ``head_dim``, ``attn_dim`` and ``scale`` agree with the layer shapes.
-
-    ``scale`` becomes ``head_dim ** -0.5``: the fused path
-    (``F.scaled_dot_product_attention``) uses exactly that for the actual q
-    width, so both of timm's attention paths compute the same function.
-    """
-    attn_dim = attn.proj.in_features
-    if num_heads < 1 or attn_dim % num_heads or attn.qkv.out_features != 3 * attn_dim:
-        raise HetpruneError(
-            f"inconsistent attention shapes: qkv has {attn.qkv.out_features} outputs, proj {attn_dim} inputs, "
-            f"{num_heads} heads (need qkv = 3 x proj inputs = 3 x heads x head_dim)")
-    attn.num_heads = int(num_heads)
-    attn.head_dim = attn_dim // num_heads
-    if hasattr(attn, "attn_dim"):
-        attn.attn_dim = attn_dim
-    attn.scale = attn.head_dim ** -0.5
-
-
-def attention_problems(model: nn.Module) -> list[str]:
-    """Every way an attention module's attributes disagree with its layers (empty when consistent)."""
-    problems = []
-    for name, m in model.named_modules():
-        if not is_attention(m):
-            continue
-        attn_dim = m.num_heads * m.head_dim
-        if m.qkv.out_features != 3 * attn_dim:
-            problems.append(f"{name}: qkv has {m.qkv.out_features} outputs, expected 3 x {m.num_heads} x {m.head_dim}")
-        if m.proj.in_features != attn_dim:
-            problems.append(f"{name}: proj has {m.proj.in_features} inputs, expected {m.num_heads} x {m.head_dim}")
-        if getattr(m, "attn_dim", attn_dim) != attn_dim:
-            problems.append(f"{name}: attn_dim is {m.attn_dim}, expected {attn_dim}")
-        if abs(m.scale - m.head_dim ** -0.5) > 1e-12:
-            problems.append(f"{name}: scale is {m.scale}, expected head_dim ** -0.5 = {m.head_dim ** -0.5}")
-        if m.qkv.in_features != m.proj.out_features:
-            problems.append(f"{name}: qkv reads {m.qkv.in_features} channels but proj writes {m.proj.out_features}")
-    return problems
-
-
-def embed_dim_of(model: nn.Module) -> int:
-    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
-    if isinstance(proj, nn.Conv2d):
-        return int(proj.out_channels)
-    norm = next((b.norm2 for b in blocks_of(model) if hasattr(b, "norm2")), None)
-    if norm is None:
-        raise HetpruneError(f"cannot read the embedding width of {type(model).__name__}")
-    return int(norm.normalized_shape[0])
-
-
-def sync_model_attributes(model: nn.Module) -> None:
-    """Set the model's integer width attributes (``embed_dim``, ``num_features``...) to its layers."""
-    embed = embed_dim_of(model)
-    for attr in ("embed_dim", "num_features", "head_hidden_size"):
-        if isinstance(getattr(model, attr, None), int):
-            setattr(model, attr, embed)
-
-
-# -- reading -------------------------------------------------------------------
 def read_widths(model: nn.Module) -> dict:
     """The widths of every layer of a (width-)pruned model, as plain JSON data."""
-    problems = attention_problems(model)
-    if problems:
-        raise HetpruneError("cannot record widths: " + "; ".join(problems))
-    blocks = []
-    for block in blocks_of(model):
-        if isinstance(block, DroppedBlock):
-            blocks.append("dropped")
-            continue
-        entry: dict = {}
-        if isinstance(block, HetBlock):
-            entry["attn"] = "removed"
-        else:
-            entry["attn"] = {"heads": int(block.attn.num_heads), "head_dim": int(block.attn.head_dim)}
-        if isinstance(block.mlp, MergedMlp):
-            entry["mlp"] = "merged"
-        else:
-            entry["mlp"] = {"hidden": int(block.mlp.fc1.out_features)}
-        blocks.append(entry)
-    return {"embed_dim": embed_dim_of(model), "blocks": blocks}
-
-
-def _check_widths(widths: dict, depth: int) -> None:
-    if not isinstance(widths, dict) or set(widths) != set(WIDTHS_KEYS):
-        got = sorted(widths) if isinstance(widths, dict) else type(widths).__name__
-        raise HetpruneError(f"recipe widths must be a mapping with exactly the keys {WIDTHS_KEYS}, got {got}")
-    e = widths["embed_dim"]
-    if not isinstance(e, int) or isinstance(e, bool) or e < 1:
-        raise HetpruneError(f"recipe widths: embed_dim must be a positive integer, got {e!r}")
-    blocks = widths["blocks"]
-    if not isinstance(blocks, list) or len(blocks) != depth:
-        n = len(blocks) if isinstance(blocks, list) else blocks
-        raise HetpruneError(f"recipe widths list {n} blocks, but the model has {depth}")
-
-    def positive(value, what, i):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise HetpruneError(f"recipe widths, block {i}: {what} must be a positive integer, got {value!r}")
-
-    for i, entry in enumerate(blocks):
-        if entry == "dropped":
-            continue
-        if not isinstance(entry, dict) or set(entry) != {"attn", "mlp"}:
-            raise HetpruneError(f"recipe widths, block {i}: expected \"dropped\" or {{\"attn\": ..., \"mlp\": ...}}, "
-                                f"got {entry!r}")
-        attn, mlp = entry["attn"], entry["mlp"]
-        if attn != "removed":
-            if not isinstance(attn, dict) or set(attn) != {"heads", "head_dim"}:
-                raise HetpruneError(f"recipe widths, block {i}: attn must be \"removed\" or "
-                                    f"{{\"heads\": H, \"head_dim\": D}}, got {attn!r}")
-            positive(attn["heads"], "attn.heads", i)
-            positive(attn["head_dim"], "attn.head_dim", i)
-        if mlp != "merged":
-            if not isinstance(mlp, dict) or set(mlp) != {"hidden"}:
-                raise HetpruneError(f"recipe widths, block {i}: mlp must be \"merged\" or {{\"hidden\": H}}, got {mlp!r}")
-            positive(mlp["hidden"], "mlp.hidden", i)
-
-
-# -- reshaping -----------------------------------------------------------------
-def _index(n: int, size: int, what: str) -> torch.Tensor:
-    if n > size:
-        raise HetpruneError(f"recipe widths ask for {n} {what}, but the base model has only {size}")
-    return torch.arange(n)
-
-
-def _take(param: torch.Tensor | None, dim: int, idx: torch.Tensor | None):
-    if param is None or idx is None:
-        return param
-    new = param.data.index_select(dim, idx.to(param.device)).clone()
-    return nn.Parameter(new, requires_grad=param.requires_grad) if isinstance(param, nn.Parameter) else new
-
-
-def _linear(layer: nn.Linear, out_idx: torch.Tensor | None = None, in_idx: torch.Tensor | None = None) -> None:
-    layer.weight = _take(_take(layer.weight, 0, out_idx), 1, in_idx)
-    if layer.bias is not None:
-        layer.bias = _take(layer.bias, 0, out_idx)
-    layer.out_features, layer.in_features = layer.weight.shape
-
-
-def _norm(norm: nn.Module, idx: torch.Tensor, where: str) -> None:
-    if isinstance(norm, nn.Identity):
-        return
-    if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
-        raise HetpruneError(f"{where} is a {type(norm).__name__}; width recipes support LayerNorm (or none) here")
-    if norm.weight is not None:
-        norm.weight = _take(norm.weight, 0, idx)
-    if norm.bias is not None:
-        norm.bias = _take(norm.bias, 0, idx)
-    norm.normalized_shape = (len(idx),)
-
-
-def _layerscale(ls: nn.Module, idx: torch.Tensor) -> None:
-    if hasattr(ls, "gamma"):
-        ls.gamma = _take(ls.gamma, 0, idx)
-
-
-def _attention(attn: nn.Module, heads: int, head_dim: int, e_idx: torch.Tensor, where: str) -> None:
-    if not is_attention(attn):
-        raise HetpruneError(f"{where}: {type(attn).__name__} is not a timm Attention (fused qkv + proj)")
-    h0, d0 = attn.num_heads, attn.head_dim
-    _index(heads, h0, f"heads in {where}")
-    _index(head_dim, d0, f"head dims in {where}")
-    inner = torch.tensor([h * d0 + d for h in range(heads) for d in range(head_dim)], dtype=torch.long)
-    qkv_idx = torch.cat([inner + s * h0 * d0 for s in range(3)])
-    _linear(attn.qkv, qkv_idx, e_idx)
-    head_idx = torch.arange(head_dim)
-    for name in ("q_norm", "k_norm"):
-        _norm(getattr(attn, name, nn.Identity()), head_idx, f"{where}.{name}")
-    _norm(getattr(attn, "norm", nn.Identity()), inner, f"{where}.norm")
-    if getattr(attn, "gate", None) is not None:
-        _linear(attn.gate, inner, e_idx)
-    _linear(attn.proj, e_idx, inner)
-    fix_attention(attn, heads)
+    return _width_adapter(model).read_widths(model)
 
 
 def apply_widths(model: nn.Module, widths: dict, compute: bool = False) -> nn.Module:
-    """Give a fresh base model (depth surgery already replayed) the recorded widths, in place.
-
-    ``compute=False`` (loading saved weights next): only the shapes matter.
-    ``compute=True``: the current weights are cut to the leading channels of
-    every layer; that keeps a random model random, but does not reproduce a
-    width-pruned trained model (use :func:`hetprune.load` on its folder).
-    """
-    blocks = blocks_of(model)
-    _check_widths(widths, len(blocks))
-    if compute:
-        warnings.warn("applying recipe widths to real weights keeps the leading channels of every layer; the "
-                      "recipe does not record which channels width pruning kept, so only the saved weights "
-                      "(hetprune.load) reproduce a width-pruned model's function", stacklevel=2)
-    e_base = embed_dim_of(model)
-    e_idx = _index(widths["embed_dim"], e_base, "embedding channels")
-    if widths["embed_dim"] == e_base:
-        e_idx = None  # leave the residual width untouched
-    cut = (lambda p, dim: _take(p, dim, e_idx))
-
-    with torch.no_grad():
-        pe = getattr(model, "patch_embed", None)
-        if e_idx is not None:
-            if pe is None or not isinstance(getattr(pe, "proj", None), nn.Conv2d):
-                raise HetpruneError(f"{type(model).__name__} has no patch_embed.proj convolution; "
-                                    "cannot change its embedding width")
-            pe.proj.weight = cut(pe.proj.weight, 0)
-            if pe.proj.bias is not None:
-                pe.proj.bias = cut(pe.proj.bias, 0)
-            pe.proj.out_channels = widths["embed_dim"]
-            _norm(getattr(pe, "norm", nn.Identity()), e_idx, "patch_embed.norm")
-            for name in TOKEN_PARAMS:
-                p = getattr(model, name, None)
-                if isinstance(p, torch.Tensor):
-                    setattr(model, name, cut(p, p.dim() - 1))
-            for name in MODEL_NORMS:
-                _norm(getattr(model, name, nn.Identity()), e_idx, name)
-            for name in HEADS:
-                head = getattr(model, name, None)
-                if isinstance(head, nn.Linear):
-                    _linear(head, None, e_idx)
-                elif head is not None and not isinstance(head, nn.Identity):
-                    raise HetpruneError(f"model.{name} is a {type(head).__name__}; width recipes support a Linear head")
-            if getattr(model, "attn_pool", None) is not None:
-                raise HetpruneError("models with an attention-pool head (global_pool='map') are not supported by "
-                                    "width recipes")
-
-        for i, (block, entry) in enumerate(zip(blocks, widths["blocks"])):
-            where = f"blocks.{i}"
-            if entry == "dropped" or isinstance(block, DroppedBlock):
-                if entry != "dropped" or not isinstance(block, DroppedBlock):
-                    raise HetpruneError(f"recipe widths and depth disagree at block {i}: widths say {entry!r}, "
-                                        f"the model has a {type(block).__name__}")
-                continue
-            attn, mlp = entry["attn"], entry["mlp"]
-            if (attn == "removed") != isinstance(block, HetBlock):
-                raise HetpruneError(f"recipe widths and depth disagree at block {i}: widths say attn {attn!r}, "
-                                    f"the model has a {type(block).__name__}")
-            if (mlp == "merged") != isinstance(block.mlp, MergedMlp):
-                raise HetpruneError(f"recipe widths and depth disagree at block {i}: widths say mlp {mlp!r}, "
-                                    f"the model has a {type(block.mlp).__name__}")
-            if e_idx is not None:
-                _norm(block.norm2, e_idx, f"{where}.norm2")
-                _layerscale(getattr(block, "ls2", nn.Identity()), e_idx)
-                if hasattr(block, "norm1"):  # a full block, or a HetBlock in ln-residual mode
-                    _norm(block.norm1, e_idx, f"{where}.norm1")
-                _layerscale(getattr(block, "ls1", nn.Identity()), e_idx)
-            if attn != "removed":
-                _attention(block.attn, attn["heads"], attn["head_dim"],
-                           e_idx, f"{where}.attn")
-            if mlp == "merged":
-                _linear(block.mlp.fc, e_idx, e_idx)
-            else:
-                h_idx = _index(mlp["hidden"], block.mlp.fc1.out_features, f"MLP hidden channels in {where}")
-                _linear(block.mlp.fc1, h_idx, e_idx)
-                _norm(getattr(block.mlp, "norm", nn.Identity()), h_idx, f"{where}.mlp.norm")
-                _linear(block.mlp.fc2, e_idx, h_idx)
-        sync_model_attributes(model)
+    """Give a fresh base model (depth surgery already replayed) the recorded widths, in place."""
+    _width_adapter(model).apply_widths(model, widths, compute=compute)
     return model
+
+
+def width_info(model: nn.Module) -> WidthInfo:
+    """What a width pruner needs to know about ``model``."""
+    return _width_adapter(model).width_info(model)

@@ -32,7 +32,8 @@ MODEL = "vit_tiny_patch16_224"
 
 def make_recipe(spec, **changes) -> Recipe:
     torch.manual_seed(0)
-    fields = dict(base=spec, arch=arch_of(build(spec)), attn_removed=[1], act_removed=[0, 2], merged=[0, 2])
+    fields = dict(base=spec, arch=arch_of(build(spec)), attn_removed=[1], act_removed=[0, 2], merged=[0, 2],
+                  adapter="timm-vit")
     fields.update(changes)
     return Recipe(**fields)
 

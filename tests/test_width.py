@@ -16,7 +16,8 @@ from hetprune import HetpruneError, surgery
 from hetprune.costs import count_macs
 from hetprune.models import ModelSpec, build
 from hetprune.recipe import arch_of, recipe_from_model
-from hetprune.widths import apply_widths, attention_problems, read_widths
+from hetprune.widths import apply_widths, read_widths
+from hetprune_timm.vit_widths import attention_problems
 
 
 WIDE = ModelSpec("vit_tiny_patch16_224", dict(img_size=16, patch_size=4, in_chans=1, num_classes=10, embed_dim=64,

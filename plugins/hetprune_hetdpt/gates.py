@@ -1,8 +1,9 @@
 """Site gates: every candidate site computes m·f(x) + (1−m)·x.
 
-For an attention site the gate scales the attention branch (``x + m·branch``);
-for an activation site it mixes the activation with its input
-(``m·act(h) + (1−m)·h``). ``m`` is a hard 0/1 mask in the forward pass; with
+Each site's gate sits on the gate point its model's adapter names: the
+attention module (``m·attn(x)``, so the branch is scaled) or the activation
+(``m·act(h) + (1−m)·h``; for a gated MLP ``m·act(g) + (1−m)·1``), blending the
+module's output with what it yields once the site is removed. ``m`` is a hard 0/1 mask in the forward pass; with
 the straight-through estimator a scalar score behind each gate receives the
 gradient ∂L/∂m = ⟨f(x) − x, ∂L/∂y⟩, the first-order Taylor estimate of what
 removing the site does to the loss.
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from hetprune import Site
-from hetprune.sites import blocks_of
+from hetprune.adapters import adapter_for
 
 GATE_ATTR = "hetprune_gates"
 
@@ -51,21 +52,16 @@ def install(model: nn.Module, candidates: list[Site], init: float = 0.0) -> tupl
     ref = next(model.parameters())
     bank = GateBank(candidates, init).to(device=ref.device, dtype=ref.dtype)
     setattr(model, GATE_ATTR, bank)
-    blocks = blocks_of(model)
+    adapter = adapter_for(model)
     handles = []
     for site in candidates:
-        block = blocks[site.block]
-        if site.kind == "attn":
-            def attn_hook(module, inputs, output, _site=site):
-                return output * bank.gate(_site)
+        module, removed = adapter.gate_point(model, site.block, site.kind)
 
-            handles.append(block.attn.register_forward_hook(attn_hook))
-        else:
-            def act_hook(module, inputs, output, _site=site):
-                m = bank.gate(_site)
-                return m * output + (1 - m) * inputs[0]
+        def hook(module, inputs, output, _site=site, _removed=removed):
+            m = bank.gate(_site)
+            return m * output + (1 - m) * _removed(inputs, output)
 
-            handles.append(block.mlp.act.register_forward_hook(act_hook))
+        handles.append(module.register_forward_hook(hook))
     return bank, handles
 
 

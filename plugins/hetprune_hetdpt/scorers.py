@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hetprune import HetpruneError
-from hetprune.sites import blocks_of
+from hetprune.adapters import adapter_for
 from hetprune.train import training_loss
 
 from . import gates
@@ -54,7 +54,7 @@ class BlockInfluenceScorer:
 
     @torch.no_grad()
     def score(self, model, sites, ctx):
-        blocks = blocks_of(model)
+        adapter = adapter_for(model)
         sums = {s: 0.0 for s in sites}
         counts = {s: 0 for s in sites}
         handles = []
@@ -65,25 +65,27 @@ class BlockInfluenceScorer:
             counts[site] += 1
 
         for site in sites:
-            block = blocks[site.block]
-
-            def act_hook(module, inputs, output, _site=site):
-                record(_site, inputs[0], output)
-
             if site.kind == "attn":
-                # the attention site maps the residual stream x to x + ls1(attn(norm1(x)))
-                def pre(module, inputs, _site=site):
-                    module._hp_x = inputs[0]
+                # the attention site maps the residual stream x (the block's input) to x + branch
+                # (the input of the norm before the MLP)
+                before, after = adapter.stream_points(model, site.block)
+                seen = {}
 
-                def post(module, inputs, output, _site=site):
-                    x = module._hp_x
-                    record(_site, x, x + module.ls1(module.attn(module.norm1(x))))
-                    del module._hp_x
+                def pre(module, inputs, _seen=seen):
+                    _seen["x"] = inputs[0]
 
-                handles.append(block.register_forward_pre_hook(pre))
-                handles.append(block.register_forward_hook(post))
+                def post(module, inputs, _site=site, _seen=seen):
+                    record(_site, _seen.pop("x"), inputs[0])
+
+                handles.append(before.register_forward_pre_hook(pre))
+                handles.append(after.register_forward_pre_hook(post))
             else:
-                handles.append(block.mlp.act.register_forward_hook(act_hook))
+                module, removed = adapter.gate_point(model, site.block, site.kind)
+
+                def act_hook(module, inputs, output, _site=site, _removed=removed):
+                    record(_site, _removed(inputs, output), output)
+
+                handles.append(module.register_forward_hook(act_hook))
         was_training = model.training
         model.eval()
         try:
@@ -97,19 +99,18 @@ class BlockInfluenceScorer:
 
 
 class MagnitudeScorer:
-    """RMS of the weights a site's branch owns (attention: qkv, proj; activation: fc1, fc2)."""
+    """RMS of the weights a site's branch owns (attention: its projections; activation: the MLP's)."""
 
     name = "magnitude"
 
     @torch.no_grad()
     def score(self, model, sites, ctx):
-        blocks = blocks_of(model)
+        adapter = adapter_for(model)
         out = {}
         for s in sites:
-            b = blocks[s.block]
-            layers = (b.attn.qkv, b.attn.proj) if s.kind == "attn" else (b.mlp.fc1, b.mlp.fc2)
-            sq = sum(float((layer.weight.double() ** 2).sum()) for layer in layers)
-            n = sum(layer.weight.numel() for layer in layers)
+            weights = adapter.branch_weights(model, s.block, s.kind)
+            sq = sum(float((w.double() ** 2).sum()) for w in weights)
+            n = sum(w.numel() for w in weights)
             out[s] = (sq / n) ** 0.5
         return out
 

@@ -44,7 +44,7 @@ from torch import nn
 
 from hetprune import HetpruneError
 from hetprune.costs import count_macs, human
-from hetprune.widths import fix_attention, is_attention, sync_model_attributes
+from hetprune.widths import width_info
 
 IMPORTANCES = ("magnitude", "taylor", "random")
 
@@ -131,25 +131,19 @@ class IsomorphicWidthPruner:
         """
         import torch_pruning as tp
 
-        attns = [m for m in model.modules() if is_attention(m)]
-        num_heads = {a.qkv: int(a.num_heads) for a in attns}
-        before = {a: (a.qkv.out_features, a.num_heads) for a in attns}
-        ignored = [getattr(model, n) for n in ("head", "head_dist") if isinstance(getattr(model, n, None), nn.Linear)]
+        info = width_info(model)
+        attns = info.attentions  # (module, qkv, heads)
+        num_heads = {qkv: heads for _, qkv, heads in attns}
+        before = {a: (qkv.out_features, heads) for a, qkv, heads in attns}
+        ignored = list(info.ignored_layers)
         ratio_dict: dict = {}
         head_dims = self.head_dim_share > 0 and bool(attns) and not trim
         heads = self.prune_heads and self.head_share > 0 and bool(attns) and not trim
         if head_dims:
-            ratio_dict[tuple(a.qkv for a in attns)] = min(self.max_ratio, ratio * self.head_dim_share)
-        if trim or not self.prune_embed:
-            ratio_dict[model.patch_embed.proj] = 0.0
-        unwrapped = []
-        for n in ("cls_token", "reg_token", "dist_token", "pos_embed"):
-            p = getattr(model, n, None)
-            if isinstance(p, nn.Parameter):
-                unwrapped.append((p, p.dim() - 1))
-        for m in model.modules():
-            if isinstance(getattr(m, "gamma", None), nn.Parameter) and m.gamma.dim() == 1:
-                unwrapped.append((m.gamma, 0))
+            ratio_dict[tuple(qkv for _, qkv, _ in attns)] = min(self.max_ratio, ratio * self.head_dim_share)
+        if (trim or not self.prune_embed) and info.embed_input is not None:
+            ratio_dict[info.embed_input] = 0.0
+        unwrapped = list(info.unwrapped)
         was_training = model.training
         model.eval()
         with warnings.catch_warnings():
@@ -165,11 +159,11 @@ class IsomorphicWidthPruner:
             for group in pruner.step(interactive=True):
                 group.prune()
         model.train(was_training)
-        for a in attns:
+        for a, qkv, _ in attns:
             # Torch-Pruning updates its head count before it checks a group; a group it then skips keeps its heads
-            heads = pruner.num_heads[a.qkv] if a.qkv.out_features != before[a][0] else before[a][1]
-            fix_attention(a, heads)
-        sync_model_attributes(model)
+            heads = pruner.num_heads[qkv] if qkv.out_features != before[a][0] else before[a][1]
+            info.fix_attention(a, heads)
+        info.sync(model)
 
     # -- search ------------------------------------------------------------------
     def _search(self, model, target, example, macs_fn, grads, trim, log, trials):

@@ -17,12 +17,13 @@ from typing import Callable
 import torch
 from torch import nn
 
+import hetprune
 from hetprune import HetpruneError, get_registry
 from hetprune import surgery
 from hetprune.budget import Budget, site_savings
 from hetprune.costs import count_macs, human
 from hetprune.models import model_hash
-from hetprune.sites import blocks_of
+from hetprune.sites import depth as depth_of
 from hetprune.pipeline import PruneJob, PruneResult, finetune, finetune_and_measure, finish, merge, scoring_context
 from hetprune.widths import read_widths
 
@@ -70,7 +71,7 @@ def merged_cost(job: PruneJob, example: torch.Tensor) -> Callable[[nn.Module], i
     fold = "ln-fold" in mergers
 
     def macs(model: nn.Module) -> int:
-        linear = [i for i in range(len(blocks_of(model))) if surgery.mergeable(model, i)]
+        linear = [i for i in range(depth_of(model)) if surgery.mergeable(model, i)]
         if not mergers or not linear:
             return count_macs(model, example)
         twin = copy.deepcopy(model)
@@ -264,8 +265,10 @@ class HetDPTPlus:
         merged_now = merge(job, model) if mergers else []
         job.stage_end("merge", t, merged=merged_now)
         merged = sorted(set(depth.report.get("merged") or []) | set(merged_now))
-        linear = [i for i, b in enumerate(blocks_of(model)) if not isinstance(b, surgery.DroppedBlock)
-                  and isinstance(getattr(b.mlp, "act", None), surgery.RemovedActivation)]
+        dropped = surgery.dropped_blocks(model)
+        linear = [i for i in range(depth_of(model)) if i not in dropped
+                  and surgery.site_removed(model, hetprune.Site(i, "act")) and not surgery.mergeable(model, i)
+                  and i not in merged]
         macs = count_macs(model, example_for(job, model))
         dr = depth.report
         report = {

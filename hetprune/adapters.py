@@ -1,0 +1,373 @@
+"""Architecture adapters: everything one model family's internals mean for pruning.
+
+The rest of hetprune asks the adapter of a model and never names a block
+attribute itself. An adapter is a component registered through the
+``register_architectures`` hook (built-ins: the ``timm`` plugin); the first
+registered adapter whose :meth:`Adapter.matches` accepts a model serves it.
+
+Most ViT families are pre-norm: ``x + s1·attn(norm1(x))`` then
+``x + s2·mlp(norm2(x))``. :class:`PreNormAdapter` implements every operation
+for them from a :class:`~hetprune.layers.BlockLayout` (the child names), so a
+new pre-norm family is a subclass that says which model and block types it
+accepts, where its blocks are and what its children are called. A family of
+another shape (Hugging Face's ViT layer, say) overrides the operations.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import layers
+from .errors import HetpruneError
+from .layers import BlockLayout, DroppedBlock, HetBlock, LinearMlp, MergedMlp, RemovedActivation
+
+DOCS = "docs/plugins.md#writing-an-architecture-adapter"
+
+
+@dataclass
+class WidthInfo:
+    """What a width pruner needs to know about a model (from :meth:`Adapter.width_info`).
+
+    ``attentions``: ``(attention module, its fused qkv linear, heads)``;
+    ``ignored_layers``: layers whose outputs are never pruned (classifier
+    heads); ``embed_input``: the layer that writes the residual width (frozen
+    when the embedding is not pruned); ``unwrapped``: ``(parameter, channel
+    dim)`` of bare parameters on the residual width (tokens, LayerScale);
+    ``fix_attention(module, heads)``: make an attention's attributes agree with
+    its pruned layers; ``sync(model)``: the same for the model's own width
+    attributes.
+    """
+
+    attentions: list = field(default_factory=list)
+    ignored_layers: list = field(default_factory=list)
+    embed_input: nn.Module | None = None
+    unwrapped: list = field(default_factory=list)
+    fix_attention: Callable = lambda module, heads: None
+    sync: Callable = lambda model: None
+
+
+class Adapter:
+    """The adapter contract (see docs/plugins.md). Subclass :class:`PreNormAdapter` where you can."""
+
+    name = "adapter"
+    description = ""
+    #: what the family supports: depth (site removal), merge (linear MLP merge), width (width pruning)
+    supports = {"depth": True, "merge": True, "width": False}
+    #: ``ModelSpec.library`` values this adapter can build (``build``); timm is built by the core
+    library: str | None = None
+
+    # -- recognising a model ------------------------------------------------------
+    def matches(self, model: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def check(self, model: nn.Module) -> None:
+        """Raise :class:`HetpruneError` for a model of the family that hetprune cannot prune (e.g. post-norm)."""
+
+    # -- blocks and sites -------------------------------------------------------------
+    def block_slots(self, model: nn.Module) -> list[tuple[nn.Module, str]]:
+        """``(parent, child name)`` of every block in the fixed global order of sites."""
+        raise NotImplementedError
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        return [getattr(parent, name) for parent, name in self.block_slots(model)]
+
+    def set_block(self, model: nn.Module, index: int, new: nn.Module) -> None:
+        parent, name = self.block_slots(model)[index]
+        setattr(parent, name, new)
+
+    def max_removals(self, model: nn.Module) -> dict[str, int]:
+        """How many sites of each kind may go (all, unless removing them all would break the model)."""
+        n = len(self.block_slots(model))
+        return {"attn": n, "act": n}
+
+    # -- surgery -------------------------------------------------------------------------
+    def removed(self, model: nn.Module, block: int, kind: str) -> bool:
+        raise NotImplementedError
+
+    def attn_mode(self, model: nn.Module, block: int) -> str | None:
+        raise NotImplementedError
+
+    def remove_attention(self, model: nn.Module, block: int, mode: str) -> None:
+        raise NotImplementedError
+
+    def remove_activation(self, model: nn.Module, block: int) -> None:
+        raise NotImplementedError
+
+    def drop_block(self, model: nn.Module, block: int) -> None:
+        self.set_block(model, block, DroppedBlock())
+
+    def linear_mlp(self, model: nn.Module, block: int) -> nn.Module | None:
+        """Block ``block``'s MLP when removal made it linear (``fc1``, ``fc2``, no norm between), else None."""
+        raise NotImplementedError
+
+    def is_merged(self, model: nn.Module, block: int) -> bool:
+        raise NotImplementedError
+
+    def merge_mlp(self, model: nn.Module, block: int, fold_norm: bool, compute: bool = True) -> dict:
+        """Replace the linear MLP by one layer; ``compute=False`` only gives the shapes (recipe replay)."""
+        raise NotImplementedError
+
+    # -- where scorers look -------------------------------------------------------------
+    def gate_point(self, model: nn.Module, block: int, kind: str) -> tuple[nn.Module, Callable]:
+        """``(module, removed)``: a forward hook on ``module`` may blend its output with
+        ``removed(inputs, output)``, which is what the module yields once the site is removed
+        (attention: zeros; a plain activation: its input; a gate: ones)."""
+        raise NotImplementedError
+
+    def stream_points(self, model: nn.Module, block: int) -> tuple[nn.Module, nn.Module]:
+        """``(before, after)``: the residual stream enters ``before`` (as its input) and, with the
+        attention branch added, enters ``after`` (as its input)."""
+        raise NotImplementedError
+
+    def branch_weights(self, model: nn.Module, block: int, kind: str) -> list[torch.Tensor]:
+        """The weight matrices a site's branch owns (the ``magnitude`` scorer)."""
+        raise NotImplementedError
+
+    # -- cost and facts -------------------------------------------------------------------
+    def is_attention(self, module: nn.Module) -> bool:
+        """Whether ``module`` is an attention module whose matmuls :meth:`attention_macs` counts."""
+        return False
+
+    def attention_macs(self, module: nn.Module, inputs: tuple) -> int:
+        """MACs of the two attention matmuls (q·kᵀ, attn·v) of attention ``module`` for ``inputs``."""
+        raise NotImplementedError
+
+    def arch(self, model: nn.Module) -> dict:
+        """Shape facts a recipe must agree with (depth, widths)."""
+        raise NotImplementedError
+
+    # -- width pruning (optional) -----------------------------------------------------------
+    def read_widths(self, model: nn.Module) -> dict:
+        raise HetpruneError(f"the {self.name} adapter has no width-pruning support yet")
+
+    def apply_widths(self, model: nn.Module, widths: dict, compute: bool = False) -> None:
+        raise HetpruneError(f"the {self.name} adapter has no width-pruning support yet")
+
+    def width_info(self, model: nn.Module):
+        raise HetpruneError(f"the {self.name} adapter has no width-pruning support yet")
+
+    def build(self, name: str, kwargs: dict) -> nn.Module:
+        raise HetpruneError(f"the {self.name} adapter cannot build models")
+
+
+def _linear_weights(module: nn.Module) -> list[torch.Tensor]:
+    return [m.weight for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+def attention_matmul_macs(batch: int, heads: int, q_tokens: int, k_tokens: int, head_dim: int) -> int:
+    """q·kᵀ and attn·v: each ``batch x heads x q_tokens x k_tokens x head_dim`` MACs."""
+    return 2 * batch * heads * q_tokens * k_tokens * head_dim
+
+
+class PreNormAdapter(Adapter):
+    """Every operation for pre-norm blocks, through a :class:`BlockLayout`.
+
+    Subclasses set ``model_types`` (the model classes), ``block_types`` (the
+    block classes that are sites), ``attention_types`` and ``layout`` (or
+    override :meth:`layout_of`), and :meth:`block_slots` where the blocks are
+    not ``model.blocks``.
+    """
+
+    model_types: tuple = ()
+    block_types: tuple = ()
+    attention_types: tuple = ()
+    #: block classes of the family hetprune refuses, with the reason
+    refused_blocks: dict = {}
+    layout = BlockLayout()
+    family = ""
+
+    def matches(self, model: nn.Module) -> bool:
+        return isinstance(model, self.model_types)
+
+    def check(self, model: nn.Module) -> None:
+        blocks = self.blocks(model)
+        if not blocks:
+            raise HetpruneError(f"{type(model).__name__} has no transformer blocks: nothing to prune")
+        for i, block in enumerate(blocks):
+            if isinstance(block, (HetBlock, DroppedBlock)):
+                continue
+            for cls, why in self.refused_blocks.items():
+                if isinstance(block, cls):
+                    raise HetpruneError(f"{type(model).__name__}: block {i} is a {cls.__name__}: {why}")
+            if not isinstance(block, self.block_types):
+                raise HetpruneError(f"{type(model).__name__}: block {i} is a {type(block).__name__}, which the "
+                                    f"{self.name} adapter does not know (it knows "
+                                    f"{', '.join(t.__name__ for t in self.block_types)})")
+
+    def block_slots(self, model: nn.Module) -> list[tuple[nn.Module, str]]:
+        return [(model.blocks, str(i)) for i in range(len(model.blocks))]
+
+    def layout_of(self, block: nn.Module) -> BlockLayout:
+        return block.layout if isinstance(block, HetBlock) else self.layout
+
+    def max_removals(self, model: nn.Module) -> dict[str, int]:
+        n = len(self.block_slots(model))
+        class_token = getattr(model, "num_prefix_tokens", 0) > 0 and getattr(model, "global_pool", "") == "token"
+        # every attention site gone: the class token never sees the image and the output is constant
+        return {"attn": n - 1 if class_token else n, "act": n}
+
+    def _block(self, model: nn.Module, index: int) -> nn.Module:
+        return self.blocks(model)[index]
+
+    def _mlp(self, block: nn.Module) -> nn.Module:
+        return getattr(block, self.layout_of(block).mlp)
+
+    # -- surgery ---------------------------------------------------------------------------
+    def removed(self, model, block, kind):
+        b = self._block(model, block)
+        if isinstance(b, DroppedBlock):
+            return True
+        if kind == "attn":
+            return isinstance(b, HetBlock)
+        mlp = self._mlp(b)
+        return isinstance(mlp, MergedMlp) or isinstance(getattr(mlp, "act", None), RemovedActivation)
+
+    def attn_mode(self, model, block):
+        b = self._block(model, block)
+        return b.attn_mode if isinstance(b, HetBlock) else None
+
+    def remove_attention(self, model, block, mode):
+        b = self._block(model, block)
+        self.set_block(model, block, HetBlock(b, self.layout_of(b), mode))
+
+    def remove_activation(self, model, block):
+        b = self._block(model, block)
+        name = self.layout_of(b).mlp
+        mlp = getattr(b, name)
+        if self.is_gated(mlp):
+            setattr(b, name, self.ungate(mlp))
+        else:
+            mlp.act = RemovedActivation()
+
+    # gated MLPs: act(g(x)) * u(x); removing the activation removes the gate, leaving u(x)
+    def is_gated(self, mlp: nn.Module) -> bool:
+        return False
+
+    def ungate(self, mlp: nn.Module) -> LinearMlp:
+        raise HetpruneError(f"the {self.name} adapter cannot remove the gate of a {type(mlp).__name__}")
+
+    def linear_mlp(self, model, block):
+        b = self._block(model, block)
+        if isinstance(b, DroppedBlock):
+            return None
+        mlp = self._mlp(b)
+        return mlp if layers.is_linear_mlp(mlp) else None
+
+    def is_merged(self, model, block):
+        b = self._block(model, block)
+        return not isinstance(b, DroppedBlock) and isinstance(self._mlp(b), MergedMlp)
+
+    def merge_mlp(self, model, block, fold_norm, compute=True):
+        b = self._block(model, block)
+        L = self.layout_of(b)
+        mlp = getattr(b, L.mlp)
+        scale = getattr(b, L.mlp_scale, None) if L.mlp_scale else None
+        gamma = scale.gamma if isinstance(getattr(scale, "gamma", None), torch.Tensor) else None
+        norm = getattr(b, L.norm2)
+        fold = fold_norm and layers.foldable_norm(norm)
+        if compute:
+            weight, bias = layers.merged_weights(mlp.fc1, mlp.fc2, gamma, norm if fold else None)
+            merged = layers.merged_mlp(weight, bias, mlp.fc1)
+        else:
+            merged = MergedMlp(mlp.fc1.in_features, mlp.fc2.out_features)
+        if gamma is not None:  # a LayerScale module is folded in; a bare gamma parameter stays (it is cheap)
+            setattr(b, L.mlp_scale, nn.Identity())
+        if fold:
+            setattr(b, L.norm2, layers.plain_norm(norm))
+        setattr(b, L.mlp, merged)
+        return {"layerscale": gamma is not None, "norm": fold}
+
+    # -- scorers ---------------------------------------------------------------------------------
+    def gate_point(self, model, block, kind):
+        b = self._block(model, block)
+        if kind == "attn":
+            return getattr(b, self.layout_of(b).attn), lambda inputs, output: torch.zeros_like(output)
+        mlp = self._mlp(b)
+        if self.is_gated(mlp):
+            return mlp.act, lambda inputs, output: torch.ones_like(output)
+        return mlp.act, lambda inputs, output: inputs[0]
+
+    def stream_points(self, model, block):
+        b = self._block(model, block)
+        return b, getattr(b, self.layout_of(b).norm2)
+
+    def branch_weights(self, model, block, kind):
+        b = self._block(model, block)
+        L = self.layout_of(b)
+        return _linear_weights(getattr(b, L.attn if kind == "attn" else L.mlp))
+
+    # -- cost and facts -----------------------------------------------------------------------
+    def attention_geometry(self, module: nn.Module) -> tuple[int, int]:
+        """``(heads, head_dim)`` of an attention module (the projection reads ``heads * head_dim``)."""
+        heads = int(module.num_heads)
+        return heads, int(module.proj.in_features) // heads
+
+    def is_attention(self, module):
+        return isinstance(module, self.attention_types)
+
+    def attention_macs(self, module, inputs):
+        x = inputs[0]
+        heads, head_dim = self.attention_geometry(module)
+        tokens = x.shape[-2]
+        return attention_matmul_macs(x.numel() // (tokens * x.shape[-1]), heads, tokens, tokens, head_dim)
+
+    def arch(self, model):
+        blocks = self.blocks(model)
+        live = [b for b in blocks if not isinstance(b, (DroppedBlock, HetBlock))]
+        attn = next((getattr(b, self.layout_of(b).attn) for b in live), None)
+        mlp = next((m for b in blocks if not isinstance(b, DroppedBlock)
+                    for m in [self._mlp(b)] if isinstance(getattr(m, "fc1", None), nn.Linear)), None)
+        norm = next((getattr(b, self.layout_of(b).norm2) for b in blocks if not isinstance(b, DroppedBlock)), None)
+        embed = getattr(model, "embed_dim", None)
+        if not isinstance(embed, int) and norm is not None:
+            embed = norm.normalized_shape[0]
+        return {
+            "depth": len(blocks),
+            "embed_dim": int(embed) if embed is not None else None,
+            "num_heads": int(getattr(attn, "num_heads", 0)) or None,
+            "mlp_hidden": mlp.fc1.out_features if mlp is not None and not self.is_gated(mlp) else None,
+        }
+
+
+# -- finding a model's adapter ---------------------------------------------------------------
+_cache: "weakref.WeakKeyDictionary[nn.Module, tuple[int, Adapter]]" = weakref.WeakKeyDictionary()
+
+
+def adapters() -> list[Adapter]:
+    """One instance of every registered adapter, in registration order."""
+    from .plugins import get_registry
+
+    return get_registry().adapters()
+
+
+def adapter_for(model: nn.Module) -> Adapter:
+    """The adapter that serves ``model``; one ``error:`` line when none does."""
+    from .plugins import get_registry
+
+    registry = get_registry()
+    hit = _cache.get(model)
+    if hit is not None and hit[0] == id(registry):
+        return hit[1]
+    found = next((a for a in registry.adapters() if a.matches(model)), None)
+    if found is None:
+        known = "; ".join(f"{a.name} ({a.description})" for a in registry.adapters()) or "(none registered)"
+        raise HetpruneError(f"no architecture adapter recognises {type(model).__name__}: supported families are "
+                            f"{known}. A new family is one adapter: see {DOCS}")
+    found.check(model)
+    _cache[model] = (id(registry), found)
+    return found
+
+
+def adapter_named(name: str) -> Adapter:
+    from .plugins import get_registry
+
+    for a in get_registry().adapters():
+        if a.name == name:
+            return a
+    raise HetpruneError(f"no architecture adapter named {name!r} is registered; registered: "
+                        f"{', '.join(a.name for a in get_registry().adapters()) or '(none)'}")

@@ -1,0 +1,18 @@
+"""BEiT (``beit_*``): blocks take ``shared_rel_pos_bias=``; LayerScale is the
+bare parameters ``gamma_1``/``gamma_2`` (``None`` without LayerScale)."""
+
+from __future__ import annotations
+
+from timm.models.beit import Attention, Beit, Block
+
+from hetprune.adapters import PreNormAdapter
+from hetprune.layers import BlockLayout
+
+
+class TimmBEiT(PreNormAdapter):
+    name = "timm-beit"
+    description = "timm BEiT (relative position bias, gamma LayerScale)"
+    model_types = (Beit,)
+    block_types = (Block,)
+    attention_types = (Attention,)
+    layout = BlockLayout(attn_scale="gamma_1", mlp_scale="gamma_2")

@@ -1,0 +1,35 @@
+"""EVA / EVA02 (``eva02_*``) and timm's ``vit_*_rope_*`` (built on the same
+``Eva`` model): blocks take ``rope=``; LayerScale is the bare parameters
+``gamma_1``/``gamma_2`` (or ``None``); EVA02's MLP is gated (SwiGLU), whose
+activation removal removes the gate. Post-norm EVA blocks are refused."""
+
+from __future__ import annotations
+
+from timm.models.eva import Eva, EvaAttention, EvaBlock, EvaBlockPostNorm
+
+from hetprune.adapters import PreNormAdapter
+from hetprune.layers import BlockLayout
+
+from . import mlp as gated
+
+try:
+    from timm.layers import AttentionRope
+except ImportError:  # pragma: no cover - older timm
+    AttentionRope = EvaAttention
+
+
+class TimmEVA(PreNormAdapter):
+    name = "timm-eva"
+    description = "timm EVA/EVA02 and vit_*_rope_* (rope, gamma LayerScale, SwiGLU MLPs)"
+    model_types = (Eva,)
+    block_types = (EvaBlock,)
+    attention_types = (EvaAttention, AttentionRope)
+    refused_blocks = {EvaBlockPostNorm: "a post-norm block (norm after the residual branch); hetprune needs "
+                                        "pre-norm blocks"}
+    layout = BlockLayout(attn_scale="gamma_1", mlp_scale="gamma_2")
+
+    def is_gated(self, mlp):
+        return gated.is_gated(mlp)
+
+    def ungate(self, mlp):
+        return gated.ungate(mlp)
