@@ -488,7 +488,7 @@ def test_installed_outside_predictor_is_usable_by_name(installed_example):
 
 def test_docs_scorer_example_scores_every_site(tiny_model):
     namespace: dict = {}
-    exec(docs_code_block("from hetprune.sites import blocks_of"), namespace)
+    exec(docs_code_block("from hetprune.adapters import adapter_for"), namespace)
     scorer_cls = namespace["WeightNorm"]
     hetprune.register_plugin(PluginOf("register_scorers", scorer_cls), name="docs-scorer")
     scorer = hetprune.get_registry().build("scorer", "weight-norm")

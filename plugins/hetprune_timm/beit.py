@@ -8,6 +8,8 @@ from timm.models.beit import Attention, Beit, Block
 from hetprune.adapters import PreNormAdapter
 from hetprune.layers import BlockLayout
 
+from .attention import functional_qkv_macs
+
 
 class TimmBEiT(PreNormAdapter):
     name = "timm-beit"
@@ -16,3 +18,6 @@ class TimmBEiT(PreNormAdapter):
     block_types = (Block,)
     attention_types = (Attention,)
     layout = BlockLayout(attn_scale="gamma_1", mlp_scale="gamma_2")
+
+    def attention_macs(self, module, inputs):
+        return super().attention_macs(module, inputs) + functional_qkv_macs(module, inputs[0])

@@ -11,6 +11,7 @@ from hetprune.adapters import PreNormAdapter
 from hetprune.layers import BlockLayout
 
 from . import mlp as gated
+from .attention import functional_qkv_macs
 
 try:
     from timm.layers import AttentionRope
@@ -33,3 +34,6 @@ class TimmEVA(PreNormAdapter):
 
     def ungate(self, mlp):
         return gated.ungate(mlp)
+
+    def attention_macs(self, module, inputs):
+        return super().attention_macs(module, inputs) + functional_qkv_macs(module, inputs[0])

@@ -1,0 +1,60 @@
+"""Tiny models of every model family an adapter supports (depth <= 4, dim <= 64),
+all taking the tests' digits images (1 x 16 x 16, 10 classes)."""
+
+from __future__ import annotations
+
+import torch
+
+from hetprune.models import ModelSpec, build
+
+DIGITS = dict(img_size=16, in_chans=1, num_classes=10)
+
+FAMILIES: dict[str, tuple[str, str, dict]] = {
+    # key: (adapter, timm name, kwargs)
+    "vit": ("timm-vit", "vit_tiny_patch16_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2,
+                                                    init_values=0.1)),
+    "deit-distilled": ("timm-vit", "deit_tiny_distilled_patch16_224", dict(patch_size=4, embed_dim=32, depth=3,
+                                                                          num_heads=2)),
+    "deit3": ("timm-vit", "deit3_small_patch16_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2)),
+    "dinov2-reg-swiglu": ("timm-vit", "vit_giant_patch14_reg4_dinov2", dict(patch_size=4, embed_dim=32, depth=3,
+                                                                           num_heads=2, init_values=0.1)),
+    "vit-gap": ("timm-vit", "vit_medium_patch16_gap_256", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2)),
+    "relpos": ("timm-vit", "vit_relpos_small_patch16_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2,
+                                                               init_values=0.1)),
+    "cait": ("timm-cait", "cait_xxs24_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2,
+                                                 depth_token_only=1, init_values=0.1)),
+    "beit": ("timm-beit", "beit_base_patch16_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2,
+                                                       init_values=0.1)),
+    "eva02-swiglu": ("timm-eva", "eva02_tiny_patch14_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2)),
+    "eva02-swiglu-norm": ("timm-eva", "eva02_tiny_patch14_224", dict(patch_size=4, embed_dim=32, depth=3,
+                                                                    num_heads=2, scale_mlp=True)),
+    "vit-rope": ("timm-eva", "vit_small_patch16_rope_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2)),
+    "swin": ("timm-swin", "swin_tiny_patch4_window7_224", dict(patch_size=2, window_size=4, embed_dim=16,
+                                                               depths=(2, 2), num_heads=(1, 2))),
+}
+
+
+def spec(key: str) -> ModelSpec:
+    _, name, kwargs = FAMILIES[key]
+    return ModelSpec(name, {**DIGITS, **kwargs})
+
+
+def make(key: str, dtype=torch.float32, seed: int = 0) -> torch.nn.Module:
+    """A tiny model with non-trivial norm affines and LayerScale, so a wrong fold or a dropped scale shows."""
+    torch.manual_seed(seed)
+    model = build(spec(key))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf in ("gamma", "gamma_1", "gamma_2"):
+                p.uniform_(0.3, 1.5)
+            elif p.dim() == 1 and ("norm" in name) and leaf == "weight":
+                p.uniform_(0.5, 1.5)
+            elif p.dim() == 1 and ("norm" in name) and leaf == "bias":
+                p.uniform_(-0.3, 0.3)
+    return model.eval().to(dtype)
+
+
+def example(n: int = 3, dtype=torch.float32) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(7)
+    return torch.randn(n, 1, 16, 16, generator=gen).to(dtype)
