@@ -225,7 +225,10 @@ class PreNormAdapter(Adapter):
         if kind == "attn":
             return isinstance(b, HetBlock)
         mlp = self._mlp(b)
-        return isinstance(mlp, MergedMlp) or isinstance(getattr(mlp, "act", None), RemovedActivation)
+        return isinstance(mlp, MergedMlp) or isinstance(getattr(mlp, self._act_name(mlp), None), RemovedActivation)
+
+    def _act_name(self, mlp: nn.Module) -> str:
+        return "act" if isinstance(mlp, LinearMlp) else self.layout.act
 
     def attn_mode(self, model, block):
         b = self._block(model, block)
@@ -242,7 +245,7 @@ class PreNormAdapter(Adapter):
         if self.is_gated(mlp):
             setattr(b, name, self.ungate(mlp))
         else:
-            mlp.act = RemovedActivation()
+            setattr(mlp, self._act_name(mlp), RemovedActivation())
 
     # gated MLPs: act(g(x)) * u(x); removing the activation removes the gate, leaving u(x)
     def is_gated(self, mlp: nn.Module) -> bool:
@@ -256,7 +259,7 @@ class PreNormAdapter(Adapter):
         if isinstance(b, DroppedBlock):
             return None
         mlp = self._mlp(b)
-        return mlp if layers.is_linear_mlp(mlp) else None
+        return mlp if layers.is_linear_mlp(mlp, self._act_name(mlp)) else None
 
     def is_merged(self, model, block):
         b = self._block(model, block)
@@ -290,7 +293,7 @@ class PreNormAdapter(Adapter):
         mlp = self._mlp(b)
         if self.is_gated(mlp):
             return mlp.act, lambda inputs, output: torch.ones_like(output)
-        return mlp.act, lambda inputs, output: inputs[0]
+        return getattr(mlp, self._act_name(mlp)), lambda inputs, output: inputs[0]
 
     def stream_points(self, model, block):
         b = self._block(model, block)

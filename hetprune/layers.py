@@ -34,6 +34,7 @@ class BlockLayout:
     mlp: str = "mlp"
     mlp_scale: str | None = "ls2"
     drop_path2: str | None = "drop_path2"
+    act: str = "act"            # the activation, a child of the MLP (which has ``fc1`` and ``fc2``)
 
 
 def apply_scale(owner: nn.Module, name: str | None, x: torch.Tensor) -> torch.Tensor:
@@ -126,9 +127,9 @@ class MergedMlp(nn.Module):
         return self.fc(x)
 
 
-def is_linear_mlp(mlp: nn.Module) -> bool:
-    """An MLP with ``fc1``/``fc2`` whose activation was removed and with no norm between them."""
-    return (isinstance(getattr(mlp, "act", None), RemovedActivation)
+def is_linear_mlp(mlp: nn.Module, act: str = "act") -> bool:
+    """An MLP with ``fc1``/``fc2`` whose activation (child ``act``) was removed and with no norm between them."""
+    return (isinstance(getattr(mlp, act, None), RemovedActivation)
             and isinstance(getattr(mlp, "norm", None) or nn.Identity(), nn.Identity)
             and isinstance(getattr(mlp, "fc1", None), nn.Linear) and isinstance(getattr(mlp, "fc2", None), nn.Linear))
 

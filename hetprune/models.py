@@ -21,13 +21,18 @@ from .io import load_weights, read_json, save_weights, write_json_atomic
 
 @dataclass
 class ModelSpec:
-    """How to build the unpruned architecture: ``timm.create_model(name, **kwargs)``."""
+    """How to build the unpruned architecture: ``timm.create_model(name, **kwargs)``, or, with another
+    ``library``, the ``build`` of the architecture adapter that declares that library (e.g. ``hf-vit``)."""
 
     name: str
     kwargs: dict = field(default_factory=dict)
+    library: str = "timm"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if self.library == "timm":  # the default: left out, so older recipes and cache keys stay the same
+            del d["library"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelSpec":
@@ -35,7 +40,19 @@ class ModelSpec:
             raise HetpruneError(f"a model spec needs a string 'name', got {d!r}")
         if d.get("kwargs") is not None and not isinstance(d["kwargs"], dict):
             raise HetpruneError(f"a model spec's 'kwargs' must be a JSON object, got {d['kwargs']!r}")
-        return cls(d["name"], dict(d.get("kwargs") or {}))
+        unknown = sorted(set(d) - {"name", "kwargs", "library"})
+        if unknown:
+            raise HetpruneError(f"a model spec has unknown key(s) {', '.join(unknown)}; allowed: name, kwargs, library")
+        library = d.get("library", "timm")
+        if not isinstance(library, str):
+            raise HetpruneError(f"a model spec's 'library' must be a string, got {library!r}")
+        return cls(d["name"], dict(d.get("kwargs") or {}), library)
+
+    @classmethod
+    def parse(cls, text: str, kwargs: dict | None = None) -> "ModelSpec":
+        """``vit_tiny_patch16_224`` (timm) or ``LIBRARY:NAME``, e.g. ``hf-vit:ViTForImageClassification``."""
+        library, sep, name = text.partition(":")
+        return cls(name, dict(kwargs or {}), library) if sep else cls(text, dict(kwargs or {}))
 
 
 # The embedded default: a small ViT on scikit-learn digits (8x8 -> 16x16, patch 4).
@@ -62,6 +79,8 @@ def input_shape_of(model) -> tuple[int, int, int]:
 
 def build(spec: ModelSpec, pretrained: bool = False) -> nn.Module:
     """A fresh model of ``spec`` (random weights unless ``pretrained``)."""
+    if spec.library != "timm":
+        return _build_elsewhere(spec, pretrained)
     if not timm.is_model(spec.name):
         raise HetpruneError(f"timm has no model named {spec.name!r}; see timm.list_models('*vit*')")
     try:
@@ -76,6 +95,18 @@ def build(spec: ModelSpec, pretrained: bool = False) -> nn.Module:
             ) from exc
         raise
     return model.eval()
+
+
+def _build_elsewhere(spec: ModelSpec, pretrained: bool) -> nn.Module:
+    from .adapters import adapters
+
+    if pretrained:
+        raise HetpruneError(f"--pretrained loads timm weights only; for a {spec.library} model pass --checkpoint FILE")
+    builders = {a.library: a for a in adapters() if a.library}
+    if spec.library not in builders:
+        raise HetpruneError(f"no architecture adapter builds {spec.library!r} models; libraries: timm"
+                            f"{''.join(', ' + k for k in sorted(builders))}")
+    return builders[spec.library].build(spec.name, spec.kwargs).eval()
 
 
 def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:

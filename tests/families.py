@@ -31,12 +31,20 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "vit-rope": ("timm-eva", "vit_small_patch16_rope_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2)),
     "swin": ("timm-swin", "swin_tiny_patch4_window7_224", dict(patch_size=2, window_size=4, embed_dim=16,
                                                                depths=(2, 2), num_heads=(1, 2))),
+    # outside timm: built from a transformers ViTConfig by the hf-vit adapter (plugin hetprune_hf)
+    "hf-vit": ("hf-vit", "hf-vit:ViTForImageClassification",
+               dict(image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=3,
+                    num_attention_heads=2, intermediate_size=128, num_labels=10)),
 }
 
 
 def spec(key: str) -> ModelSpec:
-    _, name, kwargs = FAMILIES[key]
-    return ModelSpec(name, {**DIGITS, **kwargs})
+    adapter, name, kwargs = FAMILIES[key]
+    return ModelSpec.parse(name, kwargs if adapter == "hf-vit" else {**DIGITS, **kwargs})
+
+
+def cli_name(key: str) -> str:
+    return FAMILIES[key][1]
 
 
 def make(key: str, dtype=torch.float32, seed: int = 0) -> torch.nn.Module:

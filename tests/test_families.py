@@ -18,7 +18,7 @@ from hetprune.adapters import adapter_for
 from hetprune.cli import main
 from hetprune.costs import count_macs
 from hetprune.recipe import apply_recipe, arch_of, recipe_from_model
-from families import FAMILIES, example, make, spec
+from families import FAMILIES, cli_name, example, make, spec
 
 KEYS = sorted(FAMILIES)
 TOL = {torch.float32: 2e-5, torch.float64: 1e-11}
@@ -149,6 +149,20 @@ def test_width_pruning_of_a_family_without_width_support_is_a_clear_error():
         read_widths(make("swin"))
 
 
+def test_hf_adapter_lives_outside_the_core_and_uses_only_public_api():
+    import ast
+    import pathlib
+
+    import hetprune_hf
+
+    public = {"hetprune", "hetprune.adapters", "hetprune.layers"}
+    for path in pathlib.Path(hetprune_hf.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hetprune"):
+                assert node.module in public, f"{path.name} imports {node.module}"
+    assert "hetprune_hf" not in {p.name for p in pathlib.Path(hetprune.__file__).parent.iterdir()}
+
+
 def test_recipe_for_another_family_is_refused(tmp_path):
     pruned = remove(make("vit"), [Site(0, "act")])
     recipe = recipe_from_model(pruned, spec("vit"), arch_of(make("vit")))
@@ -168,13 +182,14 @@ def checkpoint(tmp_path):
 
         path = tmp_path / f"{key}.safetensors"
         save_weights(path, make(key))
-        return ["--model", spec(key).name, "--model-kwargs", json.dumps(spec(key).kwargs), "--checkpoint", str(path)]
+        return ["--model", cli_name(key), "--model-kwargs", json.dumps(spec(key).kwargs), "--checkpoint", str(path)]
 
     return write
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", ["cait", "beit", "eva02-swiglu", "vit-rope", "relpos", "swin", "dinov2-reg-swiglu"])
+@pytest.mark.parametrize("key", ["cait", "beit", "eva02-swiglu", "vit-rope", "relpos", "swin", "dinov2-reg-swiglu",
+                                 "hf-vit"])
 def test_prune_apply_and_bench_run_on_every_family(key, checkpoint, tmp_path, capsys):
     model_args = checkpoint(key)
     out = tmp_path / "pruned"
@@ -187,7 +202,7 @@ def test_prune_apply_and_bench_run_on_every_family(key, checkpoint, tmp_path, ca
     assert loaded(example()).shape == (3, 10)
     applied = tmp_path / "applied"
     assert main(["apply", *model_args, "--recipe", str(out / "recipe.json"), "--out", str(applied)]) == 0
-    assert hetprune.load_recipe(applied).removed_sites == hetprune.load_recipe(out).removed_sites
+    assert hetprune.recipe.load_recipe(applied).removed_sites == hetprune.recipe.load_recipe(out).removed_sites
     assert main(["bench", str(out), "--batch-sizes", "2", "--repeats", "2", "--warmup", "1", "--min-time", "0.01",
                  "--device", "cpu"]) == 0
     assert "speedup" in capsys.readouterr().out.lower()

@@ -12,7 +12,8 @@ from ..models import DIGITS_SPEC, ModelSpec, build_with_weights, digits_model, d
 def add_model_arguments(p, data: bool = True) -> None:
     g = p.add_argument_group("base model")
     g.add_argument("--model", metavar="NAME",
-                   help="timm model name (default: the embedded digits ViT, trained once and cached)")
+                   help="timm model name, or LIBRARY:NAME for an adapter's own models (e.g. "
+                        "hf-vit:ViTForImageClassification); default: the embedded digits ViT, trained once and cached")
     g.add_argument("--model-kwargs", metavar="JSON", default=None,
                    help='extra timm.create_model arguments as JSON, e.g. \'{"num_classes": 100}\'')
     w = g.add_mutually_exclusive_group()
@@ -43,7 +44,7 @@ def model_spec(args) -> ModelSpec:
             raise HetpruneError(f"--model-kwargs is not valid JSON: {exc}") from exc
         if not isinstance(kwargs, dict):
             raise HetpruneError("--model-kwargs must be a JSON object")
-    return ModelSpec(args.model, kwargs)
+    return ModelSpec.parse(args.model, kwargs)
 
 
 def base_model(args, log=print):

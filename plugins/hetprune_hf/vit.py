@@ -1,0 +1,105 @@
+"""``transformers.ViTForImageClassification`` (transformers >= 5).
+
+A ``ViTLayer`` is pre-norm: ``x + dropout(attention(layernorm_before(x)))``,
+then ``x + dropout(mlp(layernorm_after(x)))`` with ``mlp = fc2(activation_fn(
+fc1(x)))``; blocks are ``vit.layers``. Its attention returns
+``(output, weights)``, so gates and the functional reference hook its last
+layer, ``o_proj``, instead. The classifier reads the class token: one
+attention site must stay.
+
+hetprune's models return logits; an HF model returns an output object, so it
+is wrapped: :func:`wrap` (or ``ModelSpec("ViTForImageClassification",
+config_kwargs, library="hf-vit")``, which builds it from a ``ViTConfig``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hetprune import HetpruneError
+from hetprune.adapters import PreNormAdapter
+from hetprune.layers import BlockLayout
+
+LIBRARY = "hf-vit"
+INSTALL = "Hugging Face models need transformers >= 5: pip install 'hetprune[hf]'"
+
+
+def _transformers_vit():
+    try:
+        from transformers.models.vit import modeling_vit
+    except ImportError as exc:
+        raise HetpruneError(f"{INSTALL} ({exc})") from None
+    if not hasattr(modeling_vit, "ViTMLP"):
+        raise HetpruneError(f"this transformers has the older ViT layer layout; {INSTALL}")
+    return modeling_vit
+
+
+class HFViTClassifier(nn.Module):
+    """A ``ViTForImageClassification`` that returns logits, as every hetprune model does."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        cfg = model.config
+        self.pretrained_cfg = {"input_size": (cfg.num_channels, cfg.image_size, cfg.image_size),
+                               "num_classes": cfg.num_labels}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=x).logits
+
+
+def wrap(model: nn.Module) -> HFViTClassifier:
+    """Wrap a ``ViTForImageClassification`` you built or loaded yourself."""
+    return HFViTClassifier(model)
+
+
+class HFViTAdapter(PreNormAdapter):
+    name = "hf-vit"
+    description = "Hugging Face transformers ViTForImageClassification (wrapped: hetprune_hf.wrap)"
+    library = LIBRARY
+    model_types = (HFViTClassifier,)
+    layout = BlockLayout(norm1="layernorm_before", attn="attention", attn_scale=None, norm2="layernorm_after",
+                         mlp="mlp", mlp_scale=None, drop_path2="dropout", act="activation_fn")
+
+    @property
+    def block_types(self):
+        return (_transformers_vit().ViTLayer,)
+
+    @property
+    def attention_types(self):
+        return (_transformers_vit().ViTAttention,)
+
+    def block_slots(self, model):
+        layers = model.model.vit.layers
+        return [(layers, str(i)) for i in range(len(layers))]
+
+    def max_removals(self, model):
+        n = len(self.block_slots(model))
+        return {"attn": n - 1, "act": n}  # the classifier reads the class token
+
+    def gate_point(self, model, block, kind):
+        if kind == "attn":
+            attention = getattr(self._block(model, block), self.layout.attn)
+            return attention.o_proj, lambda inputs, output: torch.zeros_like(output)
+        return super().gate_point(model, block, kind)
+
+    def attention_geometry(self, module):
+        return int(module.num_attention_heads), int(module.head_dim)
+
+    def arch(self, model):
+        facts = super().arch(model)
+        facts["num_heads"] = int(model.model.config.num_attention_heads)
+        return facts
+
+    def build(self, name, kwargs):
+        vit = _transformers_vit()
+        if name != "ViTForImageClassification":
+            raise HetpruneError(f"the {LIBRARY} adapter builds ViTForImageClassification, not {name!r}")
+        from transformers import ViTConfig
+
+        try:
+            config = ViTConfig(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise HetpruneError(f"ViTConfig does not take {kwargs}: {exc}") from None
+        return HFViTClassifier(vit.ViTForImageClassification(config))
