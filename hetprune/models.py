@@ -1,12 +1,12 @@
 """Base models: a timm model name plus keyword arguments, and where the
-weights come from (random, ``--pretrained`` from the hub, ``--checkpoint``,
-or the embedded digits model that hetprune trains once and caches).
+weights come from (random, ``--pretrained`` from the hub, ``--checkpoint``;
+the embedded digits model that hetprune trains once and caches is in
+:mod:`hetprune.embedded`).
 """
 
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -14,9 +14,8 @@ import timm
 import torch
 from torch import nn
 
-from .cache import cache_dir, fingerprint
 from .errors import HetpruneError
-from .io import load_weights, read_json, save_weights, write_json_atomic
+from .io import load_weights
 
 
 @dataclass
@@ -62,7 +61,6 @@ DIGITS_SPEC = ModelSpec(
     dict(img_size=16, patch_size=4, in_chans=1, num_classes=10, embed_dim=96, depth=12, num_heads=3,
          init_values=0.1),
 )
-DIGITS_TRAINING = dict(epochs=30, lr=1e-3, batch_size=32, weight_decay=0.05, seed=0)
 
 
 def input_shape_of(model) -> tuple[int, int, int]:
@@ -136,54 +134,6 @@ def build_with_weights(spec: ModelSpec, pretrained: bool = False, checkpoint: st
     if checkpoint:
         load_state_into(model, load_weights(checkpoint), f"checkpoint {checkpoint}")
     return model
-
-
-def digits_model(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None, progress: bool = True,
-                 log=print) -> nn.Module:
-    """The embedded default base model: trained on digits once, then read from the cache."""
-    from .data import digits, loader
-    from .train import TrainConfig, evaluate, train
-
-    from . import distributed as dist
-
-    folder = digits_model_folder(spec, training)
-    training = {**DIGITS_TRAINING, **(training or {})}
-    weights = folder / "model.safetensors"
-    if dist.active() and not weights.is_file():
-        # rank 0 trains the base model alone; the others wait, then read the cache
-        if dist.is_main():
-            digits_model(spec, training, progress, log)
-        dist.barrier()
-    model = build(spec)
-    if weights.is_file():
-        load_state_into(model, load_weights(weights), f"cached base model {weights}")
-        return model.eval()
-    log(f"training the embedded base model (digits, {training['epochs']} epochs; cached in {folder}) ...")
-    torch.manual_seed(training["seed"])
-    model = build(spec)
-    data = digits()
-    cfg = TrainConfig(epochs=training["epochs"], lr=training["lr"], batch_size=training["batch_size"],
-                      weight_decay=training["weight_decay"], seed=training["seed"], kd="none", warmup_epochs=2)
-    start = time.time()
-    train(model, data, cfg, progress=progress, desc="base model", distributed=False)
-    acc = evaluate(model, loader(data.val, 256, shuffle=False))
-    save_weights(weights, model)
-    write_json_atomic(folder / "meta.json", {"spec": spec.to_dict(), "training": training, "val_top1": acc,
-                                             "seconds": round(time.time() - start, 1)})
-    log(f"base model: val top-1 {acc:.2f}% after {time.time() - start:.0f}s")
-    return model.eval()
-
-
-def digits_model_folder(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None) -> Path:
-    """The cache folder of the embedded base model, keyed by its settings and data pipeline."""
-    training = {**DIGITS_TRAINING, **(training or {})}
-    key = fingerprint({"spec": spec.to_dict(), "training": training, "v": 2})
-    return cache_dir() / "base" / f"digits-{key}"
-
-
-def digits_model_info(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None) -> dict | None:
-    meta = digits_model_folder(spec, training) / "meta.json"
-    return read_json(meta) if meta.is_file() else None
 
 
 def clone(model: nn.Module) -> nn.Module:

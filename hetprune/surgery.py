@@ -23,8 +23,8 @@ from torch import nn
 
 from .adapters import adapter_for
 from .errors import HetpruneError
-from .layers import (ATTN_MODES, BlockLayout, DroppedBlock, HetBlock, LinearMlp, MergedMlp,  # noqa: F401
-                     RemovedActivation, merge_pays)
+from .layers import ATTN_MODES, DroppedBlock, merge_pays
+from .layers import BlockLayout, HetBlock, LinearMlp, MergedMlp, RemovedActivation  # noqa: F401  (public names)
 from .sites import Site, check_site, depth
 
 

@@ -206,3 +206,20 @@ def test_prune_apply_and_bench_run_on_every_family(key, checkpoint, tmp_path, ca
     assert main(["bench", str(out), "--batch-sizes", "2", "--repeats", "2", "--warmup", "1", "--min-time", "0.01",
                  "--device", "cpu"]) == 0
     assert "speedup" in capsys.readouterr().out.lower()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["swin", "hf-vit"])
+def test_compare_and_ablate_run_on_families_beyond_the_timm_vit(key, checkpoint, tmp_path):
+    model_args = checkpoint(key)
+    out = tmp_path / "cmp"
+    assert main(["compare", *model_args, "--strategies", "attn-only,act-only", "--budgets", "2", "--seeds", "0",
+                 "--batch-sizes", "1", "--out", str(out), *FAST]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {(r["strategy"], r["n_attn"], r["n_act"]) for r in rows} == {("attn-only", 2, 0), ("act-only", 0, 2)}
+    abl = tmp_path / "abl"
+    assert main(["ablate", *model_args, "--budget", "1", "--seeds", "0", "--scorers", "magnitude",
+                 "--predictors", "poly", "--out", str(abl), *FAST,
+                 "--set", "hetdpt.predictor_options={poly: {degree: 1}}"]) == 0
+    splits = {(s["n_attn"], s["n_act"]) for s in json.loads((abl / "ablation.json").read_text())["splits"]}
+    assert splits == {(0, 1), (1, 0)}

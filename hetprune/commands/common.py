@@ -6,7 +6,8 @@ import json
 import os
 
 from ..errors import HetpruneError
-from ..models import DIGITS_SPEC, ModelSpec, build_with_weights, digits_model, digits_model_info, model_hash
+from ..embedded import digits_model, digits_model_info
+from ..models import DIGITS_SPEC, ModelSpec, build_with_weights, model_hash
 
 
 def add_model_arguments(p, data: bool = True) -> None:
