@@ -112,6 +112,10 @@ class Adapter:
         """Replace the linear MLP by one layer; ``compute=False`` only gives the shapes (recipe replay)."""
         raise NotImplementedError
 
+    def norm_folded(self, model: nn.Module, block: int) -> bool:
+        """Whether merged block ``block``'s preceding norm had its affine folded into the merged layer."""
+        raise NotImplementedError
+
     # -- where scorers look -------------------------------------------------------------
     def gate_point(self, model: nn.Module, block: int, kind: str) -> tuple[nn.Module, Callable]:
         """``(module, removed)``: a forward hook on ``module`` may blend its output with
@@ -284,6 +288,11 @@ class PreNormAdapter(Adapter):
             setattr(b, L.norm2, layers.plain_norm(norm))
         setattr(b, L.mlp, merged)
         return {"layerscale": gamma is not None, "norm": fold}
+
+    def norm_folded(self, model, block):
+        b = self._block(model, block)
+        norm = getattr(b, self.layout_of(b).norm2)
+        return self.is_merged(model, block) and isinstance(norm, nn.LayerNorm) and not norm.elementwise_affine
 
     # -- scorers ---------------------------------------------------------------------------------
     def gate_point(self, model, block, kind):

@@ -149,7 +149,12 @@ class Recipe:
 
 def recipe_from_model(model: nn.Module, base: ModelSpec, arch: dict, fold_norm: bool = False,
                       widths: dict | None = None, provenance: dict | None = None) -> Recipe:
-    """Read a pruned model's structure back into a recipe."""
+    """Read a pruned model's structure back into a recipe: what was done, not what was asked.
+
+    ``fold_norm`` is read from the model (whether merged blocks had their norm's
+    affine folded); the argument is kept for callers that still pass what they
+    configured, and a disagreement is resolved by the model.
+    """
     adapter = adapter_for(model)
     n = depth(model)
     dropped = surgery.dropped_blocks(model)
@@ -159,6 +164,11 @@ def recipe_from_model(model: nn.Module, base: ModelSpec, arch: dict, fold_norm: 
     if len(modes) > 1:
         raise HetpruneError(f"model mixes attention removal modes {sorted(modes)}; a recipe holds one")
     merged = [i for i in range(n) if adapter.is_merged(model, i)]
+    folded = {adapter.norm_folded(model, i) for i in merged}
+    if len(folded) > 1:
+        raise HetpruneError(f"model folds the norm of some merged blocks and not of others ({merged}); a recipe "
+                            "holds one fold_norm: use one merger (linear-merge or ln-fold), not both")
+    fold_norm = folded.pop() if folded else False
     return Recipe(base=base, arch=arch, attn_removed=attn, act_removed=act, dropped=dropped,
                   attn_mode=modes.pop() if modes else "identity", merged=merged, fold_norm=fold_norm,
                   widths=widths, adapter=adapter.name, provenance={**default_provenance(), **(provenance or {})})

@@ -454,3 +454,20 @@ def test_shipped_deit_base_recipe_resolves_and_fits_deit_base():
     n = 197
     attn_macs = n * d * 3 * d + 2 * n * n * d + n * d * d
     assert dense_macs - count_macs(model, x) == 5 * attn_macs + 5 * (n * (2 * d * h) - n * d * d)
+
+
+def test_recipe_records_what_the_mergers_did_not_what_was_asked(tiny_spec, tmp_path):
+    """linear-merge first, then ln-fold: nothing is left for ln-fold, so the recipe must not say fold_norm."""
+    from hetprune_hetdpt.mergers import LayerNormFold, LinearMerge
+
+    model = pruned_model(tiny_spec, make_recipe(tiny_spec, merged=[]))
+    LinearMerge().merge(model)
+    assert LayerNormFold().merge(model) == []
+    recipe = recipe_from_model(model, tiny_spec, arch_of(build(tiny_spec)), fold_norm=True)
+    assert recipe.fold_norm is False and recipe.merged == [0, 2]
+    hetprune.save(tmp_path / "m", model, recipe)
+    x = tiny_example()
+    assert torch.equal(hetprune.load(tmp_path / "m")(x), model(x))
+    folded = pruned_model(tiny_spec, make_recipe(tiny_spec, merged=[]))
+    LayerNormFold().merge(folded)
+    assert recipe_from_model(folded, tiny_spec, arch_of(build(tiny_spec))).fold_norm is True
