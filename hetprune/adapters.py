@@ -149,10 +149,18 @@ class Adapter:
     def read_widths(self, model: nn.Module) -> dict:
         raise HetpruneError(f"the {self.name} adapter has no width-pruning support yet")
 
-    def apply_widths(self, model: nn.Module, widths: dict, compute: bool = False) -> None:
+    def apply_widths(self, model: nn.Module, widths: dict, compute: bool = False, merge_pending: bool = False) -> None:
         raise HetpruneError(f"the {self.name} adapter has no width-pruning support yet")
 
     def width_info(self, model: nn.Module):
+        raise HetpruneError(f"the {self.name} adapter has no width-pruning support yet")
+
+    def kept_channels(self, before: nn.Module, after: nn.Module) -> dict:
+        """Which channels of ``before`` the width-pruned ``after`` kept (JSON data for the recipe)."""
+        raise HetpruneError(f"the {self.name} adapter has no width-pruning support yet")
+
+    def compose_kept(self, first: dict, then: dict) -> dict:
+        """:meth:`kept_channels` of two width prunings in a row, relative to the model before the first."""
         raise HetpruneError(f"the {self.name} adapter has no width-pruning support yet")
 
     def build(self, name: str, kwargs: dict) -> nn.Module:

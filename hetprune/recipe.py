@@ -207,6 +207,14 @@ def apply_recipe(model: nn.Module, recipe: Recipe, compute_merge: bool = True) -
         surgery.remove_attention(model, b, recipe.attn_mode)
     for b in recipe.act_removed:
         surgery.remove_activation(model, b)
+    if recipe.widths and compute_merge:
+        # widths first, then merges: the merged layer is then what width pruning kept, whichever came first
+        from .widths import apply_widths
+
+        apply_widths(model, recipe.widths, compute=True, merge_pending=True)
+        for b in recipe.merged:
+            surgery.merge_mlp(model, b, fold_norm=recipe.fold_norm)
+        return model
     for b in recipe.merged:
         if compute_merge:
             surgery.merge_mlp(model, b, fold_norm=recipe.fold_norm)
@@ -215,7 +223,7 @@ def apply_recipe(model: nn.Module, recipe: Recipe, compute_merge: bool = True) -
     if recipe.widths:
         from .widths import apply_widths
 
-        apply_widths(model, recipe.widths, compute=compute_merge)
+        apply_widths(model, recipe.widths, compute=False)
     return model
 
 

@@ -47,8 +47,14 @@ class TimmViT(PreNormAdapter):
     def read_widths(self, model):
         return vit_widths.read_widths(model)
 
-    def apply_widths(self, model, widths, compute=False):
-        vit_widths.apply_widths(model, widths, compute=compute)
+    def apply_widths(self, model, widths, compute=False, merge_pending=False):
+        vit_widths.apply_widths(model, widths, compute=compute, merge_pending=merge_pending)
 
     def width_info(self, model):
         return vit_widths.width_info(model)
+
+    def kept_channels(self, before, after):
+        return vit_widths.kept_channels(before, after)
+
+    def compose_kept(self, first, then):
+        return vit_widths.compose_kept(first, then)

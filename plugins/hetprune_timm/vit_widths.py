@@ -25,10 +25,13 @@ merges) on a fresh base model and gives every layer the recorded shape, with
 timm's ``Attention`` attributes (``num_heads``, ``head_dim``, ``attn_dim``,
 ``scale``) made consistent, so the saved state dict loads strictly.
 
-Which channels were kept is not recorded (it lives in the saved weights):
-reshaping real weights (``compute=True``) keeps the leading channels of every
-layer, which is right for speed studies on random weights and wrong for
-accuracy; a warning says so.
+Which channels were kept is recorded under ``"kept"`` by the width
+strategies (``{"embed": [...] | null, "blocks": [{"attn": [...] | null, "mlp":
+[...] | null} | "dropped"]}``: indices into the base model's embedding, its
+attention width ``heads x head_dim`` and its MLP hidden width), so a recipe
+applied to other weights of the same base keeps the same channels. A widths
+record without it (hand-written, or older) keeps the leading channels of
+every layer, with a warning.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from hetprune.adapters import WidthInfo
 from hetprune.layers import DroppedBlock, HetBlock, MergedMlp
 
 WIDTHS_KEYS = ("embed_dim", "blocks")
+KEPT_KEY = "kept"   # optional: which channels of the base model each layer kept
 TOKEN_PARAMS = ("cls_token", "reg_token", "dist_token", "pos_embed")
 MODEL_NORMS = ("norm_pre", "norm", "fc_norm")
 HEADS = ("head", "head_dist")
@@ -137,9 +141,10 @@ def read_widths(model: nn.Module) -> dict:
 
 
 def _check_widths(widths: dict, depth: int) -> None:
-    if not isinstance(widths, dict) or set(widths) != set(WIDTHS_KEYS):
+    if not isinstance(widths, dict) or not set(WIDTHS_KEYS) <= set(widths) <= {*WIDTHS_KEYS, KEPT_KEY}:
         got = sorted(widths) if isinstance(widths, dict) else type(widths).__name__
-        raise HetpruneError(f"recipe widths must be a mapping with exactly the keys {WIDTHS_KEYS}, got {got}")
+        raise HetpruneError(f"recipe widths must be a mapping with the keys {WIDTHS_KEYS} (and optionally "
+                            f"{KEPT_KEY!r}), got {got}")
     e = widths["embed_dim"]
     if not isinstance(e, int) or isinstance(e, bool) or e < 1:
         raise HetpruneError(f"recipe widths: embed_dim must be a positive integer, got {e!r}")
@@ -209,16 +214,20 @@ def _layerscale(ls: nn.Module, idx: torch.Tensor) -> None:
         ls.gamma = _take(ls.gamma, 0, idx)
 
 
-def _attention(attn: nn.Module, heads: int, head_dim: int, e_idx: torch.Tensor, where: str) -> None:
+def _attention(attn: nn.Module, heads: int, head_dim: int, e_idx: torch.Tensor, where: str,
+               kept: list | None = None) -> None:
     if not is_attention(attn):
         raise HetpruneError(f"{where}: {type(attn).__name__} is not a timm Attention (fused qkv + proj)")
     h0, d0 = attn.num_heads, attn.head_dim
     _index(heads, h0, f"heads in {where}")
     _index(head_dim, d0, f"head dims in {where}")
-    inner = torch.tensor([h * d0 + d for h in range(heads) for d in range(head_dim)], dtype=torch.long)
+    if kept is not None:
+        inner = _kept(kept, heads * head_dim, h0 * d0, f"attention channels in {where}")
+    else:
+        inner = torch.tensor([h * d0 + d for h in range(heads) for d in range(head_dim)], dtype=torch.long)
     qkv_idx = torch.cat([inner + s * h0 * d0 for s in range(3)])
     _linear(attn.qkv, qkv_idx, e_idx)
-    head_idx = torch.arange(head_dim)
+    head_idx = inner[:head_dim] % d0
     for name in ("q_norm", "k_norm"):
         _norm(getattr(attn, name, nn.Identity()), head_idx, f"{where}.{name}")
     _norm(getattr(attn, "norm", nn.Identity()), inner, f"{where}.norm")
@@ -228,8 +237,20 @@ def _attention(attn: nn.Module, heads: int, head_dim: int, e_idx: torch.Tensor, 
     fix_attention(attn, heads)
 
 
-def apply_widths(model: nn.Module, widths: dict, compute: bool = False) -> nn.Module:
+def _kept(indices, n: int, size: int, what: str) -> torch.Tensor:
+    if (not isinstance(indices, list) or len(indices) != n or len(set(indices)) != n
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size for i in indices)):
+        raise HetpruneError(f"recipe widths: kept {what} must be {n} distinct indices within 0..{size - 1}")
+    return torch.tensor(indices, dtype=torch.long)
+
+
+def apply_widths(model: nn.Module, widths: dict, compute: bool = False, merge_pending: bool = False) -> nn.Module:
     """Give a fresh base model (depth surgery already replayed) the recorded widths, in place.
+
+    ``merge_pending``: the linear MLPs the widths call merged are not merged
+    yet; they are cut to their kept hidden channels (all, when none are
+    recorded) and the residual width, and the caller merges them afterwards, so
+    the merged layer is the one width pruning before or after the merge gave.
 
     ``compute=False`` (loading saved weights next): only the shapes matter.
     ``compute=True``: the current weights are cut to the leading channels of
@@ -238,13 +259,19 @@ def apply_widths(model: nn.Module, widths: dict, compute: bool = False) -> nn.Mo
     """
     blocks = model.blocks
     _check_widths(widths, len(blocks))
-    if compute:
+    kept = widths.get(KEPT_KEY)
+    if kept is not None and (not isinstance(kept, dict) or set(kept) != {"embed", "blocks"}
+                             or not isinstance(kept["blocks"], list) or len(kept["blocks"]) != len(blocks)):
+        raise HetpruneError(f"recipe widths: {KEPT_KEY!r} must be {{\"embed\": ..., \"blocks\": [one per block]}}")
+    if compute and kept is None:
         warnings.warn("applying recipe widths to real weights keeps the leading channels of every layer; the "
                       "recipe does not record which channels width pruning kept, so only the saved weights "
                       "(hetprune.load) reproduce a width-pruned model's function", stacklevel=2)
     e_base = embed_dim_of(model)
     e_idx = _index(widths["embed_dim"], e_base, "embedding channels")
-    if widths["embed_dim"] == e_base:
+    if kept is not None and kept["embed"] is not None:
+        e_idx = _kept(kept["embed"], widths["embed_dim"], e_base, "embedding channels")
+    elif widths["embed_dim"] == e_base:
         e_idx = None  # leave the residual width untouched
     cut = (lambda p, dim: _take(p, dim, e_idx))
 
@@ -286,7 +313,8 @@ def apply_widths(model: nn.Module, widths: dict, compute: bool = False) -> nn.Mo
             if (attn == "removed") != isinstance(block, HetBlock):
                 raise HetpruneError(f"recipe widths and depth disagree at block {i}: widths say attn {attn!r}, "
                                     f"the model has a {type(block).__name__}")
-            if (mlp == "merged") != isinstance(block.mlp, MergedMlp):
+            pending = merge_pending and mlp == "merged" and not isinstance(block.mlp, MergedMlp)
+            if (mlp == "merged") != isinstance(block.mlp, MergedMlp) and not pending:
                 raise HetpruneError(f"recipe widths and depth disagree at block {i}: widths say mlp {mlp!r}, "
                                     f"the model has a {type(block.mlp).__name__}")
             if e_idx is not None:
@@ -295,18 +323,80 @@ def apply_widths(model: nn.Module, widths: dict, compute: bool = False) -> nn.Mo
                 if hasattr(block, "norm1"):  # a full block, or a HetBlock in ln-residual mode
                     _norm(block.norm1, e_idx, f"{where}.norm1")
                 _layerscale(getattr(block, "ls1", nn.Identity()), e_idx)
+            block_kept = kept["blocks"][i] if kept is not None else {}
+            if not isinstance(block_kept, dict):
+                raise HetpruneError(f"recipe widths: kept channels of block {i} must be a mapping, got {block_kept!r}")
             if attn != "removed":
                 _attention(block.attn, attn["heads"], attn["head_dim"],
-                           e_idx, f"{where}.attn")
-            if mlp == "merged":
+                           e_idx, f"{where}.attn", block_kept.get("attn"))
+            if mlp == "merged" and not pending:
                 _linear(block.mlp.fc, e_idx, e_idx)
+            elif block_kept.get("mlp") is not None:
+                hidden = len(block_kept["mlp"]) if pending else mlp["hidden"]
+                h_idx = _kept(block_kept["mlp"], hidden, block.mlp.fc1.out_features, f"MLP hidden channels in {where}")
+                _linear(block.mlp.fc1, h_idx, e_idx)
+                _norm(getattr(block.mlp, "norm", nn.Identity()), h_idx, f"{where}.mlp.norm")
+                _linear(block.mlp.fc2, e_idx, h_idx)
             else:
-                h_idx = _index(mlp["hidden"], block.mlp.fc1.out_features, f"MLP hidden channels in {where}")
+                hidden = block.mlp.fc1.out_features if pending else mlp["hidden"]
+                h_idx = _index(hidden, block.mlp.fc1.out_features, f"MLP hidden channels in {where}")
                 _linear(block.mlp.fc1, h_idx, e_idx)
                 _norm(getattr(block.mlp, "norm", nn.Identity()), h_idx, f"{where}.mlp.norm")
                 _linear(block.mlp.fc2, e_idx, h_idx)
         sync_model_attributes(model)
     return model
+
+
+# -- which channels were kept -------------------------------------------------------
+def _match_rows(old: torch.Tensor, new: torch.Tensor, what: str) -> list[int]:
+    """Indices ``i_j`` with ``new[j] == old[i_j]`` exactly (pruning selects rows, it does not change them)."""
+    index = {}
+    for i, row in enumerate(old.detach().flatten(1).cpu()):
+        index.setdefault(row.numpy().tobytes(), i)
+    found = [index.get(row.numpy().tobytes()) for row in new.detach().flatten(1).cpu()]
+    if None in found:
+        raise HetpruneError(f"cannot tell which {what} width pruning kept: a pruned row matches no row of the model "
+                            "before pruning (were the weights changed in between?)")
+    return found
+
+
+def kept_channels(before: nn.Module, after: nn.Module) -> dict:
+    """Which channels of ``before`` each layer of ``after`` kept (``after`` = ``before`` width-pruned)."""
+    pe0, pe1 = before.patch_embed.proj, after.patch_embed.proj
+    embed = _match_rows(pe0.weight, pe1.weight, "embedding channels")
+    e_idx = torch.tensor(embed)
+    blocks = []
+    for i, (b0, b1) in enumerate(zip(before.blocks, after.blocks)):
+        if isinstance(b1, DroppedBlock):
+            blocks.append("dropped")
+            continue
+        entry: dict = {"attn": None, "mlp": None}
+        if not isinstance(b1, HetBlock):
+            a0, a1 = b0.attn, b1.attn
+            rows = _match_rows(a0.qkv.weight[:, e_idx], a1.qkv.weight, f"attention channels of block {i}")
+            width0, width1 = a0.qkv.out_features // 3, a1.qkv.out_features // 3
+            inner = rows[:width1]
+            if rows != [j + s * width0 for s in range(3) for j in inner]:
+                raise HetpruneError(f"block {i}: width pruning kept different channels of q, k and v")
+            entry["attn"] = inner
+        if not isinstance(b1.mlp, MergedMlp):
+            entry["mlp"] = _match_rows(b0.mlp.fc1.weight[:, e_idx], b1.mlp.fc1.weight, f"MLP channels of block {i}")
+        blocks.append(entry)
+    return {"embed": embed, "blocks": blocks}
+
+
+def compose_kept(first: dict, then: dict) -> dict:
+    """Kept channels of two width prunings in a row, relative to the model before the first."""
+    def pick(outer, inner):  # None: that stage did not prune this layer (or it was gone or merged by then)
+        return outer if inner is None else inner if outer is None else [outer[j] for j in inner]
+
+    blocks = []
+    for b0, b1 in zip(first["blocks"], then["blocks"]):
+        if b1 == "dropped" or b0 == "dropped":
+            blocks.append("dropped")
+        else:
+            blocks.append({k: pick(b0[k], b1[k]) for k in ("attn", "mlp")})
+    return {"embed": pick(first["embed"], then["embed"]), "blocks": blocks}
 
 
 def width_info(model: nn.Module) -> WidthInfo:

@@ -25,7 +25,7 @@ from hetprune.costs import count_macs, human
 from hetprune.models import model_hash
 from hetprune.sites import depth as depth_of
 from hetprune.pipeline import PruneJob, PruneResult, finetune, finetune_and_measure, finish, merge, scoring_context
-from hetprune.widths import read_widths
+from hetprune.widths import read_widths, track_kept
 
 from .pruner import IsomorphicWidthPruner
 
@@ -93,7 +93,10 @@ def width_prune(job: PruneJob, model: nn.Module, target: float, stage: str = "wi
     example = example_for(job, model)
     ctx = WidthContext(batches=scoring_context(job).batches, macs_fn=merged_cost(job, example), log=job.log)
     t = job.stage_start(stage, target_macs=int(target), pruner=opts["pruner"])
+    before = copy.deepcopy(model)
     info = pruner.prune(model, target, example, ctx) or getattr(pruner, "last_report", {}) or {}
+    track_kept(before, model)  # the recipe records which channels were kept, so it applies to other weights
+    del before
     macs = ctx.macs_fn(model)
     if macs > target:
         raise HetpruneError(f"width pruner {opts['pruner']!r} left {human(macs)} MACs, above its target "
