@@ -117,10 +117,12 @@ class Adapter:
         raise NotImplementedError
 
     # -- where scorers look -------------------------------------------------------------
-    def gate_point(self, model: nn.Module, block: int, kind: str) -> tuple[nn.Module, Callable]:
+    def gate_point(self, model: nn.Module, block: int, kind: str,
+                   attn_mode: str = "identity") -> tuple[nn.Module, Callable]:
         """``(module, removed)``: a forward hook on ``module`` may blend its output with
         ``removed(inputs, output)``, which is what the module yields once the site is removed
-        (attention: zeros; a plain activation: its input; a gate: ones)."""
+        (attention: zeros, or for ``ln-residual`` what makes the branch ``norm1(x)``; a plain
+        activation: its input; a gate: ones)."""
         raise NotImplementedError
 
     def stream_points(self, model: nn.Module, block: int) -> tuple[nn.Module, nn.Module]:
@@ -303,14 +305,29 @@ class PreNormAdapter(Adapter):
         return self.is_merged(model, block) and isinstance(norm, nn.LayerNorm) and not norm.elementwise_affine
 
     # -- scorers ---------------------------------------------------------------------------------
-    def gate_point(self, model, block, kind):
+    def gate_point(self, model, block, kind, attn_mode="identity"):
         b = self._block(model, block)
+        if kind == "attn" and attn_mode == "ln-residual":
+            # the branch becomes norm1(x), the attention's own input; the scale after it is divided out
+            scale = self._attn_scale(b)
+            if scale is not None and bool((scale.detach().abs() < 1e-6).any()):
+                raise HetpruneError(f"block {block}: a LayerScale entry is ~0, so gates cannot simulate "
+                                    "ln-residual removal there; use attn-identity")
+            return getattr(b, self.layout_of(b).attn), (
+                lambda inputs, output: inputs[0] if scale is None else inputs[0] / scale)
         if kind == "attn":
             return getattr(b, self.layout_of(b).attn), lambda inputs, output: torch.zeros_like(output)
         mlp = self._mlp(b)
         if self.is_gated(mlp):
             return mlp.act, lambda inputs, output: torch.ones_like(output)
         return getattr(mlp, self._act_name(mlp)), lambda inputs, output: inputs[0]
+
+    def _attn_scale(self, b: nn.Module) -> torch.Tensor | None:
+        name = self.layout_of(b).attn_scale
+        scale = getattr(b, name, None) if name else None
+        if isinstance(scale, nn.Module):
+            scale = getattr(scale, "gamma", None)
+        return scale if isinstance(scale, torch.Tensor) else None
 
     def stream_points(self, model, block):
         b = self._block(model, block)

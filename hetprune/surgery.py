@@ -131,7 +131,7 @@ def check_exact(reference, candidate, inputs: torch.Tensor, tol: float) -> float
     return err
 
 
-def functional_reference(model: nn.Module, removed: Iterable[Site]):
+def functional_reference(model: nn.Module, removed: Iterable[Site], attn_mode: str = "identity"):
     """A context manager that makes ``model`` compute as if ``removed`` were gone, without surgery.
 
     Each site's gate point (the attention module, the activation) is hooked to
@@ -145,7 +145,7 @@ def functional_reference(model: nn.Module, removed: Iterable[Site]):
         adapter = adapter_for(model)
         handles = []
         for site in removed:
-            module, value = adapter.gate_point(model, site.block, site.kind)
+            module, value = adapter.gate_point(model, site.block, site.kind, attn_mode)
             handles.append(module.register_forward_hook(lambda m, i, o, _v=value: _v(i, o)))
         try:
             yield model

@@ -8,7 +8,7 @@ import json
 import pytest
 
 import hetprune
-from hetprune import HetpruneError
+from hetprune import HetpruneError, Site
 from hetprune.budget import Budget
 from hetprune.cli import main
 from hetprune.pipeline import DepthStrategy, PruneJob
@@ -70,6 +70,36 @@ def test_block_drop_removes_whole_blocks(tiny_model, digits_data, tmp_path):
     assert result.report["n_attn"] == result.report["n_act"] == 2
     assert len(result.recipe.dropped) == 2 and "odd budget 5" in result.report["allocation"]["note"]
     assert sum(type(b).__name__ == "DroppedBlock" for b in result.model.blocks) == 2
+
+
+def test_block_drop_selects_with_the_same_machinery_as_every_strategy(tiny_model, digits_data, tmp_path):
+    """A learning scorer's select() runs for block-drop too (same training as the others); blocks whose
+    two sites it picked are dropped first."""
+    calls = []
+
+    class Picky:
+        name = "picky"
+
+        def select(self, model, counts, ctx):
+            calls.append(dict(counts))
+            return [Site(2, "attn"), Site(2, "act"), Site(0, "attn"), Site(3, "act")][:2 * counts["attn"]]
+
+        def score(self, model, sites, ctx):
+            return {s: float(s.block) for s in sites}  # would rank block 0 first
+
+    from types import SimpleNamespace
+
+    hetprune.register_plugin(SimpleNamespace(register_scorers=hetprune.hookimpl(lambda register: register(Picky))),
+                             name="picky-plugin")
+    try:
+        job = job_for(tiny_model, digits_data, tmp_path, Budget(sites=2), scorer="picky",
+                      **{"finetune.epochs": 0})
+        job.strategy_name = "block-drop"
+        result = BlockDrop().run(job)
+    finally:
+        hetprune.unregister_plugin("picky-plugin")
+    assert calls == [{"attn": 1, "act": 1}]
+    assert result.recipe.dropped == [2]
 
 
 class CountingStrategy(DepthStrategy):

@@ -182,6 +182,53 @@ def test_gate_forward_is_identity_while_on_and_removal_when_off(tiny_model):
     assert torch.allclose(gated, pruned(x), atol=1e-6)
 
 
+@pytest.mark.parametrize("key", ["vit", "cait", "beit", "swin"])
+def test_gates_off_simulate_the_configured_attention_removal(key):
+    """With attn-ln-residual configured, an off gate must give x + norm1(x) (not x), LayerScale or not."""
+    from families import example, make
+
+    model, x = make(key, torch.float64), example(dtype=torch.float64)
+    pruned = copy.deepcopy(model)
+    hetprune.surgery.remove_attention(pruned, 1, "ln-residual")
+    identity = copy.deepcopy(model)
+    hetprune.surgery.remove_attention(identity, 1, "identity")
+    bank, handles = gates.install(model, [Site(1, "attn")], attn_mode="ln-residual")
+    bank.switch_off(Site(1, "attn"))
+    gated = model(x).detach()
+    gates.uninstall(model, handles)
+    out = pruned(x).detach()
+    scale = out.abs().max()
+    assert (gated - out).abs().max() <= 1e-10 * scale
+    assert (out - identity(x).detach()).abs().max() > 1e-2 * scale  # the removals differ: the test means something
+
+
+def test_gate_phase_uses_the_fine_tune_parameter_groups(tiny_model, digits_data, tmp_path, monkeypatch):
+    """No weight decay on norms, biases and LayerScale in the gate phase either (timm's grouping, as in train())."""
+    import timm.optim
+
+    seen = []
+    real = timm.optim.create_optimizer_v2
+
+    def spy(model_or_params, *args, **kwargs):
+        opt = real(model_or_params, *args, **kwargs)
+        seen.append(opt)
+        return opt
+
+    monkeypatch.setattr(timm.optim, "create_optimizer_v2", spy)
+    job = make_job(tiny_model, digits_data, tmp_path, **{"scoring.subset": 32, "short_finetune.batch_size": 32,
+                                                          "short_finetune.epochs": 1})
+    from hetprune.pipeline import select_sites
+
+    select_sites(job, copy.deepcopy(tiny_model), {"attn": 1, "act": 0})
+    def layout(opt):
+        return [(g["weight_decay"], [tuple(p.shape) for p in g["params"]]) for g in opt.param_groups]
+
+    fine_tune = real(copy.deepcopy(tiny_model), opt="adamw", lr=1e-3, weight_decay=0.05)  # what train() builds
+    assert layout(seen[0]) == [(wd if wd == 0.0 else seen[0].param_groups[i]["weight_decay"], shapes)
+                               for i, (wd, shapes) in enumerate(layout(fine_tune))]
+    assert any(g["weight_decay"] == 0.0 for g in seen[0].param_groups)  # norms, biases, LayerScale: no decay
+
+
 def test_gate_state_lives_in_state_dict(tiny_model):
     bank, handles = gates.install(tiny_model, [Site(0, "attn")])
     state = tiny_model.state_dict()

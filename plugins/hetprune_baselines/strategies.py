@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from hetprune import HetpruneError, Site, sites
 from hetprune import surgery
-from hetprune.pipeline import DepthStrategy, PruneJob, scoring_context
+from hetprune.pipeline import DepthStrategy, PruneJob, scoring_context, select_sites
 
 
 def closest_pair(pairs: list[tuple[int, int]], attn_share: float) -> tuple[int, int]:
@@ -112,10 +113,19 @@ class BlockDrop(DepthStrategy):
         return (n, n), {"blocks": n, **note}
 
     def choose(self, job: PruneJob, model, counts):
-        """Blocks ranked by the scorer: a block's score is the mean within-kind rank of its two sites."""
+        """Blocks chosen with the same selection as every strategy, then ranked into whole blocks.
+
+        ``select_sites`` picks ``n`` attention and ``n`` activation sites exactly as
+        the other strategies pick theirs (for a learning scorer such as gate-taylor:
+        the same gate training of the weights, for the same number of removals).
+        Blocks with both sites picked come first, then one; ties go to the lower
+        mean within-kind rank of the scorer's one-shot scores on that model.
+        """
         n = counts["attn"]
         if n == 0:
             return []
+        picked = select_sites(job, model, {"attn": n, "act": n})
+        votes = Counter(s.block for s in picked)
         scorer = job.registry.build("scorer", job.settings["scorer"],
                                     **job.settings.get("scorer_options", {}).get(job.settings["scorer"], {}))
         ctx = scoring_context(job)
@@ -125,7 +135,7 @@ class BlockDrop(DepthStrategy):
             ordered = sorted(scores, key=lambda s: (scores[s], s.block))
             for r, s in enumerate(ordered):
                 rank.setdefault(s.block, []).append(r / max(1, len(ordered) - 1))
-        blocks = sorted(rank, key=lambda b: (sum(rank[b]) / len(rank[b]), b))[:n]
+        blocks = sorted(rank, key=lambda b: (-votes[b], sum(rank[b]) / len(rank[b]), b))[:n]
         return [Site(b, k) for b in sorted(blocks) for k in ("attn", "act")]
 
     def remove(self, job: PruneJob, model, chosen):

@@ -47,15 +47,20 @@ class GateBank(nn.Module):
         return float(self.scores[self.index[site]].detach())
 
 
-def install(model: nn.Module, candidates: list[Site], init: float = 0.0) -> tuple[GateBank, list]:
-    """Add a gate bank and forward hooks to ``model``; returns the bank and hook handles."""
+def install(model: nn.Module, candidates: list[Site], init: float = 0.0,
+            attn_mode: str = "identity") -> tuple[GateBank, list]:
+    """Add a gate bank and forward hooks to ``model``; returns the bank and hook handles.
+
+    ``attn_mode`` is the configured attention removal (``identity`` or
+    ``ln-residual``): a gate simulates exactly the removal the remover will do.
+    """
     ref = next(model.parameters())
     bank = GateBank(candidates, init).to(device=ref.device, dtype=ref.dtype)
     setattr(model, GATE_ATTR, bank)
     adapter = adapter_for(model)
     handles = []
     for site in candidates:
-        module, removed = adapter.gate_point(model, site.block, site.kind)
+        module, removed = adapter.gate_point(model, site.block, site.kind, attn_mode)
 
         def hook(module, inputs, output, _site=site, _removed=removed):
             m = bank.gate(_site)

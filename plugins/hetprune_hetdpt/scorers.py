@@ -170,9 +170,10 @@ class GateTaylorScorer:
         cfg = ctx.train_config("short_finetune", subset=ctx.settings["scoring"]["subset"])
         device = torch.device(cfg.device)
         model.to(device)
-        bank, handles = gates.install(model, candidates)
-        weights = [p for n, p in model.named_parameters() if not n.startswith(gates.GATE_ATTR)]
-        opt_w = create_optimizer_v2(weights, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # the weights' optimizer is made before the gates exist: the same parameter groups as the fine-tune
+        # (no weight decay on norms, biases and LayerScale)
+        opt_w = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+        bank, handles = gates.install(model, candidates, attn_mode=_attn_mode(ctx))
         opt_s = torch.optim.SGD([bank.scores], lr=self.score_lr)
         ckpt_path = Path(ctx.workdir) / "gate-checkpoint.pt"
         step, removed = 0, []
@@ -237,6 +238,14 @@ class GateTaylorScorer:
             total += loss.item() * y.numel()
             n += y.numel()
         return total / max(1, n)
+
+
+def _attn_mode(ctx) -> str:
+    """The attention removal mode of the configured remover, so the gates simulate that removal."""
+    from hetprune import get_registry
+
+    remover = get_registry().build("remover", ctx.settings.get("attn_remover", "attn-identity"))
+    return getattr(remover, "mode", "identity")
 
 
 def _present(model, kind):

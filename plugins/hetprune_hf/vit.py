@@ -78,10 +78,13 @@ class HFViTAdapter(PreNormAdapter):
         n = len(self.block_slots(model))
         return {"attn": n - 1, "act": n}  # the classifier reads the class token
 
-    def gate_point(self, model, block, kind):
-        if kind == "attn":
+    def gate_point(self, model, block, kind, attn_mode="identity"):
+        if kind == "attn" and attn_mode == "identity":
             attention = getattr(self._block(model, block), self.layout.attn)
             return attention.o_proj, lambda inputs, output: torch.zeros_like(output)
+        if kind == "attn":
+            raise HetpruneError("the hf-vit adapter cannot hook ln-residual attention removal (its attention "
+                                "returns a tuple); use attn-identity with gate-based scorers")
         return super().gate_point(model, block, kind)
 
     def attention_geometry(self, module):
