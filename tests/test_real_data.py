@@ -100,25 +100,38 @@ def run_prune(args, cwd):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def test_kill_9_during_finetune_then_resume_gives_same_files(trained_tiny, tmp_path):
+KILL_9 = {
+    # stage: (extra arguments, the checkpoint file that shows the stage is under way, its step key, steps)
+    "finetune": (["--scorer", "magnitude", "--budget", "2"], "finetune/finetune-checkpoint.pt", "epoch", 5),
+    # the paper's learned gates: 3 removals after a warm-up epoch, checkpointed after each removal
+    "gate-taylor": (["--scorer", "gate-taylor", "--budget", "3", "--set", "scoring.subset=600",
+                     "--set", "short_finetune.batch_size=16", "--set", "finetune.epochs=1",
+                     "--set", "scorer_options={gate-taylor: {epochs_per_removal: 2, warmup_epochs: 1}}"],
+                    "scoring/gate-checkpoint.pt", "step", 3),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(KILL_9))
+def test_kill_9_then_resume_gives_same_files(trained_tiny, tmp_path, stage):
+    extra, ckpt_rel, step_key, steps = KILL_9[stage]
     _, spec, ckpt = trained_tiny
     args = ["prune", "--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt),
-            "--strategy", "act-only", "--scorer", "magnitude", "--budget", "2",
-            "--set", "finetune.epochs=5", "--set", "finetune.subset=600", "--set", "finetune.batch_size=16"]
+            "--strategy", "act-only", "--set", "finetune.epochs=5", "--set", "finetune.subset=600",
+            "--set", "finetune.batch_size=16", *extra]
     ref = run_prune(args + ["--out", "ref"], tmp_path)
     assert ref.wait(timeout=600) == 0, ref.stdout.read().decode()[-2000:]
 
     proc = run_prune(args + ["--out", "cut"], tmp_path)
-    ckpt_file = tmp_path / "cut.work" / "finetune" / "finetune-checkpoint.pt"
+    ckpt_file = tmp_path / "cut.work" / ckpt_rel
     deadline = time.time() + 300
     while not ckpt_file.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
-    assert proc.poll() is None, "fine-tune finished before it could be interrupted"
+    assert proc.poll() is None, f"{stage} finished before it could be interrupted"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "cut").exists()           # nothing that looks complete
-    epoch = torch.load(ckpt_file, weights_only=True)["epoch"]
-    assert 1 <= epoch < 5
+    step = torch.load(ckpt_file, weights_only=True)[step_key]
+    assert 1 <= step < steps
 
     resumed = run_prune(args + ["--out", "cut", "--resume"], tmp_path)
     assert resumed.wait(timeout=600) == 0, resumed.stdout.read().decode()[-2000:]
