@@ -7,6 +7,7 @@ data it was measured on.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +143,9 @@ def image_folder(path: str | Path, model: torch.nn.Module) -> DataBundle:
     val = ImageFolder(str(root / "val"), transform=create_transform(**cfg, is_training=False))
     if train.classes != val.classes:
         raise HetpruneError(f"--data {root}: train/ and val/ have different class folders")
-    files = sorted(str(Path(p).relative_to(root)) for p, _ in train.samples + val.samples)
+    # names, sizes and modification times: a changed image changes the fingerprint (and so every resume key)
+    files = sorted((str(Path(p).relative_to(root)), os.stat(p).st_size, os.stat(p).st_mtime_ns)
+                   for p, _ in train.samples + val.samples)
     fp = fingerprint({"data": str(root.resolve()), "files": files, "cfg": cfg})
     return DataBundle(str(root), train, val, len(train.classes), cfg["input_size"][0], cfg["input_size"][1], fp)
 

@@ -201,7 +201,13 @@ def test_prune_apply_and_bench_run_on_every_family(key, checkpoint, tmp_path, ca
     assert recipe["adapter"] == FAMILIES[key][0]
     assert loaded(example()).shape == (3, 10)
     applied = tmp_path / "applied"
+    capsys.readouterr()
     assert main(["apply", *model_args, "--recipe", str(out / "recipe.json"), "--out", str(applied)]) == 0
+    assert "note: not fine-tuned" in capsys.readouterr().out
+    assert hetprune.recipe.load_recipe(applied).provenance["fine_tuned"] is False
+    again = tmp_path / "applied-from-recipe-base"  # no --model: the recipe's own base (hf-vit:... included)
+    assert main(["apply", "--checkpoint", model_args[-1], "--recipe", str(out / "recipe.json"),
+                 "--out", str(again)]) == 0
     assert hetprune.recipe.load_recipe(applied).removed_sites == hetprune.recipe.load_recipe(out).removed_sites
     assert main(["bench", str(out), "--batch-sizes", "2", "--repeats", "2", "--warmup", "1", "--min-time", "0.01",
                  "--device", "cpu"]) == 0

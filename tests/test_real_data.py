@@ -162,3 +162,22 @@ def test_model_arguments_timm_rejects_are_clear_errors():
         build(ModelSpec("vit_tiny_patch16_224", {"no_such_argument": 1}))
     with pytest.raises(HetpruneError, match="timm has no model named 'nope'"):
         build(ModelSpec("nope", {}))
+
+
+def test_image_folder_fingerprint_changes_when_an_image_changes(image_folder, tmp_path):
+    """Resume keys include the data's fingerprint: rewriting one image must change it, not only renaming."""
+    import shutil
+
+    import timm
+
+    from hetprune.data import image_folder as load_folder
+
+    copy_root = tmp_path / "imgs"
+    shutil.copytree(image_folder, copy_root)
+    model = timm.create_model("vit_tiny_patch16_224", **RGB_KWARGS)
+    before = load_folder(copy_root, model).fingerprint
+    assert load_folder(copy_root, model).fingerprint == before  # stable when nothing changed
+    target = copy_root / "train" / "red" / "0.png"
+    data = target.read_bytes()
+    target.write_bytes(data + b"\0")  # same name, other content
+    assert load_folder(copy_root, model).fingerprint != before

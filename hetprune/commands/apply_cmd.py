@@ -30,7 +30,8 @@ def run(args) -> int:
 
     recipe = resolve_recipe(args.recipe)
     if not args.model:
-        args.model = recipe.base.name
+        base = recipe.base
+        args.model = base.name if base.library == "timm" else f"{base.library}:{base.name}"
         if recipe.base.kwargs:
             import json
             args.model_kwargs = json.dumps(recipe.base.kwargs)
@@ -40,7 +41,7 @@ def run(args) -> int:
     dense = cost_summary(model, example)
     apply_recipe(model, recipe, compute_merge=True)
     recipe.base = spec
-    recipe.provenance = {**recipe.provenance, "applied_to": info}
+    recipe.provenance = {**recipe.provenance, "applied_to": info, "fine_tuned": False}
     pruned = cost_summary(model, example)
     save(args.out, model, recipe, overwrite=args.overwrite)
     print(f"saved {args.out}: {recipe.n_attn} attention + {recipe.n_act} activation sites removed, "
@@ -48,4 +49,6 @@ def run(args) -> int:
     print(f"params {human(dense['params'])} -> {human(pruned['params'])}, "
           f"MACs {human(dense['macs'])} -> {human(pruned['macs'])} ({dense['macs'] / pruned['macs']:.2f}x); "
           f"{pruned['macs_convention']}")
+    print("note: not fine-tuned: this is the base weights with the recipe's structure (removed sites lose "
+          "accuracy until fine-tuned); use `hetprune prune` for the whole pipeline, or fine-tune it yourself")
     return 0
