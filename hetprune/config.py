@@ -9,16 +9,73 @@ section through its ``defaults`` attribute (for example ``hetdpt:``).
 from __future__ import annotations
 
 import copy
+import math
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import yaml
 
 from .errors import HetpruneError
-from .train import TrainConfig
+
+KD_MODES = ("soft", "hard", "none")
+RUN_KEYS = ("seed", "device", "amp")   # a fine-tune takes these from the run, never from its own section
+
+
+@dataclass
+class TrainConfig:
+    """One fine-tune schedule (lives here, not in ``train``, so reading settings never imports torch)."""
+
+    epochs: int = 3
+    lr: float = 5e-4
+    batch_size: int = 32
+    weight_decay: float = 0.05
+    warmup_epochs: int = 0
+    kd: str = "soft"            # soft | hard | none
+    kd_temperature: float = 2.0
+    kd_alpha: float = 0.5       # weight of the distillation term; (1 - alpha) on the labels
+    subset: int | None = None   # train on this many training images (seeded), None = all
+    seed: int = 0
+    device: str = "cpu"
+    workers: int = 0            # data-loading worker processes (ImageFolder data)
+    amp: str = "none"           # bf16 | fp16 | none | auto (hetprune.devices.resolve_amp)
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size", "warmup_epochs", "workers", "seed", "subset"):
+            value = getattr(self, name)
+            if not (value is None and name == "subset") and (isinstance(value, bool) or not isinstance(value, int)):
+                raise HetpruneError(f"training setting {name} must be a whole number, got {value!r}")
+        for name in ("lr", "weight_decay", "kd_temperature", "kd_alpha"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise HetpruneError(f"training setting {name} must be a finite number, got {value!r}")
+        if self.kd not in KD_MODES:
+            raise HetpruneError(f"kd must be one of {KD_MODES}, got {self.kd!r}")
+        if self.epochs < 0 or self.batch_size < 1 or self.lr <= 0:
+            raise HetpruneError(f"bad training settings: epochs={self.epochs}, batch_size={self.batch_size}, "
+                                f"lr={self.lr} (need epochs >= 0, batch_size >= 1, lr > 0)")
+        if not 0.0 <= self.kd_alpha <= 1.0:
+            raise HetpruneError(f"kd_alpha must be within [0, 1], got {self.kd_alpha}")
+        if self.kd_temperature <= 0:
+            raise HetpruneError(f"kd_temperature must be > 0, got {self.kd_temperature}")
+        if self.workers < 0:
+            raise HetpruneError(f"workers must be >= 0, got {self.workers}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "training settings") -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise HetpruneError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(sorted(known))}")
+        return cls(**d)
+
 
 def _schedule(cfg: TrainConfig) -> dict:
     d = cfg.to_dict()
-    del d["seed"], d["device"]
+    for key in RUN_KEYS:
+        del d[key]
     return d
 
 
@@ -30,8 +87,9 @@ CORE_DEFAULTS: dict = {
     "act_remover": "act-identity",
     "mergers": ["linear-merge"],
     "seed": 0,
-    "device": "cpu",
-    # "seed" and "device" of a fine-tune always come from the run's own (top level)
+    "device": "cpu",        # cpu | cuda | cuda:N | auto, resolved once when a command starts
+    "amp": "auto",          # bf16 | fp16 | none; auto = bf16 on CUDA with native bf16, else none
+    # "seed", "device" and "amp" of a fine-tune always come from the run's own (top level)
     "finetune": _schedule(TrainConfig(epochs=3, lr=5e-4, subset=300, kd="soft")),
     "short_finetune": _schedule(TrainConfig(epochs=2, lr=5e-4, subset=150, kd="soft")),
     "scoring": {"batches": 4, "batch_size": 64, "subset": 300},
@@ -107,12 +165,13 @@ def resolve(strategy_defaults: dict | None, config_file: str | None = None, over
 
 
 def train_config(settings: dict, section: str, **changes) -> TrainConfig:
-    """The TrainConfig of a settings section; seed and device are the run's."""
+    """The TrainConfig of a settings section; seed, device and amp are the run's."""
     d = {**settings[section], **changes}
-    for key in ("seed", "device"):
+    for key in RUN_KEYS:
         if key in settings[section]:
             raise HetpruneError(f"{section}.{key} is not a setting: the run's top-level {key!r} applies to every "
                                 "fine-tune")
     d["seed"] = int(settings.get("seed", 0))
     d["device"] = settings.get("device", "cpu")
+    d["amp"] = settings.get("amp", "none")
     return TrainConfig.from_dict(d, where=f"settings section {section!r}")
