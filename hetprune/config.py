@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -96,19 +97,91 @@ CORE_DEFAULTS: dict = {
 }
 
 
-def _merge(base: dict, update: dict, where: str, path: str = "") -> dict:
+# The type of settings whose default is null, or that may be set to null ("all images").
+DECLARED_TYPES: dict[str, tuple] = {
+    "finetune.subset": (int, None),
+    "short_finetune.subset": (int, None),
+    "scoring.subset": (int, None),
+}
+_TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "text", list: "a list",
+               dict: "a mapping", None: "null"}
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def expected_type(default, declared: tuple | None = None) -> tuple | None:
+    """What a setting accepts: its declared type, else its default's type (None: anything)."""
+    if declared is not None:
+        return declared
+    for t in (bool, int, float, str, list, dict):
+        if isinstance(default, t):
+            return (t,)
+    return None
+
+
+def _finite(key: str, value, where: str) -> None:
+    """Refuse NaN and infinities anywhere in a value (also inside free-form option mappings)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise HetpruneError(f"{where}: {key} = {value!r} is not a finite number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite(f"{key}.{k}", v, where)
+    elif isinstance(value, list):
+        for v in value:
+            _finite(key, v, where)
+
+
+def _as_number(value):
+    """A number from a number or from text that reads as one (YAML reads ``1e-5`` as text); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        text = value.strip()
+        return int(text) if text.lstrip("+-").isdigit() else float(text)
+    return None
+
+
+def typed(key: str, value, expected: tuple | None, where: str):
+    """``value`` converted to the setting's type, or one clear error naming key, value and type."""
+    _finite(key, value, where)
+    if expected is None or (value is None and None in expected):
+        return value
+    for t in expected:
+        if t is bool and isinstance(value, bool):
+            return value
+        if t in (str, list, dict) and isinstance(value, t):
+            return value
+        number = _as_number(value) if t in (int, float) else None
+        if number is None:
+            continue
+        if t is float:
+            return float(number)
+        if float(number).is_integer():
+            return int(number)
+    wanted = " or ".join(_TYPE_NAMES[t] for t in expected)
+    raise HetpruneError(f"{where}: {key} = {value!r} is not {wanted}")
+
+
+def _merge(base: dict, update: dict, where: str, path: str = "", schema: dict | None = None,
+           declared: dict | None = None) -> dict:
+    """``base`` updated by ``update``; every value checked against ``schema`` (the defaults) and converted."""
+    schema = base if schema is None else schema
+    declared = DECLARED_TYPES if declared is None else declared
     out = copy.deepcopy(base)
     for key, value in update.items():
         full = f"{path}{key}"
         if key not in base:
             allowed = ", ".join(sorted(base))
             raise HetpruneError(f"unknown key {full!r} in {where}; allowed here: {allowed}")
+        default = schema.get(key)
         if isinstance(base[key], dict) and base[key] and not key.endswith("_options"):
             if not isinstance(value, dict):
                 raise HetpruneError(f"{full!r} in {where} must be a mapping, got {value!r}")
-            out[key] = _merge(base[key], value, where, f"{full}.")
+            out[key] = _merge(base[key], value, where, f"{full}.", default if isinstance(default, dict) else {},
+                              declared)
         else:
-            out[key] = copy.deepcopy(value)
+            out[key] = typed(full, copy.deepcopy(value), expected_type(default, declared.get(full)), where)
     return out
 
 
@@ -145,20 +218,34 @@ def parse_set(items: list[str]) -> dict:
         parts = key.strip().split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw)
+            if not isinstance(node, dict):
+                raise HetpruneError(f"--set {item!r}: {part} was already given a value, not a mapping")
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            why = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise HetpruneError(f"--set {item!r}: the value is not valid YAML ({why})") from None
     return out
 
 
 def resolve(strategy_defaults: dict | None, config_file: str | None = None, overrides: dict | None = None,
-            sets: list[str] | None = None) -> dict:
-    """Defaults <- YAML file <- explicit overrides <- ``--set`` items."""
-    settings = defaults_for(strategy_defaults)
+            sets: list[str] | None = None, types: dict | None = None) -> dict:
+    """Defaults <- YAML file <- explicit overrides <- ``--set`` items.
+
+    Every value is typed by its default (``types``, keyed ``section.key``,
+    declares the type of settings whose default is null, e.g. ``(int, None)``).
+    """
+    schema = defaults_for(strategy_defaults)
+    declared = {**DECLARED_TYPES, **(types or {})}
+    settings = copy.deepcopy(schema)
     if config_file:
-        settings = _merge(settings, read_yaml(config_file), f"config file {config_file}")
+        settings = _merge(settings, read_yaml(config_file), f"config file {config_file}", schema=schema,
+                          declared=declared)
     if overrides:
-        settings = _merge(settings, {k: v for k, v in overrides.items() if v is not None}, "command-line options")
+        settings = _merge(settings, {k: v for k, v in overrides.items() if v is not None}, "command-line options",
+                          schema=schema, declared=declared)
     if sets:
-        settings = _merge(settings, parse_set(sets), "--set options")
+        settings = _merge(settings, parse_set(sets), "--set options", schema=schema, declared=declared)
     for section in ("finetune", "short_finetune"):
         train_config(settings, section)  # validates the schedule now, not after an hour
     return settings

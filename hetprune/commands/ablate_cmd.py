@@ -64,7 +64,8 @@ def run(args) -> int:
                             "use hetdpt or a strategy built like it")
     section = strategy.name
     settings = config_mod.resolve(getattr(strategy, "defaults", {}), args.config,
-                                  {"scorer": args.scorer, "device": args.device, "amp": args.amp}, args.set)
+                                  {"scorer": args.scorer, "device": args.device, "amp": args.amp}, args.set,
+                                  types=getattr(strategy, "setting_types", None))
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         raise HetpruneError(f"--tolerance must be a finite number of points >= 0, got {args.tolerance}")
     device = run_device(settings)

@@ -64,13 +64,15 @@ def run(args) -> int:
         budgets = [one] if one else [budget_from(args, k) for k in DEFAULT_BUDGETS]
     seeds = int_list(args.seeds, "--seeds")
     defaults: dict = {}
+    types: dict = {}
     for s in strategies:
         defaults.update(getattr(s, "defaults", {}))
+        types.update(getattr(s, "setting_types", None) or {})
     sets = list(args.set)
     if args.predictor:
         sets += predictor_sets(defaults, args.predictor, ",".join(names))
     settings = config_mod.resolve(defaults, args.config, {"scorer": args.scorer, "device": args.device,
-                                                          "amp": args.amp}, sets)
+                                                          "amp": args.amp}, sets, types=types)
     device = run_device(settings)
     registry.component("scorer", settings["scorer"])
     out = Path(args.out)

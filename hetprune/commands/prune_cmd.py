@@ -83,7 +83,8 @@ def settings_for(args, strategy) -> dict:
     sets = list(args.set)
     if args.predictor:
         sets += predictor_sets(getattr(strategy, "defaults", {}), args.predictor, strategy.name)
-    return config_mod.resolve(getattr(strategy, "defaults", {}), args.config, overrides, sets)
+    return config_mod.resolve(getattr(strategy, "defaults", {}), args.config, overrides, sets,
+                              types=getattr(strategy, "setting_types", None))
 
 
 def run(args) -> int:
