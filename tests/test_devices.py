@@ -203,3 +203,27 @@ def test_every_model_and_batch_of_prune_goes_through_the_helper(device, strategy
     assert not watch.wrong, watch.wrong[:5]
     # the dense model (teacher), MAP-point and scorer copies, and the pruned model all ran forward passes
     assert len(watch.placed) >= 3 and len(set(forwards)) >= 4
+
+
+def test_amp_runs_forwards_in_low_precision_and_the_loss_in_fp32(tiny_model, digits_data, monkeypatch):
+    """bf16 autocast works on CPU too: the student and teacher forwards run in bf16, the KD loss in fp32."""
+    import copy
+
+    import hetprune.train as train_mod
+
+    seen = {"loss": [], "head": []}
+    real_loss = train_mod.training_loss
+
+    def recording_loss(student, labels, teacher, cfg):
+        seen["loss"].append((student.dtype, teacher.dtype))
+        return real_loss(student, labels, teacher, cfg)
+
+    monkeypatch.setattr(train_mod, "training_loss", recording_loss)
+    teacher = copy.deepcopy(tiny_model)
+    tiny_model.head.register_forward_hook(lambda m, i, out: seen["head"].append(out.dtype))
+    cfg = train_mod.TrainConfig(epochs=1, subset=16, batch_size=8, kd="soft", amp="bf16")
+    history = train_mod.train(tiny_model, digits_data, cfg, teacher=teacher, progress=False)
+    assert seen["head"] and set(seen["head"]) == {torch.bfloat16}
+    assert seen["loss"] and set(seen["loss"]) == {(torch.float32, torch.float32)}
+    assert history[0]["loss"] == history[0]["loss"]  # finite, not NaN
+    assert tiny_model.cls_token.dtype == torch.float32  # autocast, not a cast of the weights
