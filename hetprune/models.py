@@ -108,8 +108,8 @@ def build_with_weights(spec: ModelSpec, pretrained: bool = False, checkpoint: st
 
 
 def digits_model(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None, progress: bool = True,
-                 log=print) -> nn.Module:
-    """The embedded default base model: trained on digits once, then read from the cache."""
+                 log=print, device: str = "cpu") -> nn.Module:
+    """The embedded default base model: trained on digits once (on ``device``), then read from the cache."""
     from .data import digits, loader
     from .train import TrainConfig, evaluate, train
 
@@ -121,7 +121,7 @@ def digits_model(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None, pr
     if dist.active() and not weights.is_file():
         # rank 0 trains the base model alone; the others wait, then read the cache
         if dist.is_main():
-            digits_model(spec, training, progress, log)
+            digits_model(spec, training, progress, log, device)
         dist.barrier()
     model = build(spec)
     if weights.is_file():
@@ -132,13 +132,15 @@ def digits_model(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None, pr
     model = build(spec)
     data = digits()
     cfg = TrainConfig(epochs=training["epochs"], lr=training["lr"], batch_size=training["batch_size"],
-                      weight_decay=training["weight_decay"], seed=training["seed"], kd="none", warmup_epochs=2)
+                      weight_decay=training["weight_decay"], seed=training["seed"], kd="none", warmup_epochs=2,
+                      device=device)
     start = time.time()
     train(model, data, cfg, progress=progress, desc="base model", distributed=False)
-    acc = evaluate(model, loader(data.val, 256, shuffle=False))
+    acc = evaluate(model, loader(data.val, 256, shuffle=False), device)
+    model.cpu()  # the cached weights, and the model returned, are the same wherever it was trained
     save_weights(weights, model)
     write_json_atomic(folder / "meta.json", {"spec": spec.to_dict(), "training": training, "val_top1": acc,
-                                             "seconds": round(time.time() - start, 1)})
+                                             "seconds": round(time.time() - start, 1), "device": str(device)})
     log(f"base model: val top-1 {acc:.2f}% after {time.time() - start:.0f}s")
     return model.eval()
 

@@ -82,7 +82,7 @@ def run(args) -> int:
     out = Path(args.out)
     prepare_out(out, args.resume, args.overwrite, "ablation")
 
-    dense, model_spec, base_info = base_model(args)
+    dense, model_spec, base_info = base_model(args, device=settings["device"])
     data = data_for(args, dense)
     apply_data_options(args, settings, data)
     devices.place(dense, device)

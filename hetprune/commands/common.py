@@ -51,13 +51,14 @@ def model_spec(args):
     return ModelSpec(args.model, kwargs)
 
 
-def base_model(args, log=print):
-    """``(dense_model, spec, base_info)`` from the command's model options."""
+def base_model(args, log=print, device: str = "cpu"):
+    """``(dense_model, spec, base_info)`` from the command's model options (the embedded default is trained
+    on ``device`` the first time)."""
     from ..models import build_with_weights, digits_model, digits_model_info, model_hash
 
     spec = model_spec(args)
     if not args.model:
-        model = digits_model(log=log, progress=not os.environ.get("HETPRUNE_NO_PROGRESS"))
+        model = digits_model(log=log, progress=not os.environ.get("HETPRUNE_NO_PROGRESS"), device=device)
         info = {"source": "embedded digits ViT", **({"top1": m["val_top1"]} if (m := digits_model_info()) else {})}
     else:
         model = build_with_weights(spec, pretrained=args.pretrained, checkpoint=args.checkpoint)

@@ -82,7 +82,7 @@ def run(args) -> int:
         raise HetpruneError(f"--batch-sizes must be >= 1, got {batch_sizes}")
     spec = CompareSpec(names, budgets, seeds, settings, batch_sizes=batch_sizes, device=settings["device"])
 
-    dense, model_spec, base_info = base_model(args)
+    dense, model_spec, base_info = base_model(args, device=settings["device"])
     data = data_for(args, dense)
     apply_data_options(args, settings, data)
     spec.settings = settings

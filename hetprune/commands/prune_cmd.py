@@ -111,7 +111,7 @@ def run(args) -> int:
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise HetpruneError(f"output folder {out} already holds a result; pass --overwrite to replace it")
     torch.manual_seed(settings["seed"])
-    dense, spec, base_info = base_model(args)
+    dense, spec, base_info = base_model(args, device=settings["device"])
     data = data_for(args, dense, seed=0)
     apply_data_options(args, settings, data)
     job = PruneJob(dense=dense, spec=spec, data=data, budget=budget, settings=settings, registry=registry,
