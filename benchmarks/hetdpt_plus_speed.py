@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     env = result["environment"]
     command = "python benchmarks/hetdpt_plus_speed.py " + " ".join(sys.argv[1:] if argv is None else argv)
     lines = [
-        "# HetDPT+ speed on DeiT-B geometry (CPU)",
+        f"# HetDPT+ speed on DeiT-B geometry ({env['device'].upper()}, {env['dtype']})",
         "",
         f"Command: `{command}`",
         "",

@@ -42,7 +42,7 @@ OUT = Path(__file__).resolve().parent / "results"
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--device", default="cpu", metavar="auto|cpu|cuda|cuda:N")
     p.add_argument("--dtype", default=None, choices=("fp32", "bf16", "fp16"),
                    help="default: fp32 on CPU, bf16 on CUDA")
     p.add_argument("--batch-size", default="auto", metavar="N|auto",

@@ -4,22 +4,51 @@ The public API for users and plugin authors is what this module exports, plus
 the modules ``hetprune.surgery`` (exact removal/merge primitives),
 ``hetprune.pipeline`` (the shared strategy steps), ``hetprune.config``,
 ``hetprune.recipe``, ``hetprune.costs`` and ``hetprune.bench``.
+
+Names are imported on first use (module ``__getattr__``), so ``import
+hetprune`` and ``hetprune --help`` do not load torch.
 """
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
-from . import config, costs, recipe, surgery
-from .budget import Budget
-from .errors import HetpruneError
-from .hookspecs import hookimpl, hookspec
-from .models import ModelSpec
-from .pipeline import DepthStrategy, FixedSplit, PruneJob, PruneResult, ScoringContext
-from .plugins import get_registry, register_plugin, unregister_plugin
-from .recipe import Recipe, apply_recipe, load, save
-from .sites import Site, sites
+# public name -> the submodule that defines it (None: the name is that submodule)
+_EXPORTS = {
+    "Budget": "budget", "HetpruneError": "errors", "hookimpl": "hookspecs", "hookspec": "hookspecs",
+    "ModelSpec": "models", "DepthStrategy": "pipeline", "FixedSplit": "pipeline", "PruneJob": "pipeline",
+    "PruneResult": "pipeline", "ScoringContext": "pipeline", "get_registry": "plugins",
+    "register_plugin": "plugins", "unregister_plugin": "plugins", "Recipe": "recipe", "apply_recipe": "recipe",
+    "load": "recipe", "save": "recipe", "Site": "sites", "sites": "sites",
+    "config": None, "costs": None, "recipe": None, "surgery": None,
+}
 
-__all__ = [
-    "Budget", "DepthStrategy", "FixedSplit", "HetpruneError", "ModelSpec", "PruneJob", "PruneResult", "Recipe",
-    "ScoringContext", "Site", "__version__", "apply_recipe", "config", "costs", "get_registry", "hookimpl",
-    "hookspec", "load", "recipe", "register_plugin", "save", "sites", "surgery", "unregister_plugin",
-]
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hetprune' has no attribute {name!r}")
+    module = importlib.import_module(f".{_EXPORTS[name] or name}", __name__)
+    value = module if _EXPORTS[name] is None else getattr(module, name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name, value):
+        # importing the submodule hetprune.sites binds it here; the public name ``sites`` is its function
+        if name == "sites" and isinstance(value, types.ModuleType):
+            value = value.sites
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -39,11 +39,11 @@ from typing import Callable
 import torch
 from torch import nn
 
+from . import devices
 from .costs import CONVENTION, count_macs, count_params, human
 from .errors import HetpruneError
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-DEVICES = ("auto", "cpu", "cuda")
 
 
 # -- environment ---------------------------------------------------------------
@@ -65,15 +65,9 @@ def load_average() -> list[float] | None:
         return None
 
 
-def resolve_device(device: str) -> torch.device:
-    if device not in DEVICES:
-        raise HetpruneError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise HetpruneError("device 'cuda' asked for, but torch sees no CUDA device "
-                            f"(torch {torch.__version__}); use --device cpu or auto")
-    return torch.device(device)
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``, checked as every command checks it."""
+    return devices.resolve(device)
 
 
 def check_dtype(dtype: str, device: torch.device) -> None:
@@ -220,7 +214,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
     input_shape = tuple(int(s) for s in input_shape)
     if not batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in batch_sizes):
         raise HetpruneError(f"batch sizes must be positive integers, got {batch_sizes!r}")
-    if repeats < 1 or warmup < 0 or min_time_s < 0:
+    if repeats < 1 or warmup < 0 or not (math.isfinite(min_time_s) and min_time_s >= 0):
         raise HetpruneError(f"need repeats >= 1, warmup >= 0, min_time_s >= 0; got {repeats}, {warmup}, {min_time_s}")
     dev = resolve_device(device)
     check_dtype(dtype, dev)

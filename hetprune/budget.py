@@ -9,6 +9,7 @@ one removal fewer of either kind.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,13 @@ class Budget:
         given = [v for v in (self.sites, self.target_macs, self.target_speedup) if v is not None]
         if len(given) != 1:
             raise HetpruneError("give exactly one budget: --budget K, --target-macs F or --target-speedup S")
+        if self.sites is not None and (isinstance(self.sites, bool) or not isinstance(self.sites, int)):
+            raise HetpruneError(f"--budget must be a whole number of sites, got {self.sites!r}")
+        for name in ("target_macs", "target_speedup"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise HetpruneError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
         if self.sites is not None and self.sites < 0:
             raise HetpruneError(f"--budget must be a count of sites >= 0, got {self.sites}")
         if self.target_macs is not None and self.target_macs <= 0:
@@ -62,11 +70,12 @@ def parse_macs(text: str) -> float:
     units = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
     t = text.strip().upper()
     try:
-        if t and t[-1] in units:
-            return float(t[:-1]) * units[t[-1]]
-        return float(t)
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
     except ValueError:
-        raise HetpruneError(f"cannot read MACs {text!r}: write a fraction like 0.6 or an amount like 2.6G") from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise HetpruneError(f"cannot read MACs {text!r}: write a fraction like 0.6 or an amount like 2.6G")
+    return value
 
 
 def max_per_kind(model: nn.Module) -> dict[str, int]:

@@ -55,9 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for module_name in args.plugin:
             load_module(module_name)
-        from .distributed import init_from_env
-
-        init_from_env(getattr(args, "device", None) or "cpu")  # a no-op outside torchrun
+        # commands that train resolve --device and join torchrun's process group themselves
         return int(args._run(args) or 0)
     except HetpruneError as exc:
         print(f"error: {exc}", file=sys.stderr)

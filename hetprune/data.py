@@ -170,11 +170,16 @@ def subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
 
 
 def loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0, workers: int = 0,
-           rank: int = 0, world: int = 1) -> DataLoader:
-    """Batches of ``dataset`` for one epoch seeded by ``seed`` (this rank's share under torchrun)."""
+           rank: int = 0, world: int = 1, pin_memory: bool = False) -> DataLoader:
+    """Batches of ``dataset`` for one epoch seeded by ``seed`` (this rank's share under torchrun).
+
+    ``pin_memory`` (for a CUDA run) puts batches in page-locked memory, so the
+    copy to the GPU can be non-blocking.
+    """
     set_epoch(dataset, seed)
     sampler = GlobalBatchSampler(len(dataset), batch_size, seed, shuffle=shuffle, rank=rank, world=world)
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=workers, persistent_workers=False)
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=workers, persistent_workers=False,
+                      pin_memory=pin_memory)
 
 
 def example_batch(data: DataBundle, n: int = 8) -> torch.Tensor:

@@ -16,13 +16,20 @@ import torch
 import torch.distributed as dist
 
 
-def init_from_env(device: str = "cpu") -> bool:
-    """Join the process group torchrun describes (``WORLD_SIZE`` > 1); gloo on CPU, nccl on CUDA."""
+def init_from_env(device: str | torch.device = "cpu") -> bool:
+    """Join the process group torchrun describes (``WORLD_SIZE`` > 1): nccl on CUDA, gloo on CPU.
+
+    ``device`` is the run's device (``hetprune.devices.resolve``): a rank on
+    CUDA uses its ``LOCAL_RANK`` GPU.
+    """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return dist.is_initialized()
-    backend = "nccl" if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()) else "gloo"
+    from .devices import resolve
+
+    device = resolve(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     # rank 0 alone runs some long stages (site selection) while the others wait
     minutes = float(os.environ.get("HETPRUNE_DIST_TIMEOUT_MIN", "360"))
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=minutes))
@@ -80,9 +87,3 @@ def sum_tensor(t: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
-
-def local_device(device: str) -> str:
-    """On CUDA under torchrun, each rank uses its own GPU."""
-    if active() and device.startswith("cuda") and ":" not in device:
-        return f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
-    return device

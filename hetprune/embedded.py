@@ -20,15 +20,15 @@ DIGITS_TRAINING = dict(epochs=30, lr=1e-3, batch_size=32, weight_decay=0.05, see
 
 
 def digits_model(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None, progress: bool = True,
-                 log=print) -> nn.Module:
-    """The embedded default base model: trained on digits once, then read from the cache."""
+                 log=print, device: str = "cpu") -> nn.Module:
+    """The embedded default base model: trained on digits once (on ``device``), then read from the cache."""
     folder = digits_model_folder(spec, training)
     training = {**DIGITS_TRAINING, **(training or {})}
     weights = folder / "model.safetensors"
     if dist.active() and not weights.is_file():
         # rank 0 trains the base model alone; the others wait, then read the cache
         if dist.is_main():
-            digits_model(spec, training, progress, log)
+            digits_model(spec, training, progress, log, device)
         dist.barrier()
     model = build(spec)
     if weights.is_file():
@@ -39,13 +39,15 @@ def digits_model(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None, pr
     model = build(spec)
     data = digits()
     cfg = TrainConfig(epochs=training["epochs"], lr=training["lr"], batch_size=training["batch_size"],
-                      weight_decay=training["weight_decay"], seed=training["seed"], kd="none", warmup_epochs=2)
+                      weight_decay=training["weight_decay"], seed=training["seed"], kd="none", warmup_epochs=2,
+                      device=device)
     start = time.time()
     train(model, data, cfg, progress=progress, desc="base model", distributed=False)
-    acc = evaluate(model, loader(data.val, 256, shuffle=False))
+    acc = evaluate(model, loader(data.val, 256, shuffle=False), device)
+    model.cpu()  # the cached weights, and the model returned, are the same wherever it was trained
     save_weights(weights, model)
     write_json_atomic(folder / "meta.json", {"spec": spec.to_dict(), "training": training, "val_top1": acc,
-                                             "seconds": round(time.time() - start, 1)})
+                                             "seconds": round(time.time() - start, 1), "device": str(device)})
     log(f"base model: val top-1 {acc:.2f}% after {time.time() - start:.0f}s")
     return model.eval()
 

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from . import devices
 from . import distributed as dist
 from . import surgery
 from .budget import Budget, feasible_pairs, max_per_kind
@@ -57,20 +58,35 @@ class PruneJob:
         if not dist.is_main():  # under torchrun only rank 0 talks
             self.log = lambda msg: None
             self.progress = False
+        self.place(self.dense)  # the teacher, and the source of every copy a strategy makes
 
     @property
     def seed(self) -> int:
         return int(self.settings.get("seed", 0))
 
     @property
-    def device(self) -> str:
-        return self.settings.get("device", "cpu")
+    def device(self) -> torch.device:
+        """This process's device (settings hold the rank-independent name, e.g. ``cuda``)."""
+        return devices.resolve(self.settings.get("device", "cpu"))
+
+    @property
+    def amp(self) -> str:
+        return devices.resolve_amp(self.settings.get("amp", "none"), self.device)
+
+    @property
+    def workers(self) -> int:
+        return int(self.settings.get("finetune", {}).get("workers", 0))
+
+    def place(self, obj):
+        """Move a model or batch to the run's device (:func:`hetprune.devices.place`)."""
+        return devices.place(obj, self.device)
 
     @property
     def example(self) -> torch.Tensor:
+        """Two validation images on the run's device: for exactness checks and counting costs."""
         from .data import example_batch
 
-        return example_batch(self.data, 2)
+        return self.place(example_batch(self.data, 2))
 
     def event(self, name: str, **kwargs) -> None:
         getattr(self.registry.hook, name)(**kwargs)
@@ -84,7 +100,7 @@ class PruneJob:
                    info={"strategy": self.strategy_name, "seconds": round(time.time() - started, 2), **info})
 
     def val_accuracy(self, model: nn.Module) -> float:
-        return evaluate_dataset(model, self.data.val, dist.local_device(self.device))
+        return evaluate_dataset(model, self.data.val, self.device, workers=self.workers, amp=self.amp)
 
     def feasible_pairs(self) -> list[tuple[int, int]]:
         merge = bool(self.settings.get("mergers"))
@@ -98,7 +114,7 @@ class ScoringContext:
     data: DataBundle
     teacher: nn.Module
     settings: dict
-    device: str
+    device: torch.device
     seed: int
     workdir: Path
     progress: bool = True
@@ -106,14 +122,20 @@ class ScoringContext:
     log: Callable[[str], None] = print
     on_epoch_end: Callable[[int, dict], None] | None = None
 
+    def place(self, obj):
+        """Move a model or batch to the run's device (:func:`hetprune.devices.place`)."""
+        return devices.place(obj, devices.resolve(self.device))
+
     def batches(self):
-        """The few fixed batches one-shot scorers use (seeded subset of the training data)."""
+        """The few fixed batches one-shot scorers use (seeded subset of the training data), on the device."""
         sc = self.settings["scoring"]
         data = subset(self.data.train, sc["subset"], self.seed)
-        for i, (x, y) in enumerate(loader(data, sc["batch_size"], shuffle=False)):
+        workers = int(self.settings.get("short_finetune", {}).get("workers", 0))
+        cuda = devices.resolve(self.device).type == "cuda"
+        for i, batch in enumerate(loader(data, sc["batch_size"], shuffle=False, workers=workers, pin_memory=cuda)):
             if i >= sc["batches"]:
                 break
-            yield x.to(self.device), y.to(self.device)
+            yield self.place(tuple(batch))
 
     def train_config(self, section: str = "short_finetune", **changes) -> TrainConfig:
         return train_config(self.settings, section, **changes)
@@ -214,28 +236,27 @@ def finetune_and_measure(job: PruneJob, model: nn.Module, after: str) -> tuple[f
 
 def merge(job: PruneJob, model: nn.Module, tol: float = 1e-4) -> list[int]:
     """Apply the configured mergers and check the function did not change."""
-    reference = copy.deepcopy(model).eval()
+    reference = copy.deepcopy(job.place(model)).eval()
     changed: list[int] = []
     for name in job.settings.get("mergers") or []:
         changed += job.registry.build("merger", name).merge(model) or []
     model.eval()
-    x = job.example.to(next(model.parameters()).device)
-    surgery.check_exact(reference, model, x, tol=tol)
+    surgery.check_exact(reference, model, job.example, tol=tol)
     return sorted(set(changed))
 
 
 def finish(job: PruneJob, model: nn.Module, report: dict, fold_norm: bool = False,
            widths: dict | None = None) -> PruneResult:
     """Turn a pruned, fine-tuned, merged model into a recipe and a complete report."""
-    model.eval()
+    job.place(model).eval()
     example = job.example
     recipe = recipe_from_model(
         model, job.spec, arch_of(job.dense), fold_norm=fold_norm, widths=widths,
         provenance={"strategy": job.strategy_name, "budget": job.budget.to_dict(), "seed": job.seed,
                     "base_weights": job.base_info, "data": job.data.describe()},
     )
-    dense_cost = cost_summary(job.dense, example)
-    cost = cost_summary(model, example.to(next(model.parameters()).device))
+    dense_cost = cost_summary(job.dense, example)   # the model, the teacher and the example share the device
+    cost = cost_summary(model, example)
     report = {
         "strategy": job.strategy_name,
         "budget": job.budget.to_dict(),
@@ -278,8 +299,8 @@ class DepthStrategy:
         return remove_sites(job, model, chosen)
 
     def prepare(self, job: PruneJob) -> nn.Module:
-        """The model to prune: a copy of the dense one (subclasses may change it)."""
-        return copy.deepcopy(job.dense)
+        """The model to prune: a copy of the dense one, on the run's device (subclasses may change it)."""
+        return job.place(copy.deepcopy(job.dense))
 
     def run(self, job: PruneJob) -> PruneResult:
         job.strategy_name = job.strategy_name or self.name

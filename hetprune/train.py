@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
@@ -18,59 +17,16 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from . import devices
 from . import distributed as dist
+from .config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.train too
 from .data import DataBundle, loader, subset
 from .errors import HetpruneError
 
-KD_MODES = ("soft", "hard", "none")
 
-
-@dataclass
-class TrainConfig:
-    epochs: int = 3
-    lr: float = 5e-4
-    batch_size: int = 32
-    weight_decay: float = 0.05
-    warmup_epochs: int = 0
-    kd: str = "soft"            # soft | hard | none
-    kd_temperature: float = 2.0
-    kd_alpha: float = 0.5       # weight of the distillation term; (1 - alpha) on the labels
-    subset: int | None = None   # train on this many training images (seeded), None = all
-    seed: int = 0
-    device: str = "cpu"
-    workers: int = 0            # data-loading worker processes (ImageFolder data)
-
-    def __post_init__(self):
-        if self.kd not in KD_MODES:
-            raise HetpruneError(f"kd must be one of {KD_MODES}, got {self.kd!r}")
-        if self.epochs < 0 or self.batch_size < 1 or self.lr <= 0:
-            raise HetpruneError(f"bad training settings: epochs={self.epochs}, batch_size={self.batch_size}, "
-                                f"lr={self.lr} (need epochs >= 0, batch_size >= 1, lr > 0)")
-        if not 0.0 <= self.kd_alpha <= 1.0:
-            raise HetpruneError(f"kd_alpha must be within [0, 1], got {self.kd_alpha}")
-        if self.workers < 0:
-            raise HetpruneError(f"workers must be >= 0, got {self.workers}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict, where: str = "training settings") -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise HetpruneError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(sorted(known))}")
-        return cls(**d)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise HetpruneError(f"device {name!r} asked for, but CUDA is not available here; use --device cpu or auto")
-    if name not in ("cpu",) and not name.startswith("cuda"):
-        raise HetpruneError(f"device must be auto, cpu or cuda[:N], got {name!r}")
-    return torch.device(name)
+def resolve_device(name: str | torch.device) -> torch.device:
+    """Kept for callers of the old name: :func:`hetprune.devices.resolve`."""
+    return devices.resolve(name)
 
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mode: str, temperature: float = 2.0):
@@ -93,16 +49,24 @@ def training_loss(student_logits, labels, teacher_logits, cfg: TrainConfig) -> t
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, data_loader, device: str | torch.device = "cpu", reduce: bool = False) -> float:
-    """Top-1 accuracy in percent (``reduce``: sum the counts of all ranks)."""
+def evaluate(model: nn.Module, data_loader, device: str | torch.device = "cpu", reduce: bool = False,
+             amp: str = "none") -> float:
+    """Top-1 accuracy in percent, with the model moved to ``device`` (``reduce``: sum the counts of all ranks)."""
+    device = devices.resolve(device)
+    amp = devices.resolve_amp(amp, device)
+    devices.place(model, device)
     was_training = model.training
     model.eval()
-    counts = torch.zeros(2, dtype=torch.float64)
+    correct = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: no sync per batch
+    total = 0
     for x, y in data_loader:
-        x, y = x.to(device), y.to(device)
-        counts[0] += (model(x).argmax(dim=-1) == y).sum().item()
-        counts[1] += y.numel()
+        x, y = devices.place((x, y), device)
+        with devices.autocast(device, amp):
+            logits = model(x)
+        correct += (logits.argmax(dim=-1) == y).sum()
+        total += y.numel()
     model.train(was_training)
+    counts = torch.tensor([correct.item(), total], dtype=torch.float64)
     if reduce:
         counts = dist.sum_tensor(counts.to(device)).cpu()
     if counts[1] == 0:
@@ -111,17 +75,20 @@ def evaluate(model: nn.Module, data_loader, device: str | torch.device = "cpu", 
 
 
 def evaluate_dataset(model: nn.Module, dataset, device: str | torch.device = "cpu", batch_size: int = 256,
-                     workers: int = 0) -> float:
+                     workers: int = 0, amp: str = "none") -> float:
     """Top-1 on a whole data set; under torchrun each rank takes a share and the counts are summed."""
+    device = devices.resolve(device)
     return evaluate(model, loader(dataset, batch_size, shuffle=False, workers=workers, rank=dist.rank(),
-                                  world=dist.world()), device, reduce=dist.active())
+                                  world=dist.world(), pin_memory=device.type == "cuda"),
+                    device, reduce=dist.active(), amp=amp)
 
 
 def _checkpoint_path(folder: Path) -> Path:
     return folder / "finetune-checkpoint.pt"
 
 
-def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, history: list, cfg: TrainConfig):
+def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, history: list, cfg: TrainConfig,
+                     scaler=None):
     import os
     import tempfile
 
@@ -130,7 +97,8 @@ def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, hist
 
     folder.mkdir(parents=True, exist_ok=True)
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "epoch": epoch, "history": history, "config": cfg.to_dict()}
+             "scheduler": scheduler.state_dict(), "epoch": epoch, "history": history, "config": cfg.to_dict(),
+             "scaler": scaler.state_dict() if scaler is not None else {}}
     fd, tmp = tempfile.mkstemp(prefix=".ckpt.", dir=folder)
     os.close(fd)
     try:
@@ -178,16 +146,21 @@ def train(
     batch of ``cfg.batch_size`` items is split across ranks, so the run
     follows the single-process one; ``distributed=False`` trains this rank's
     model alone (e.g. one MAP point per rank).
+
+    ``cfg.amp`` runs the forward passes under autocast (bf16, or fp16 with a
+    GradScaler); the loss, KD term included, is computed in fp32.
     """
     from timm.optim import create_optimizer_v2
     from timm.scheduler import CosineLRScheduler
 
     distributed = dist.active() if distributed is None else (distributed and dist.active())
     rank, world = (dist.rank(), dist.world()) if distributed else (0, 1)
-    device = resolve_device(dist.local_device(cfg.device) if distributed else cfg.device)
-    model.to(device)
+    device = devices.resolve(cfg.device)
+    amp = devices.resolve_amp(cfg.amp, device)
+    devices.place(model, device)
     if teacher is not None:
-        teacher.to(device).eval()
+        devices.place(teacher, device).eval()
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     train_set = subset(data.train, cfg.subset, cfg.seed)
     steps_per_epoch = max(1, math.ceil(len(train_set) / cfg.batch_size))
     total = max(1, cfg.epochs * steps_per_epoch)
@@ -205,6 +178,8 @@ def train(
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             scheduler.load_state_dict(ckpt["scheduler"])
+            if ckpt.get("scaler"):
+                scaler.load_state_dict(ckpt["scaler"])
             start_epoch, history = ckpt["epoch"], list(ckpt["history"])
     net = model
     if distributed:
@@ -221,14 +196,16 @@ def train(
         torch.manual_seed(seed)
         epoch_loss, t0 = torch.zeros(2, dtype=torch.float64), time.time()
         batches = loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=cfg.workers, rank=rank,
-                         world=world)
+                         world=world, pin_memory=device.type == "cuda")
         for step, (x, y) in enumerate(batches):
-            x, y = x.to(device), y.to(device)
+            x, y = devices.place((x, y), device)
             teacher_logits = None
-            if teacher is not None and cfg.kd != "none":
-                with torch.no_grad():
-                    teacher_logits = teacher(x)
-            loss = training_loss(net(x), y, teacher_logits, cfg)
+            with devices.autocast(device, amp):
+                if teacher is not None and cfg.kd != "none":
+                    with torch.no_grad():
+                        teacher_logits = teacher(x).float()
+                logits = net(x)
+            loss = training_loss(logits.float(), y, teacher_logits, cfg)  # fp32, outside autocast
             bad = not torch.isfinite(loss)
             if distributed:  # every rank stops together, or the others would wait forever
                 bad = bool(dist.sum_tensor(torch.tensor([float(bad)], device=device)).item())
@@ -238,8 +215,9 @@ def train(
                                     f"(lr {optimizer.param_groups[0]['lr']:.2e}); stopped{where}. "
                                     "Lower the learning rate or check the data.")
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()   # without fp16 the scaler is off: plain backward and step
+            scaler.step(optimizer)
+            scaler.update()
             scheduler.step_update(epoch * steps_per_epoch + step + 1)
             epoch_loss[0] += loss.item() * y.numel()
             epoch_loss[1] += y.numel()
@@ -248,12 +226,14 @@ def train(
         metrics = {"epoch": epoch + 1, "loss": float(epoch_loss[0] / max(1.0, float(epoch_loss[1]))),
                    "seconds": round(time.time() - t0, 2)}
         if eval_each_epoch:
-            metrics["accuracy"] = (evaluate_dataset(model, data.val, device) if distributed
-                                   else evaluate(model, loader(data.val, 256, shuffle=False), device))
+            metrics["accuracy"] = (evaluate_dataset(model, data.val, device, workers=cfg.workers, amp=amp)
+                                   if distributed else
+                                   evaluate(model, loader(data.val, 256, shuffle=False, workers=cfg.workers,
+                                                          pin_memory=device.type == "cuda"), device, amp=amp))
         history.append(metrics)
         bar.set_postfix({k: round(v, 4) for k, v in metrics.items() if k in ("loss", "accuracy")})
         if folder is not None:
-            _save_checkpoint(folder, model, optimizer, scheduler, epoch + 1, history, cfg)
+            _save_checkpoint(folder, model, optimizer, scheduler, epoch + 1, history, cfg, scaler)
             if distributed:
                 dist.barrier()
         if on_epoch_end is not None:

@@ -10,13 +10,14 @@ Every fine-tuned split is saved the moment it finishes; rerun with --resume.
 
 from __future__ import annotations
 
+import math
 import shlex
 from pathlib import Path
 
 from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, data_for
+from .common import add_model_arguments, apply_data_options, base_model, data_for, run_device
 from .compare_cmd import int_list
 
 HELP = "does the predictor's pick match full fine-tuning? (and which scorer recovers best)"
@@ -33,13 +34,14 @@ def add_arguments(p) -> None:
     p.add_argument("--strategy", default="hetdpt", metavar="NAME",
                    help="the strategy whose cheap MAP points are used (default hetdpt)")
     p.add_argument("--seeds", default="0", metavar="0,1,2")
-    p.add_argument("--tolerance", type=float, default=0.3, help="a pick within this many points of the best counts "
+    p.add_argument("--tolerance", type=float, default=0.3, metavar="POINTS", help="a pick within this many points of the best counts "
                                                                "as right (default 0.3)")
     g = p.add_argument_group("settings")
     g.add_argument("--config", metavar="FILE")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     g.add_argument("--scorer", metavar="NAME", help="scorer of the ground-truth splits (default gate-taylor)")
-    g.add_argument("--device", metavar="auto|cpu|cuda")
+    g.add_argument("--device", metavar="auto|cpu|cuda|cuda:N", help="as for prune (default cpu)")
+    g.add_argument("--amp", metavar="auto|bf16|fp16|none", help="as for prune (default auto)")
     g.add_argument("--resume", action="store_true", help="reuse finished splits and points in --out")
     g.add_argument("--overwrite", action="store_true", help="start over in an --out holding an earlier ablation")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="fine-tune N splits at once (processes)")
@@ -47,6 +49,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from .. import devices
     from .. import distributed as dist
     from ..ablate import markdown, mean_by_pair, predictor_metrics, split_plans, write
     from ..budget import Budget
@@ -61,7 +64,11 @@ def run(args) -> int:
                             "use hetdpt or a strategy built like it")
     section = strategy.name
     settings = config_mod.resolve(getattr(strategy, "defaults", {}), args.config,
-                                  {"scorer": args.scorer, "device": args.device}, args.set)
+                                  {"scorer": args.scorer, "device": args.device, "amp": args.amp}, args.set,
+                                  types=getattr(strategy, "setting_types", None))
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        raise HetpruneError(f"--tolerance must be a finite number of points >= 0, got {args.tolerance}")
+    device = run_device(settings)
     predictors = [n.strip() for n in (args.predictors or settings[section]["predictor"]).split(",") if n.strip()]
     for name in predictors:
         registry.component("predictor", name)
@@ -75,10 +82,12 @@ def run(args) -> int:
     out = Path(args.out)
     prepare_out(out, args.resume, args.overwrite, "ablation")
 
-    dense, model_spec, base_info = base_model(args)
+    dense, model_spec, base_info = base_model(args, device=settings["device"])
     data = data_for(args, dense)
     apply_data_options(args, settings, data)
-    base_info["top1"] = evaluate_dataset(dense, data.val)
+    devices.place(dense, device)
+    base_info["top1"] = evaluate_dataset(dense, data.val, device, workers=settings["finetune"]["workers"],
+                                         amp=settings["amp"])
     log = print if dist.is_main() else (lambda msg: None)
 
     # 1. cheap points, exactly as the strategy collects them (one set per seed)

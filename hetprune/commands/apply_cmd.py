@@ -8,8 +8,6 @@ studies, useless for accuracy.
 
 from __future__ import annotations
 
-from ..costs import cost_summary, human
-from ..recipe import resolve_recipe, save
 from .common import add_model_arguments, base_model
 
 HELP = "apply a recipe (file or shipped name) to a model and save it"
@@ -25,8 +23,9 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import torch
 
+    from ..costs import cost_summary, human
     from ..models import input_shape_of
-    from ..recipe import apply_recipe
+    from ..recipe import apply_recipe, resolve_recipe, save
 
     recipe = resolve_recipe(args.recipe)
     if not args.model:

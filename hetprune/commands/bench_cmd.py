@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
     p.add_argument("--against", metavar="MODEL_OR_DIR",
                    help="reference for the speedup (default for a folder: the dense base model of its recipe)")
     p.add_argument("--batch-sizes", default="1,64", metavar="B,B,...", help="batch sizes to time (default 1,64)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda if present")
+    p.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N", help="default auto: cuda if present")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
                    help="fp32, or autocast to bf16 / fp16 (fp16: CUDA only)")
     p.add_argument("--compile", action="store_true", help="torch.compile every model first (warm-up absorbs it)")

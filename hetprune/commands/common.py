@@ -1,4 +1,8 @@
-"""Options shared by the commands that need a base model and data."""
+"""Options shared by the commands that need a base model and data.
+
+Heavy modules (torch, timm) are imported inside the functions, so that
+``hetprune CMD --help`` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,6 @@ import json
 import os
 
 from ..errors import HetpruneError
-from ..embedded import digits_model, digits_model_info
-from ..models import DIGITS_SPEC, ModelSpec, build_with_weights, model_hash
 
 
 def add_model_arguments(p, data: bool = True) -> None:
@@ -32,7 +34,9 @@ def add_model_arguments(p, data: bool = True) -> None:
                        help="data-loading worker processes for every fine-tune (default 0)")
 
 
-def model_spec(args) -> ModelSpec:
+def model_spec(args):
+    from ..models import DIGITS_SPEC, ModelSpec
+
     if not args.model:
         if args.model_kwargs or args.pretrained or args.checkpoint:
             raise HetpruneError("--model-kwargs, --pretrained and --checkpoint need --model NAME")
@@ -48,11 +52,15 @@ def model_spec(args) -> ModelSpec:
     return ModelSpec.parse(args.model, kwargs)
 
 
-def base_model(args, log=print):
-    """``(dense_model, spec, base_info)`` from the command's model options."""
+def base_model(args, log=print, device: str = "cpu"):
+    """``(dense_model, spec, base_info)`` from the command's model options (the embedded default is trained
+    on ``device`` the first time)."""
+    from ..embedded import digits_model, digits_model_info
+    from ..models import build_with_weights, model_hash
+
     spec = model_spec(args)
     if not args.model:
-        model = digits_model(log=log, progress=not os.environ.get("HETPRUNE_NO_PROGRESS"))
+        model = digits_model(log=log, progress=not os.environ.get("HETPRUNE_NO_PROGRESS"), device=device)
         info = {"source": "embedded digits ViT", **({"top1": m["val_top1"]} if (m := digits_model_info()) else {})}
     else:
         model = build_with_weights(spec, pretrained=args.pretrained, checkpoint=args.checkpoint)
@@ -86,3 +94,21 @@ def apply_data_options(args, settings: dict, data) -> None:
             raise HetpruneError(f"--workers must be >= 0, got {args.workers}")
         for section in ("finetune", "short_finetune"):
             settings[section]["workers"] = args.workers
+
+
+def run_device(settings: dict):
+    """Resolve the run's device and mixed precision once, at the command's start.
+
+    ``settings["device"]`` becomes the checked, rank-independent name (``auto``
+    resolved) and ``settings["amp"]`` the precision that will run; under
+    torchrun this process joins the process group (nccl on CUDA, gloo on CPU).
+    Returns this process's ``torch.device``.
+    """
+    from .. import devices
+    from .. import distributed as dist
+
+    settings["device"] = devices.canonical(settings["device"])
+    device = devices.resolve(settings["device"])
+    settings["amp"] = devices.resolve_amp(settings["amp"], device)
+    dist.init_from_env(device)
+    return device

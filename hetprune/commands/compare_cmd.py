@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, data_for
+from .common import add_model_arguments, apply_data_options, base_model, data_for, run_device
 from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, predictor_sets
 
 HELP = "run several strategies under one harness and tabulate/plot the results"
@@ -64,12 +64,16 @@ def run(args) -> int:
         budgets = [one] if one else [budget_from(args, k) for k in DEFAULT_BUDGETS]
     seeds = int_list(args.seeds, "--seeds")
     defaults: dict = {}
+    types: dict = {}
     for s in strategies:
         defaults.update(getattr(s, "defaults", {}))
+        types.update(getattr(s, "setting_types", None) or {})
     sets = list(args.set)
     if args.predictor:
         sets += predictor_sets(defaults, args.predictor, ",".join(names))
-    settings = config_mod.resolve(defaults, args.config, {"scorer": args.scorer, "device": args.device}, sets)
+    settings = config_mod.resolve(defaults, args.config, {"scorer": args.scorer, "device": args.device,
+                                                          "amp": args.amp}, sets, types=types)
+    device = run_device(settings)
     registry.component("scorer", settings["scorer"])
     out = Path(args.out)
     prepare_out(out, args.resume, args.overwrite, "compare")
@@ -78,14 +82,17 @@ def run(args) -> int:
         raise HetpruneError(f"--batch-sizes must be >= 1, got {batch_sizes}")
     spec = CompareSpec(names, budgets, seeds, settings, batch_sizes=batch_sizes, device=settings["device"])
 
-    dense, model_spec, base_info = base_model(args)
+    dense, model_spec, base_info = base_model(args, device=settings["device"])
     data = data_for(args, dense)
     apply_data_options(args, settings, data)
     spec.settings = settings
+    from .. import devices
     from .. import distributed as dist
     from ..train import evaluate_dataset
 
-    base_info["top1"] = evaluate_dataset(dense, data.val)
+    devices.place(dense, device)
+    base_info["top1"] = evaluate_dataset(dense, data.val, device, workers=settings["finetune"]["workers"],
+                                         amp=settings["amp"])
     if dist.active() and args.jobs > 1:
         raise HetpruneError("--jobs runs rows in parallel processes on one machine; under torchrun use --jobs 1")
     if args.jobs < 1:
@@ -95,7 +102,7 @@ def run(args) -> int:
                     data_spec=args.data or "digits")
     if not dist.is_main():  # rank 0 times the models and writes the results
         return 0
-    example = example_batch(data, 2)
+    example = devices.place(example_batch(data, 2), device)
     dense_row = {"strategy": "dense", "top1": base_info["top1"], **cost_summary(dense, example)}
     timing = measure_rows(spec, dense, rows, out, input_shape=tuple(example.shape[1:]))
     attach_speed(rows, dense_row, timing)

@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import config as config_mod
-from ..costs import human
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, data_for
+from .common import add_model_arguments, apply_data_options, base_model, data_for, run_device
 
 HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
 
@@ -37,7 +36,11 @@ def add_settings_arguments(p) -> None:
                    help="override one setting, e.g. finetune.epochs=10 (repeatable)")
     g.add_argument("--scorer", metavar="NAME", help="importance scorer within each kind (default gate-taylor)")
     g.add_argument("--predictor", metavar="NAME", help="accuracy predictor of strategies that have one (hetdpt)")
-    g.add_argument("--device", metavar="auto|cpu|cuda", help="where to train (default cpu)")
+    g.add_argument("--device", metavar="auto|cpu|cuda|cuda:N",
+                   help="where every model and batch of the run lives (default cpu; auto = cuda if present)")
+    g.add_argument("--amp", metavar="auto|bf16|fp16|none",
+                   help="mixed precision of fine-tuning and evaluation (default auto: bf16 on CUDA where native, "
+                        "else none)")
     g.add_argument("--resume", action="store_true", help="continue from checkpoints in the work folder")
     g.add_argument("--overwrite", action="store_true", help="replace an output folder holding another result")
 
@@ -74,18 +77,20 @@ def predictor_sets(defaults: dict, predictor: str, what: str) -> list[str]:
 
 
 def settings_for(args, strategy) -> dict:
-    overrides = {"scorer": args.scorer, "device": args.device}
+    overrides = {"scorer": args.scorer, "device": args.device, "amp": args.amp}
     if getattr(args, "seed", None) is not None:
         overrides["seed"] = args.seed
     sets = list(args.set)
     if args.predictor:
         sets += predictor_sets(getattr(strategy, "defaults", {}), args.predictor, strategy.name)
-    return config_mod.resolve(getattr(strategy, "defaults", {}), args.config, overrides, sets)
+    return config_mod.resolve(getattr(strategy, "defaults", {}), args.config, overrides, sets,
+                              types=getattr(strategy, "setting_types", None))
 
 
 def run(args) -> int:
     import torch
 
+    from ..costs import human
     from ..pipeline import PruneJob
     from ..recipe import save
 
@@ -95,6 +100,7 @@ def run(args) -> int:
     if budget is None:
         raise HetpruneError("give a budget: --budget K, --target-macs F or --target-speedup S")
     settings = settings_for(args, strategy)
+    run_device(settings)
     # unknown names fail now, not after an hour of work
     registry.component("scorer", settings["scorer"])
     for section in settings.values():
@@ -105,7 +111,7 @@ def run(args) -> int:
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise HetpruneError(f"output folder {out} already holds a result; pass --overwrite to replace it")
     torch.manual_seed(settings["seed"])
-    dense, spec, base_info = base_model(args)
+    dense, spec, base_info = base_model(args, device=settings["device"])
     data = data_for(args, dense, seed=0)
     apply_data_options(args, settings, data)
     job = PruneJob(dense=dense, spec=spec, data=data, budget=budget, settings=settings, registry=registry,

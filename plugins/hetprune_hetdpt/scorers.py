@@ -169,7 +169,7 @@ class GateTaylorScorer:
         candidates = [s for kind in ("attn", "act") if counts.get(kind) for s in _present(model, kind)]
         cfg = ctx.train_config("short_finetune", subset=ctx.settings["scoring"]["subset"])
         device = torch.device(cfg.device)
-        model.to(device)
+        ctx.place(model)
         # the weights' optimizer is made before the gates exist: the same parameter groups as the fine-tune
         # (no weight decay on norms, biases and LayerScale)
         opt_w = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -188,7 +188,7 @@ class GateTaylorScorer:
             step = state["step"]
             removed = [s for s in candidates if bank.mask[bank.index[s]] == 0]
         train_set = subset(ctx.data.train, cfg.subset, ctx.seed)
-        teacher = ctx.teacher.to(device).eval()
+        teacher = ctx.place(ctx.teacher).eval()
         try:
             for i in range(step, len(order)):
                 epochs = self.epochs_per_removal + (self.warmup_epochs if i == 0 else 0)
@@ -221,10 +221,9 @@ class GateTaylorScorer:
 
         model.train()
         torch.manual_seed(seed)
-        device = opt_s.param_groups[0]["params"][0].device
         total, n = 0.0, 0
         for x, y in loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=cfg.workers):
-            x, y = x.to(device), y.to(device)
+            x, y = ctx.place((x, y))
             with torch.no_grad():
                 t = teacher(x) if cfg.kd != "none" else None
             loss = training_loss(model(x), y, t, cfg)

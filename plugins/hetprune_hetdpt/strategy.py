@@ -108,7 +108,7 @@ class HetDPT(DepthStrategy):
         ctx = scoring_context(job, job.workdir / "points-scoring")
         orders = {}
         for kind in ("attn", "act"):
-            model = copy.deepcopy(job.dense)
+            model = job.place(copy.deepcopy(job.dense))
             order: list[Site] = []
             for _ in range(limits[kind]):
                 victim = rank_lowest(scorer.score(model, sites(model, kind), ctx), 1)[0]
@@ -133,6 +133,7 @@ class HetDPT(DepthStrategy):
             "base": job.base_info.get("hash"), "data": job.data.fingerprint, "short": s["short_finetune"],
             "point_scorer": s["hetdpt"]["point_scorer"], "attn_remover": s["attn_remover"],
             "act_remover": s["act_remover"], "scoring": s["scoring"], "seed": job.seed,
+            **({"amp": s["amp"]} if s.get("amp", "none") != "none" else {}),  # fp32 points keep their old key
         })
 
     def collect_points(self, job: PruneJob, plan: list[tuple[int, int]]) -> list[dict]:
@@ -154,11 +155,13 @@ class HetDPT(DepthStrategy):
             if orders is None:
                 orders = self.removal_orders(job, {"attn": max(p[0] for p in plan), "act": max(p[1] for p in plan)})
             t0 = time.time()
-            model = copy.deepcopy(job.dense)
+            model = job.place(copy.deepcopy(job.dense))
             chosen = orders["attn"][:a] + orders["act"][:m]
             remove_sites(job, model, chosen)
             train(model, job.data, cfg, teacher=job.dense, progress=False, desc="MAP point", distributed=False)
-            acc = evaluate(model, loader(job.data.val, 256, shuffle=False), job.device)
+            # this rank's own model: evaluated on the whole val set here, not shared across ranks
+            val = loader(job.data.val, 256, shuffle=False, workers=job.workers, pin_memory=job.device.type == "cuda")
+            acc = evaluate(model, val, job.device, amp=job.amp)
             point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen],
                      "seconds": round(time.time() - t0, 2), "short_finetune": job.settings["short_finetune"]}
             store.append(point)

@@ -1,0 +1,129 @@
+"""One device policy for every command.
+
+``--device cpu|cuda|cuda:N|auto`` is resolved once, when a command starts, by
+:func:`canonical` (the rank-independent name stored in the run's settings) and
+:func:`resolve` (the ``torch.device`` this process uses: under torchrun a bare
+``cuda`` is the rank's ``LOCAL_RANK`` GPU). Every model and batch of a run
+reaches that device through :func:`place`, the one door, so a test can watch
+it. Mixed precision (``--amp``) is resolved here too.
+
+CUDA is counted with ``torch.cuda.device_count()``, which does not create a
+CUDA context, so resolving a device never initialises CUDA by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+from torch import nn
+
+from .errors import HetpruneError
+
+AMP_MODES = ("auto", "bf16", "fp16", "none")
+_AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cuda_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def available() -> list[str]:
+    """The devices this machine offers, as ``--device`` names."""
+    return ["cpu"] + [f"cuda:{i}" for i in range(cuda_count())]
+
+
+def _torchrun_world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def canonical(name: str | torch.device | None) -> str:
+    """Check a device name and resolve ``auto``: ``cpu``, ``cuda`` or ``cuda:N``.
+
+    The result is the same on every torchrun rank (it goes into settings, and
+    so into the keys of resumable rows).
+    """
+    text = "cpu" if name is None else str(name).strip().lower()
+    if text == "auto":
+        return "cuda" if cuda_count() else "cpu"
+    if text == "cpu":
+        return text
+    kind, _, index = text.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise HetpruneError(f"--device {name}: not a device; allowed: auto, cpu, cuda, cuda:N "
+                            f"(this machine has {', '.join(available())})")
+    count = cuda_count()
+    if count == 0:
+        why = ("this torch build has no CUDA support" if not torch.backends.cuda.is_built()
+               else "torch finds no CUDA device (no GPU or no NVIDIA driver)")
+        raise HetpruneError(f"--device {name}: {why} (torch {torch.__version__}); available here: cpu; "
+                            "use --device cpu or auto")
+    if index and int(index) >= count:
+        raise HetpruneError(f"--device {name}: this machine has {count} CUDA device{'s' if count > 1 else ''}; "
+                            f"available here: {', '.join(available())}")
+    if index and _torchrun_world() > 1:
+        raise HetpruneError(f"--device {name}: under torchrun each rank uses its own GPU (LOCAL_RANK); "
+                            "give --device cuda or auto")
+    return text
+
+
+def resolve(name: str | torch.device | None) -> torch.device:
+    """The ``torch.device`` of this process: ``cuda`` is ``cuda:LOCAL_RANK`` under torchrun, else ``cuda:0``.
+
+    A ``torch.device`` is taken as already resolved and returned unchanged.
+    """
+    if isinstance(name, torch.device):
+        return name
+    text = canonical(name)
+    if text == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0")) if _torchrun_world() > 1 else 0
+        if local >= cuda_count():
+            raise HetpruneError(f"torchrun rank with LOCAL_RANK {local} needs GPU cuda:{local}, but this machine has "
+                                f"{cuda_count()}; start at most that many processes per node")
+        return torch.device("cuda", local)
+    return torch.device(text)
+
+
+def place(obj, device: torch.device):
+    """Move a model (in place; returned) or a tensor, or a tuple/list of them, to ``device``.
+
+    The one way models and batches reach a run's device. Host-to-GPU copies
+    are non-blocking (from pinned memory they overlap with compute).
+    """
+    if isinstance(obj, nn.Module):
+        return obj.to(device)
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=device.type == "cuda")
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(place(o, device) for o in obj)
+    return obj
+
+
+def native_bf16(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+def resolve_amp(name: str | None, device: torch.device) -> str:
+    """``auto`` -> ``bf16`` on a CUDA device with native bf16, else ``none``; refuse what cannot run."""
+    amp = "auto" if name is None else str(name).strip().lower()
+    if amp not in AMP_MODES:
+        raise HetpruneError(f"--amp {name}: allowed: {', '.join(AMP_MODES)}")
+    if amp == "auto":
+        return "bf16" if native_bf16(device) else "none"
+    if amp == "fp16" and device.type != "cuda":
+        raise HetpruneError(f"--amp fp16 needs a CUDA device (this run is on {device}); use --amp bf16 or none")
+    if amp == "bf16" and device.type == "cuda" and not native_bf16(device):
+        raise HetpruneError(f"--amp bf16: {torch.cuda.get_device_name(device)} has no native bf16; "
+                            "use --amp fp16 or none")
+    return amp
+
+
+def autocast(device: torch.device, amp: str):
+    """Autocast for ``amp`` (``bf16``/``fp16``), or nothing for ``none``."""
+    if amp in (None, "none"):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=_AMP_DTYPES[amp])

@@ -1,0 +1,106 @@
+"""The GPU path, run where CUDA exists (``pytest -m cuda``; ``scripts/gpu-check.sh`` runs it): prune,
+compare, ablate, bench in bf16, fp16 fine-tuning with a GradScaler, pinned batches, and a 2-rank torchrun
+with NCCL (needs 2 GPUs). Skipped on machines without CUDA."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hetprune
+from hetprune import devices
+from hetprune.cli import main
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+FAST = ["--scorer", "magnitude", "--set", "finetune.epochs=1", "--set", "finetune.subset=64",
+        "--set", "finetune.batch_size=16", "--set", "short_finetune.epochs=1", "--set", "short_finetune.subset=32",
+        "--set", "short_finetune.batch_size=16", "--set", "scoring.subset=32", "--set", "scoring.batches=1",
+        "--set", "hetdpt.predictor_options={poly: {degree: 1}}"]
+
+
+def model_args(trained_tiny):
+    _, spec, ckpt = trained_tiny
+    return ["--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt)]
+
+
+def expected_amp() -> str:
+    return devices.resolve_amp("auto", torch.device("cuda", 0))
+
+
+def test_prune_hetdpt_on_cuda(trained_tiny, tmp_path):
+    out = tmp_path / "out"
+    assert main(["prune", *model_args(trained_tiny), "--strategy", "hetdpt", "--budget", "4", "--device", "cuda",
+                 *FAST, "--set", "hetdpt.axis_points=2", "--set", "hetdpt.mixed_points=1", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["device"] == "cuda" and report["settings"]["amp"] == expected_amp()
+    assert report["n_attn"] + report["n_act"] == 4 and 0 <= report["top1"] <= 100
+    model = hetprune.load(out).cuda()
+    x = torch.randn(2, 1, 16, 16, device="cuda")
+    assert torch.isfinite(model(x)).all()
+
+
+def test_fp16_finetune_uses_a_grad_scaler(tiny_model, digits_data, tmp_path):
+    from hetprune.train import TrainConfig, train
+
+    cfg = TrainConfig(epochs=2, subset=64, batch_size=16, kd="none", device="cuda", amp="fp16")
+    history = train(tiny_model, digits_data, cfg, checkpoint_dir=tmp_path, progress=False)
+    assert all(h["loss"] == h["loss"] for h in history)
+    ckpt = torch.load(str(tmp_path / "finetune-checkpoint.pt"), weights_only=True)
+    assert ckpt["scaler"]["scale"] > 0        # the GradScaler ran and its state is kept for --resume
+    assert tiny_model.cls_token.device.type == "cuda" and tiny_model.cls_token.dtype == torch.float32
+
+
+def test_loader_pins_batches_for_cuda(digits_data):
+    from hetprune.data import loader
+
+    x, _ = next(iter(loader(digits_data.val, 8, shuffle=False, pin_memory=True)))
+    assert x.is_pinned()
+
+
+def test_compare_two_strategies_on_cuda(trained_tiny, tmp_path):
+    out = tmp_path / "cmp"
+    assert main(["compare", *model_args(trained_tiny), "--strategies", "act-only,mix50", "--budget", "4",
+                 "--device", "cuda", "--batch-sizes", "1,64", *FAST, "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    env = data["timing"]["environment"]
+    assert env["device"] == "cuda" and env["gpu"] and data["timing"]["settings"]["timer"] == "cuda events"
+    assert len(data["rows"]) == 2 and all(r["speedup_large"] > 0 for r in data["rows"])
+
+
+def test_ablate_on_cuda(trained_tiny, tmp_path):
+    out = tmp_path / "abl"
+    assert main(["ablate", *model_args(trained_tiny), "--budget", "2", "--device", "cuda", *FAST,
+                 "--set", "hetdpt.axis_points=2", "--set", "hetdpt.mixed_points=1", "--out", str(out)]) == 0
+    result = json.loads((out / "ablation.json").read_text())
+    assert {(s["n_attn"], s["n_act"]) for s in result["splits"]} == {(0, 2), (1, 1), (2, 0)}
+
+
+def test_bench_bf16_on_cuda(tmp_path, capsys):
+    out = tmp_path / "speed.json"
+    kwargs = json.dumps({"img_size": 32, "patch_size": 4, "embed_dim": 64, "depth": 4, "num_heads": 2})
+    assert main(["bench", "vit_tiny_patch16_224", "--model-kwargs", kwargs, "--device", "cuda", "--dtype", "bf16",
+                 "--batch-sizes", "1,64", "--repeats", "3", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["environment"]["dtype"] == "bf16" and result["environment"]["device"] == "cuda"
+    assert all(r["throughput_img_s"] > 0 and r["peak_memory_bytes"] > 0 for r in result["results"])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_torchrun_two_ranks_use_nccl_and_their_own_gpu(trained_tiny, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NCCL_DEBUG": "INFO", "PYTHONUNBUFFERED": "1"}
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "hetprune",
+           "prune", *model_args(trained_tiny), "--strategy", "act-only", "--budget", "2", "--device", "cuda", *FAST,
+           "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    assert proc.stdout.count("saved ") == 1           # rank 0 alone writes and reports
+    assert "NCCL INFO" in text                        # the process group is NCCL, not gloo
+    assert json.loads((out / "report.json").read_text())["settings"]["device"] == "cuda"
