@@ -90,6 +90,12 @@ def prepare_out(out: Path, resume: bool, overwrite: bool, what: str) -> None:
     """Refuse to mix a new run into an earlier one's folder unless told how."""
     import shutil
 
+    from .io import check_writable
+
+    if out.exists() and not out.is_dir():
+        raise HetpruneError(f"output path {out} exists and is not a folder")
+    check_writable(out)
+
     if (out / ROWS_FILE).exists() and not resume:
         if not overwrite:
             raise HetpruneError(f"{out} holds an earlier {what}; pass --resume to reuse its finished rows "

@@ -123,6 +123,16 @@ def digits(img_size: int = 16, val_size: int = 450, seed: int = 0, shift: int = 
     return DataBundle(DIGITS, train, val, 10, 1, img_size, fp)
 
 
+def read_image(path: str):
+    """torchvision's image loader, with an unreadable file named in one clear error."""
+    from torchvision.datasets.folder import default_loader
+
+    try:
+        return default_loader(path)
+    except OSError as exc:  # PIL's UnidentifiedImageError included
+        raise HetpruneError(f"cannot read image {path}: {exc}") from None
+
+
 def image_folder(path: str | Path, model: torch.nn.Module) -> DataBundle:
     """``PATH/train/<class>/*`` and ``PATH/val/<class>/*`` with timm's transforms for ``model``."""
     from timm.data import create_transform, resolve_data_config
@@ -139,8 +149,12 @@ def image_folder(path: str | Path, model: torch.nn.Module) -> DataBundle:
     cfg = resolve_data_config({}, model=model)
     # the model's actual input size wins over its pretrained config (models built with img_size=...)
     cfg["input_size"] = input_shape_of(model)
-    train = ImageFolder(str(root / "train"), transform=create_transform(**cfg, is_training=True))
-    val = ImageFolder(str(root / "val"), transform=create_transform(**cfg, is_training=False))
+    try:
+        train = ImageFolder(str(root / "train"), transform=create_transform(**cfg, is_training=True),
+                            loader=read_image)
+        val = ImageFolder(str(root / "val"), transform=create_transform(**cfg, is_training=False), loader=read_image)
+    except (FileNotFoundError, OSError) as exc:  # e.g. a class folder with no image in it
+        raise HetpruneError(f"--data {root}: {exc}") from None
     if train.classes != val.classes:
         raise HetpruneError(f"--data {root}: train/ and val/ have different class folders")
     # names, sizes and modification times: a changed image changes the fingerprint (and so every resume key)

@@ -96,6 +96,18 @@ def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in obj.items()}
 
 
+def check_writable(out: str | os.PathLike) -> None:
+    """Refuse an output path that cannot be written, before any work is done for it."""
+    out = Path(out)
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise HetpruneError(f"cannot write output folder {out}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise HetpruneError(f"cannot write output folder {out}: {ancestor} is not writable")
+
+
 @contextmanager
 def atomic_folder(out: str | os.PathLike, overwrite: bool = False, same_result=None):
     """Write a folder under a temporary name and rename it into place at the end.
@@ -110,8 +122,12 @@ def atomic_folder(out: str | os.PathLike, overwrite: bool = False, same_result=N
             raise HetpruneError(f"output path {out} exists and is not a folder")
         if any(out.iterdir()) and not overwrite and not (same_result and same_result(out)):
             raise HetpruneError(f"output folder {out} already holds a different result; pass --overwrite to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    check_writable(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as exc:
+        raise HetpruneError(f"cannot write output folder {out}: {exc.strerror or exc}") from None
     try:
         yield tmp
         if out.exists():

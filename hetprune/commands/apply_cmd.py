@@ -27,6 +27,9 @@ def run(args) -> int:
     from ..models import input_shape_of
     from ..recipe import apply_recipe, resolve_recipe, save
 
+    from ..io import check_writable
+
+    check_writable(args.out)  # before any work
     recipe = resolve_recipe(args.recipe)
     if not args.model:
         base = recipe.base

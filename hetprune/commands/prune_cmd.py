@@ -108,6 +108,11 @@ def run(args) -> int:
             registry.component("predictor", section["predictor"])
     tag = budget.to_dict()
     out = Path(args.out or f"runs/prune-{strategy.name}-{'-'.join(f'{k}{v}' for k, v in tag.items())}")
+    from ..io import check_writable
+
+    if out.exists() and not out.is_dir():
+        raise HetpruneError(f"output path {out} exists and is not a folder")
+    check_writable(out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise HetpruneError(f"output folder {out} already holds a result; pass --overwrite to replace it")
     torch.manual_seed(settings["seed"])
