@@ -450,6 +450,7 @@ USE_EXAMPLE = '''
 import json
 from hetprune import get_registry
 from hetprune.cli import build_parser
+from hetprune.contract import unwrap
 from hetprune.commands.prune_cmd import settings_for
 
 registry = get_registry()
@@ -463,7 +464,7 @@ from_cli = registry.build("predictor", opts["predictor"], **opts["predictor_opti
 print(json.dumps({
     "plugins": [p.name for p in registry.plugins()],
     "plugin": registry.component("predictor", "nearest").plugin,
-    "class": type(by_name).__module__ + "." + type(by_name).__name__,
+    "class": type(unwrap(by_name)).__module__ + "." + type(unwrap(by_name)).__name__,
     "at_point": by_name.predict(4, 0), "between": by_name.predict(3, 1), "from_cli": from_cli.predict(3, 1),
     "report": by_name.fit_report(),
 }))
