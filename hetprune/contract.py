@@ -329,16 +329,26 @@ def width_pruner_prune(component, call, model, target_macs, example_inputs, ctx=
     return result
 
 
+_nested = contextvars.ContextVar("hetprune_strategy_nested", default=False)
+
+
 def strategy_run(component, call, job, *args, **kwargs):
     from . import distributed as dist
     from .models import model_hash
 
     dense_hash = model_hash(job.dense)
-    result = call(job, *args, **kwargs)
+    outermost = not _nested.get()
+    token = _nested.set(True)
+    try:
+        result = call(job, *args, **kwargs)
+    finally:
+        _nested.reset(token)
     check_result(result, job.example)
     if model_hash(job.dense) != dense_hash:
         raise Violation("run() changed job.dense; a strategy must prune a copy of the dense model")
-    if dist.is_main():  # under torchrun rank 0 saves, so rank 0 checks the result reloads
+    # what is saved must reload: the outermost run's result (a strategy run inside another, e.g. hetdpt in
+    # hetdpt-plus, may prune an intermediate model its recipe alone does not describe); under torchrun rank 0
+    if outermost and dist.is_main():
         check_reloads(result.model, result.recipe, job.example)
     return result
 
