@@ -58,7 +58,7 @@ def check(registry, todo: list[tuple[str, str]]) -> int:
             print(f"FAIL  {kind:<13} {name:<18} ({comp.plugin}) {exc}", flush=True)
             continue
         print(f"ok    {kind:<13} {name:<18} ({comp.plugin}) {time.time() - started:.1f}s", flush=True)
-    print(f"{len(todo)} components checked: {len(todo) - failed} passed, {failed} failed")
+    print(f"{len(todo)} component{'s' if len(todo) != 1 else ''} checked: {len(todo) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 
