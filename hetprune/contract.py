@@ -137,7 +137,7 @@ def type_name(value: Any) -> str:
 
 
 def example_input(model: nn.Module, n: int = 2, seed: int = 0) -> torch.Tensor:
-    """A few seeded random images of the model's input shape, dtype and device."""
+    """A few seeded random images of the model's input shape, dtype and device (HetpruneError if unknown)."""
     import torch
 
     from .models import input_shape_of
@@ -183,8 +183,15 @@ def runs(model: nn.Module, x: torch.Tensor, after: str, shape: torch.Size | None
     return y
 
 
+def sites_of(model: nn.Module) -> set:
+    """The sites present before a call (a model hetprune cannot read is the caller's error, not the plugin's)."""
+    from .sites import sites
+
+    return set(sites(model))
+
+
 def present_sites(model: nn.Module, after: str) -> set:
-    """The sites still present; a model hetprune can no longer read is a violation."""
+    """The sites still present after a call; a model hetprune can no longer read is a violation."""
     from .sites import sites
 
     try:
@@ -238,7 +245,7 @@ def scorer_score(component, call, model, sites, ctx, *args, **kwargs):
     from torch import nn
 
     candidates = list(sites)
-    before = present_sites(model, "nothing") if isinstance(model, nn.Module) else None
+    before = sites_of(model) if isinstance(model, nn.Module) else None
     scores = call(model, candidates, ctx, *args, **kwargs)
     if not isinstance(scores, dict):
         raise Violation(f"score() returned a {type_name(scores)}; it must return a dict {{Site: float}}")
@@ -259,7 +266,7 @@ def scorer_score(component, call, model, sites, ctx, *args, **kwargs):
 def scorer_select(component, call, model, counts, ctx, *args, **kwargs):
     from .sites import Site
 
-    before = present_sites(model, "nothing")
+    before = sites_of(model)
     chosen = call(model, counts, ctx, *args, **kwargs)
     if not isinstance(chosen, (list, tuple)) or not all(isinstance(s, Site) for s in chosen):
         raise Violation(f"select() returned {chosen!r}; it must return a list of hetprune.Site")
@@ -278,7 +285,7 @@ def scorer_select(component, call, model, counts, ctx, *args, **kwargs):
 
 
 def remover_remove(component, call, model, site, *args, **kwargs):
-    before = present_sites(model, "nothing")
+    before = sites_of(model)
     x = example_input(model, n=1)
     shape = outputs(model, x).shape
     record = call(model, site, *args, **kwargs)
@@ -297,7 +304,7 @@ def remover_remove(component, call, model, site, *args, **kwargs):
 
 def merger_merge(component, call, model, *args, **kwargs):
     tol = tolerance_of(component)
-    before = present_sites(model, "nothing")
+    before = sites_of(model)
     reference = copy.deepcopy(model)
     x = example_input(model)
     changed = call(model, *args, **kwargs)
@@ -423,15 +430,13 @@ class Checked:
     """A component as hetprune uses it: the contract methods are checked, everything else passes through.
 
     ``origin`` is called (once, when needed) for the component's :class:`Origin`.
-    With ``strict=True`` (the conformance kit) every exception from the
-    component is reported as its fault, hetprune's code included.
     """
 
-    __slots__ = ("_target", "_kind", "_name", "_origin_fn", "_origin", "_strict")
+    __slots__ = ("_target", "_kind", "_name", "_origin_fn", "_origin")
 
-    def __init__(self, target: Any, kind: str, name: str, origin: Callable[[], Origin], strict: bool = False):
+    def __init__(self, target: Any, kind: str, name: str, origin: Callable[[], Origin]):
         for attr, value in (("_target", target), ("_kind", kind), ("_name", name), ("_origin_fn", origin),
-                            ("_origin", None), ("_strict", strict)):
+                            ("_origin", None)):
             object.__setattr__(self, attr, value)
 
     @property
@@ -475,7 +480,7 @@ class Checked:
             raise
         except Exception as exc:
             ours = [_hetprune_home(), *self._ours()]
-            if self._strict or plugin_fault(exc, self.origin, ours):
+            if plugin_fault(exc, self.origin, ours):
                 hint = "; --debug (or HETPRUNE_DEBUG=1) shows the traceback"
                 raise self._error(method, f"raised {type(exc).__name__}: {exc}{hint}") from exc
             raise  # hetprune's own bug: keep the traceback

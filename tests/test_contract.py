@@ -295,6 +295,18 @@ def test_each_broken_component_is_caught_when_hetprune_calls_it(kind, cls, call,
         call(built(kind, cls))
 
 
+def test_a_constructor_that_raises_is_a_plugin_error_at_build_time():
+    class Unbuildable(GoodPredictor):
+        name = "unbuildable"
+
+        def __init__(self, k: int = 1):
+            raise ValueError(f"k={k} is not supported")
+
+    with pytest.raises(PluginError, match=r"predictor 'unbuildable' could not be built with options \{'k': 2\}: "
+                                          r"ValueError: k=2 is not supported"):
+        built("predictor", Unbuildable, k=2)
+
+
 def test_an_exception_from_plugin_code_keeps_its_cause_for_debugging():
     with pytest.raises(PluginError) as info:
         built("predictor", RaisingFitPredictor).fit(POINTS)
