@@ -402,7 +402,8 @@ def check_reloads(model: nn.Module, recipe, example: torch.Tensor, tol: float = 
     loaded.to(x.device)
     err = relative_error(outputs(model, x), outputs(loaded, x))
     if not err <= tol:
-        raise Violation(f"the result reloaded from its recipe gives other outputs (relative error {err:.3g} > {tol:g}); "
+        raise Violation(f"the result reloaded from its recipe gives other outputs (relative error {err:.3g} > "
+                        f"{tol:g}); "
                         "the recipe does not describe the model")
 
 
