@@ -473,6 +473,14 @@ def test_plugins_check_reports_broken_components_and_exits_1(cli_model, capsys):
     assert "names no plugin and no component" in capsys.readouterr().err
 
 
+def test_plugins_check_skips_a_kind_the_kit_has_no_check_for(monkeypatch, capsys):
+    monkeypatch.delitem(testing.CHECKS, "predictor")
+    assert main(["plugins", "--check", "poly"]) == 0
+    out = capsys.readouterr().out
+    assert "skip  predictor     poly               (hetdpt) no conformance check for this kind" in out
+    assert "0 components checked: 0 passed, 0 failed, 1 skipped" in out
+
+
 # -- the conformance kit catches each broken component, saying which rule --------------------------
 
 @pytest.mark.parametrize("kind, cls, expected", [
