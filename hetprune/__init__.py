@@ -3,7 +3,10 @@
 The public API for users and plugin authors is what this module exports, plus
 the modules ``hetprune.surgery`` (exact removal/merge primitives),
 ``hetprune.pipeline`` (the shared strategy steps), ``hetprune.config``,
-``hetprune.recipe``, ``hetprune.costs`` and ``hetprune.bench``.
+``hetprune.recipe``, ``hetprune.costs``, ``hetprune.bench`` and ``hetprune.adapters``
+(architecture adapters), and for plugin authors ``hetprune.testing`` (the
+conformance kit) and ``hetprune.contract`` (the rules every call into a
+component is checked against).
 
 Names are imported on first use (module ``__getattr__``), so ``import
 hetprune`` and ``hetprune --help`` do not load torch.
@@ -19,7 +22,8 @@ __version__ = "0.1.0"
 
 # public name -> the submodule that defines it (None: the name is that submodule)
 _EXPORTS = {
-    "Budget": "budget", "HetpruneError": "errors", "hookimpl": "hookspecs", "hookspec": "hookspecs",
+    "Budget": "budget", "HetpruneError": "errors", "PluginError": "errors",
+    "hookimpl": "hookspecs", "hookspec": "hookspecs",
     "ModelSpec": "models", "DepthStrategy": "pipeline", "FixedSplit": "pipeline", "PruneJob": "pipeline",
     "PruneResult": "pipeline", "ScoringContext": "pipeline", "get_registry": "plugins",
     "register_plugin": "plugins", "unregister_plugin": "plugins", "Recipe": "recipe", "apply_recipe": "recipe",

@@ -1,7 +1,9 @@
 """The ``hetprune`` command line: one sub-command per module in
 ``hetprune/commands``. Every command takes ``--plugin MODULE`` (repeatable).
 
-User mistakes (:class:`HetpruneError`) print one ``error:`` line and exit 2.
+User mistakes (:class:`HetpruneError`) and plugin faults (:class:`PluginError`,
+naming the plugin) print one ``error:`` line and exit 2; ``--debug`` or
+``HETPRUNE_DEBUG=1`` also prints the traceback. hetprune's own bugs keep theirs.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                        help="load one more plugin module by import path (repeatable)")
+        p.add_argument("--debug", action="store_true",
+                       help="show the full traceback of errors (also HETPRUNE_DEBUG=1)")
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
@@ -57,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
             load_module(module_name)
         # commands that train resolve --device and join torchrun's process group themselves
         return int(args._run(args) or 0)
-    except HetpruneError as exc:
+    except HetpruneError as exc:  # a PluginError names the plugin; --debug adds the traceback
+        import os
+        import traceback
+
+        if getattr(args, "debug", False) or os.environ.get("HETPRUNE_DEBUG", "") not in ("", "0"):
+            traceback.print_exception(exc)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like

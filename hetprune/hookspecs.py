@@ -6,6 +6,11 @@ whose names match the hooks below. Registration hooks hand the plugin a
 any callable returning an object) with a ``name`` attribute; hetprune builds
 it with keyword options when a run asks for it by name.
 
+Every call hetprune makes into a component is checked against the contract
+below (:mod:`hetprune.contract`): a broken promise, or an exception from plugin
+code, is one error naming the plugin, the component and the stage.
+``hetprune.testing`` checks a component against the same contract in a test.
+
 Built-in components are plugins like yours: see ``plugins/`` in the repository.
 """
 
@@ -71,8 +76,9 @@ def register_mergers(register: Register) -> None:
 
     A merger class has a ``name`` and ``merge(model) -> list[int]`` returning
     the block indices it changed. It must leave the model's function
-    unchanged up to float rounding; ``hetprune.surgery.check_exact`` is the
-    helper for that check.
+    unchanged up to float rounding: each merge is checked against the
+    unmerged model, within the class attribute ``tolerance`` (relative output
+    error, default ``1e-4``) in the model's dtype.
     """
 
 

@@ -14,13 +14,16 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import os
+import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pluggy
 
 from . import hookspecs
-from .errors import HetpruneError
+from .contract import Checked, Origin, code_home, plugin_fault
+from .errors import HetpruneError, PluginError
 
 KINDS = {
     "predictor": "register_predictors",
@@ -73,9 +76,11 @@ class PluginInfo:
 class Registry:
     """Every component every loaded plugin registered, keyed by kind and name."""
 
-    def __init__(self, pm: pluggy.PluginManager, versions: dict[str, tuple[str, str]]):
+    def __init__(self, pm: pluggy.PluginManager, versions: dict[str, tuple[str, str]],
+                 dists: dict[str, str] | None = None):
         self.pm = pm
         self._versions = versions
+        self._dists = dists or {}
         self._by_kind: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
         self._adapters: list | None = None
         self._collect()
@@ -127,7 +132,33 @@ class Registry:
             raise HetpruneError(f"no {kind} named {name!r} is registered; registered {kinds}: {known}") from None
 
     def build(self, kind: str, name: str, **options):
-        return self.component(kind, name).build(**options)
+        """Build a component by name, wrapped so that every call is checked against the plugin contract
+        (:mod:`hetprune.contract`); its faults are errors naming the plugin."""
+        comp = self.component(kind, name)
+        origin = lambda: self.origin(comp.plugin, comp.factory)  # noqa: E731 - only needed for a message
+        try:
+            obj = comp.build(**options)
+        except HetpruneError:
+            raise
+        except Exception as exc:
+            o = origin()
+            if not plugin_fault(exc, o, [str(Path(__file__).resolve().parent), *builtin_homes()], skip=0):
+                raise  # hetprune's own bug: keep the traceback
+            raise PluginError(f"{o.describe()}: {kind} {name!r} could not be built with options {options}: "
+                              f"{type(exc).__name__}: {exc}", plugin=o.plugin, kind=kind, component=name,
+                              stage="build") from exc
+        return Checked(obj, kind, name, origin)
+
+    def origin(self, plugin: str, factory: Any = None) -> Origin:
+        """Who a plugin is (distribution, version, how it was loaded) and where its code lives."""
+        version, source = self._versions.get(plugin, ("", "registered in code"))
+        dist = self._dists.get(plugin, "")
+        obj = self.pm.get_plugin(plugin)
+        module = obj.__name__ if isinstance(obj, types.ModuleType) else type(obj).__module__
+        if not dist and source == "--plugin":
+            dist, version = _distribution_of(module) or ("", version)
+        homes = code_home(module) + code_home(getattr(factory, "__module__", None))
+        return Origin(plugin, version, dist, source, builtin=_is_builtin(dist), homes=tuple(homes))
 
     def plugins(self) -> list[PluginInfo]:
         infos: dict[str, PluginInfo] = {}
@@ -177,10 +208,32 @@ def _register(pm: pluggy.PluginManager, plugin: Any, name: str, where: str) -> b
     return True
 
 
-def _new_manager() -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]]]:
+def _is_builtin(distribution: str) -> bool:
+    """Plugins shipped inside hetprune's own distribution: their bugs are hetprune's."""
+    return distribution.lower().replace("_", "-") == hookspecs.PROJECT
+
+
+def _distribution_of(module: str) -> tuple[str, str] | None:
+    """``(distribution, version)`` of the installed package a module belongs to, if any."""
+    names = md.packages_distributions().get(module.split(".")[0]) or []
+    return (names[0], md.version(names[0])) if names else None
+
+
+def builtin_homes() -> list[str]:
+    """Where the built-in plugins' code lives (entry points of hetprune's own distribution)."""
+    homes = []
+    for ep in md.entry_points(group=hookspecs.PROJECT):
+        dist = getattr(ep, "dist", None)
+        if dist is not None and _is_builtin(dist.metadata["Name"] or ""):
+            homes += code_home(ep.module)
+    return homes
+
+
+def _new_manager() -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]], dict[str, str]]:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     versions: dict[str, tuple[str, str]] = {}
+    dists: dict[str, str] = {}
     allow = _allow_list()
     seen: dict[str, str] = {}
     for ep in md.entry_points(group=hookspecs.PROJECT):
@@ -203,6 +256,8 @@ def _new_manager() -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]]]:
             continue
         dist = getattr(ep, "dist", None)
         versions[ep.name] = (dist.version if dist else "", f"entry point {ep.value}")
+        if dist is not None:
+            dists[ep.name] = dist.metadata["Name"] or ""
     if allow is not None:
         missing = allow - set(seen)
         if missing:
@@ -224,7 +279,7 @@ def _new_manager() -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]]]:
             f"plugin {pm.get_name(exc.plugin)!r} implements a hook hetprune does not define: {exc}; "
             f"the hooks are: {', '.join(sorted(_hook_names()))}"
         ) from exc
-    return pm, versions
+    return pm, versions, dists
 
 
 def _hook_names() -> list[str]:
@@ -275,6 +330,6 @@ def reset() -> None:
 def get_registry() -> Registry:
     global _registry
     if _registry is None:
-        pm, versions = _new_manager()
-        _registry = Registry(pm, versions)
+        pm, versions, dists = _new_manager()
+        _registry = Registry(pm, versions, dists)
     return _registry

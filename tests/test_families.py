@@ -229,3 +229,43 @@ def test_compare_and_ablate_run_on_families_beyond_the_timm_vit(key, checkpoint,
                  "--set", "hetdpt.predictor_options={poly: {degree: 1}}"]) == 0
     splits = {(s["n_attn"], s["n_act"]) for s in json.loads((abl / "ablation.json").read_text())["splits"]}
     assert splits == {(0, 1), (1, 0)}
+
+
+# -- the conformance kit on adapters ----------------------------------------------------------------------
+def _broken_adapters():
+    from hetprune.layers import BlockLayout
+    from hetprune_timm.vit import TimmViT
+
+    class Undercounts(TimmViT):
+        name = "undercounting-vit"
+
+        def attention_macs(self, module, inputs):
+            return 0
+
+    class ForgetsLayerScale(TimmViT):
+        name = "no-layerscale-vit"
+        layout = BlockLayout(mlp_scale=None)  # the kept MLP branch loses ls2 when attention is removed
+
+    class MatchesNothing(TimmViT):
+        name = "blind-vit"
+
+        def matches(self, model):
+            return False
+
+    return [(Undercounts, "FlopCounterMode"), (ForgetsLayerScale, "differs from the functional reference"),
+            (MatchesNothing, "matches\\(\\) is False")]
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_the_kit_catches_a_broken_adapter_and_says_which_rule(index, monkeypatch):
+    from hetprune import plugins, testing
+
+    monkeypatch.setenv("HETPRUNE_PLUGINS", "hetdpt,baselines,width")  # no built-in adapter claims the model
+    plugins.reset()
+    try:
+        broken, rule = _broken_adapters()[index]
+        with pytest.raises(testing.ConformanceError, match=rule):
+            testing.check_architecture(broken)
+    finally:
+        monkeypatch.delenv("HETPRUNE_PLUGINS")
+        plugins.reset()

@@ -403,21 +403,15 @@ def example_module():
     return mod
 
 
-def test_example_nearest_predictor_behaves():
-    Nearest = example_module().NearestPredictor
-    points = [(0, 0, 98.0), (4, 0, 90.0), (0, 4, 96.0), (2, 2, 94.0), (2, 2, 92.0)]
-    p = Nearest(k=2).fit(points)
-    assert p.predict(0, 0) == 98.0 and p.predict(2, 2) == 93.0  # exact, repeats averaged
-    assert 90.0 < p.predict(3, 1) < 94.0  # between its two nearest measurements
-    assert p.predict(4, 0) == pytest.approx(90.0)
-    report = p.fit_report()
-    assert report["points"] == 4 and report["mae"] == 0.0 and report["loo_mae"] > 0
-    with pytest.raises(HetpruneError, match="at least 1"):
-        Nearest().fit([])
-    with pytest.raises(HetpruneError, match="fitted"):
-        Nearest().predict(1, 1)
-    with pytest.raises(HetpruneError, match="k must be"):
-        Nearest(k=0)
+def test_example_package_tests_pass_and_use_the_conformance_kit():
+    """The example's own tests (what a plugin author copies) run and pass, the kit's check among them."""
+    tests = EXAMPLE / "tests" / "test_nearest.py"
+    assert "check_predictor(NearestPredictor" in tests.read_text()
+    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(EXAMPLE), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=EXAMPLE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "5 passed" in r.stdout
 
 
 @pytest.fixture(scope="module")
@@ -444,12 +438,17 @@ def test_installed_outside_package_is_listed_by_hetprune_plugins(installed_examp
     assert listed["example"] == {"name": "example", "version": "0.1.0", "source": "entry point hetprune_example",
                                  "components": {"predictor": ["nearest"]}}
     assert {"hetdpt", "baselines"} <= set(listed)
+    r = subprocess.run([sys.executable, "-m", "hetprune", "plugins", "--check", "example"], capture_output=True,
+                       text=True, env=env, timeout=300, cwd=installed_example)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok    predictor     nearest            (example)" in r.stdout
 
 
 USE_EXAMPLE = '''
 import json
 from hetprune import get_registry
 from hetprune.cli import build_parser
+from hetprune.contract import unwrap
 from hetprune.commands.prune_cmd import settings_for
 
 registry = get_registry()
@@ -463,8 +462,9 @@ from_cli = registry.build("predictor", opts["predictor"], **opts["predictor_opti
 print(json.dumps({
     "plugins": [p.name for p in registry.plugins()],
     "plugin": registry.component("predictor", "nearest").plugin,
-    "class": type(by_name).__module__ + "." + type(by_name).__name__,
+    "class": type(unwrap(by_name)).__module__ + "." + type(unwrap(by_name)).__name__,
     "at_point": by_name.predict(4, 0), "between": by_name.predict(3, 1), "from_cli": from_cli.predict(3, 1),
+    "origin": registry.origin("example").describe(),
     "report": by_name.fit_report(),
 }))
 '''
@@ -481,6 +481,7 @@ def test_installed_outside_predictor_is_usable_by_name(installed_example):
     assert out["plugin"] == "example" and out["class"] == "hetprune_example.predictor.NearestPredictor"
     assert out["at_point"] == 90.0 and 90.0 < out["between"] < 94.0
     assert out["from_cli"] == out["between"]
+    assert out["origin"] == "plugin 'example' (hetprune-example-plugin 0.1.0)"  # how its faults are named
     assert out["report"]["points"] == 4 and out["report"]["loo_mae"] > 0
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hetprune import HetpruneError
+from hetprune import HetpruneError, ModelSpec
 from hetprune.adapters import PreNormAdapter
 from hetprune.layers import BlockLayout
 
@@ -58,6 +58,9 @@ class HFViTAdapter(PreNormAdapter):
     name = "hf-vit"
     description = "Hugging Face transformers ViTForImageClassification (wrapped: hetprune_hf.wrap)"
     library = LIBRARY
+    example_spec = ModelSpec("ViTForImageClassification", dict(  # a tiny one, for the conformance kit
+        image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+        intermediate_size=128, num_labels=10), LIBRARY)
     model_types = (HFViTClassifier,)
     layout = BlockLayout(norm1="layernorm_before", attn="attention", attn_scale=None, norm2="layernorm_after",
                          mlp="mlp", mlp_scale=None, drop_path2="dropout", act="activation_fn")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from timm.models.cait import Cait, ClassAttn, LayerScaleBlock, TalkingHeadAttn
 
+from hetprune import ModelSpec
 from hetprune.adapters import PreNormAdapter, attention_matmul_macs
 from hetprune.layers import BlockLayout
 
@@ -18,6 +19,8 @@ from hetprune.layers import BlockLayout
 class TimmCaiT(PreNormAdapter):
     name = "timm-cait"
     description = "timm CaiT (self-attention blocks; class-attention blocks are kept)"
+    example_spec = ModelSpec("cait_xxs24_224", dict(img_size=16, in_chans=1, num_classes=10,
+                                      patch_size=4, embed_dim=32, depth=3, num_heads=2, depth_token_only=1, init_values=0.5))  # a tiny one, for the conformance kit
     model_types = (Cait,)
     block_types = (LayerScaleBlock,)
     attention_types = (TalkingHeadAttn, ClassAttn)

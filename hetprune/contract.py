@@ -1,0 +1,504 @@
+"""The plugin contract, enforced: every component the registry builds is
+wrapped in :class:`Checked`, which validates what the contract methods return
+and turns a broken promise or an exception from plugin code into a
+:class:`~hetprune.errors.PluginError` naming the plugin, the component, the
+stage and what was wrong.
+
+The rules live here once, as functions per kind and method (:data:`RULES`);
+``hetprune.testing`` runs the same rules, plus deeper ones, on tiny models.
+Exceptions raised by hetprune's own code (the core, or a built-in plugin) are
+hetprune's bugs and pass through unchanged, traceback and all.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import json
+import math
+import numbers
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import HetpruneError, PluginError
+
+if TYPE_CHECKING:  # torch is imported where a rule runs, so loading plugins stays light
+    import torch
+    from torch import nn
+
+DEFAULT_MERGE_TOLERANCE = 1e-4   # a merger's ``tolerance`` unless it declares one: relative output error
+RELOAD_TOLERANCE = 1e-5          # a reloaded result against the model the strategy returned (relative)
+
+
+class Violation(Exception):
+    """A broken rule of the contract; the message says what was wrong and what is required."""
+
+
+# -- the pipeline stage, for messages --------------------------------------------------------------
+
+_stages: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("hetprune_stages", default=())
+
+
+def enter_stage(stage: str) -> None:
+    _stages.set(_stages.get() + (stage,))
+
+
+def leave_stage(stage: str) -> None:
+    stack = _stages.get()
+    if stack and stack[-1] == stage:
+        _stages.set(stack[:-1])
+
+
+def current_stage() -> str | None:
+    stack = _stages.get()
+    return stack[-1] if stack else None
+
+
+# -- who a component belongs to ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a component comes from, for messages and for telling its faults from hetprune's."""
+
+    plugin: str
+    version: str = ""
+    distribution: str = ""
+    source: str = "registered in code"
+    builtin: bool = False            # shipped with hetprune: its exceptions are hetprune's bugs
+    homes: tuple[str, ...] = ()      # files and folders holding the plugin's own code
+
+    def describe(self) -> str:
+        if self.distribution:
+            where = f"{self.distribution} {self.version}".strip()
+        else:
+            where = self.source + (f", version {self.version}" if self.version else ", no version")
+        return f"plugin {self.plugin!r} ({where})"
+
+
+def code_home(module_name: str | None) -> list[str]:
+    """The file, or the top-level package folder, holding a module's code."""
+    if not module_name:
+        return []
+    top = sys.modules.get(module_name.split(".")[0]) or sys.modules.get(module_name)
+    if top is None:
+        return []
+    paths = list(getattr(top, "__path__", None) or [])
+    if not paths and getattr(top, "__file__", None):
+        paths = [top.__file__]
+    return [str(Path(p).resolve()) for p in paths]
+
+
+def _hetprune_home() -> str:
+    return str(Path(__file__).resolve().parent)
+
+
+def _under(filename: str, roots: list[str]) -> bool:
+    try:
+        path = str(Path(filename).resolve())
+    except (OSError, RuntimeError):
+        return False
+    return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def plugin_fault(exc: BaseException, origin: Origin, ours: list[str], skip: int = 1) -> bool:
+    """Whether ``exc`` (raised through a component call) is the plugin's fault rather than hetprune's.
+
+    The innermost frame in either hetprune's code (``ours``: the core and the
+    built-in plugins) or the plugin's own code decides; frames in libraries
+    (torch, numpy, ...) count for whoever called them. ``skip`` leaves out the
+    calling frames of the check itself.
+    """
+    if origin.builtin:
+        return False
+    homes = list(origin.homes)
+    owner = None
+    for frame, _ in list(traceback.walk_tb(exc.__traceback__))[skip:]:
+        name = frame.f_code.co_filename
+        if _under(name, homes):
+            owner = "plugin"
+        elif _under(name, ours):
+            owner = "hetprune"
+    return owner != "hetprune"
+
+
+# -- small readers shared by the rules --------------------------------------------------------------
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def example_input(model: nn.Module, n: int = 2, seed: int = 0) -> torch.Tensor:
+    """A few seeded random images of the model's input shape, dtype and device (HetpruneError if unknown)."""
+    import torch
+
+    from .models import input_shape_of
+
+    param = next(model.parameters())
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, *input_shape_of(model), generator=gen).to(param.device, param.dtype)
+
+
+def outputs(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's outputs in eval mode, without gradients (its train/eval mode is restored)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(x)
+    finally:
+        model.train(was_training)
+
+
+def relative_error(reference: torch.Tensor, candidate: torch.Tensor) -> float:
+    """max |reference - candidate| / max |reference|: the scale-free error a tolerance bounds."""
+    scale = reference.abs().max().clamp_min(1e-12)
+    return float(((reference - candidate).abs().max() / scale).item())
+
+
+def runs(model: nn.Module, x: torch.Tensor, after: str, shape: torch.Size | None = None) -> torch.Tensor:
+    """The outputs of ``model`` on ``x``, or a :class:`Violation` saying it no longer runs."""
+    import torch
+
+    try:
+        y = outputs(model, x)
+    except Exception as exc:  # whatever the broken model raises is the finding
+        raise Violation(f"the model no longer runs after {after}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(y, torch.Tensor):
+        raise Violation(f"the model returns a {type_name(y)} after {after}, not a tensor")
+    if shape is not None and y.shape != shape:
+        raise Violation(f"the model's output shape changed from {tuple(shape)} to {tuple(y.shape)} after {after}")
+    if not torch.isfinite(y).all():
+        raise Violation(f"the model's outputs are not finite after {after}")
+    return y
+
+
+def sites_of(model: nn.Module) -> set:
+    """The sites present before a call (a model hetprune cannot read is the caller's error, not the plugin's)."""
+    from .sites import sites
+
+    return set(sites(model))
+
+
+def present_sites(model: nn.Module, after: str) -> set:
+    """The sites still present after a call; a model hetprune can no longer read is a violation."""
+    from .sites import sites
+
+    try:
+        return set(sites(model))
+    except HetpruneError as exc:
+        raise Violation(f"the model is no longer a ViT hetprune can read after {after}: {exc}") from exc
+
+
+def jsonable(value: Any, what: str) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise Violation(f"{what} must be JSON-serialisable (it goes into report.json): {exc}") from exc
+
+
+def _sites_text(items) -> str:
+    return ", ".join(sorted(str(s) for s in items)) or "none"
+
+
+# -- the rules, one function per contract method ----------------------------------------------------
+# Each takes ``(component, call, *args, **kwargs)``: ``call`` runs the plugin's method with the same
+# arguments. It returns what the pipeline should get, or raises Violation.
+
+def predictor_fit(component, call, points, *args, **kwargs):
+    result = call(points, *args, **kwargs)
+    return result
+
+
+def predictor_predict(component, call, n_attn, n_act, *args, **kwargs):
+    value = call(n_attn, n_act, *args, **kwargs)
+    if not is_number(value):
+        raise Violation(f"predict({n_attn}, {n_act}) returned a {type_name(value)} ({value!r}); "
+                        "a prediction must be a finite real number (float)")
+    if not math.isfinite(value):
+        raise Violation(f"predict({n_attn}, {n_act}) returned {value}; a prediction must be a finite number")
+    return float(value)
+
+
+def predictor_fit_report(component, call, *args, **kwargs):
+    report = call(*args, **kwargs)
+    if not isinstance(report, dict):
+        raise Violation(f"fit_report() returned a {type_name(report)}; it must return a dict of fit errors")
+    bad = [k for k in report if not isinstance(k, str)]
+    if bad:
+        raise Violation(f"fit_report() has non-string keys {bad!r}; its keys must be strings")
+    jsonable(report, "fit_report()")
+    return report
+
+
+def scorer_score(component, call, model, sites, ctx, *args, **kwargs):
+    from torch import nn
+
+    candidates = list(sites)
+    before = sites_of(model) if isinstance(model, nn.Module) else None
+    scores = call(model, candidates, ctx, *args, **kwargs)
+    if not isinstance(scores, dict):
+        raise Violation(f"score() returned a {type_name(scores)}; it must return a dict {{Site: float}}")
+    missing, extra = set(candidates) - set(scores), set(scores) - set(candidates)
+    if missing or extra:
+        raise Violation(f"score() must give exactly one score per candidate site; missing: {_sites_text(missing)}; "
+                        f"not candidates: {_sites_text(extra)}")
+    for site, value in scores.items():
+        if not is_number(value):
+            raise Violation(f"score() gave {site} a {type_name(value)} ({value!r}); scores must be finite numbers")
+        if not math.isfinite(value):
+            raise Violation(f"score() gave {site} the score {value}; scores must be finite numbers")
+    if before is not None and present_sites(model, "score()") != before:
+        raise Violation("score() changed which sites the model has; a scorer must leave the model as it was")
+    return {site: float(value) for site, value in scores.items()}
+
+
+def scorer_select(component, call, model, counts, ctx, *args, **kwargs):
+    from .sites import Site
+
+    before = sites_of(model)
+    chosen = call(model, counts, ctx, *args, **kwargs)
+    if not isinstance(chosen, (list, tuple)) or not all(isinstance(s, Site) for s in chosen):
+        raise Violation(f"select() returned {chosen!r}; it must return a list of hetprune.Site")
+    got = {k: sum(1 for s in chosen if s.kind == k) for k in counts}
+    if got != dict(counts) or len(set(chosen)) != len(chosen) or any(s.kind not in counts for s in chosen):
+        raise Violation(f"select() chose {_sites_text(chosen)} ({got}); it must choose exactly {dict(counts)} "
+                        "distinct sites")
+    gone = set(chosen) - before
+    if gone:
+        raise Violation(f"select() chose {_sites_text(gone)}, which the model does not have")
+    after = present_sites(model, "select()")
+    if after != before:
+        raise Violation(f"select() removed {_sites_text(before - after)} from the model; it must leave every site "
+                        "present (the pipeline removes them)")
+    return list(chosen)
+
+
+def remover_remove(component, call, model, site, *args, **kwargs):
+    before = sites_of(model)
+    x = example_input(model, n=1)
+    shape = outputs(model, x).shape
+    record = call(model, site, *args, **kwargs)
+    if record is not None and not isinstance(record, dict):
+        raise Violation(f"remove() returned a {type_name(record)}; it must return a dict for the recipe (or None)")
+    jsonable(record, "remove()'s record")
+    after = present_sites(model, f"remove({site})")
+    expected = before - {site}
+    if after != expected:
+        gone, back = before - after, after - before
+        detail = f"it removed {_sites_text(gone)}" + (f" and added {_sites_text(back)}" if back else "")
+        raise Violation(f"remove({site}) must remove exactly {site}; {detail}")
+    runs(model, x, f"remove({site})", shape)
+    return record or {}
+
+
+def merger_merge(component, call, model, *args, **kwargs):
+    tol = tolerance_of(component)
+    before = sites_of(model)
+    reference = copy.deepcopy(model)
+    x = example_input(model)
+    changed = call(model, *args, **kwargs)
+    if changed is None:
+        changed = []
+    if not isinstance(changed, (list, tuple, set)) or not all(isinstance(b, int) for b in changed):
+        raise Violation(f"merge() returned {changed!r}; it must return the list of block indices it changed")
+    if present_sites(model, "merge()") != before:
+        raise Violation("merge() changed which sites the model has; a merger folds, it does not remove")
+    y = runs(model, x, "merge()")
+    err = relative_error(outputs(reference, x), y)
+    if not err <= tol:
+        raise Violation(f"merge() changed the model's outputs by {err:.3g} (relative, {x.dtype}), more than its "
+                        f"tolerance {tol:.3g}; a merger must keep the function")
+    return sorted(set(changed))
+
+
+def width_pruner_prune(component, call, model, target_macs, example_inputs, ctx=None, *args, **kwargs):
+    from .costs import count_macs
+
+    x = example_inputs[:1]
+    shape = outputs(model, x).shape
+    result = call(model, target_macs, example_inputs, ctx, *args, **kwargs)
+    runs(model, x, "prune()", shape)
+    macs_fn = getattr(ctx, "macs_fn", None) or (lambda m: count_macs(m, x))
+    macs = macs_fn(model)
+    if macs > target_macs:
+        raise Violation(f"prune() left {macs} MACs, above the target {int(target_macs)}")
+    return result
+
+
+_nested = contextvars.ContextVar("hetprune_strategy_nested", default=False)
+
+
+def strategy_run(component, call, job, *args, **kwargs):
+    from . import distributed as dist
+    from .models import model_hash
+
+    dense_hash = model_hash(job.dense)
+    outermost = not _nested.get()
+    token = _nested.set(True)
+    try:
+        result = call(job, *args, **kwargs)
+    finally:
+        _nested.reset(token)
+    check_result(result, job.example)
+    if model_hash(job.dense) != dense_hash:
+        raise Violation("run() changed job.dense; a strategy must prune a copy of the dense model")
+    # what is saved must reload: the outermost run's result (a strategy run inside another, e.g. hetdpt in
+    # hetdpt-plus, may prune an intermediate model its recipe alone does not describe); under torchrun rank 0
+    if outermost and dist.is_main():
+        check_reloads(result.model, result.recipe, job.example)
+    return result
+
+
+def check_result(result, example: torch.Tensor) -> None:
+    """A strategy's result: a PruneResult with a model, a recipe and a complete, JSON-able report."""
+    from torch import nn
+
+    from .pipeline import REPORT_KEYS, PruneResult
+    from .recipe import Recipe
+
+    if not isinstance(result, PruneResult):
+        raise Violation(f"run() returned a {type_name(result)}; it must return a hetprune.PruneResult "
+                        "(model, recipe, report)")
+    if not isinstance(result.model, nn.Module):
+        raise Violation(f"run()'s result.model is a {type_name(result.model)}, not a torch module")
+    if not isinstance(result.recipe, Recipe):
+        raise Violation(f"run()'s result.recipe is a {type_name(result.recipe)}, not a hetprune.Recipe")
+    if not isinstance(result.report, dict):
+        raise Violation(f"run()'s result.report is a {type_name(result.report)}, not a dict")
+    missing = [k for k in REPORT_KEYS if k not in result.report]
+    if missing:
+        raise Violation(f"run()'s report lacks {', '.join(missing)} (hetprune.pipeline.finish fills most of them)")
+    try:
+        json.dumps(result.report)
+    except (TypeError, ValueError) as exc:
+        raise Violation(f"run()'s report cannot be written as JSON: {exc}") from exc
+    runs(result.model, example.to(next(result.model.parameters()).device), "run()")
+
+
+def check_reloads(model: nn.Module, recipe, example: torch.Tensor, tol: float = RELOAD_TOLERANCE) -> None:
+    """Save ``model`` with ``recipe`` and load it back as a user would: same outputs, or a violation."""
+    import tempfile
+
+    from .recipe import load, save
+
+    with tempfile.TemporaryDirectory(prefix="hetprune-reload-") as tmp:
+        try:
+            save(Path(tmp) / "result", model, recipe)
+            loaded = load(Path(tmp) / "result")
+        except HetpruneError as exc:
+            raise Violation(f"the result does not reload from its recipe and weights: {exc}") from exc
+    x = example.to(next(model.parameters()).device)
+    loaded.to(x.device)
+    err = relative_error(outputs(model, x), outputs(loaded, x))
+    if not err <= tol:
+        raise Violation(f"the result reloaded from its recipe gives other outputs (relative error {err:.3g} > "
+                        f"{tol:g}); "
+                        "the recipe does not describe the model")
+
+
+def tolerance_of(merger) -> float:
+    """A merger's declared ``tolerance`` (relative output error), or the default."""
+    tol = getattr(merger, "tolerance", DEFAULT_MERGE_TOLERANCE)
+    if not is_number(tol) or not 0 < tol < 1:
+        raise Violation(f"tolerance must be a number in (0, 1) (relative output error), got {tol!r}")
+    return float(tol)
+
+
+RULES: dict[str, dict[str, Callable]] = {
+    "predictor": {"fit": predictor_fit, "predict": predictor_predict, "fit_report": predictor_fit_report},
+    "scorer": {"score": scorer_score, "select": scorer_select},
+    "remover": {"remove": remover_remove},
+    "merger": {"merge": merger_merge},
+    "strategy": {"run": strategy_run},
+    "width_pruner": {"prune": width_pruner_prune},
+}
+
+
+# -- the proxy ----------------------------------------------------------------------------------------
+
+class Checked:
+    """A component as hetprune uses it: the contract methods are checked, everything else passes through.
+
+    ``origin`` is called (once, when needed) for the component's :class:`Origin`.
+    """
+
+    __slots__ = ("_target", "_kind", "_name", "_origin_fn", "_origin")
+
+    def __init__(self, target: Any, kind: str, name: str, origin: Callable[[], Origin]):
+        for attr, value in (("_target", target), ("_kind", kind), ("_name", name), ("_origin_fn", origin),
+                            ("_origin", None)):
+            object.__setattr__(self, attr, value)
+
+    @property
+    def __class__(self):  # isinstance(component, TheClass) keeps working
+        return type(self._target)
+
+    def __getattr__(self, attr: str):
+        value = getattr(self._target, attr)
+        rule = RULES.get(self._kind, {}).get(attr)
+        if rule is None or not callable(value):
+            return value
+        return partial(self._call, attr, value, rule)
+
+    def __setattr__(self, attr: str, value) -> None:
+        setattr(self._target, attr, value)
+
+    def __repr__(self) -> str:
+        return f"<checked {self._kind} {self._name!r}: {self._target!r}>"
+
+    @property
+    def origin(self) -> Origin:
+        if self._origin is None:
+            object.__setattr__(self, "_origin", self._origin_fn())
+        return self._origin
+
+    def _call(self, method: str, function: Callable, rule: Callable, *args, **kwargs):
+        saved = _stages.get()
+        try:
+            result = rule(self._target, partial(self._invoke, method, function), *args, **kwargs)
+        except Violation as exc:
+            raise self._error(method, f"broke the plugin contract: {exc}") from exc
+        finally:
+            if method == "run":  # a failed stage never reached stage_end: forget it
+                _stages.set(saved)
+        return self if result is self._target else result
+
+    def _invoke(self, method: str, function: Callable, *args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (HetpruneError, Violation):  # the user's mistake, said by the plugin; or a nested check
+            raise
+        except Exception as exc:
+            ours = [_hetprune_home(), *self._ours()]
+            if plugin_fault(exc, self.origin, ours):
+                hint = "; --debug (or HETPRUNE_DEBUG=1) shows the traceback"
+                raise self._error(method, f"raised {type(exc).__name__}: {exc}{hint}") from exc
+            raise  # hetprune's own bug: keep the traceback
+
+    def _ours(self) -> list[str]:
+        from .plugins import builtin_homes
+
+        return builtin_homes()
+
+    def _error(self, method: str, what: str) -> PluginError:
+        stage = current_stage()
+        where = f"stage {stage}, {method}()" if stage else f"{method}()"
+        origin = self.origin
+        return PluginError(f"{origin.describe()}: {self._kind} {self._name!r} {what} [{where}]",
+                           plugin=origin.plugin, kind=self._kind, component=self._name, stage=stage or method)
+
+
+def unwrap(component: Any) -> Any:
+    """The plugin's own object behind a checked component."""
+    return object.__getattribute__(component, "_target") if type(component) is Checked else component
