@@ -30,6 +30,7 @@ from .errors import HetpruneError
 from .models import ModelSpec
 from .plugins import Registry
 from .recipe import Recipe, arch_of, recipe_from_model
+from .resume import weights_key
 from .sites import Site, sites
 from .train import TrainConfig, evaluate_dataset, train
 
@@ -225,8 +226,10 @@ def remove_sites(job: PruneJob, model: nn.Module, chosen: list[Site]) -> dict:
 def finetune(job: PruneJob, model: nn.Module, section: str = "finetune", stage: str = "finetune",
              **changes) -> list[dict]:
     cfg = train_config(job.settings, section, **changes)
+    # a checkpoint is reused only for the same start: model (base weights, sites, earlier training), teacher, data
+    key = {"starting weights": weights_key(model), "teacher": job.base_info.get("hash"), "data": job.data.fingerprint}
     return train(model, job.data, cfg, teacher=job.dense, checkpoint_dir=job.workdir / stage, resume=job.resume,
-                 progress=job.progress, desc=f"{job.strategy_name}: {stage}",
+                 progress=job.progress, desc=f"{job.strategy_name}: {stage}", resume_key=key, log=job.log,
                  on_epoch_end=lambda e, m: job.event("on_epoch_end", stage=stage, epoch=e, metrics=m))
 
 

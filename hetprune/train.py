@@ -22,6 +22,7 @@ from . import distributed as dist
 from .config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.train too
 from .data import DataBundle, loader, subset
 from .errors import HetpruneError
+from .resume import reusable
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
@@ -88,7 +89,7 @@ def _checkpoint_path(folder: Path) -> Path:
 
 
 def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, history: list, cfg: TrainConfig,
-                     scaler=None):
+                     scaler=None, key: dict | None = None):
     import os
     import tempfile
 
@@ -98,7 +99,7 @@ def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, hist
     folder.mkdir(parents=True, exist_ok=True)
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict(), "epoch": epoch, "history": history, "config": cfg.to_dict(),
-             "scaler": scaler.state_dict() if scaler is not None else {}}
+             "scaler": scaler.state_dict() if scaler is not None else {}, "key": key or {}}
     fd, tmp = tempfile.mkstemp(prefix=".ckpt.", dir=folder)
     os.close(fd)
     try:
@@ -132,6 +133,8 @@ def train(
     on_epoch_end: Callable[[int, dict], None] | None = None,
     eval_each_epoch: bool = False,
     distributed: bool | None = None,
+    resume_key: dict | None = None,
+    log: Callable[[str], None] = print,
 ) -> list[dict]:
     """Train ``model`` in place; returns the per-epoch history.
 
@@ -140,6 +143,11 @@ def train(
     augmentation are seeded by ``(seed, epoch)``, so a resumed run repeats
     the uninterrupted one. A NaN or inf loss stops training with an error and
     leaves the last good checkpoint in place.
+
+    The checkpoint carries ``resume_key`` (what the run started from: the
+    model's weights, the teacher, the data) and the training settings; a
+    checkpoint whose key or settings differ is not reused: the log says what
+    changed and training starts afresh.
 
     Under torchrun (``distributed`` defaults to whether a process group is
     active) the model is wrapped in DistributedDataParallel and every global
@@ -171,10 +179,9 @@ def train(
     start_epoch, history = 0, []
     if folder is not None and resume:
         ckpt = _load_checkpoint(folder)
-        if ckpt is not None:
-            if ckpt.get("config") != cfg.to_dict():
-                raise HetpruneError(f"checkpoint in {folder} was made with other training settings; "
-                                    "delete it or run without --resume")
+        current = {**(resume_key or {}), "training settings": cfg.to_dict()}
+        stored = {**(ckpt or {}).get("key", {}), "training settings": (ckpt or {}).get("config")}
+        if ckpt is not None and reusable(stored, current, f"the fine-tune checkpoint in {folder}", log):
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             scheduler.load_state_dict(ckpt["scheduler"])
@@ -233,7 +240,7 @@ def train(
         history.append(metrics)
         bar.set_postfix({k: round(v, 4) for k, v in metrics.items() if k in ("loss", "accuracy")})
         if folder is not None:
-            _save_checkpoint(folder, model, optimizer, scheduler, epoch + 1, history, cfg, scaler)
+            _save_checkpoint(folder, model, optimizer, scheduler, epoch + 1, history, cfg, scaler, resume_key)
             if distributed:
                 dist.barrier()
         if on_epoch_end is not None:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from hetprune import HetpruneError
 from hetprune.adapters import adapter_for
+from hetprune.resume import reusable, weights_key
 from hetprune.train import training_loss
 
 from . import gates
@@ -170,10 +171,17 @@ class GateTaylorScorer:
         cfg = ctx.train_config("short_finetune", subset=ctx.settings["scoring"]["subset"])
         device = torch.device(cfg.device)
         ctx.place(model)
+        attn_mode = _attn_mode(ctx)
+        # the checkpoint is reused only for the same start, candidates, schedule, data and settings
+        key = {"starting weights": weights_key(model), "teacher": weights_key(ctx.teacher),
+               "candidates": [str(s) for s in candidates], "schedule": order, "data": ctx.data.fingerprint,
+               "training settings": cfg.to_dict(), "attention removal": attn_mode,
+               "gate options": {"epochs_per_removal": self.epochs_per_removal, "warmup_epochs": self.warmup_epochs,
+                                "score_lr": self.score_lr}}
         # the weights' optimizer is made before the gates exist: the same parameter groups as the fine-tune
         # (no weight decay on norms, biases and LayerScale)
         opt_w = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
-        bank, handles = gates.install(model, candidates, attn_mode=_attn_mode(ctx))
+        bank, handles = gates.install(model, candidates, attn_mode=attn_mode)
         opt_s = torch.optim.SGD([bank.scores], lr=self.score_lr)
         ckpt_path = Path(ctx.workdir) / "gate-checkpoint.pt"
         step, removed = 0, []
@@ -182,11 +190,12 @@ class GateTaylorScorer:
                 state = torch.load(str(ckpt_path), map_location=device, weights_only=True)
             except Exception as exc:
                 raise HetpruneError(f"gate checkpoint {ckpt_path} is corrupt ({exc}); delete it to start over") from exc
-            model.load_state_dict(state["model"])
-            opt_w.load_state_dict(state["opt_w"])
-            opt_s.load_state_dict(state["opt_s"])
-            step = state["step"]
-            removed = [s for s in candidates if bank.mask[bank.index[s]] == 0]
+            if reusable(state.get("key"), key, f"the gate checkpoint {ckpt_path}", ctx.log):
+                model.load_state_dict(state["model"])
+                opt_w.load_state_dict(state["opt_w"])
+                opt_s.load_state_dict(state["opt_s"])
+                step = state["step"]
+                removed = [s for s in candidates if bank.mask[bank.index[s]] == 0]
         train_set = subset(ctx.data.train, cfg.subset, ctx.seed)
         teacher = ctx.place(ctx.teacher).eval()
         try:
@@ -207,7 +216,7 @@ class GateTaylorScorer:
                 ckpt_path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = ckpt_path.with_suffix(".tmp")
                 torch.save({"model": model.state_dict(), "opt_w": opt_w.state_dict(), "opt_s": opt_s.state_dict(),
-                            "step": i + 1}, str(tmp))
+                            "step": i + 1, "key": key}, str(tmp))
                 tmp.replace(ckpt_path)
         finally:
             self.last_scores = {str(s): bank.score_of(s) for s in candidates}
