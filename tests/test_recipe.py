@@ -471,3 +471,27 @@ def test_recipe_records_what_the_mergers_did_not_what_was_asked(tiny_spec, tmp_p
     folded = pruned_model(tiny_spec, make_recipe(tiny_spec, merged=[]))
     LayerNormFold().merge(folded)
     assert recipe_from_model(folded, tiny_spec, arch_of(build(tiny_spec))).fold_norm is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mergers", ["[]", "[linear-merge]", "[ln-fold]", "[linear-merge, ln-fold]",
+                                     "[ln-fold, linear-merge]"])
+def test_every_merger_combination_gives_a_recipe_that_applies_exactly_to_the_base(trained_tiny, tmp_path, mergers):
+    """Untrained after pruning, the saved model is the base's function with sites removed: its recipe applied to
+    the base checkpoint (hetprune apply) must reproduce it, whatever the mergers did."""
+    from hetprune.cli import main
+
+    _, spec, ckpt = trained_tiny
+    base = ["--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt)]
+    out = tmp_path / "pruned"
+    assert main(["prune", *base, "--strategy", "act-only", "--scorer", "magnitude", "--budget", "2",
+                 "--set", "finetune.epochs=0", "--set", f"mergers={mergers}", "--out", str(out)]) == 0
+    recipe = hetprune.recipe.load_recipe(out)
+    assert len(recipe.merged) == (0 if mergers == "[]" else 2)
+    assert recipe.fold_norm == (mergers.startswith("[ln-fold"))
+    applied = tmp_path / "applied"
+    assert main(["apply", *base, "--recipe", str(out / "recipe.json"), "--out", str(applied)]) == 0
+    x = tiny_example()
+    saved, replayed = hetprune.load(out), hetprune.load(applied)
+    assert saved.state_dict().keys() == replayed.state_dict().keys()
+    assert torch.allclose(saved(x), replayed(x), atol=1e-5)
