@@ -11,6 +11,8 @@ import copy
 import pytest
 import torch
 
+import hetprune
+
 from hetprune.models import ModelSpec, build
 
 TINY_KWARGS = dict(img_size=16, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=4, num_heads=2,
@@ -62,3 +64,14 @@ def trained_tiny(tmp_path_factory):
 def tiny_example(n: int = 4) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1)
     return torch.randn(n, 1, 16, 16, generator=gen)
+
+
+class PluginOf:
+    """A plugin object registering the given components with one registration hook."""
+
+    def __init__(self, hook: str, *components):
+        def register_all(register):
+            for c in components:
+                register(c)
+
+        setattr(self, hook, hetprune.hookimpl(register_all))

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import hetprune
+from conftest import PluginOf
 from hetprune import HetpruneError, Site, plugins, surgery, testing
 from hetprune.budget import Budget
 from hetprune.cli import main
@@ -37,17 +38,6 @@ def clean_plugins(monkeypatch):
     plugins.reset()
     yield
     plugins.reset()
-
-
-class PluginOf:
-    """A plugin object registering the given components with one registration hook."""
-
-    def __init__(self, hook: str, *components):
-        def register_all(register):
-            for c in components:
-                register(c)
-
-        setattr(self, hook, hetprune.hookimpl(register_all))
 
 
 def built(kind: str, cls, **options):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import hetprune
+from conftest import PluginOf
 from hetprune import HetpruneError, hookspecs, plugins
 from hetprune.cli import main
 
@@ -513,12 +514,3 @@ def test_docs_strategy_example_allocates_two_thirds_to_attention():
     assert strategy.allocate(Job()) == ((4, 2), {"rule": "2/3 attention"})
 
 
-class PluginOf:
-    """A plugin object implementing one registration hook with the given components."""
-
-    def __init__(self, hook: str, *components):
-        def register_all(register):
-            for c in components:
-                register(c)
-
-        setattr(self, hook, hetprune.hookimpl(register_all))

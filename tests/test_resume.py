@@ -35,6 +35,14 @@ def job_with(tmp_path, changes: dict | None = None, model=None, fingerprint: str
     return job, logs, epochs
 
 
+def same_state(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def resume_notes(logs: list[str]) -> list[str]:
+    return [m for m in logs if m.startswith("--resume:")]
+
+
 def pruned(job):
     model = copy.deepcopy(job.dense)
     surgery.remove_activation(model, 1)
@@ -60,8 +68,8 @@ def test_unchanged_finetune_rerun_reuses_its_checkpoint(tmp_path):
     first, _, epochs = run_finetune(tmp_path)
     assert epochs == [1, 2]
     again, logs, epochs = run_finetune(tmp_path)
-    assert epochs == [] and not [m for m in logs if "--resume" in m]  # nothing trained again
-    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values()))
+    assert epochs == [] and not resume_notes(logs)  # nothing trained again
+    assert same_state(first, again)
 
 
 @pytest.mark.parametrize("what", sorted(CHANGES))
@@ -70,7 +78,7 @@ def test_changed_finetune_input_starts_afresh_and_says_what_changed(tmp_path, wh
     kw, named = CHANGES[what]
     _, logs, epochs = run_finetune(tmp_path, **kw)
     assert epochs == [1, 2], f"a changed {what} reused the old checkpoint"
-    said = [m for m in logs if m.startswith("--resume:")]
+    said = resume_notes(logs)
     assert len(said) == 1 and named in said[0] and "starting it afresh" in said[0]
 
 
@@ -95,8 +103,8 @@ GATE_CHANGES = {
 def test_unchanged_gate_phase_rerun_reuses_its_checkpoint(tmp_path):
     first, chosen, _ = run_gates(tmp_path)
     again, chosen_again, logs = run_gates(tmp_path)
-    assert chosen_again == chosen and not [m for m in logs if m.startswith("--resume:")]
-    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values()))
+    assert chosen_again == chosen and not resume_notes(logs)
+    assert same_state(first, again)
 
 
 @pytest.mark.parametrize("what", sorted(GATE_CHANGES))
@@ -104,7 +112,7 @@ def test_changed_gate_phase_input_starts_afresh_and_says_what_changed(tmp_path, 
     run_gates(tmp_path)
     kw, named = GATE_CHANGES[what]
     _, _, logs = run_gates(tmp_path, **kw)
-    said = [m for m in logs if m.startswith("--resume:") and "gate checkpoint" in m]
+    said = [m for m in resume_notes(logs) if "gate checkpoint" in m]
     assert len(said) == 1 and named in said[0], logs
 
 
@@ -113,5 +121,4 @@ def test_a_finished_gate_phase_of_another_base_is_not_restored(tmp_path):
     first, _, _ = run_gates(tmp_path)
     other, _, _ = run_gates(tmp_path, model_seed=1)
     fresh, _, _ = run_gates(tmp_path / "clean", model_seed=1)
-    assert all(torch.equal(a, b) for a, b in zip(other.state_dict().values(), fresh.state_dict().values()))
-    assert not all(torch.equal(a, b) for a, b in zip(other.state_dict().values(), first.state_dict().values()))
+    assert same_state(other, fresh) and not same_state(other, first)
