@@ -282,3 +282,43 @@ def test_bad_inputs(saved, tmp_path, capsys):
 def test_missing_extra_names_it(saved, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
     _bad(["export", str(saved), "--out", str(tmp_path / "m.onnx")], capsys, tmp_path, "pip install 'hetprune[export]'")
+
+
+# -- hetprune bench --backend onnxruntime ------------------------------------------------
+FAST = ["--device", "cpu", "--repeats", "2", "--warmup", "1", "--min-time", "0", "--threads", "1"]
+
+
+def test_bench_onnxruntime_backend_interleaved(saved, tmp_path, capsys, monkeypatch):
+    from hetprune import bench
+
+    order = []
+    timed = bench._OrtRunner.time
+    monkeypatch.setattr(bench._OrtRunner, "time", lambda self, n: order.append(self.session) or timed(self, n))
+    out = tmp_path / "speed.json"
+    rc, printed, _ = run_cli(["bench", str(saved), "--backend", "onnxruntime", "--batch-sizes", "1,3",
+                              "--json", str(out), *FAST], capsys)
+    assert rc == 0 and "onnxruntime" in printed and "CPUExecutionProvider" in printed and "MAC ratio" in printed
+    result = json.loads(out.read_text())
+    env = result["environment"]
+    assert env["backend"] == "onnxruntime" and env["providers"] == ["CPUExecutionProvider"] and env["threads"] == 1
+    assert env["onnxruntime"] == pytest.importorskip("onnxruntime").__version__
+    assert [(r["model"], r["batch_size"], r["backend"]) for r in result["results"]] == [
+        ("vit_tiny_patch16_224 (dense)", 1, "onnxruntime"), ("pruned", 1, "onnxruntime"),
+        ("vit_tiny_patch16_224 (dense)", 3, "onnxruntime"), ("pruned", 3, "onnxruntime")]
+    pruned = [r for r in result["results"] if r["model"] == "pruned"]
+    assert all(r["speedup"] > 0 and r["mac_ratio"] > 1 and r["paired_speedup"]["median"] > 0 for r in pruned)
+    # the two sessions are timed strictly in turn: warm-up, calibration and every repeat, at both batch sizes
+    dense, pruned = dict.fromkeys(order)
+    assert order == [dense, pruned] * (1 + 1 + 2) * 2
+
+
+def test_bench_backend_errors(saved, tmp_path, capsys, monkeypatch):
+    _bad(["bench", str(saved), "--backend", "tensorrt", *FAST], capsys, tmp_path, "allowed: torch, onnxruntime")
+    _bad(["bench", str(saved), "--backend", "onnxruntime", "--dtype", "bf16", *FAST], capsys, tmp_path,
+         "for the torch backend")
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        _bad(["bench", str(saved), "--backend", "onnxruntime", *FAST, "--device", "cuda"], capsys, tmp_path,
+             "needs ONNX Runtime's CUDA execution provider")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    _bad(["bench", str(saved), "--backend", "onnxruntime", *FAST], capsys, tmp_path, "pip install 'hetprune[export]'")
