@@ -322,3 +322,14 @@ def test_bench_backend_errors(saved, tmp_path, capsys, monkeypatch):
              "needs ONNX Runtime's CUDA execution provider")
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     _bad(["bench", str(saved), "--backend", "onnxruntime", *FAST], capsys, tmp_path, "pip install 'hetprune[export]'")
+
+
+def test_hub_card_quotes_the_command_that_made_the_model(tmp_path, capsys):
+    _, recipe = make({}, _depth(attn=[1], act=[2], merge=[2]))
+    recipe.write(tmp_path / "recipe.json")
+    made = ["apply", "--model", FAMILY, "--model-kwargs", json.dumps(TINY_KWARGS), "--recipe",
+            str(tmp_path / "recipe.json"), "--out", str(tmp_path / "pruned")]
+    assert run_cli(made, capsys)[0] == 0
+    assert run_cli(["export", str(tmp_path / "pruned"), "--format", "hub"], capsys)[0] == 0
+    card = (tmp_path / "pruned-hub" / "README.md").read_text()
+    assert export.quote_command(made) in card

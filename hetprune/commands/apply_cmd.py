@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..costs import cost_summary, human
 from ..recipe import resolve_recipe, save
-from .common import add_model_arguments, base_model
+from .common import add_model_arguments, base_model, command_line
 
 HELP = "apply a recipe (file or shipped name) to a model and save it"
 
@@ -40,7 +40,7 @@ def run(args) -> int:
     dense = cost_summary(model, example)
     apply_recipe(model, recipe, compute_merge=True)
     recipe.base = spec
-    recipe.provenance = {**recipe.provenance, "applied_to": info}
+    recipe.provenance = {**recipe.provenance, "applied_to": info, "command": command_line(args)}
     pruned = cost_summary(model, example)
     save(args.out, model, recipe, overwrite=args.overwrite)
     print(f"saved {args.out}: {recipe.n_attn} attention + {recipe.n_act} activation sites removed, "

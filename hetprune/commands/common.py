@@ -84,3 +84,11 @@ def apply_data_options(args, settings: dict, data) -> None:
             raise HetpruneError(f"--workers must be >= 0, got {args.workers}")
         for section in ("finetune", "short_finetune"):
             settings[section]["workers"] = args.workers
+
+
+def command_line(args) -> str | None:
+    """The command as typed (``hetprune ...``), for provenance; None when not run from the CLI."""
+    import shlex
+
+    argv = getattr(args, "argv", None)
+    return "hetprune " + shlex.join(argv) if argv else None
