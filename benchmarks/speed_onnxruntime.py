@@ -23,7 +23,6 @@ export + verify of DeiT-B under 60 s.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import tempfile

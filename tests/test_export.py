@@ -270,7 +270,8 @@ def test_bad_inputs(saved, tmp_path, capsys):
     _bad(["export", str(saved), "--opset", "26", "--out", out], capsys, tmp_path, "is not supported by torch")
     _bad(["export", str(saved), "--dtype", "int8", "--out", out], capsys, tmp_path, "allowed: fp32, fp16")
     (tmp_path / "file").write_text("x")
-    _bad(["export", str(saved), "--out", str(tmp_path / "file" / "m.onnx")], capsys, tmp_path, "is a file, not a folder")
+    _bad(["export", str(saved), "--out", str(tmp_path / "file" / "m.onnx")], capsys, tmp_path,
+         "is a file, not a folder")
     _bad(["export", str(saved), "--format", "hub", "--out", str(tmp_path / "file" / "hub")], capsys, tmp_path,
          "is a file, not a folder")
     _bad(["export", str(saved), "--out", str(tmp_path / "file")], capsys, tmp_path, "already exists; pass --overwrite")

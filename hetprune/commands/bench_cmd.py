@@ -59,7 +59,7 @@ def parse_batch_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _kwargs(text: str | None) -> dict:
+def parse_model_kwargs(text: str | None) -> dict:
     if not text:
         return {}
     try:
@@ -99,7 +99,7 @@ def run(args) -> int:
         for module in ("onnx", "onnxscript", "onnxruntime"):
             need(module, "--backend onnxruntime")
     sizes = parse_batch_sizes(args.batch_sizes)
-    kwargs = _kwargs(args.model_kwargs)
+    kwargs = parse_model_kwargs(args.model_kwargs)
     label, model, recipe = load_model(args.target, kwargs)
     models = {label: model}
     reference = None

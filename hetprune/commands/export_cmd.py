@@ -53,7 +53,7 @@ def _target(args):
     from ..io import read_json
     from ..models import ModelSpec, build_with_weights
     from ..recipe import Recipe, arch_of, default_provenance
-    from .bench_cmd import _kwargs, load_model
+    from .bench_cmd import load_model, parse_model_kwargs
 
     path = Path(args.target)
     if path.is_dir():
@@ -64,10 +64,11 @@ def _target(args):
         return label, model, recipe, path, read_json(report, "report") if report.is_file() else None
     if path.exists():
         raise HetpruneError(f"{args.target} is a file; give a saved pruned model folder or a timm model name")
-    spec = ModelSpec(args.target, _kwargs(args.model_kwargs))
+    spec = ModelSpec(args.target, parse_model_kwargs(args.model_kwargs))
     model = build_with_weights(spec, checkpoint=args.checkpoint)
     source = f"checkpoint {args.checkpoint}" if args.checkpoint else "random weights"
-    recipe = Recipe(base=spec, arch=arch_of(model), provenance={**default_provenance(), "applied_to": {"source": source}})
+    recipe = Recipe(base=spec, arch=arch_of(model),
+                    provenance={**default_provenance(), "applied_to": {"source": source}})
     return args.target, model.eval(), recipe, None, None
 
 
