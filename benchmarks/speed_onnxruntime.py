@@ -79,13 +79,13 @@ def paper_pair(spec: ModelSpec):
     return dense, pruned
 
 
-def export_seconds(model) -> dict:
-    """Wall time of a verified ONNX export (what `hetprune export --format onnx` does)."""
+def export_seconds(model, base) -> dict:
+    """Wall time of a verified ONNX export (what `hetprune export --format onnx` does, census against the base)."""
     from hetprune.export import export_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        check = export_onnx(model, Path(tmp) / "model.onnx", dynamic_batch=True)
+        check = export_onnx(model, Path(tmp) / "model.onnx", dynamic_batch=True, base=base)
         seconds = time.perf_counter() - t0
     return {"seconds": seconds, "max_abs_error": check["max_abs_error"], "relative_error": check["relative_error"]}
 
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         log(f"{key}: {spec.name} dense and pruned ({PAPER_RECIPE} sites, merged) ...")
         dense, pruned = paper_pair(spec)
         shape = tuple(dense.patch_embed.proj.weight.shape[1:2]) + tuple(dense.patch_embed.img_size)
-        entry = {"model": spec.name, "export": export_seconds(pruned), "runs": {}}
+        entry = {"model": spec.name, "export": export_seconds(pruned, dense), "runs": {}}
         log(f"  export + verify of the pruned model: {entry['export']['seconds']:.1f} s")
         for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
             result = measure({"dense": dense, "hetdpt-paper": pruned}, shape, [args.batch_size], reference="dense",

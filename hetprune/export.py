@@ -7,12 +7,14 @@ Why each choice:
   onnxscript), torch's supported path. The TorchScript exporter also works on
   these models but is deprecated and leaves ``Identity`` nodes in the graph;
   the dynamo exporter's graph holds only the ops that compute.
-* Every file is verified before it is renamed into place: ``onnx.checker``,
-  an op census against the model's remaining sites (one attention op per
-  attention site still present, one GELU per activation still present, one
-  matrix product per linear layer: a removed site leaves no trace), and a run
-  in the target runtime on a seeded batch compared with the PyTorch model.
-  Anything wrong raises :class:`HetpruneError` and leaves no file.
+* Every file is verified before it is renamed into place: ``onnx.checker``;
+  an op census against the graph of the unpruned base model (each removed site
+  takes exactly one attention or activation op away, matrix products drop by
+  the linear layers removed or merged and two per attention, and nothing else
+  changes: a removed site leaves no trace, and ops outside the sites, such as
+  CaiT's class attention, need no family knowledge); and a run in the target
+  runtime on a seeded batch compared with the PyTorch model. Anything wrong
+  raises :class:`HetpruneError` and leaves no file.
 * The exporter silently falls back to another opset when it cannot convert;
   we check the opset it wrote and refuse instead.
 * A hub folder is a saved model folder (``recipe.json`` +
@@ -28,6 +30,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -50,7 +53,8 @@ VERIFY_SEED = 0
 # ONNX ops that stand for one piece of a ViT (the exporter spells GELU as Erf before opset 20, and
 # attention as MatMul/Softmax/MatMul before opset 23, as one fused Attention op from 23 on)
 ATTENTION_OPS = ("Softmax", "Attention")
-ACTIVATION_OPS = ("Erf", "Gelu")
+# GELU is Erf (Gelu from opset 20), tanh-GELU Tanh, SiLU / SwiGLU's gate and QuickGELU Sigmoid: one op each
+ACTIVATION_OPS = ("Erf", "Gelu", "Tanh", "Sigmoid", "Relu")
 MATMUL_OPS = ("MatMul", "Gemm")
 
 
@@ -177,20 +181,49 @@ def op_census(onnx_model) -> dict[str, int]:
     }
 
 
-def expected_census(model: nn.Module) -> dict[str, int]:
-    """What the graph of ``model`` must hold: only the sites still present, one product per linear layer."""
+def _linears(model: nn.Module) -> int:
+    return sum(isinstance(m, nn.Linear) for m in model.modules())
+
+
+def expected_census(model: nn.Module, base: nn.Module, base_census: dict[str, int]) -> dict[str, int]:
+    """What the pruned graph must hold, given the unpruned ``base`` model and its graph's census.
+
+    Every removed site takes exactly one attention (or activation) op out of
+    the base graph, and nothing else changes: matrix products change by the
+    linear layers removed or merged plus two per attention removed. Ops outside
+    the sites (CaiT's class attention, a family's extra heads) stay as they are.
+    """
     from .sites import sites
 
-    attn = len(sites(model, "attn"))
-    linears = sum(isinstance(m, nn.Linear) for m in model.modules())
-    return {"attention": attn, "activation": len(sites(model, "act")), "matmul": linears + 2 * attn}
+    removed = {kind: len(sites(base, kind)) - len(sites(model, kind)) for kind in ("attn", "act")}
+    attention = base_census["attention"] - removed["attn"]
+    return {"attention": attention, "activation": base_census["activation"] - removed["act"],
+            "matmul": base_census["matmul"] + _linears(model) - _linears(base) - 2 * removed["attn"]}
 
 
-def check_census(onnx_model, model: nn.Module) -> dict:
-    got, want = op_census(onnx_model), expected_census(model)
+def _to_onnx(model: nn.Module, example: torch.Tensor, opset: int, dynamic_batch: bool):
+    """torch's dynamo exporter, quietly; its failures become one clear error."""
+    with _quiet_exporter():
+        try:
+            return torch.onnx.export(model, (example,), None, dynamo=True, opset_version=opset,
+                                     input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                                     dynamic_shapes=_dynamic_shapes(dynamic_batch), verbose=False)
+        except Exception as exc:  # the exporter's own errors are many types; say which step failed
+            text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # it colours its messages
+            raise HetpruneError(f"torch {torch.__version__}'s ONNX exporter failed at opset {opset}: "
+                                f"{text.splitlines()[0] if text else type(exc).__name__}") from exc
+
+
+def check_census(onnx_model, model: nn.Module, base: nn.Module | None, opset: int) -> dict:
+    """The graph's census, checked against the base model's graph when there is a base."""
+    got = op_census(onnx_model)
+    if base is None:
+        return got
+    base_graph = _to_onnx(_prepared(base, "fp32"), _example(base, 2, "fp32", False), opset, False)
+    want = expected_census(model, base, op_census(base_graph.model_proto))
     if got != want:
-        diff = ", ".join(f"{k}: graph {got[k]}, model {want[k]}" for k in want if got[k] != want[k])
-        raise HetpruneError(f"the exported graph does not match the pruned model's remaining sites ({diff}): "
+        diff = ", ".join(f"{k}: graph {got[k]}, expected {want[k]}" for k in want if got[k] != want[k])
+        raise HetpruneError(f"the exported graph does not hold what the removed sites leave ({diff}): "
                             "a removed site left a trace or a present one was lost; no file was written")
     return got
 
@@ -206,11 +239,13 @@ def onnx_session(path: str | Path, threads: int | None = None, device: str = "cp
 
 
 def export_onnx(model: nn.Module, out: str | Path, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False,
-                dtype: str = "fp32", batch: int = 1, threads: int | None = None) -> dict:
+                dtype: str = "fp32", batch: int = 1, threads: int | None = None,
+                base: nn.Module | None = None) -> dict:
     """Write ``model`` as ONNX to ``out``, verified; return what was checked.
 
-    The file appears only once ``onnx.checker``, the op census and an ONNX
-    Runtime run (compared with the PyTorch model) have passed.
+    The file appears only once ``onnx.checker``, the op census (against the
+    graph of ``base``, the unpruned model, when given) and an ONNX Runtime run
+    compared with the PyTorch model have passed.
     """
     onnx = need("onnx", "--format onnx")
     need("onnxscript", "--format onnx (torch's exporter)")
@@ -224,27 +259,19 @@ def export_onnx(model: nn.Module, out: str | Path, opset: int = DEFAULT_OPSET, d
     m = _prepared(model, dtype)
     tmp = _temp_path(out)
     try:
+        program = _to_onnx(m, _example(model, batch, dtype, dynamic_batch), opset, dynamic_batch)
+        written = {imp.version for imp in program.model_proto.opset_import if imp.domain in ("", "ai.onnx")}
+        if written != {opset}:
+            raise HetpruneError(f"--opset {opset} is not supported by torch {torch.__version__}'s ONNX exporter "
+                                f"(it wrote opset {', '.join(map(str, sorted(written)))}); "
+                                f"use the default {DEFAULT_OPSET} (17 to 25 were verified with torch 2.14)")
         with _quiet_exporter():
-            try:
-                program = torch.onnx.export(m, (_example(model, batch, dtype, dynamic_batch),), None, dynamo=True,
-                                            opset_version=opset, input_names=[INPUT_NAME],
-                                            output_names=[OUTPUT_NAME], dynamic_shapes=_dynamic_shapes(dynamic_batch),
-                                            verbose=False)
-            except Exception as exc:  # the exporter's own errors are many types; say which step failed
-                raise HetpruneError(f"torch {torch.__version__}'s ONNX exporter failed at opset {opset}: "
-                                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
-                                    ) from exc
-            written = {imp.version for imp in program.model_proto.opset_import if imp.domain in ("", "ai.onnx")}
-            if written != {opset}:
-                raise HetpruneError(f"--opset {opset} is not supported by torch {torch.__version__}'s ONNX exporter "
-                                    f"(it wrote opset {', '.join(map(str, sorted(written)))}); "
-                                    f"use the default {DEFAULT_OPSET} (17 to 25 were verified with torch 2.14)")
             program.save(str(tmp))
         try:
             onnx.checker.check_model(str(tmp), full_check=True)
         except Exception as exc:
             raise HetpruneError(f"the exported graph fails onnx.checker at opset {opset}: {exc}") from exc
-        census = check_census(onnx.load(str(tmp), load_external_data=False), model)
+        census = check_census(onnx.load(str(tmp), load_external_data=False), model, base, opset)
         check = verify_onnx(tmp, model, dtype, batch=_verify_batch(batch, dynamic_batch), threads=threads)
         _publish(tmp, out)
     except BaseException:

@@ -72,7 +72,7 @@ MODELS = [
 
 
 def make(kwargs: dict, prune):
-    """``(model, recipe)`` for one entry of MODELS (seeded random weights)."""
+    """``(model, recipe)`` for one entry of MODELS (seeded random weights); ``build(recipe.base)`` is its base."""
     spec = ModelSpec(FAMILY, {**TINY_KWARGS, **kwargs})
     torch.manual_seed(0)
     model = build(spec)
@@ -95,7 +95,7 @@ def predicted_ops(recipe) -> dict:
 def test_onnx_export_matches_runtime_and_has_no_trace_of_removed_sites(name, kwargs, prune, tmp_path):
     model, recipe = make(kwargs, prune)
     out = tmp_path / "m.onnx"
-    result = export.export_onnx(model, out, dynamic_batch=True)
+    result = export.export_onnx(model, out, dynamic_batch=True, base=build(recipe.base))
     graph = onnx.load(str(out))
     onnx.checker.check_model(graph, full_check=True)
     assert export.op_census(graph) == predicted_ops(recipe) == result["census"]
@@ -115,7 +115,7 @@ def test_onnx_export_matches_runtime_and_has_no_trace_of_removed_sites(name, kwa
 def test_onnx_opsets_keep_the_census(opset, tmp_path):
     """From opset 23 attention is one fused op; the census still counts one per site present."""
     model, recipe = make({}, _depth(attn=[1], act=[2], merge=[2]))
-    result = export.export_onnx(model, tmp_path / "m.onnx", opset=opset)
+    result = export.export_onnx(model, tmp_path / "m.onnx", opset=opset, base=build(recipe.base))
     graph = onnx.load(str(tmp_path / "m.onnx"))
     assert {i.version for i in graph.opset_import if i.domain in ("", "ai.onnx")} == {opset}
     assert result["census"] == predicted_ops(recipe)
@@ -131,10 +131,10 @@ def test_onnx_fp16(tmp_path):
 
 def test_leftover_activation_is_caught_by_the_census(tmp_path, monkeypatch):
     """A removal that still computes its activation leaves a trace: refused, no file."""
-    model, _ = make({}, _depth(act=[2]))
+    model, recipe = make({}, _depth(act=[2]))
     monkeypatch.setattr(surgery.RemovedActivation, "forward", lambda self, x: torch.nn.functional.gelu(x))
-    with pytest.raises(HetpruneError, match="activation: graph 4, model 3"):
-        export.export_onnx(model, tmp_path / "m.onnx")
+    with pytest.raises(HetpruneError, match="activation: graph 4, expected 3"):
+        export.export_onnx(model, tmp_path / "m.onnx", base=build(recipe.base))
     assert list(tmp_path.iterdir()) == []
 
 

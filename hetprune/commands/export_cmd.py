@@ -82,6 +82,7 @@ def run(args) -> int:
     import torch
 
     from ..export import FORMATS, check_dtype, check_output, export_hub, export_onnx, export_pt2, quote_command
+    from ..models import build
 
     if args.format not in FORMATS:
         raise HetpruneError(f"--format {args.format!r} is not supported; allowed: {', '.join(FORMATS)}")
@@ -104,8 +105,9 @@ def run(args) -> int:
     started = time.perf_counter()
     label, model, recipe, folder, report = _target(args)
     if args.format == "onnx":
+        base = build(recipe.base) if folder is not None else None  # its graph is what the census is checked against
         result = export_onnx(model, out, opset=args.opset, dynamic_batch=args.dynamic_batch, dtype=args.dtype,
-                             batch=args.batch, threads=args.threads)
+                             batch=args.batch, threads=args.threads, base=base)
     elif args.format == "pt2":
         result = export_pt2(model, out, dynamic_batch=args.dynamic_batch, dtype=args.dtype, batch=args.batch)
     else:
@@ -123,8 +125,10 @@ def run(args) -> int:
     print(f"wrote {out} ({what}{args.dtype}, {batch}) in {seconds:.1f}s")
     if args.format == "onnx":
         c = result["census"]
+        checked = "what the base model's graph minus the removed sites leaves" if folder is not None else \
+            "a dense model: nothing removed"
         print(f"graph: {c['attention']} attention, {c['activation']} activation, {c['matmul']} matrix products "
-              "(as the model's remaining sites predict)")
+              f"({checked})")
     runtime = "ONNX Runtime" if args.format == "onnx" else "torch.export.load"
     print(f"verified in {runtime} on a seeded batch of {result['verified_batch']}: max abs error "
           f"{result['max_abs_error']:.3g} ({result['relative_error']:.2g} of the largest output; "
