@@ -22,8 +22,14 @@
   models keep the same batch, so speedups stay comparable) and the result says
   so (``requested_batch_size``, ``note``).
 * Costs are MACs (``costs.CONVENTION``), counted once per model in fp32.
+* ``backend="onnxruntime"`` times what deployment runs: each model is
+  exported to ONNX (``hetprune.export``, verified against PyTorch first) and
+  timed in an ONNX Runtime session (CPU execution provider; CUDA provider with
+  the input bound on the GPU where ``onnxruntime-gpu`` has it), interleaved
+  and summarised exactly like the torch path. The session gets the same
+  thread count torch would use, so the two backends are comparable.
 
-Models are put in eval mode and moved to the device in place.
+Models are put in eval mode and moved to the device in place (torch backend).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from .costs import CONVENTION, count_macs, count_params, human
 from .errors import HetpruneError
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEVICES = ("auto", "cpu", "cuda")   # what --backend onnxruntime runs on (torch: any torch device)
+BACKENDS = ("torch", "onnxruntime")
 
 
 # -- environment ---------------------------------------------------------------
@@ -159,19 +167,85 @@ class _Runner:
         return (time.perf_counter() - t0) / number
 
 
+class _OrtRunner:
+    """Runs one ONNX Runtime session on a fixed input; the same interface as :class:`_Runner`.
+
+    On CUDA the input is bound on the GPU once (io binding), so the timed
+    calls do not include a host-to-device copy, as with the torch path.
+    """
+
+    def __init__(self, session, x: torch.Tensor, dtype: str):
+        feed = x.detach().cpu().numpy()
+        if dtype == "fp16":
+            feed = feed.astype("float16")
+        self.name = session.get_inputs()[0].name
+        self.session, self.feed = session, feed
+        self.binding = None
+        if "CUDAExecutionProvider" in session.get_providers():
+            import onnxruntime as ort
+
+            self.binding = session.io_binding()
+            self.value = ort.OrtValue.ortvalue_from_numpy(feed, "cuda", 0)
+            self.binding.bind_ortvalue_input(self.name, self.value)
+            self.binding.bind_output(session.get_outputs()[0].name, "cuda")
+
+    def __call__(self):
+        if self.binding is not None:
+            return self.session.run_with_iobinding(self.binding)  # returns once the GPU work is done
+        return self.session.run(None, {self.name: self.feed})
+
+    def time(self, number: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(number):
+            self()
+        return (time.perf_counter() - t0) / number
+
+
+def _ort_device(device: str) -> torch.device:
+    """cpu, or cuda where ONNX Runtime has its CUDA execution provider (auto: cuda only then)."""
+    from .export import need
+
+    ort = need("onnxruntime", "--backend onnxruntime")
+    has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    if device not in DEVICES:
+        raise HetpruneError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "cuda" and not has_cuda:
+        raise HetpruneError(f"--device cuda with --backend onnxruntime needs ONNX Runtime's CUDA execution provider; "
+                            f"onnxruntime {ort.__version__} here has {', '.join(ort.get_available_providers())} "
+                            "(install onnxruntime-gpu)")
+    return torch.device("cuda" if device == "cuda" or (device == "auto" and has_cuda) else "cpu")
+
+
+def _ort_sessions(models: dict[str, nn.Module], dtype: str, device: torch.device, threads: int, folder: str,
+                  log) -> dict:
+    """Export every model to ONNX (verified against PyTorch) and open an ONNX Runtime session on it."""
+    from pathlib import Path
+
+    from .export import export_onnx, onnx_session
+
+    sessions = {}
+    for i, (name, model) in enumerate(models.items()):
+        path = Path(folder) / f"model{i}.onnx"
+        check = export_onnx(model, path, dynamic_batch=True, dtype=dtype, threads=threads)
+        log(f"  {name}: exported to ONNX, verified in ONNX Runtime (max abs error {check['max_abs_error']:.2g})")
+        sessions[name] = onnx_session(path, threads=threads, device=device.type)
+    return sessions
+
+
 def _is_oom(exc: BaseException) -> bool:
     oom = getattr(torch.cuda, "OutOfMemoryError", None)
     return (oom is not None and isinstance(exc, oom)) or "out of memory" in str(exc).lower()
 
 
-def _time_batch(models: dict[str, nn.Module], input_shape: tuple, batch: int, device: torch.device, dtype: str,
-                repeats: int, warmup: int, min_time_s: float, log) -> dict[str, dict]:
-    """Time every model at one batch size, interleaved; raises on OOM."""
-    x = torch.randn(batch, *input_shape, device=device)
-    runners = {name: _Runner(m, x, device, dtype) for name, m in models.items()}
+def _time_batch(models: dict, input_shape: tuple, batch: int, device: torch.device, dtype: str,
+                repeats: int, warmup: int, min_time_s: float, log, ort: bool = False) -> dict[str, dict]:
+    """Time every model (torch modules, or ONNX Runtime sessions with ``ort``) at one batch size, interleaved;
+    raises on OOM."""
+    x = torch.randn(batch, *input_shape, device="cpu" if ort else device)
+    runners = {name: _OrtRunner(m, x, dtype) if ort else _Runner(m, x, device, dtype) for name, m in models.items()}
     peak = {}
     with torch.inference_mode():
-        if device.type == "cuda":  # peak memory, one model at a time (interleaving would mix them)
+        if device.type == "cuda" and not ort:  # peak memory, one model at a time (interleaving would mix them)
             for name, r in runners.items():
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
@@ -198,13 +272,14 @@ def _time_batch(models: dict[str, nn.Module], input_shape: tuple, batch: int, de
 def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_sizes: list[int],
             device: str = "auto", dtype: str = "fp32", compile: bool = False, repeats: int = 7, warmup: int = 2,
             min_time_s: float = 0.2, reference: str | None = None, threads: int | None = None,
-            log: Callable[[str], None] | None = None) -> dict:
+            log: Callable[[str], None] | None = None, backend: str = "torch") -> dict:
     """Time ``models`` (name -> module) on random input of shape ``(B, *input_shape)``.
 
     ``reference`` names the model others are compared with (speedup = its
     median latency / the model's, beside the MAC ratio); default: the first
     model when there are several. ``threads`` sets torch's CPU thread count for
-    the measurement (restored afterwards). Returns a JSON-ready dict:
+    the measurement (restored afterwards; ONNX Runtime sessions get the same
+    count). ``backend``: ``torch`` or ``onnxruntime``. Returns a JSON-ready dict:
     ``environment``, ``models`` (params, MACs), ``results`` (one row per model
     and batch size).
     """
@@ -216,7 +291,13 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
         raise HetpruneError(f"batch sizes must be positive integers, got {batch_sizes!r}")
     if repeats < 1 or warmup < 0 or not (math.isfinite(min_time_s) and min_time_s >= 0):
         raise HetpruneError(f"need repeats >= 1, warmup >= 0, min_time_s >= 0; got {repeats}, {warmup}, {min_time_s}")
-    dev = resolve_device(device)
+    if backend not in BACKENDS:
+        raise HetpruneError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    ort = backend == "onnxruntime"
+    if ort and (compile or dtype == "bf16"):
+        raise HetpruneError("--compile and --dtype bf16 are for the torch backend; ONNX Runtime runs fp32, "
+                            "or fp16 (CUDA)")
+    dev = _ort_device(device) if ort else resolve_device(device)
     check_dtype(dtype, dev)
     if reference is None and len(models) > 1:
         reference = next(iter(models))
@@ -228,22 +309,36 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
         if threads < 1:
             raise HetpruneError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+    tmp = None
     try:
         env = environment(dev, dtype, compile)
-        env["load_start"] = load_average()
+        env["backend"] = backend
         costs, runnable = {}, {}
-        example = torch.randn(1, *input_shape, device=dev)
+        example = torch.randn(1, *input_shape, device="cpu" if ort else dev)
         for name, model in models.items():
-            model.eval().to(dev)
+            model.eval()
+            if not ort:
+                model.to(dev)
             costs[name] = {"params": count_params(model), "macs": count_macs(model, example)}
             runnable[name] = torch.compile(model) if compile else model
+        if ort:
+            import tempfile
+
+            import onnxruntime
+
+            tmp = tempfile.TemporaryDirectory(prefix="hetprune-bench-")
+            runnable = _ort_sessions(models, dtype, dev, torch.get_num_threads(), tmp.name, log)
+            env["onnxruntime"] = onnxruntime.__version__
+            env["providers"] = next(iter(runnable.values())).get_providers()[:1]
+        env["load_start"] = load_average()
         rows = []
         for requested in batch_sizes:
             batch, note = requested, None
             while True:
                 load = load_average()
                 try:
-                    timed = _time_batch(runnable, input_shape, batch, dev, dtype, repeats, warmup, min_time_s, log)
+                    timed = _time_batch(runnable, input_shape, batch, dev, dtype, repeats, warmup, min_time_s, log,
+                                        ort=ort)
                     break
                 except RuntimeError as exc:
                     if dev.type != "cuda" or not _is_oom(exc):
@@ -256,7 +351,8 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
                     note = f"CUDA out of memory at batch {requested}; halved to {batch}"
             for name, t in timed.items():
                 median = t["latency_s"]["median"]
-                row = {"model": name, "batch_size": batch, "requested_batch_size": requested, "dtype": dtype,
+                row = {"model": name, "backend": backend, "batch_size": batch, "requested_batch_size": requested,
+                       "dtype": dtype,
                        "device": env["device_name"], "threads": torch.get_num_threads(),
                        "latency_s": t["latency_s"], "calls_per_repeat": t["calls_per_repeat"],
                        "throughput_img_s": batch / median, **costs[name],
@@ -276,11 +372,14 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
         env["threads"] = torch.get_num_threads()
     finally:
         torch.set_num_threads(old_threads)
+        if tmp is not None:
+            tmp.cleanup()
     return {
         "environment": env,
         "settings": {"input_shape": list(input_shape), "batch_sizes": list(batch_sizes), "repeats": repeats,
                      "warmup": warmup, "min_time_s": min_time_s, "interleaved": True,
-                     "timer": "cuda events" if dev.type == "cuda" else "time.perf_counter"},
+                     "timer": "cuda events" if dev.type == "cuda" and not ort else "time.perf_counter",
+                     "backend": backend},
         "reference": reference,
         "macs_convention": CONVENTION,
         "models": costs,
@@ -295,7 +394,9 @@ def _ms(s: float) -> str:
 
 def environment_line(result: dict) -> str:
     env = result["environment"]
-    return (f"{env['device_name']} ({env['device']}), torch {env['torch']}, {env['threads']} threads, "
+    ort = (f", onnxruntime {env['onnxruntime']} ({', '.join(env['providers'])})"
+           if env.get("backend") == "onnxruntime" else "")
+    return (f"{env['device_name']} ({env['device']}), torch {env['torch']}{ort}, {env['threads']} threads, "
             f"{env['dtype']}{', compiled' if env['compile'] else ''}; load average "
             f"{env.get('load_start')} at start, {env.get('load_end')} at end")
 

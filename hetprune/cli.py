@@ -16,7 +16,7 @@ from . import __version__
 from .errors import HetpruneError
 from .plugins import load_module
 
-COMMANDS = ("plugins", "apply", "prune", "compare", "bench", "ablate")
+COMMANDS = ("plugins", "apply", "prune", "compare", "bench", "ablate", "export")
 
 
 def _command_module(name: str):

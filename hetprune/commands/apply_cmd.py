@@ -8,7 +8,7 @@ studies, useless for accuracy.
 
 from __future__ import annotations
 
-from .common import add_model_arguments, base_model
+from .common import add_model_arguments, base_model, command_line
 
 HELP = "apply a recipe (file or shipped name) to a model and save it"
 
@@ -43,7 +43,8 @@ def run(args) -> int:
     dense = cost_summary(model, example)
     apply_recipe(model, recipe, compute_merge=True)
     recipe.base = spec
-    recipe.provenance = {**recipe.provenance, "applied_to": info, "fine_tuned": False}
+    recipe.provenance = {**recipe.provenance, "applied_to": info, "fine_tuned": False,
+                         "command": command_line(args)}
     pruned = cost_summary(model, example)
     save(args.out, model, recipe, overwrite=args.overwrite)
     print(f"saved {args.out}: {recipe.n_attn} attention + {recipe.n_act} activation sites removed, "

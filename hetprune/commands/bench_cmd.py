@@ -3,6 +3,7 @@
     hetprune bench runs/prune-hetdpt-sites12                  # vs its dense base
     hetprune bench pruned/ --against deit_base_patch16_224 --device cuda --dtype bf16 --batch-sizes 1,64,256
     hetprune bench deit_small_patch16_224 --batch-sizes 1,32 --json speed.json
+    hetprune bench pruned/ --backend onnxruntime --batch-sizes 1,32             # in ONNX Runtime (CPU)
 
 Models are timed interleaved in one process (A, B, A, B, ...) after a
 warm-up; the table gives the median latency per batch, its spread (IQR),
@@ -10,6 +11,9 @@ images/s, params, MACs and, with a reference, speedup beside the MAC ratio.
 A folder's reference defaults to the dense base model of its recipe, freshly
 built: weights are random, which does not change speed. bf16 on CPU runs under
 autocast (fast only on CPUs with native bf16); fp16 is for CUDA only.
+`--backend onnxruntime` exports every model to ONNX (verified against
+PyTorch) and times the ONNX Runtime sessions the same way (needs the export
+extra: pip install 'hetprune[export]'; CUDA needs onnxruntime-gpu).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ def add_arguments(p) -> None:
                    help="reference for the speedup (default for a folder: the dense base model of its recipe)")
     p.add_argument("--batch-sizes", default="1,64", metavar="B,B,...", help="batch sizes to time (default 1,64)")
     p.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N", help="default auto: cuda if present")
+    p.add_argument("--backend", default="torch", metavar="torch|onnxruntime",
+                   help="what runs the models: PyTorch (default) or ONNX Runtime on the exported ONNX graphs")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
                    help="fp32, or autocast to bf16 / fp16 (fp16: CUDA only)")
     p.add_argument("--compile", action="store_true", help="torch.compile every model first (warm-up absorbs it)")
@@ -53,7 +59,7 @@ def parse_batch_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _kwargs(text: str | None) -> dict:
+def parse_model_kwargs(text: str | None) -> dict:
     if not text:
         return {}
     try:
@@ -81,12 +87,19 @@ def load_model(what: str, kwargs: dict):
 
 
 def run(args) -> int:
-    from ..bench import format_table, measure
+    from ..bench import BACKENDS, format_table, measure
     from ..io import write_json_atomic
     from ..models import build, input_shape_of
 
+    if args.backend not in BACKENDS:
+        raise HetpruneError(f"--backend {args.backend!r} is not supported; allowed: {', '.join(BACKENDS)}")
+    if args.backend == "onnxruntime":  # say what is missing before building models
+        from ..export import need
+
+        for module in ("onnx", "onnxscript", "onnxruntime"):
+            need(module, "--backend onnxruntime")
     sizes = parse_batch_sizes(args.batch_sizes)
-    kwargs = _kwargs(args.model_kwargs)
+    kwargs = parse_model_kwargs(args.model_kwargs)
     label, model, recipe = load_model(args.target, kwargs)
     models = {label: model}
     reference = None
@@ -106,10 +119,10 @@ def run(args) -> int:
         models = {ref_label: ref_model, label: model}  # reference first: it is timed first in every round
         reference = ref_label
     shape = input_shape_of(model)
-    print(f"timing {', '.join(models)} on input {shape}, batch sizes {sizes} ...")
+    print(f"timing {', '.join(models)} on input {shape}, batch sizes {sizes}, backend {args.backend} ...")
     result = measure(models, shape, sizes, device=args.device, dtype=args.dtype, compile=args.compile,
                      repeats=args.repeats, warmup=args.warmup, min_time_s=args.min_time, reference=reference,
-                     threads=args.threads, log=print)
+                     threads=args.threads, log=print, backend=args.backend)
     result["command"] = {"target": args.target, "against": args.against, "recipe": recipe.to_dict() if recipe else None}
     print(format_table(result, markdown=args.markdown))
     if args.json:

@@ -112,3 +112,11 @@ def run_device(settings: dict):
     settings["amp"] = devices.resolve_amp(settings["amp"], device)
     dist.init_from_env(device)
     return device
+
+
+def command_line(args) -> str | None:
+    """The command as typed (``hetprune ...``), for provenance; None when not run from the CLI."""
+    import shlex
+
+    argv = getattr(args, "argv", None)
+    return "hetprune " + shlex.join(argv) if argv else None

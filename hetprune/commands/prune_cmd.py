@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, data_for, run_device
+from .common import add_model_arguments, apply_data_options, base_model, command_line, data_for, run_device
 
 HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
 
@@ -128,6 +128,7 @@ def run(args) -> int:
 
     if not dist.is_main():  # under torchrun rank 0 writes and reports
         return 0
+    result.recipe.provenance["command"] = command_line(args)  # quoted by model cards (hetprune export --format hub)
     save(out, result.model, result.recipe, overwrite=args.overwrite, extra_files={"report.json": result.report})
     r = result.report
     print(f"\n{strategy.name}: {r['n_attn']} attention + {r['n_act']} activation sites removed: {', '.join(r['sites'])}")
