@@ -15,6 +15,7 @@ another shape (Hugging Face's ViT layer, say) overrides the operations.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable
@@ -146,6 +147,11 @@ class Adapter:
     def arch(self, model: nn.Module) -> dict:
         """Shape facts a recipe must agree with (depth, widths)."""
         raise NotImplementedError
+
+    def explicit_attention(self, model: nn.Module):
+        """A context in which attention runs as explicit matmuls instead of a fused kernel (the same
+        function): a fallback for exporters that cannot trace the fused one. Default: no change."""
+        return contextlib.nullcontext()
 
     # -- width pruning (optional) -----------------------------------------------------------
     def read_widths(self, model: nn.Module) -> dict:
@@ -346,6 +352,18 @@ class PreNormAdapter(Adapter):
 
     def is_attention(self, module):
         return isinstance(module, self.attention_types)
+
+    @contextlib.contextmanager
+    def explicit_attention(self, model):
+        """timm's attention modules pick ``F.scaled_dot_product_attention`` by their ``fused_attn`` flag."""
+        fused = [m for m in model.modules() if self.is_attention(m) and getattr(m, "fused_attn", False)]
+        for m in fused:
+            m.fused_attn = False
+        try:
+            yield model
+        finally:
+            for m in fused:
+                m.fused_attn = True
 
     def attention_macs(self, module, inputs):
         x = inputs[0]

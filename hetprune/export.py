@@ -181,8 +181,34 @@ def op_census(onnx_model) -> dict[str, int]:
     }
 
 
+@torch.no_grad()
 def _linears(model: nn.Module) -> int:
-    return sum(isinstance(m, nn.Linear) for m in model.modules())
+    """Linear layers that become a matrix product in the graph: every one, less those fed only constants.
+
+    A Linear fed only constants (relpos attention's bias MLP over fixed token
+    offsets) is folded away by the exporter: it is found by running two
+    different inputs and seeing which outputs do not change. (A layer applied
+    with ``F.linear`` instead of being called, like BEiT's qkv, still counts.)
+    """
+    calls: list[list[torch.Tensor]] = [[], []]
+    run = [0]
+    handles = [m.register_forward_hook(lambda mod, i, o: calls[run[0]].append(o.detach().clone()))
+               for m in model.modules() if isinstance(m, nn.Linear)]
+    param = next(model.parameters())
+    gen = torch.Generator().manual_seed(0)
+    shape = _example(model, 2, "fp32", False).shape
+    was_training = model.training
+    model.eval()
+    try:
+        for r in range(2):
+            run[0] = r
+            model(torch.randn(shape, generator=gen).to(param.device, param.dtype))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    constant = sum(1 for a, b in zip(*calls) if torch.equal(a, b))
+    return sum(isinstance(m, nn.Linear) for m in model.modules()) - constant
 
 
 def expected_census(model: nn.Module, base: nn.Module, base_census: dict[str, int]) -> dict[str, int]:
@@ -202,16 +228,30 @@ def expected_census(model: nn.Module, base: nn.Module, base_census: dict[str, in
 
 
 def _to_onnx(model: nn.Module, example: torch.Tensor, opset: int, dynamic_batch: bool):
-    """torch's dynamo exporter, quietly; its failures become one clear error."""
+    """torch's dynamo exporter, quietly; its failures become one clear error.
+
+    Where it cannot decompose a fused attention kernel (timm's BEiT and relpos
+    attention, torch 2.14), the export is retried with the adapter's explicit
+    attention (the same function as plain matmuls and a softmax).
+    """
+    from .adapters import adapter_for
+
+    def run():
+        return torch.onnx.export(model, (example,), None, dynamo=True, opset_version=opset,
+                                 input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                                 dynamic_shapes=_dynamic_shapes(dynamic_batch), verbose=False)
+
     with _quiet_exporter():
         try:
-            return torch.onnx.export(model, (example,), None, dynamo=True, opset_version=opset,
-                                     input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                                     dynamic_shapes=_dynamic_shapes(dynamic_batch), verbose=False)
-        except Exception as exc:  # the exporter's own errors are many types; say which step failed
-            text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # it colours its messages
-            raise HetpruneError(f"torch {torch.__version__}'s ONNX exporter failed at opset {opset}: "
-                                f"{text.splitlines()[0] if text else type(exc).__name__}") from exc
+            return run()
+        except Exception as first:  # the exporter's own errors are many types; say which step failed
+            try:
+                with adapter_for(model).explicit_attention(model):
+                    return run()
+            except Exception:
+                text = re.sub(r"\x1b\[[0-9;]*m", "", str(first)).strip()  # it colours its messages
+                raise HetpruneError(f"torch {torch.__version__}'s ONNX exporter failed at opset {opset}: "
+                                    f"{text.splitlines()[0] if text else type(first).__name__}") from first
 
 
 def check_census(onnx_model, model: nn.Module, base: nn.Module | None, opset: int) -> dict:
