@@ -398,8 +398,9 @@ def check_reloads(model: nn.Module, recipe, example: torch.Tensor, tol: float = 
             loaded = load(Path(tmp) / "result")
         except HetpruneError as exc:
             raise Violation(f"the result does not reload from its recipe and weights: {exc}") from exc
-    x = example.to(next(model.parameters()).device)
-    loaded.to(x.device)
+    ref = next(model.parameters())
+    x = example.to(ref.device)
+    loaded.to(device=ref.device, dtype=ref.dtype)  # compared where and as the result itself runs
     err = relative_error(outputs(model, x), outputs(loaded, x))
     if not err <= tol:
         raise Violation(f"the result reloaded from its recipe gives other outputs (relative error {err:.3g} > "

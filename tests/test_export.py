@@ -357,3 +357,9 @@ def test_every_adapter_family_exports_pruned_and_matches_onnx_runtime(key, tmp_p
     result = export.export_onnx(model, tmp_path / "m.onnx", dynamic_batch=True, base=build(spec(key)))
     dense = export.op_census(onnx.load(str(tmp_path / "m.onnx")))
     assert result["census"] == dense and result["relative_error"] <= 1e-4
+
+
+def test_the_cli_default_opset_is_the_exporters():
+    from hetprune.commands import export_cmd
+
+    assert export_cmd.DEFAULT_OPSET == export.DEFAULT_OPSET

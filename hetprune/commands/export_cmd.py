@@ -24,11 +24,10 @@ from ..errors import HetpruneError
 
 HELP = "export a pruned model to ONNX (verified in ONNX Runtime), torch.export or a hub-style folder"
 SUFFIX = {"onnx": ".onnx", "pt2": ".pt2", "hub": "-hub"}
+DEFAULT_OPSET = 18  # the same as hetprune.export.DEFAULT_OPSET (a test checks), which --help must not import
 
 
 def add_arguments(p) -> None:
-    from ..export import DEFAULT_OPSET
-
     p.add_argument("target", metavar="DIR_OR_MODEL", help="a saved pruned model folder, or a timm model name")
     p.add_argument("--format", default="onnx", metavar="onnx|pt2|hub", help="what to write (default onnx)")
     p.add_argument("--out", metavar="PATH", help="output file (onnx, pt2) or folder (hub); "
