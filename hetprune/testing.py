@@ -363,7 +363,10 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, *
                    "given to the check")
         make_model = functools.partial(build, spec)
     torch.manual_seed(0)
-    base = make_model().eval().double()
+    try:
+        base = make_model().eval().double()
+    except HetpruneError as exc:  # e.g. the family's optional library is not installed
+        c.fail(f"cannot build its example model: {exc}", exc)
     if not c.obj.matches(base):
         c.fail(f"matches() is False for a {type(base).__name__}, the model it was given as its family's")
     name = "hetprune-testing-architecture"

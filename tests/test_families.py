@@ -269,3 +269,15 @@ def test_the_kit_catches_a_broken_adapter_and_says_which_rule(index, monkeypatch
     finally:
         monkeypatch.delenv("HETPRUNE_PLUGINS")
         plugins.reset()
+
+
+def test_the_kit_reports_an_adapter_whose_example_cannot_be_built(monkeypatch):
+    """A missing optional library (say transformers for hf-vit) is one FAIL line for that adapter, not a crash."""
+    from hetprune import testing
+    from hetprune_timm.vit import TimmViT
+
+    def missing():
+        raise HetpruneError("needs mylib: pip install 'hetprune[mylib]'")
+
+    with pytest.raises(testing.ConformanceError, match="cannot build its example model: needs mylib"):
+        testing.check_architecture(TimmViT, make_model=missing)
