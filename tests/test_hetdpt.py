@@ -421,3 +421,47 @@ def test_too_small_point_plan_fails_before_any_fine_tune(tiny_model, digits_data
                    **{"hetdpt.axis_points": 1, "hetdpt.mixed_points": 0})
     with pytest.raises(HetpruneError, match="needs at least 6 distinct points"):
         HetDPT().allocate(job)
+
+
+# -- MAP refinement -------------------------------------------------------------------
+
+def _bump(a: int, m: int) -> float:
+    """A synthetic accuracy surface with a narrow optimum at 2+10 that a quadratic through the
+    planned points misses (its argmax is 0+12, 2.75 points worse)."""
+    import math
+
+    return 90 + 3 * math.exp(-((a - 2) ** 2)) - 0.4 * a - 0.3 * m * (a + m) / 12
+
+
+@pytest.mark.parametrize("refine, expected", [(0, (0, 12)), (2, (2, 10))])
+def test_refinement_finds_the_optimum_the_one_shot_fit_misses(tiny_model, digits_data, tmp_path, monkeypatch,
+                                                             refine, expected):
+    import hetprune_hetdpt.strategy as strat
+
+    measured: list[tuple[int, int]] = []
+
+    def fake_points(self, job, plan):
+        measured.extend(p for p in plan if p not in measured)
+        return [{"n_attn": a, "n_act": m, "accuracy": _bump(a, m)} for a, m in plan]
+
+    monkeypatch.setattr(strat.HetDPT, "collect_points", fake_points)
+    job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=12), **{"hetdpt.refine": refine})
+    monkeypatch.setattr(job, "feasible_pairs", lambda: [(a, 12 - a) for a in range(12)])
+    pick, info = strat.HetDPT().allocate(job)
+    assert pick == expected
+    assert len(info["refinement"]) == refine
+    one_shot = 12  # the planned points
+    assert len(measured) <= one_shot + 3 * refine  # each round: the best unmeasured split and its two neighbours
+    if refine:
+        assert (2, 10) in measured and info["pick"]["measured"] == pytest.approx(_bump(2, 10))
+
+
+def test_refinement_pairs_are_the_best_unmeasured_split_and_its_neighbours():
+    from hetprune_hetdpt.strategy import HetDPT
+
+    pairs = [(a, 6 - a) for a in range(7)]
+    predicted = {p: -abs(p[0] - 3) for p in pairs}
+    assert HetDPT.refinement_pairs(pairs, predicted, set()) == [(2, 4), (3, 3), (4, 2)]
+    # 2+4 beats 4+2 on the tie (fewer attention removals); its unmeasured neighbour 1+5 comes along
+    assert HetDPT.refinement_pairs(pairs, predicted, {(3, 3)}) == [(1, 5), (2, 4)]
+    assert HetDPT.refinement_pairs(pairs, predicted, set(pairs)) == []

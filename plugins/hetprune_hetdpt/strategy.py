@@ -95,6 +95,10 @@ class HetDPT(DepthStrategy):
             "axis_points": 4,
             "mixed_points": 3,
             "dense_point": True,
+            # refinement rounds after the fit: each measures the best predicted feasible split not yet measured
+            # (and its unmeasured neighbours on the budget line) with the same cheap fine-tune, then refits;
+            # the pick prefers measured values. 0 = the paper's one-shot fit.
+            "refine": 0,
         }
     }
 
@@ -187,13 +191,47 @@ class HetDPT(DepthStrategy):
                 f"predictor {predictor.name!r} needs at least {need} distinct points, but this budget and model "
                 f"give a plan of {len(plan)}: {plan}. Raise hetdpt.axis_points / hetdpt.mixed_points, or lower "
                 "the degree (hetdpt.predictor_options.poly.degree)")
+        refine = opts.get("refine", 0)
+        if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
+            raise HetpruneError(f"hetdpt.refine must be a count of rounds >= 0, got {refine!r}")
         points = self.collect_points(job, plan)
-        predictor.fit([(p["n_attn"], p["n_act"], p["accuracy"]) for p in points])
-        predicted = {pair: predictor.predict(*pair) for pair in pairs}
-        pick = max(pairs, key=lambda p: (predicted[p], -p[0]))
-        surface = [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)]} for a, m in pairs]
+        predicted = self.fit(predictor, points, pairs)
+        rounds = []
+        for r in range(refine):
+            new = self.refinement_pairs(pairs, predicted, {(p["n_attn"], p["n_act"]) for p in points})
+            if not new:
+                break
+            job.log(f"[hetdpt] refinement {r + 1}/{refine}: measuring {', '.join(f'{a}+{m}' for a, m in new)}")
+            plan = plan + new
+            points = self.collect_points(job, plan)
+            predicted = self.fit(predictor, points, pairs)
+            rounds.append({"measured": [list(p) for p in new]})
+        measured = {(p["n_attn"], p["n_act"]): p["accuracy"] for p in points}
+        # the paper (refine 0): the predictor's argmax; refined: measured where measured, predicted elsewhere.
+        # Ties go to fewer attention removals.
+        value = {pair: measured.get(pair, predicted[pair]) if refine else predicted[pair] for pair in pairs}
+        pick = max(pairs, key=lambda p: (value[p], -p[0]))
+        surface = [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)],
+                    **({"measured": measured[(a, m)]} if (a, m) in measured else {})} for a, m in pairs]
         fit = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
         job.log(f"[hetdpt] predictor {predictor.name}: " + ", ".join(
             f"({d['n_attn']},{d['n_act']})={d['predicted']:.1f}" for d in surface))
         return pick, {"predictor": predictor.name, "points": points, "fit": fit, "surface": surface,
-                      "pick": {"n_attn": pick[0], "n_act": pick[1], "predicted": predicted[pick]}}
+                      "refinement": rounds,
+                      "pick": {"n_attn": pick[0], "n_act": pick[1], "predicted": predicted[pick],
+                               **({"measured": measured[pick]} if refine and pick in measured else {})}}
+
+    @staticmethod
+    def fit(predictor, points: list[dict], pairs: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+        predictor.fit([(p["n_attn"], p["n_act"], p["accuracy"]) for p in points])
+        return {pair: predictor.predict(*pair) for pair in pairs}
+
+    @staticmethod
+    def refinement_pairs(pairs: list[tuple[int, int]], predicted: dict, measured: set) -> list[tuple[int, int]]:
+        """The best predicted feasible split not yet measured, and its unmeasured neighbours on the budget line."""
+        line = sorted(pairs)
+        best = max((p for p in line if p not in measured), key=lambda p: (predicted[p], -p[0]), default=None)
+        if best is None:
+            return []
+        i = line.index(best)
+        return [p for p in line[max(0, i - 1):i + 2] if p not in measured]
