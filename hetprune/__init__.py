@@ -18,7 +18,7 @@ import importlib
 import sys
 import types
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # public name -> the submodule that defines it (None: the name is that submodule)
 _EXPORTS = {

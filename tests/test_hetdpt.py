@@ -465,3 +465,27 @@ def test_refinement_pairs_are_the_best_unmeasured_split_and_its_neighbours():
     # 2+4 beats 4+2 on the tie (fewer attention removals); its unmeasured neighbour 1+5 comes along
     assert HetDPT.refinement_pairs(pairs, predicted, {(3, 3)}) == [(1, 5), (2, 4)]
     assert HetDPT.refinement_pairs(pairs, predicted, set(pairs)) == []
+
+
+def test_local_predictor_recovers_a_plane_anywhere_and_weights_near_points_more():
+    from hetprune_hetdpt.predictors import LocalPredictor
+
+    plane = [(a, m, 80 + 2 * a - 0.5 * m) for a in range(3) for m in range(3)]
+    lp = LocalPredictor(bandwidth=1.5).fit(plane)
+    assert lp.predict(7, 1) == pytest.approx(80 + 14 - 0.5, abs=1e-9)  # a plane is fitted exactly, far away too
+    assert lp.fit_report()["rmse"] < 1e-9
+    # one point that breaks the plane pulls nearby predictions much more than far ones
+    bent = [p for p in plane if p[:2] != (2, 2)] + [(2, 2, 70.0)]
+    lp = LocalPredictor(bandwidth=1.0).fit(bent)
+    near, far = lp.predict(2, 2) - (80 + 4 - 1), lp.predict(0, 0) - 80
+    assert near < -3 and abs(far) < abs(near) / 3
+
+
+def test_local_predictor_refuses_too_few_points_and_a_bad_bandwidth():
+    from hetprune_hetdpt.predictors import LocalPredictor
+
+    with pytest.raises(HetpruneError, match="needs at least 3 distinct"):
+        LocalPredictor().fit([(0, 0, 90.0), (1, 0, 80.0), (1, 0, 81.0)])
+    for bad in (0, -1, float("nan"), True):
+        with pytest.raises(HetpruneError, match="bandwidth"):
+            LocalPredictor(bandwidth=bad)

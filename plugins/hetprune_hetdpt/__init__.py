@@ -4,7 +4,7 @@ mergers, and the ``hetdpt`` strategy. Uses only the public plugin API."""
 import hetprune
 
 from .mergers import LayerNormFold, LinearMerge
-from .predictors import PolyPredictor
+from .predictors import LocalPredictor, PolyPredictor
 from .removers import ActIdentity, AttnIdentity, AttnLnResidual
 from .scorers import BlockInfluenceScorer, GateTaylorScorer, MagnitudeScorer, RandomScorer, TaylorScorer
 from .strategy import HetDPT
@@ -15,6 +15,7 @@ __version__ = hetprune.__version__
 @hetprune.hookimpl
 def register_predictors(register):
     register(PolyPredictor)
+    register(LocalPredictor)
 
 
 @hetprune.hookimpl

@@ -70,3 +70,55 @@ class PolyPredictor:
 
     def fit_report(self) -> dict:
         return dict(self._report)
+
+
+class LocalPredictor:
+    """Locally weighted linear regression: each prediction is a plane fitted to the points near it.
+
+    The paper's global quadratic lets far-away points (heavy attention removal,
+    where accuracy falls steeply) bend the surface near the budget line; here a
+    point's weight falls with its distance in sites, ``exp(-d² / 2 bandwidth²)``,
+    so a measured point close to a split dominates its prediction. The fit
+    report gives the leave-one-out error like ``poly``'s.
+    """
+
+    name = "local"
+    min_points = 3
+
+    def __init__(self, bandwidth: float = 2.0):
+        if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not 0 < bandwidth < float("inf"):
+            raise HetpruneError(f"local predictor bandwidth must be a positive number of sites, got {bandwidth!r}")
+        self.bandwidth = float(bandwidth)
+        self.pts: np.ndarray | None = None
+        self._report: dict = {}
+
+    @staticmethod
+    def _at(pts: np.ndarray, a: float, m: float, bandwidth: float) -> float:
+        d2 = (pts[:, 0] - a) ** 2 + (pts[:, 1] - m) ** 2
+        w = np.sqrt(np.exp(-d2 / (2 * bandwidth ** 2)))
+        design = np.stack([np.ones(len(pts)), pts[:, 0] - a, pts[:, 1] - m], axis=-1)
+        coef, *_ = np.linalg.lstsq(design * w[:, None], pts[:, 2] * w, rcond=None)
+        return float(coef[0])  # the plane's value at (a, m)
+
+    def fit(self, points):
+        pts = np.asarray([(float(a), float(m), float(acc)) for a, m, acc in points], dtype=float)
+        distinct = len({(a, m) for a, m, _ in pts.tolist()}) if len(pts) else 0
+        if distinct < self.min_points:
+            raise HetpruneError(f"the local predictor fits a plane and needs at least {self.min_points} distinct "
+                                f"(n_attn, n_act) points; got {distinct}")
+        self.pts = pts
+        resid = np.array([self._at(pts, a, m, self.bandwidth) - acc for a, m, acc in pts])
+        loo = [self._at(np.delete(pts, i, axis=0), pts[i, 0], pts[i, 1], self.bandwidth) - pts[i, 2]
+               for i in range(len(pts)) if distinct > self.min_points]
+        self._report = {"bandwidth": self.bandwidth, "points": len(pts), "mae": float(np.mean(np.abs(resid))),
+                        "rmse": float(np.sqrt(np.mean(resid ** 2))),
+                        "loo_mae": float(np.mean(np.abs(loo))) if loo else None}
+        return self
+
+    def predict(self, n_attn, n_act) -> float:
+        if self.pts is None:
+            raise HetpruneError("the local predictor must be fitted before it predicts")
+        return self._at(self.pts, float(n_attn), float(n_act), self.bandwidth)
+
+    def fit_report(self) -> dict:
+        return dict(self._report)
