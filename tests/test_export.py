@@ -341,8 +341,12 @@ def test_hub_card_quotes_the_command_that_made_the_model(tmp_path, capsys):
     assert export.quote_command(made) in card
 
 
+# NaFlexViT's patch embedding does not trace with torch.export (torch 2.14), dense or pruned: see the next test
+EXPORTABLE = sorted(set(__import__("families").FAMILIES) - {"naflexvit"})
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("key", sorted(__import__("families").FAMILIES))
+@pytest.mark.parametrize("key", EXPORTABLE)
 def test_every_adapter_family_exports_pruned_and_matches_onnx_runtime(key, tmp_path):
     """Each supported family, with sites removed and MLPs merged: the graph loses exactly those sites'
     ops (checked against the unpruned graph) and ONNX Runtime computes what PyTorch does."""
@@ -363,3 +367,11 @@ def test_the_cli_default_opset_is_the_exporters():
     from hetprune.commands import export_cmd
 
     assert export_cmd.DEFAULT_OPSET == export.DEFAULT_OPSET
+
+
+def test_a_model_torch_cannot_export_is_one_clear_error_and_no_file(tmp_path):
+    from families import make
+
+    with pytest.raises(HetpruneError, match="ONNX exporter failed at opset 18"):
+        export.export_onnx(make("naflexvit"), tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
