@@ -199,7 +199,6 @@ class PreNormAdapter(Adapter):
     #: block classes of the family hetprune refuses, with the reason
     refused_blocks: dict = {}
     layout = BlockLayout()
-    family = ""
 
     def matches(self, model: nn.Module) -> bool:
         return isinstance(model, self.model_types)
