@@ -306,3 +306,25 @@ def test_width_recipe_applied_to_the_base_weights_reproduces_the_pruned_model(tr
                  "--recipe", str(out / "recipe.json"), "--out", str(applied)]) == 0
     x = tiny_example()
     assert torch.allclose(hetprune.load(applied)(x), hetprune.load(out)(x), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("round_to", [4, 16])
+def test_round_to_keeps_every_pruned_width_a_multiple(trained_tiny, tmp_path, round_to):
+    out, report = _cli(trained_tiny, tmp_path, "isomorphic", "--round-to", str(round_to))
+    widths = hetprune.recipe.load_recipe(out).widths
+    assert widths["embed_dim"] % round_to == 0 and widths["embed_dim"] < 32
+    for block in widths["blocks"]:
+        assert block["mlp"]["hidden"] % round_to == 0
+        assert (block["attn"]["heads"] * block["attn"]["head_dim"]) % round_to == 0
+    assert report["settings"]["width"]["pruner_options"]["round_to"] == round_to
+    assert report["macs"] <= 0.5 * report["dense_macs"]
+
+
+def test_round_to_is_refused_for_a_strategy_without_widths(trained_tiny, tmp_path, capsys):
+    from hetprune.cli import main
+
+    _, spec, ckpt = trained_tiny
+    assert main(["prune", "--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt),
+                 "--strategy", "act-only", "--budget", "2", "--round-to", "8", "--out", str(tmp_path / "o")]) == 2
+    assert "--round-to applies to width strategies" in capsys.readouterr().err

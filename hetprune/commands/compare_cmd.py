@@ -16,7 +16,7 @@ from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
 from .common import add_model_arguments, apply_data_options, base_model, data_for, run_device
-from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, predictor_sets
+from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, predictor_sets, round_to_sets
 
 HELP = "run several strategies under one harness and tabulate/plot the results"
 DEFAULT_BUDGETS = (12,)
@@ -71,6 +71,7 @@ def run(args) -> int:
     sets = list(args.set)
     if args.predictor:
         sets += predictor_sets(defaults, args.predictor, ",".join(names))
+    sets = round_to_sets(defaults, args.round_to, ",".join(names)) + sets
     settings = config_mod.resolve(defaults, args.config, {"scorer": args.scorer, "device": args.device,
                                                           "amp": args.amp}, sets, types=types)
     device = run_device(settings)

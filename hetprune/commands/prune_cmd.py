@@ -36,6 +36,9 @@ def add_settings_arguments(p) -> None:
                    help="override one setting, e.g. finetune.epochs=10 (repeatable)")
     g.add_argument("--scorer", metavar="NAME", help="importance scorer within each kind (default gate-taylor)")
     g.add_argument("--predictor", metavar="NAME", help="accuracy predictor of strategies that have one (hetdpt)")
+    g.add_argument("--round-to", type=int, metavar="N",
+                   help="width strategies: keep head dims, MLP hidden and embedding widths multiples of N "
+                        "(default 8; sets width.pruner_options.round_to)")
     g.add_argument("--device", metavar="auto|cpu|cuda|cuda:N",
                    help="where every model and batch of the run lives (default cpu; auto = cuda if present)")
     g.add_argument("--amp", metavar="auto|bf16|fp16|none",
@@ -76,6 +79,18 @@ def predictor_sets(defaults: dict, predictor: str, what: str) -> list[str]:
     return [f"{k}.predictor={predictor}" for k in owners]
 
 
+def round_to_sets(defaults: dict, round_to: int | None, what: str) -> list[str]:
+    """``--round-to N`` sets the width pruner's ``round_to`` of strategies that prune widths."""
+    if round_to is None:
+        return []
+    if "width" not in defaults:
+        raise HetpruneError(f"--round-to applies to width strategies (isomorphic, hetdpt-plus); {what!r} prunes "
+                            "no widths")
+    if round_to < 1:
+        raise HetpruneError(f"--round-to must be a whole number >= 1, got {round_to}")
+    return [f"width.pruner_options={{round_to: {round_to}}}"]
+
+
 def settings_for(args, strategy) -> dict:
     overrides = {"scorer": args.scorer, "device": args.device, "amp": args.amp}
     if getattr(args, "seed", None) is not None:
@@ -83,6 +98,7 @@ def settings_for(args, strategy) -> dict:
     sets = list(args.set)
     if args.predictor:
         sets += predictor_sets(getattr(strategy, "defaults", {}), args.predictor, strategy.name)
+    sets = round_to_sets(getattr(strategy, "defaults", {}), args.round_to, strategy.name) + sets  # --set wins
     return config_mod.resolve(getattr(strategy, "defaults", {}), args.config, overrides, sets,
                               types=getattr(strategy, "setting_types", None))
 
