@@ -135,6 +135,11 @@ class Adapter:
         """The weight matrices a site's branch owns (the ``magnitude`` scorer)."""
         raise NotImplementedError
 
+    def time_parts(self, model: nn.Module, block: int) -> dict[str, list[nn.Module]]:
+        """The modules whose forward time is a block's ``attention`` and ``mlp`` parts (``bench --per-block``):
+        each branch with its norm; a removed branch is absent."""
+        return {}
+
     # -- cost and facts -------------------------------------------------------------------
     def is_attention(self, module: nn.Module) -> bool:
         """Whether ``module`` is an attention module whose matmuls :meth:`attention_macs` counts."""
@@ -337,6 +342,15 @@ class PreNormAdapter(Adapter):
     def stream_points(self, model, block):
         b = self._block(model, block)
         return b, getattr(b, self.layout_of(b).norm2)
+
+    def time_parts(self, model, block):
+        b = self._block(model, block)
+        if isinstance(b, DroppedBlock):
+            return {}
+        L = self.layout_of(b)
+        attention = [getattr(b, L.norm1), getattr(b, L.attn)] if not isinstance(b, HetBlock) else (
+            [getattr(b, L.norm1)] if b.attn_mode == "ln-residual" else [])
+        return {"attention": attention, "mlp": [getattr(b, L.norm2), getattr(b, L.mlp)]}
 
     def branch_weights(self, model, block, kind):
         b = self._block(model, block)

@@ -388,6 +388,86 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
 
 
 # -- formatting ------------------------------------------------------------------
+@torch.inference_mode()
+def per_block(model: nn.Module, input_shape: tuple[int, ...], batch: int, device: str | torch.device = "cpu",
+              repeats: int = 5, warmup: int = 1) -> dict:
+    """Where one forward pass's time goes: per block its attention and MLP parts (each with its norm), the
+    rest of the block (residual adds, LayerScale), and the model outside its blocks (embedding, head).
+
+    Measured with forward hooks around the parts during whole forward passes (the device synchronised at
+    each hook on CUDA), median over ``repeats`` passes, in milliseconds.
+    """
+    from .adapters import adapter_for
+
+    dev = resolve_device(device)
+    adapter = adapter_for(model)
+    model = model.to(dev).eval()
+    x = torch.randn(batch, *input_shape, device=dev)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    spent: dict[tuple[int, str], float] = {}
+    started: dict[int, float] = {}
+    handles = []
+
+    def watch(module: nn.Module, key: tuple[int, str]) -> None:
+        def pre(mod, args):
+            sync()
+            started[id(mod)] = time.perf_counter()
+
+        def post(mod, args, out):
+            sync()
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - started.pop(id(mod))
+
+        handles.extend([module.register_forward_pre_hook(pre), module.register_forward_hook(post)])
+
+    blocks = adapter.blocks(model)
+    for i, block in enumerate(blocks):
+        watch(block, (i, "block"))
+        for part, modules in adapter.time_parts(model, i).items():
+            for m in modules:
+                watch(m, (i, part))
+    runs: list[dict] = []
+    try:
+        for r in range(warmup + repeats):
+            spent.clear()
+            sync()
+            t0 = time.perf_counter()
+            model(x)
+            sync()
+            if r >= warmup:
+                runs.append({**spent, "model": time.perf_counter() - t0})
+    finally:
+        for h in handles:
+            h.remove()
+
+    def median_ms(key) -> float:
+        return 1000 * statistics.median(run.get(key, 0.0) for run in runs)
+
+    rows = []
+    for i in range(len(blocks)):
+        total, attn, mlp = median_ms((i, "block")), median_ms((i, "attention")), median_ms((i, "mlp"))
+        rows.append({"block": i, "attention_ms": attn, "mlp_ms": mlp, "other_ms": max(0.0, total - attn - mlp),
+                     "total_ms": total})
+    model_ms = median_ms("model")
+    return {"batch_size": batch, "device": str(dev), "repeats": repeats, "blocks": rows, "model_ms": model_ms,
+            "outside_blocks_ms": max(0.0, model_ms - sum(r["total_ms"] for r in rows))}
+
+
+def format_per_block(label: str, result: dict) -> str:
+    """A table of :func:`per_block`: one row per block, then the totals."""
+    lines = [f"{label}: where the time goes at batch {result['batch_size']} on {result['device']} "
+             f"(median of {result['repeats']} forward passes, ms)",
+             f"  {'block':>5}  {'attention':>9}  {'mlp':>9}  {'other':>9}  {'total':>9}"]
+    for r in result["blocks"]:
+        lines.append(f"  {r['block']:>5}  {r['attention_ms']:>9.3f}  {r['mlp_ms']:>9.3f}  {r['other_ms']:>9.3f}  "
+                     f"{r['total_ms']:>9.3f}")
+    sums = {k: sum(r[k] for r in result["blocks"]) for k in ("attention_ms", "mlp_ms", "other_ms", "total_ms")}
+    lines.append(f"  {'all':>5}  {sums['attention_ms']:>9.3f}  {sums['mlp_ms']:>9.3f}  {sums['other_ms']:>9.3f}  "
+                 f"{sums['total_ms']:>9.3f}")
+    lines.append(f"  outside the blocks (embedding, head): {result['outside_blocks_ms']:.3f}; "
+                 f"whole model: {result['model_ms']:.3f}")
+    return "\n".join(lines)
+
+
 def _ms(s: float) -> str:
     return f"{s * 1e3:.1f}" if s * 1e3 >= 10 else f"{s * 1e3:.3g}"
 

@@ -139,6 +139,8 @@ CASES = [
      "--subset-frac must be within"),
     ("bench-bad-batch-sizes", lambda c: ["bench", saved_model(c), "--batch-sizes", "1,zero", "--device", "cpu"],
      "batch"),
+    ("bench-per-block-onnxruntime", lambda c: ["bench", saved_model(c), "--per-block", "--backend", "onnxruntime",
+                                               "--device", "cpu"], "--per-block times PyTorch modules"),
     ("compare-bad-seeds", lambda c: ["compare", "--seeds", "0,x", "--out", c.out()], "seed"),
     # model arguments and weights
     ("model-kwargs-not-json", lambda c: ["prune", "--model", "vit_tiny_patch16_224", "--model-kwargs", "{oops",

@@ -189,3 +189,31 @@ def test_cuda_bf16_peak_memory_and_oom_halving(tiny_model, tiny_spec, monkeypatc
     result = bench.measure({"m": tiny_model}, SHAPE, [8], device="cuda", repeats=1, warmup=0, min_time_s=0)
     row = result["results"][0]
     assert row["batch_size"] == 2 and row["requested_batch_size"] == 8 and "out of memory" in row["note"]
+
+
+def test_per_block_splits_each_block_into_its_parts_and_removed_parts_cost_nothing(tiny_model):
+    surgery.remove_attention(tiny_model, 1)
+    surgery.remove_activation(tiny_model, 2)
+    surgery.merge_all(tiny_model)
+    surgery.drop_block(tiny_model, 3)
+    result = bench.per_block(tiny_model, SHAPE, 4, repeats=3, warmup=1)
+    rows = {r["block"]: r for r in result["blocks"]}
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert rows[0]["attention_ms"] > 0 and rows[0]["mlp_ms"] > 0
+    assert rows[1]["attention_ms"] == 0 and rows[1]["mlp_ms"] > 0          # attention removed
+    assert rows[3]["total_ms"] < rows[0]["total_ms"] / 5                    # a dropped block is the identity
+    for r in rows.values():
+        assert r["attention_ms"] + r["mlp_ms"] + r["other_ms"] == pytest.approx(max(r["total_ms"], r["attention_ms"]
+                                                                                     + r["mlp_ms"]), rel=1e-6)
+    assert result["model_ms"] >= sum(r["total_ms"] for r in rows.values())
+    text = bench.format_per_block("pruned", result)
+    assert text.startswith("pruned: where the time goes at batch 4") and "outside the blocks" in text
+
+
+def test_bench_per_block_on_the_command_line(pruned_dir, capsys):
+    from hetprune.cli import main
+
+    assert main(["bench", str(pruned_dir), "--batch-sizes", "2", "--repeats", "2", "--warmup", "1",
+                 "--min-time", "0", "--device", "cpu", "--per-block"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("where the time goes at batch 2") == 2  # the pruned model and its dense base

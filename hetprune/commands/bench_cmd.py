@@ -45,6 +45,9 @@ def add_arguments(p) -> None:
                    help="each repeat runs the forward enough times to last S seconds (default 0.2)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's own)")
     p.add_argument("--json", metavar="FILE", help="also write the full result as JSON")
+    p.add_argument("--per-block", action="store_true",
+                   help="also show where the time goes per block (attention, MLP, the rest) at the largest "
+                        "batch size, for every model timed (torch backend)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
 
 
@@ -93,6 +96,8 @@ def run(args) -> int:
 
     if args.backend not in BACKENDS:
         raise HetpruneError(f"--backend {args.backend!r} is not supported; allowed: {', '.join(BACKENDS)}")
+    if args.per_block and args.backend != "torch":
+        raise HetpruneError("--per-block times PyTorch modules: use it with --backend torch")
     if args.backend == "onnxruntime":  # say what is missing before building models
         from ..export import need
 
@@ -125,6 +130,14 @@ def run(args) -> int:
                      threads=args.threads, log=print, backend=args.backend)
     result["command"] = {"target": args.target, "against": args.against, "recipe": recipe.to_dict() if recipe else None}
     print(format_table(result, markdown=args.markdown))
+    if args.per_block:
+        from ..bench import format_per_block, per_block
+
+        result["per_block"] = {}
+        for name, m in models.items():
+            result["per_block"][name] = per_block(m, shape, max(sizes), device=args.device, repeats=args.repeats,
+                                                  warmup=args.warmup)
+            print(format_per_block(name, result["per_block"][name]))
     if args.json:
         write_json_atomic(args.json, result)
         print(f"wrote {args.json}")
