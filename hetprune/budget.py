@@ -2,8 +2,9 @@
 feasible (n_attn, n_act) splits each one allows.
 
 A cost target is turned into splits with each kind's mean per-site MAC saving
-(merging included; exact for uniform ViTs, the mean over stages for Swin): the splits that meet the target and would miss it with
-one removal fewer of either kind.
+(merging included; exact for uniform ViTs, the mean over stages for Swin): the
+splits that meet the target and would miss it with one removal fewer of either
+kind.
 """
 
 from __future__ import annotations

@@ -81,7 +81,8 @@ def _check_mergeable(model: nn.Module, block: int) -> None:
     if not adapter.removed(model, block, "act"):
         raise HetpruneError(f"block {block}'s MLP still has its activation: remove site act{block} before merging")
     if adapter.linear_mlp(model, block) is None:
-        raise HetpruneError(f"block {block}'s MLP has a norm between fc1 and fc2; it is not linear and cannot be merged")
+        raise HetpruneError(f"block {block}'s MLP has a norm between fc1 and fc2; it is not linear and cannot be "
+                            "merged")
 
 
 @torch.no_grad()

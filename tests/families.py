@@ -6,13 +6,21 @@ from __future__ import annotations
 import torch
 
 from hetprune.models import ModelSpec, build
+from hetprune_hf.vit import HFViTAdapter
+from hetprune_timm import TimmBEiT, TimmCaiT, TimmEVA, TimmSwin, TimmViT
 
 DIGITS = dict(img_size=16, in_chans=1, num_classes=10)
 
+
+def example_of(adapter) -> tuple[str, str, dict]:
+    """A family's entry from its adapter's own tiny ``example_spec`` (the conformance kit's model)."""
+    s = adapter.example_spec
+    return adapter.name, s.name if s.library == "timm" else f"{s.library}:{s.name}", dict(s.kwargs)
+
+
 FAMILIES: dict[str, tuple[str, str, dict]] = {
-    # key: (adapter, timm name, kwargs)
-    "vit": ("timm-vit", "vit_tiny_patch16_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2,
-                                                    init_values=0.1)),
+    # key: (adapter, name as --model takes it, kwargs); one per adapter is its own example_spec
+    "vit": example_of(TimmViT),
     "deit-distilled": ("timm-vit", "deit_tiny_distilled_patch16_224", dict(patch_size=4, embed_dim=32, depth=3,
                                                                           num_heads=2)),
     "deit3": ("timm-vit", "deit3_small_patch16_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2)),
@@ -25,20 +33,15 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "naflexvit": ("timm-vit", "naflexvit_base_patch16_gap", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2)),
     "relpos": ("timm-vit", "vit_relpos_small_patch16_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2,
                                                                init_values=0.1)),
-    "cait": ("timm-cait", "cait_xxs24_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2,
-                                                 depth_token_only=1, init_values=0.1)),
-    "beit": ("timm-beit", "beit_base_patch16_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2,
-                                                       init_values=0.1)),
-    "eva02-swiglu": ("timm-eva", "eva02_tiny_patch14_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2)),
+    "cait": example_of(TimmCaiT),
+    "beit": example_of(TimmBEiT),
+    "eva02-swiglu": example_of(TimmEVA),
     "eva02-swiglu-norm": ("timm-eva", "eva02_tiny_patch14_224", dict(patch_size=4, embed_dim=32, depth=3,
                                                                     num_heads=2, scale_mlp=True)),
     "vit-rope": ("timm-eva", "vit_small_patch16_rope_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2)),
-    "swin": ("timm-swin", "swin_tiny_patch4_window7_224", dict(patch_size=2, window_size=4, embed_dim=16,
-                                                               depths=(2, 2), num_heads=(1, 2))),
+    "swin": example_of(TimmSwin),
     # outside timm: built from a transformers ViTConfig by the hf-vit adapter (plugin hetprune_hf)
-    "hf-vit": ("hf-vit", "hf-vit:ViTForImageClassification",
-               dict(image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=3,
-                    num_attention_heads=2, intermediate_size=128, num_labels=10)),
+    "hf-vit": example_of(HFViTAdapter),
 }
 
 

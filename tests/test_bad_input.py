@@ -215,7 +215,8 @@ CASES = [
     ("prune-output-is-a-file", lambda c: ["prune", *TINY, "--checkpoint", c.ckpt(), "--budget", "1",
                                           "--out", c.file("taken", "x")], "exists and is not a folder"),
     ("output-not-writable", lambda c: ["apply", *TINY, "--checkpoint", c.ckpt(), "--recipe", recipe_file(c),
-                                       "--out", c.file("plain-file", "x") + "/out"], "cannot write output folder .* is a file"),
+                                       "--out", c.file("plain-file", "x") + "/out"],
+     "cannot write output folder .* is a file"),
     ("bench-not-a-model", lambda c: ["bench", str(c.root / "nothing-here"), "--device", "cpu"], "nothing-here"),
     # plugins and devices
     ("plugin-not-importable", lambda c: ["plugins", "--plugin", "no_such_module_xyz"],

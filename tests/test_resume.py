@@ -49,12 +49,20 @@ def pruned(job):
     return model
 
 
-CHANGES = {
-    "base": (dict(model_seed=1), "starting weights"),
-    "lr": (dict(changes={"finetune": {"epochs": 2, "subset": 32, "lr": 1e-4}}), "training settings"),
-    "seed": (dict(changes={"seed": 3}), "training settings"),
-    "data": (dict(fingerprint="another-data-set"), "data"),
-}
+def changes_for(section: dict) -> dict:
+    """What each change does to a rerun, and the name the --resume note must give; ``section`` is the settings
+    section (name: its values) whose learning rate the stage trains with."""
+    (name, values), = section.items()
+    return {
+        "base": (dict(model_seed=1), "starting weights"),
+        "lr": (dict(changes={name: {**values, "lr": 1e-4}}), "training settings"),
+        "seed": (dict(changes={"seed": 3}), "training settings"),
+        "data": (dict(fingerprint="another-data-set"), "data"),
+    }
+
+
+CHANGES = changes_for({"finetune": {"epochs": 2, "subset": 32}})
+GATE_CHANGES = changes_for({"short_finetune": {"epochs": 1, "subset": 32}})
 
 
 def run_finetune(tmp_path, model_seed=0, **kw):
@@ -90,14 +98,6 @@ def run_gates(tmp_path, model_seed=0, **kw):
     model = copy.deepcopy(job.dense)
     chosen = select_sites(job, model, {"attn": 1, "act": 1})
     return model, chosen, logs
-
-
-GATE_CHANGES = {
-    "base": (dict(model_seed=1), "starting weights"),
-    "lr": (dict(changes={"short_finetune": {"epochs": 1, "subset": 32, "lr": 1e-4}}), "training settings"),
-    "seed": (dict(changes={"seed": 3}), "training settings"),
-    "data": (dict(fingerprint="another-data-set"), "data"),
-}
 
 
 def test_unchanged_gate_phase_rerun_reuses_its_checkpoint(tmp_path):

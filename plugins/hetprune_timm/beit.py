@@ -15,8 +15,10 @@ from .attention import functional_qkv_macs
 class TimmBEiT(PreNormAdapter):
     name = "timm-beit"
     description = "timm BEiT (relative position bias, gamma LayerScale)"
-    example_spec = ModelSpec("beit_base_patch16_224", dict(img_size=16, in_chans=1, num_classes=10,
-                                      patch_size=4, embed_dim=32, depth=3, num_heads=2, init_values=0.5))  # a tiny one, for the conformance kit
+    # a tiny model of the family, for the conformance kit (and the family tests)
+    example_spec = ModelSpec("beit_base_patch16_224", dict(
+        img_size=16, in_chans=1, num_classes=10, patch_size=4, embed_dim=32, depth=3, num_heads=2,
+        init_values=0.5))
     model_types = (Beit,)
     block_types = (Block,)
     attention_types = (Attention,)

@@ -19,8 +19,10 @@ from hetprune.layers import BlockLayout
 class TimmCaiT(PreNormAdapter):
     name = "timm-cait"
     description = "timm CaiT (self-attention blocks; class-attention blocks are kept)"
-    example_spec = ModelSpec("cait_xxs24_224", dict(img_size=16, in_chans=1, num_classes=10,
-                                      patch_size=4, embed_dim=32, depth=3, num_heads=2, depth_token_only=1, init_values=0.5))  # a tiny one, for the conformance kit
+    # a tiny model of the family, for the conformance kit (and the family tests)
+    example_spec = ModelSpec("cait_xxs24_224", dict(
+        img_size=16, in_chans=1, num_classes=10, patch_size=4, embed_dim=32, depth=3, num_heads=2,
+        depth_token_only=1, init_values=0.5))
     model_types = (Cait,)
     block_types = (LayerScaleBlock,)
     attention_types = (TalkingHeadAttn, ClassAttn)

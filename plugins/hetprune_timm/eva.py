@@ -23,8 +23,9 @@ except ImportError:  # pragma: no cover - older timm
 class TimmEVA(PreNormAdapter):
     name = "timm-eva"
     description = "timm EVA/EVA02 and vit_*_rope_* (rope, gamma LayerScale, SwiGLU MLPs)"
-    example_spec = ModelSpec("eva02_tiny_patch14_224", dict(img_size=16, in_chans=1, num_classes=10,
-                                      patch_size=4, embed_dim=32, depth=3, num_heads=2))  # a tiny one, for the conformance kit
+    # a tiny model of the family, for the conformance kit (and the family tests)
+    example_spec = ModelSpec("eva02_tiny_patch14_224", dict(
+        img_size=16, in_chans=1, num_classes=10, patch_size=4, embed_dim=32, depth=3, num_heads=2))
     model_types = (Eva,)
     block_types = (EvaBlock,)
     attention_types = (EvaAttention, AttentionRope)

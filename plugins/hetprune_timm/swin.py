@@ -21,8 +21,10 @@ from hetprune.layers import BlockLayout
 class TimmSwin(PreNormAdapter):
     name = "timm-swin"
     description = "timm Swin Transformer v1 (blocks across stages, window attention)"
-    example_spec = ModelSpec("swin_tiny_patch4_window7_224", dict(img_size=16, in_chans=1, num_classes=10,
-                                      patch_size=2, window_size=4, embed_dim=16, depths=(2, 2), num_heads=(1, 2)))  # a tiny one, for the conformance kit
+    # a tiny model of the family, for the conformance kit (and the family tests)
+    example_spec = ModelSpec("swin_tiny_patch4_window7_224", dict(
+        img_size=16, in_chans=1, num_classes=10, patch_size=2, window_size=4, embed_dim=16, depths=(2, 2),
+        num_heads=(1, 2)))
     model_types = (SwinTransformer,)
     block_types = (SwinTransformerBlock,)
     attention_types = (WindowAttention,)

@@ -32,8 +32,10 @@ PARALLEL = "attention and MLP run in parallel; hetprune's sites assume them in s
 class TimmViT(PreNormAdapter):
     name = "timm-vit"
     description = "timm VisionTransformer family (ViT, DeiT, DeiT3, DINOv2, CLIP, FlexiViT, NaFlexViT, relpos)"
-    example_spec = ModelSpec("vit_tiny_patch16_224", dict(img_size=16, in_chans=1, num_classes=10,
-                                      patch_size=4, embed_dim=32, depth=3, num_heads=2, init_values=0.1))  # a tiny one, for the conformance kit
+    # a tiny model of the family, for the conformance kit (and the family tests)
+    example_spec = ModelSpec("vit_tiny_patch16_224", dict(
+        img_size=16, in_chans=1, num_classes=10, patch_size=4, embed_dim=32, depth=3, num_heads=2,
+        init_values=0.1))
     supports = {"depth": True, "merge": True, "width": True}
     model_types = (VisionTransformer, VisionTransformerRelPos, NaFlexVit)
     block_types = (Block, RelPosBlock)
