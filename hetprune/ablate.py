@@ -53,6 +53,11 @@ def predictor_metrics(predicted: dict[Pair, float], true: dict[Pair, float], tol
     }
 
 
+def budget_words(budget) -> str:
+    """An ablation's budget: a site count (int), or a cost budget's description."""
+    return f"{budget} sites" if isinstance(budget, int) else str(budget)
+
+
 def split_plans(pairs: list[Pair], seeds: list[int], settings: dict, budget, base_hash: str, data_fp: str,
                 scorer: str | None = None, kind: str = "truth") -> list[RowPlan]:
     """Rows that fine-tune each split fully (ground truth), or one split per scorer."""
@@ -80,7 +85,7 @@ def mean_by_pair(rows: list[dict]) -> tuple[dict[Pair, float], dict[Pair, float]
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# hetprune ablate: budget {result['budget']} sites, seeds {result['seeds']}", "",
+    lines = [f"# hetprune ablate: budget {budget_words(result['budget'])}, seeds {result['seeds']}", "",
              f"Command: `{result.get('command', '')}`", "",
              "Ground truth: every feasible split fine-tuned with the full schedule "
              f"(`finetune`: {result['finetune']}); predictors fitted on the cheap points "
@@ -128,9 +133,10 @@ def plots(out: Path, result: dict) -> None:
     for name, m in result["predictors"].items():
         line, = ax.plot(x, [s["predicted"][name] for s in splits], "--", label=f"{name} (predicted)")
         ax.axvline(m["pick"][0], color=line.get_color(), alpha=0.4, linestyle=":")
-    ax.set_xlabel(f"attention sites removed (activation sites = {result['budget']} - x)")
+    ax.set_xlabel("attention sites removed" + (f" (activation sites = {result['budget']} - x)"
+                                                if isinstance(result["budget"], int) else ""))
     ax.set_ylabel("top-1 accuracy (%)")
-    ax.set_title(f"budget {result['budget']}: predicted vs true accuracy of every split", fontsize=9)
+    ax.set_title(f"budget {budget_words(result['budget'])}: predicted vs true accuracy of every split", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -138,17 +138,19 @@ def summarize(latencies: list[float]) -> dict:
 
 
 class _Runner:
-    """Calls one model on a fixed input, under autocast, and times ``number`` calls."""
+    """Calls one model on a fixed input (or any call, ``fn``), under autocast, and times ``number`` calls."""
 
-    def __init__(self, model: Callable, x: torch.Tensor, device: torch.device, dtype: str):
-        self.model, self.x, self.device = model, x, device
+    def __init__(self, model: Callable | None, x: torch.Tensor | None, device: torch.device, dtype: str,
+                 fn: Callable[[], object] | None = None):
+        self.fn = fn if fn is not None else (lambda: model(x))
+        self.device = device
         self.autocast = DTYPES[dtype]
 
     def __call__(self):
         if self.autocast is None:
-            return self.model(self.x)
+            return self.fn()
         with torch.autocast(self.device.type, dtype=self.autocast):
-            return self.model(self.x)
+            return self.fn()
 
     def time(self, number: int) -> float:
         """Seconds per call, averaged over ``number`` back-to-back calls."""
@@ -244,29 +246,39 @@ def _time_batch(models: dict, input_shape: tuple, batch: int, device: torch.devi
     x = torch.randn(batch, *input_shape, device="cpu" if ort else device)
     runners = {name: _OrtRunner(m, x, dtype) if ort else _Runner(m, x, device, dtype) for name, m in models.items()}
     peak = {}
-    with torch.inference_mode():
-        if device.type == "cuda" and not ort:  # peak memory, one model at a time (interleaving would mix them)
+    if device.type == "cuda" and not ort:  # peak memory, one model at a time (interleaving would mix them)
+        with torch.inference_mode():
             for name, r in runners.items():
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
                 r()
                 torch.cuda.synchronize(device)
                 peak[name] = torch.cuda.max_memory_allocated(device)
-        for _ in range(warmup):
-            for r in runners.values():
-                r.time(1)
-        number = {}
-        for name, r in runners.items():  # calibrate: enough calls per repeat to last min_time_s
-            once = r.time(1)
-            number[name] = max(1, math.ceil(min_time_s / once)) if once > 0 else 1
-        runs: dict[str, list[float]] = {name: [] for name in runners}
-        for i in range(repeats):
-            for name, r in runners.items():
-                runs[name].append(r.time(number[name]))
-            log(f"  batch {batch}: repeat {i + 1}/{repeats} " +
+    timed = time_interleaved(runners, repeats, warmup, min_time_s, log, label=f"batch {batch}")
+    return {name: {**t, **({"peak_memory_bytes": peak[name]} if name in peak else {})} for name, t in timed.items()}
+
+
+@torch.inference_mode()
+def time_interleaved(runners: dict, repeats: int, warmup: int, min_time_s: float, log=None,
+                     label: str = "") -> dict[str, dict]:
+    """Time every runner (anything with ``time(number)``) round-robin: warm-up, calibration (calls per repeat
+    so one repeat lasts ``min_time_s``), then ``repeats`` interleaved rounds. Per runner: the latency summary
+    (seconds per call) and the calls per repeat."""
+    for _ in range(warmup):
+        for r in runners.values():
+            r.time(1)
+    number = {}
+    for name, r in runners.items():  # calibrate: enough calls per repeat to last min_time_s
+        once = r.time(1)
+        number[name] = max(1, math.ceil(min_time_s / once)) if once > 0 else 1
+    runs: dict[str, list[float]] = {name: [] for name in runners}
+    for i in range(repeats):
+        for name, r in runners.items():
+            runs[name].append(r.time(number[name]))
+        if log:
+            log(f"  {label}: repeat {i + 1}/{repeats} " +
                 ", ".join(f"{n} {runs[n][-1] * 1e3:.1f} ms" for n in runners))
-    return {name: {"latency_s": summarize(runs[name]), "calls_per_repeat": number[name],
-                   **({"peak_memory_bytes": peak[name]} if name in peak else {})} for name in runners}
+    return {name: {"latency_s": summarize(runs[name]), "calls_per_repeat": number[name]} for name in runners}
 
 
 def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_sizes: list[int],

@@ -1,17 +1,23 @@
 """Budgets: how much to remove, as a site count or as a cost target, and the
 feasible (n_attn, n_act) splits each one allows.
 
-A cost target is turned into splits with each kind's mean per-site MAC saving
-(merging included; exact for uniform ViTs, the mean over stages for Swin): the
-splits that meet the target and would miss it with one removal fewer of either
-kind.
+A cost target is counted by a cost model (``hetprune.cost_model``): MACs for
+``--target-macs``, measured time for ``--target-latency``, and either for
+``--target-speedup`` (``--cost-model``). It is turned into splits with each
+kind's mean per-site saving (merging included; every block of a kind removed
+at once, divided by the depth) and, where removing both sites of a block
+saves less than the two alone (time: a block's fixed overhead), the worst
+case of how the sites may fall on blocks. The splits kept are those that meet
+the target and would miss it with one removal fewer of either kind.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -22,20 +28,26 @@ from .errors import HetpruneError
 from .adapters import adapter_for
 from .sites import depth
 
+TARGETS = ("sites", "target_macs", "target_speedup", "target_latency")
+
 
 @dataclass(frozen=True)
 class Budget:
     sites: int | None = None
     target_macs: float | None = None      # a fraction of dense (<= 1) or absolute MACs (> 1)
-    target_speedup: float | None = None   # turned into a MAC fraction 1/S
+    target_speedup: float | None = None   # dense cost / S, in the budget's cost model
+    target_latency: float | None = None   # seconds per forward pass (at the latency model's batch size)
+    cost_model: str | None = None         # what a speedup or latency target counts (None: MACs, or latency)
 
     def __post_init__(self):
-        given = [v for v in (self.sites, self.target_macs, self.target_speedup) if v is not None]
+        given = [v for v in (self.sites, self.target_macs, self.target_speedup, self.target_latency)
+                 if v is not None]
         if len(given) != 1:
-            raise HetpruneError("give exactly one budget: --budget K, --target-macs F or --target-speedup S")
+            raise HetpruneError("give exactly one budget: --budget K, --target-macs F, --target-speedup S or "
+                                "--target-latency T")
         if self.sites is not None and (isinstance(self.sites, bool) or not isinstance(self.sites, int)):
             raise HetpruneError(f"--budget must be a whole number of sites, got {self.sites!r}")
-        for name in ("target_macs", "target_speedup"):
+        for name in ("target_macs", "target_speedup", "target_latency"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value)):
@@ -47,23 +59,73 @@ class Budget:
                                 f"got {self.target_macs}")
         if self.target_speedup is not None and self.target_speedup < 1:
             raise HetpruneError(f"--target-speedup must be >= 1, got {self.target_speedup}")
+        if self.target_latency is not None and self.target_latency <= 0:
+            raise HetpruneError(f"--target-latency must be > 0 seconds, got {self.target_latency}")
+        if self.cost_model is not None:
+            if not isinstance(self.cost_model, str) or not self.cost_model:
+                raise HetpruneError(f"a budget's cost model must be a name, got {self.cost_model!r}")
+            if self.sites is not None or self.target_macs is not None:
+                raise HetpruneError(f"--cost-model {self.cost_model} applies to --target-speedup and "
+                                    "--target-latency; --budget counts sites and --target-macs counts MACs")
+            if self.target_latency is not None and self.cost_model == "macs":
+                raise HetpruneError("--target-latency is a time: it needs a time cost model (--cost-model latency), "
+                                    "not macs")
+
+    @property
+    def counts_cost(self) -> bool:
+        return self.sites is None
+
+    @property
+    def model_name(self) -> str | None:
+        """The cost model this budget is counted in (None for a site count)."""
+        if self.sites is not None:
+            return None
+        if self.target_macs is not None:
+            return "macs"
+        return self.cost_model or ("latency" if self.target_latency is not None else "macs")
 
     def describe(self) -> str:
         if self.sites is not None:
             return f"{self.sites} sites"
         if self.target_macs is not None:
             return f"MACs <= {self.target_macs:g}" + (" of dense" if self.target_macs <= 1 else "")
-        return f"speedup >= {self.target_speedup:g}x (by MACs)"
+        if self.target_latency is not None:
+            return f"latency <= {self.target_latency * 1e3:g} ms (by {self.model_name})"
+        return f"speedup >= {self.target_speedup:g}x (by {'MACs' if self.model_name == 'macs' else self.model_name})"
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
-    def mac_limit(self, dense_macs: int) -> float | None:
+    def limit(self, dense_cost: float) -> float | None:
+        """The most a pruned model may cost, in the budget's cost model (None for a site count)."""
         if self.target_macs is not None:
-            return self.target_macs * dense_macs if self.target_macs <= 1 else self.target_macs
+            return self.target_macs * dense_cost if self.target_macs <= 1 else self.target_macs
         if self.target_speedup is not None:
-            return dense_macs / self.target_speedup
-        return None
+            return dense_cost / self.target_speedup
+        return self.target_latency
+
+    def mac_limit(self, dense_macs: int) -> float | None:
+        """The MAC limit of a budget counted in MACs (None for a site count)."""
+        if self.model_name not in (None, "macs"):
+            raise HetpruneError(f"{self.describe()} is a budget in {self.model_name}, not in MACs")
+        return self.limit(dense_macs)
+
+
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+
+
+def parse_latency(text: str) -> float:
+    """``"12ms"`` -> 0.012 s; ``"0.5s"``, ``"800us"`` likewise. A unit is required."""
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|ms|us|µs)\s*", str(text))
+    value = math.nan
+    if m:
+        try:
+            value = float(m.group(1)) * _TIME_UNITS[m.group(2)]
+        except ValueError:
+            pass
+    if not math.isfinite(value):
+        raise HetpruneError(f"cannot read latency {text!r}: write a time with its unit, like 12ms, 0.5s or 800us")
+    return value
 
 
 def parse_macs(text: str) -> float:
@@ -85,25 +147,54 @@ def max_per_kind(model: nn.Module) -> dict[str, int]:
     return adapter_for(model).max_removals(model)
 
 
+CostFn = Callable[[nn.Module, torch.Tensor], float]
+
+
 @torch.no_grad()
+def kind_savings(model: nn.Module, example: torch.Tensor, merge: bool = True,
+                 cost: CostFn | None = None) -> dict[str, float]:
+    """Mean cost saved per block by removing its attention site (``attn``), its activation site (``act``)
+    and both (``both``), each measured with every block changed at once; plus ``dense``, the model's cost."""
+    cost = cost or count_macs
+    dense = cost(model, example)
+    n = depth(model)
+    variants = {"attn": copy.deepcopy(model), "act": copy.deepcopy(model), "both": copy.deepcopy(model)}
+    for b in range(n):
+        surgery.remove_attention(variants["attn"], b)
+        surgery.remove_attention(variants["both"], b)
+        surgery.remove_activation(variants["act"], b)
+        surgery.remove_activation(variants["both"], b)
+    if merge:
+        surgery.merge_all(variants["act"])
+        surgery.merge_all(variants["both"])
+    out = {kind: (dense - cost(m, example)) / n for kind, m in variants.items()}
+    return {**out, "dense": dense}
+
+
 def site_savings(model: nn.Module, example: torch.Tensor, merge: bool = True) -> dict[str, int]:
     """Mean MACs saved per image by removing one site of each kind (every block of the kind removed
     at once, the saving divided by the depth)."""
-    dense = count_macs(model, example)
-    n = depth(model)
-    attn = copy.deepcopy(model)
-    act = copy.deepcopy(model)
-    for b in range(n):
-        surgery.remove_attention(attn, b)
-        surgery.remove_activation(act, b)
-    if merge:
-        surgery.merge_all(act)
-    return {"attn": (dense - count_macs(attn, example)) // n, "act": (dense - count_macs(act, example)) // n}
+    save = kind_savings(model, example, merge=merge)
+    return {"attn": int(save["attn"]), "act": int(save["act"])}
+
+
+def pair_cost(save: dict[str, float], n_blocks: int) -> Callable[[int, int], float]:
+    """The most ``(n_attn, n_act)`` removals may cost, from :func:`kind_savings`: where both sites of one
+    block save less than the two apart, as many blocks as possible are assumed to lose both."""
+    interaction = save["attn"] + save["act"] - save["both"]
+    if abs(interaction) <= 1e-9 * abs(save["dense"]):
+        interaction = 0.0   # MACs: exactly additive
+
+    def cost(a: int, m: int) -> float:
+        shared = min(a, m) if interaction > 0 else max(0, a + m - n_blocks)
+        return save["dense"] - a * save["attn"] - m * save["act"] + shared * interaction
+    return cost
 
 
 def feasible_pairs(model: nn.Module, budget: Budget, example: torch.Tensor | None = None,
-                   merge: bool = True) -> list[tuple[int, int]]:
-    """All (n_attn, n_act) the budget allows, for this model."""
+                   merge: bool = True, cost: CostFn | None = None) -> list[tuple[int, int]]:
+    """All (n_attn, n_act) the budget allows, for this model (``cost``: the budget's cost model's ``cost``;
+    default MACs)."""
     limits = max_per_kind(model)
     if budget.sites is not None:
         k = budget.sites
@@ -113,22 +204,23 @@ def feasible_pairs(model: nn.Module, budget: Budget, example: torch.Tensor | Non
                                 f"and {limits['act']} activation sites ({limits['attn'] + limits['act']} in all)")
         return pairs
     if example is None:
-        raise HetpruneError("a cost budget needs an example input to count MACs")
-    dense = count_macs(model, example)
-    save = site_savings(model, example, merge=merge)
-    limit = budget.mac_limit(dense)
+        raise HetpruneError("a cost budget needs an example input to count costs")
+    save = kind_savings(model, example, merge=merge, cost=cost)
+    dense = save["dense"]
+    limit = budget.limit(dense)
+    cost_of = pair_cost(save, depth(model))
     pairs = []
     for a in range(limits["attn"] + 1):
         for m in range(limits["act"] + 1):
-            cost = dense - a * save["attn"] - m * save["act"]
-            if cost > limit:
+            if cost_of(a, m) > limit:
                 continue
-            fewer_a = a > 0 and dense - (a - 1) * save["attn"] - m * save["act"] <= limit
-            fewer_m = m > 0 and dense - a * save["attn"] - (m - 1) * save["act"] <= limit
+            fewer_a = a > 0 and cost_of(a - 1, m) <= limit
+            fewer_m = m > 0 and cost_of(a, m - 1) <= limit
             if not fewer_a and not fewer_m:
                 pairs.append((a, m))
     if not pairs:
-        best = dense - limits["attn"] * save["attn"] - limits["act"] * save["act"]
+        best = cost_of(limits["attn"], limits["act"])
         raise HetpruneError(f"no depth pruning meets {budget.describe()}: removing every allowed site leaves "
-                            f"{best / dense:.1%} of dense MACs; add width pruning (hetdpt-plus) or relax the target")
+                            f"{best / dense:.1%} of the dense model's cost; add width pruning (hetdpt-plus) or "
+                            "relax the target")
     return pairs

@@ -154,7 +154,7 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, dat
     job = PruneJob(dense=dense, spec=model_spec, data=data, budget=plan.budget, settings=plan.settings,
                    registry=registry, workdir=out / "work" / plan.id, shared_dir=out / "work" / "shared",
                    base_info=dict(base_info), resume=resume, progress=progress, log=log,
-                   strategy_name=plan.label or plan.strategy)
+                   strategy_name=plan.label or plan.strategy, measure_cost=False)  # phase 2 times every model
     result = strategy.run(job)
     if dist.is_main():
         save(out / "models" / plan.id, result.model, result.recipe, overwrite=True,
@@ -172,6 +172,9 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, dat
     alloc = r.get("allocation")
     if isinstance(alloc, dict) and isinstance(alloc.get("pick"), dict):
         row["predicted_top1"] = alloc["pick"].get("predicted")
+    if "cost" in r:   # a time cost model: its prediction, checked against phase 2's measurement
+        row["predicted_speedup"] = r["cost"]["predicted_speedup"]
+        row["cost_batch"] = r["cost"].get("about", {}).get("batch_size")
     return row
 
 
@@ -285,7 +288,8 @@ def aggregate(rows: list[dict]) -> list[dict]:
 
         agg = {"strategy": name, "budget": json.loads(budget), "seeds": len(members)}
         for key in ("top1", "top1_before_finetune", "n_attn", "n_act", "macs", "params", "speedup_large",
-                    "speedup_b1", "throughput_large", "throughput_b1", "wall_s"):
+                    "speedup_b1", "throughput_large", "throughput_b1", "wall_s", "predicted_speedup",
+                    "measured_speedup", "prediction_error"):
             agg[key], agg[f"{key}_std"] = stat(key)
         agg["splits"] = sorted({f"{m['n_attn']}+{m['n_act']}" for m in members})
         out.append(agg)
@@ -303,7 +307,10 @@ def budget_text(budget: dict) -> str:
         return str(budget["sites"])
     if "target_macs" in budget:
         return f"MACs≤{budget['target_macs']:g}"
-    return f"speedup≥{budget['target_speedup']:g}"
+    by = f" ({budget['cost_model']})" if budget.get("cost_model") not in (None, "macs") else ""
+    if "target_latency" in budget:
+        return f"latency≤{budget['target_latency'] * 1e3:g}ms"
+    return f"speedup≥{budget['target_speedup']:g}{by}"
 
 
 def markdown_table(dense_row: dict, aggregates: list[dict], large: int) -> str:
@@ -322,6 +329,24 @@ def markdown_table(dense_row: dict, aggregates: list[dict], large: int) -> str:
             f"{_pm(a['throughput_large'], a['throughput_large_std'], 0)} | "
             f"{_pm(a['speedup_large'], a['speedup_large_std'])} | {mac_ratio:.2f} |")
     return head + "\n".join(lines) + "\n"
+
+
+def prediction_table(rows: list[dict], aggregates: list[dict]) -> str:
+    """Predicted (time cost model) against measured speedup, per strategy and budget; empty without one."""
+    mine = [a for a in aggregates if a.get("predicted_speedup") is not None]
+    if not mine:
+        return ""
+    batch = next((r["cost_batch"] for r in rows if r.get("cost_batch")), "?")
+    lines = [f"\nSpeedup predicted by the cost model against measured (batch {batch}, same timing as above):\n",
+             "| strategy | budget | predicted speedup | measured speedup | predicted / measured - 1 |",
+             "|---|---|---|---|---|"]
+    for a in mine:
+        err = a.get("prediction_error")
+        lines.append(f"| {a['strategy']} | {budget_text(a['budget'])} | "
+                     f"{_pm(a['predicted_speedup'], a['predicted_speedup_std'])} | "
+                     f"{_pm(a.get('measured_speedup'), a.get('measured_speedup_std'))} | "
+                     f"{'-' if err is None else f'{err:+.1%}'} |")
+    return "\n".join(lines) + "\n"
 
 
 def rows_csv(rows: list[dict]) -> str:
@@ -382,16 +407,19 @@ def attach_speed(rows: list[dict], dense_row: dict, timing: dict) -> None:
             row[f"throughput_{tag}"] = r["throughput_img_s"]
             row[f"speedup_{tag}"] = r.get("speedup", 1.0)
         row["large_batch"] = large
+        if row.get("cost_batch") is not None and (name, row["cost_batch"]) in by:
+            row["measured_speedup"] = by[(name, row["cost_batch"])].get("speedup", 1.0)
+            row["prediction_error"] = row["predicted_speedup"] / row["measured_speedup"] - 1
 
 
 def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict], timing: dict | None,
                   meta: dict) -> dict:
     aggregates = aggregate(rows)
     large = dense_row.get("large_batch", max(spec.batch_sizes))
-    md = markdown_table(dense_row, aggregates, large)
+    md = markdown_table(dense_row, aggregates, large) + prediction_table(rows, aggregates)
     machine = (timing or {}).get("environment", {})
     budgets = sorted({json.dumps(a["budget"], sort_keys=True) for a in aggregates},
-                     key=lambda b: sorted(json.loads(b).values()))
+                     key=lambda b: sorted(v for v in json.loads(b).values() if isinstance(v, (int, float))))
     title = (f"{meta.get('model', '')} on {meta.get('data', '')}: budget " +
              ", ".join(budget_text(json.loads(b)) for b in budgets))
     header = (f"# hetprune compare\n\n{title}; seeds {spec.seeds}.\n\n"

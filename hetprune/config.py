@@ -87,6 +87,8 @@ CORE_DEFAULTS: dict = {
     "attn_remover": "attn-identity",
     "act_remover": "act-identity",
     "mergers": ["linear-merge"],
+    "cost_model": "auto",   # what --target-speedup counts: auto (latency on CUDA, else macs), macs, latency, ...
+    "cost_model_options": {},   # per cost model name, e.g. {"latency": {"batch_size": 1}}
     "seed": 0,
     "device": "cpu",        # cpu | cuda | cuda:N | auto, resolved once when a command starts
     "amp": "auto",          # bf16 | fp16 | none; auto = bf16 on CUDA with native bf16, else none

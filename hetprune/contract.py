@@ -336,6 +336,23 @@ def width_pruner_prune(component, call, model, target_macs, example_inputs, ctx=
     return result
 
 
+def cost_model_cost(component, call, model, example, *args, **kwargs):
+    value = call(model, example, *args, **kwargs)
+    if not is_number(value) or not math.isfinite(value) or value <= 0:
+        raise Violation(f"cost() returned {value!r} ({type_name(value)}); it must return a positive finite "
+                        f"number, the cost of one forward pass in {getattr(component, 'unit', 'its unit')}")
+    return float(value)
+
+
+def cost_model_measure(component, call, models, example, *args, **kwargs):
+    value = call(models, example, *args, **kwargs)
+    if not isinstance(value, dict) or set(value) != set(models) or not all(
+            is_number(v) and math.isfinite(v) and v > 0 for v in value.values()):
+        raise Violation(f"measure() returned {value!r}; it must return a positive finite cost for each of the "
+                        f"models {sorted(models)}")
+    return {k: float(v) for k, v in value.items()}
+
+
 _nested = contextvars.ContextVar("hetprune_strategy_nested", default=False)
 
 
@@ -423,6 +440,7 @@ RULES: dict[str, dict[str, Callable]] = {
     "merger": {"merge": merger_merge},
     "strategy": {"run": strategy_run},
     "width_pruner": {"prune": width_pruner_prune},
+    "cost_model": {"cost": cost_model_cost, "measure": cost_model_measure},
 }
 
 

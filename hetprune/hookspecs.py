@@ -121,6 +121,24 @@ def register_architectures(register: Register) -> None:
 
 
 @hookspec
+def register_cost_models(register: Register) -> None:
+    """Register cost models: what a budget in cost (``--target-speedup``, ``--target-latency``) counts.
+
+    A cost model class has a ``name``, a ``unit`` (text, e.g. ``"MACs"`` or
+    ``"s"``) and, once built, ``cost(model, example) -> float``: the cost of
+    one forward pass of ``model`` (a positive finite number; only ratios and
+    absolute targets in ``unit`` are compared). ``example`` is a batch of
+    inputs on the run's device. Strategies turn a budget into splits with it,
+    so every strategy of a comparison is held to the same model.
+
+    Optional: ``measure(models, example) -> dict[str, float]`` (``models``:
+    name -> module) the measured cost of whole models in ``unit``, reported
+    beside the prediction; ``describe() -> dict`` facts for the run report
+    (device, batch size, cache file).
+    """
+
+
+@hookspec
 def on_stage_start(stage: str, info: dict) -> None:
     """Observe: a pipeline stage (``allocate``, ``select``, ``finetune``,
     ``merge``, ``measure``, ...) is starting. ``info`` names the strategy and

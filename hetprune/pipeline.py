@@ -52,6 +52,7 @@ class PruneJob:
     log: Callable[[str], None] = print
     strategy_name: str = ""
     shared_dir: Path | None = None   # state reusable across runs of the same settings (MAP points)
+    measure_cost: bool = True        # time the result against the dense model when the cost model can
 
     def __post_init__(self):
         self.workdir = Path(self.workdir)
@@ -105,9 +106,35 @@ class PruneJob:
     def val_accuracy(self, model: nn.Module) -> float:
         return evaluate_dataset(model, self.data.val, self.device, workers=self.workers, amp=self.amp)
 
+    @property
+    def cost_model_name(self) -> str:
+        """What the budget counts (a cost target), else the run's ``cost_model`` setting (auto resolved)."""
+        from .cost_model import run_model_name
+
+        return run_model_name(self.budget, self.settings)
+
+    @property
+    def cost_model(self):
+        """The run's cost model component, built once per job (a latency table is reused, not re-timed)."""
+        name = self.cost_model_name
+        cached = getattr(self, "_cost_model", None)
+        if cached is None or cached[0] != name:
+            options = (self.settings.get("cost_model_options") or {}).get(name, {})
+            model = self.registry.build("cost_model", name, **options)
+            if hasattr(model, "log"):
+                model.log = self.log
+            cached = (name, model)
+            self._cost_model = cached
+        return cached[1]
+
+    def cost(self, model: nn.Module, example: torch.Tensor | None = None) -> float:
+        """``model``'s cost in the run's cost model (MACs per image, seconds per pass, ...)."""
+        return self.cost_model.cost(model, self.example if example is None else example)
+
     def feasible_pairs(self) -> list[tuple[int, int]]:
         merge = bool(self.settings.get("mergers"))
-        return feasible_pairs(self.dense, self.budget, self.example, merge=merge)
+        return feasible_pairs(self.dense, self.budget, self.example, merge=merge,
+                              cost=self.cost if self.budget.counts_cost else None)
 
 
 @dataclass
@@ -278,9 +305,34 @@ def finish(job: PruneJob, model: nn.Module, report: dict, fold_norm: bool = Fals
         "dense_params": dense_cost["params"],
         "dense_macs": dense_cost["macs"],
         "macs_convention": cost["macs_convention"],
+        **cost_report(job, model, example),
         "settings": job.settings,
     }
     return PruneResult(model, recipe, report)
+
+
+def cost_report(job: PruneJob, model: nn.Module, example: torch.Tensor) -> dict:
+    """For a cost model other than MACs: the predicted cost and speedup, and (where the model can measure)
+    the measured ones beside them, so a reader sees whether the budget was met on the hardware."""
+    name = job.cost_model_name
+    if name == "macs":
+        return {}
+    cm = job.cost_model
+    dense, pruned = cm.cost(job.dense, example), cm.cost(model, example)
+    out = {"model": name, "unit": cm.unit, "predicted": pruned, "dense_predicted": dense,
+           "predicted_speedup": dense / pruned}
+    if job.budget.counts_cost:
+        out["limit"] = job.budget.limit(dense)
+    if job.measure_cost and hasattr(cm, "measure"):
+        measured = cm.measure({"dense": job.dense, "pruned": model}, example)
+        out.update(measured=measured["pruned"], dense_measured=measured["dense"],
+                   measured_speedup=measured["dense"] / measured["pruned"])
+        out["prediction_error"] = out["predicted_speedup"] / out["measured_speedup"] - 1
+        job.log(f"[{job.strategy_name}] speedup by {name}: predicted {out['predicted_speedup']:.2f}x, measured "
+                f"{out['measured_speedup']:.2f}x")
+    if hasattr(cm, "describe"):
+        out["about"] = cm.describe()
+    return {"cost": out}
 
 
 class DepthStrategy:

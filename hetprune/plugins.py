@@ -33,6 +33,7 @@ KINDS = {
     "strategy": "register_strategies",
     "width_pruner": "register_width_pruners",
     "architecture": "register_architectures",
+    "cost_model": "register_cost_models",
 }
 
 

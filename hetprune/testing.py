@@ -310,6 +310,32 @@ def check_width_pruner(cls, **options) -> None:
     c.rule(reloads)
 
 
+def check_cost_model(cls, **options) -> None:
+    """Cost a tiny model and a pruned copy: positive finite numbers, the model left as it was, a ``unit``;
+    removing every activation site and merging (fewer MACs, fewer layers) must not raise the cost by more
+    than half (a cost that grows when work is removed cannot steer a budget); ``measure``, where present,
+    gives each model a positive cost."""
+    c = _UnderTest("cost_model", cls, options)
+    if not isinstance(getattr(c.obj, "unit", None), str) or not c.obj.unit:
+        c.fail("it has no 'unit': a cost model needs a non-empty string attribute 'unit' (e.g. 'MACs', 's')")
+    model = tiny_model()
+    before = _state(model)
+    x = contract.example_input(model)
+    dense = c.call("cost", model, x)
+    if not _same_state(before, _state(model)):
+        c.fail("cost() changed the model's weights")
+    pruned = copy.deepcopy(model)
+    for b in range(len(sites(pruned, "act"))):
+        surgery.remove_activation(pruned, b)
+    surgery.merge_all(pruned)
+    cheaper = c.call("cost", pruned, x)
+    if cheaper > 1.5 * dense:
+        c.fail(f"cost() of the model without its activations ({cheaper:g}) is far above the dense one "
+               f"({dense:g}); removing work must not make a model cost more")
+    if c.has("measure"):
+        c.call("measure", {"dense": model, "pruned": pruned}, x)
+
+
 def check_strategy(cls, *, budgets: tuple[Budget, ...] | None = None, settings: dict | None = None,
                    **options) -> None:
     """Run the strategy on a tiny model with tiny fine-tunes, with the installed plugins.
@@ -444,6 +470,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     "merger": check_merger,
     "strategy": check_strategy,
     "width_pruner": check_width_pruner,
+    "cost_model": check_cost_model,
 }
 
 

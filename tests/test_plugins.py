@@ -333,7 +333,7 @@ def test_allow_list_naming_a_missing_plugin_is_an_error(monkeypatch, capsys):
     monkeypatch.setenv("HETPRUNE_PLUGINS", "hetdpt,nothere")
     assert main(["plugins"]) == 2
     err = capsys.readouterr().err
-    assert "HETPRUNE_PLUGINS names nothere" in err and "baselines, hetdpt" in err
+    assert "HETPRUNE_PLUGINS names nothere" in err and "baselines, costs, hetdpt" in err
 
 
 def test_allow_list_does_not_block_plugin_flag(tmp_path, monkeypatch, capsys):

@@ -19,13 +19,14 @@ from ..errors import HetpruneError
 from ..plugins import get_registry
 from .common import add_model_arguments, apply_data_options, base_model, data_for, run_device
 from .compare_cmd import int_list
+from .prune_cmd import add_budget_arguments, budget_from, latency_batch_sets
 
 HELP = "does the predictor's pick match full fine-tuning? (and which scorer recovers best)"
 
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
-    p.add_argument("--budget", type=int, required=True, metavar="K", help="sites to remove (n_attn + n_act = K)")
+    add_budget_arguments(p)
     p.add_argument("--predictors", default=None, metavar="A,B",
                    help="predictors to judge (default: the MAP strategy's, poly)")
     p.add_argument("--scorers", default=None, metavar="A,B,...",
@@ -42,6 +43,8 @@ def add_arguments(p) -> None:
     g.add_argument("--scorer", metavar="NAME", help="scorer of the ground-truth splits (default gate-taylor)")
     g.add_argument("--device", metavar="auto|cpu|cuda|cuda:N", help="as for prune (default cpu)")
     g.add_argument("--amp", metavar="auto|bf16|fp16|none", help="as for prune (default auto)")
+    g.add_argument("--cost-model", metavar="auto|macs|latency", help="what --target-speedup counts (as for prune)")
+    g.add_argument("--latency-batch", type=int, metavar="N", help="as for prune (default 64)")
     g.add_argument("--resume", action="store_true", help="reuse finished splits and points in --out")
     g.add_argument("--overwrite", action="store_true", help="start over in an --out holding an earlier ablation")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="fine-tune N splits at once (processes)")
@@ -52,7 +55,6 @@ def run(args) -> int:
     from .. import devices
     from .. import distributed as dist
     from ..ablate import markdown, mean_by_pair, predictor_metrics, split_plans, write
-    from ..budget import Budget
     from ..compare import mean_std, prepare_out, run_rows
     from ..pipeline import PruneJob
     from ..train import evaluate_dataset
@@ -63,12 +65,23 @@ def run(args) -> int:
         raise HetpruneError(f"strategy {args.strategy!r} has no cheap predictor points (point_plan/collect_points); "
                             "use hetdpt or a strategy built like it")
     section = strategy.name
+    budget = budget_from(args)
+    if budget is None:
+        raise HetpruneError("give a budget: --budget K, --target-macs F, --target-speedup S or --target-latency T")
     settings = config_mod.resolve(getattr(strategy, "defaults", {}), args.config,
-                                  {"scorer": args.scorer, "device": args.device, "amp": args.amp}, args.set,
+                                  {"scorer": args.scorer, "device": args.device, "amp": args.amp,
+                                   "cost_model": args.cost_model},
+                                  latency_batch_sets(args.latency_batch) + args.set,
                                   types=getattr(strategy, "setting_types", None))
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         raise HetpruneError(f"--tolerance must be a finite number of points >= 0, got {args.tolerance}")
     device = run_device(settings)
+    from .. import cost_model
+
+    budget = cost_model.bind(budget, settings, registry)
+    if cost_model.run_model_name(budget, settings) != "macs" and args.jobs > 1:
+        raise HetpruneError(f"--jobs {args.jobs} with a time cost model: rows running at once would time each "
+                            "other's noise; use --jobs 1")
     predictors = [n.strip() for n in (args.predictors or settings[section]["predictor"]).split(",") if n.strip()]
     for name in predictors:
         registry.component("predictor", name)
@@ -78,7 +91,6 @@ def run(args) -> int:
     seeds = int_list(args.seeds, "--seeds")
     if args.jobs < 1:
         raise HetpruneError(f"--jobs must be >= 1, got {args.jobs}")
-    budget = Budget(sites=args.budget)
     out = Path(args.out)
     prepare_out(out, args.resume, args.overwrite, "ablation")
 
@@ -125,7 +137,7 @@ def run(args) -> int:
     cheap, _ = mean_by_pair([{"n_attn": a, "n_act": m, "top1": acc} for a, m, acc in triples])
     predicted = {name: {p: f.predict(*p) for p in pairs} for name, f in fitted.items()}
     result = {
-        "budget": args.budget, "seeds": seeds, "dense_top1": base_info["top1"],
+        "budget": budget.sites if budget.sites is not None else budget.describe(), "seeds": seeds, "dense_top1": base_info["top1"],
         "command": "hetprune " + " ".join(shlex.quote(a) for a in args.argv),
         "finetune": settings["finetune"], "short_finetune": settings["short_finetune"], "points": points,
         "predictors": {name: {**predictor_metrics(predicted[name], true, args.tolerance),

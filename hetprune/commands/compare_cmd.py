@@ -16,7 +16,8 @@ from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
 from .common import add_model_arguments, apply_data_options, base_model, data_for, run_device
-from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, predictor_sets, round_to_sets
+from .prune_cmd import (add_budget_arguments, add_settings_arguments, budget_from, latency_batch_sets, predictor_sets,
+                        round_to_sets)
 
 HELP = "run several strategies under one harness and tabulate/plot the results"
 DEFAULT_BUDGETS = (12,)
@@ -47,6 +48,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from .. import cost_model
     from ..compare import (DEFAULT_STRATEGIES, CompareSpec, attach_speed, measure_rows, plan_rows, prepare_out,
                            run_rows, write_outputs)
     from ..costs import cost_summary
@@ -71,16 +73,26 @@ def run(args) -> int:
     sets = list(args.set)
     if args.predictor:
         sets += predictor_sets(defaults, args.predictor, ",".join(names))
-    sets = round_to_sets(defaults, args.round_to, ",".join(names)) + sets
+    sets = round_to_sets(defaults, args.round_to, ",".join(names)) + latency_batch_sets(args.latency_batch) + sets
     settings = config_mod.resolve(defaults, args.config, {"scorer": args.scorer, "device": args.device,
-                                                          "amp": args.amp}, sets, types=types)
+                                                          "amp": args.amp, "cost_model": args.cost_model},
+                                  sets, types=types)
     device = run_device(settings)
     registry.component("scorer", settings["scorer"])
-    out = Path(args.out)
-    prepare_out(out, args.resume, args.overwrite, "compare")
+    budgets = [cost_model.bind(b, settings, registry) for b in budgets]
     batch_sizes = int_list(args.batch_sizes, "--batch-sizes")
     if any(b < 1 for b in batch_sizes):
         raise HetpruneError(f"--batch-sizes must be >= 1, got {batch_sizes}")
+    timed_by = {cost_model.run_model_name(b, settings) for b in budgets} - {"macs"}
+    if timed_by and args.jobs > 1:
+        raise HetpruneError(f"--jobs {args.jobs} with a time cost model ({', '.join(sorted(timed_by))}): rows running "
+                            "at once would time each other's noise; use --jobs 1")
+    for name in sorted(timed_by):   # time the models at the batch size the cost model predicts for, too
+        cm = registry.build("cost_model", name, **(settings.get("cost_model_options") or {}).get(name, {}))
+        if isinstance(getattr(cm, "batch_size", None), int) and cm.batch_size not in batch_sizes:
+            batch_sizes.append(cm.batch_size)
+    out = Path(args.out)
+    prepare_out(out, args.resume, args.overwrite, "compare")
     spec = CompareSpec(names, budgets, seeds, settings, batch_sizes=batch_sizes, device=settings["device"])
 
     dense, model_spec, base_info = base_model(args, device=settings["device"])

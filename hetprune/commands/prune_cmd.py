@@ -26,7 +26,10 @@ def add_budget_arguments(p, many: bool = False) -> None:
     if many:
         b.add_argument("--budgets", metavar="K,K,...", help="several site budgets, e.g. 4,8,12")
     b.add_argument("--target-macs", metavar="F|2.6G", help="MACs at most F of dense (F <= 1) or an absolute amount")
-    b.add_argument("--target-speedup", type=float, metavar="S", help="at least S times fewer MACs than dense")
+    b.add_argument("--target-speedup", type=float, metavar="S",
+                   help="at least S times faster than dense, by the cost model (--cost-model: MACs, or measured time)")
+    b.add_argument("--target-latency", metavar="T", help="at most T per forward pass, e.g. 12ms (measured time, at "
+                                                         "the latency model's batch size, --latency-batch)")
 
 
 def add_settings_arguments(p) -> None:
@@ -36,6 +39,12 @@ def add_settings_arguments(p) -> None:
                    help="override one setting, e.g. finetune.epochs=10 (repeatable)")
     g.add_argument("--scorer", metavar="NAME", help="importance scorer within each kind (default gate-taylor)")
     g.add_argument("--predictor", metavar="NAME", help="accuracy predictor of strategies that have one (hetdpt)")
+    g.add_argument("--cost-model", metavar="auto|macs|latency",
+                   help="what --target-speedup counts: macs, or latency measured on the run's device (cached per "
+                        "device, dtype and batch size); default auto = latency on CUDA, else macs")
+    g.add_argument("--latency-batch", type=int, metavar="N",
+                   help="batch size the latency model times at (default 64; sets "
+                        "cost_model_options.latency.batch_size)")
     g.add_argument("--round-to", type=int, metavar="N",
                    help="width strategies: keep head dims, MLP hidden and embedding widths multiples of N "
                         "(default 8; sets width.pruner_options.round_to)")
@@ -58,7 +67,7 @@ def add_arguments(p) -> None:
 
 
 def budget_from(args, sites: int | None = None):
-    from ..budget import Budget, parse_macs
+    from ..budget import Budget, parse_latency, parse_macs
 
     if sites is not None:
         return Budget(sites=sites)
@@ -68,7 +77,18 @@ def budget_from(args, sites: int | None = None):
         return Budget(target_macs=parse_macs(args.target_macs))
     if args.target_speedup is not None:
         return Budget(target_speedup=args.target_speedup)
+    if getattr(args, "target_latency", None) is not None:
+        return Budget(target_latency=parse_latency(args.target_latency))
     return None
+
+
+def latency_batch_sets(latency_batch: int | None) -> list[str]:
+    """``--latency-batch N`` sets the batch size the latency cost model times at."""
+    if latency_batch is None:
+        return []
+    if latency_batch < 1:
+        raise HetpruneError(f"--latency-batch must be a whole number >= 1, got {latency_batch}")
+    return [f"cost_model_options={{latency: {{batch_size: {latency_batch}}}}}"]
 
 
 def predictor_sets(defaults: dict, predictor: str, what: str) -> list[str]:
@@ -92,18 +112,20 @@ def round_to_sets(defaults: dict, round_to: int | None, what: str) -> list[str]:
 
 
 def settings_for(args, strategy) -> dict:
-    overrides = {"scorer": args.scorer, "device": args.device, "amp": args.amp}
+    overrides = {"scorer": args.scorer, "device": args.device, "amp": args.amp, "cost_model": args.cost_model}
     if getattr(args, "seed", None) is not None:
         overrides["seed"] = args.seed
     sets = list(args.set)
     if args.predictor:
         sets += predictor_sets(getattr(strategy, "defaults", {}), args.predictor, strategy.name)
-    sets = round_to_sets(getattr(strategy, "defaults", {}), args.round_to, strategy.name) + sets  # --set wins
+    sets = (round_to_sets(getattr(strategy, "defaults", {}), args.round_to, strategy.name)
+            + latency_batch_sets(args.latency_batch) + sets)  # --set wins
     return config_mod.resolve(getattr(strategy, "defaults", {}), args.config, overrides, sets,
                               types=getattr(strategy, "setting_types", None))
 
 
 def run(args) -> int:
+    from .. import cost_model
     import torch
 
     from ..costs import human
@@ -114,9 +136,10 @@ def run(args) -> int:
     strategy = registry.build("strategy", args.strategy)
     budget = budget_from(args)
     if budget is None:
-        raise HetpruneError("give a budget: --budget K, --target-macs F or --target-speedup S")
+        raise HetpruneError("give a budget: --budget K, --target-macs F, --target-speedup S or --target-latency T")
     settings = settings_for(args, strategy)
     run_device(settings)
+    budget = cost_model.bind(budget, settings, registry)
     # unknown names fail now, not after an hour of work
     registry.component("scorer", settings["scorer"])
     for section in settings.values():
@@ -152,5 +175,18 @@ def run(args) -> int:
           f"after fine-tune {r['top1']:.2f}%")
     print(f"params {human(r['dense_params'])} -> {human(r['params'])}, MACs {human(r['dense_macs'])} -> "
           f"{human(r['macs'])} ({r['dense_macs'] / r['macs']:.2f}x fewer; {r['macs_convention']})")
+    if "cost" in r:
+        print(cost_line(r["cost"]))
     print(f"saved {out}/ (recipe.json, model.safetensors, report.json) in {r['seconds']:.0f}s")
     return 0
+
+
+def cost_line(cost: dict) -> str:
+    """The report's cost block in one line: predicted (and measured) speedup by the run's cost model."""
+    line = f"{cost['model']}: predicted speedup {cost['predicted_speedup']:.2f}x"
+    if "measured_speedup" in cost:
+        line += f", measured {cost['measured_speedup']:.2f}x"
+    about = cost.get("about", {})
+    if "batch_size" in about:
+        line += f" (batch {about['batch_size']}, {about.get('dtype', '')}, {about.get('device', '')})"
+    return line

@@ -92,20 +92,19 @@ class BlockDrop(DepthStrategy):
     def allocate(self, job: PruneJob):
         import copy
 
-        from hetprune.costs import count_macs
-
         most = len(sites(job.dense, "attn")) - 1  # at least one block must stay
         if job.budget.sites is not None:
             n = job.budget.sites // 2
             note = {"note": f"odd budget {job.budget.sites}: {n} blocks = {2 * n} sites"} if job.budget.sites % 2 else {}
         else:
+            # in the budget's cost model; dropping blocks saves the same whichever go, for uniform blocks
             example = job.example
-            dense = count_macs(job.dense, example)
+            dense = job.cost(job.dense, example)
             one = copy.deepcopy(job.dense)
             surgery.drop_block(one, 0)
-            per_block = dense - count_macs(one, example)
-            limit = job.budget.mac_limit(dense)
-            n = math.ceil(max(0.0, dense - limit) / per_block)
+            per_block = dense - job.cost(one, example)
+            limit = job.budget.limit(dense)
+            n = math.ceil(max(0.0, dense - limit) / per_block) if per_block > 0 else most + 1
             note = {}
         if n > most:
             raise HetpruneError(f"block-drop cannot meet {job.budget.describe()}: at most {most} of "

@@ -65,20 +65,73 @@ def mac_target(job: PruneJob, dense_macs: int, who: str) -> float:
     return float(limit)
 
 
-def merged_cost(job: PruneJob, example: torch.Tensor) -> Callable[[nn.Module], int]:
-    """MACs as they will be after the final merge: linear MLPs that pay to merge are counted merged."""
+def merged_cost(job: PruneJob, example: torch.Tensor, cost=count_macs) -> Callable[[nn.Module], float]:
+    """Cost (default MACs) as it will be after the final merge: linear MLPs that pay to merge are counted
+    merged."""
     mergers = job.settings.get("mergers") or []
     fold = "ln-fold" in mergers
 
-    def macs(model: nn.Module) -> int:
+    def counted(model: nn.Module):
         linear = [i for i in range(depth_of(model)) if surgery.mergeable(model, i)]
         if not mergers or not linear:
-            return count_macs(model, example)
+            return cost(model, example)
         twin = copy.deepcopy(model)
         surgery.merge_all(twin, fold_norm=fold, blocks=linear)
-        return count_macs(twin, example)
+        return cost(twin, example)
 
-    return macs
+    return counted
+
+
+def in_time(job: PruneJob) -> bool:
+    """Whether the budget is counted in a cost model other than MACs (measured time)."""
+    return job.budget.model_name not in (None, "macs")
+
+
+def width_prune_to_time(job: PruneJob, model: nn.Module, stage: str = "width") -> tuple[nn.Module, dict]:
+    """A width-pruned copy of ``model`` that meets the budget's limit in the run's cost model (time).
+
+    The width pruner takes a MAC target, so the MAC target is searched: each try fits time as a line in
+    MACs through the last two known points (the unpruned model is the first) and aims just under the
+    limit; the most expensive try that meets the limit wins (within ``tolerance`` of it ends the search)."""
+    example = example_for(job, model)
+    cost = merged_cost(job, example, cost=lambda m, x: job.cost(m, x))
+    macs_of = merged_cost(job, example)
+    limit = job.budget.limit(job.cost(job.dense, example))
+    have, macs = cost(model), macs_of(model)
+    tol = tolerance_of(job)
+    aim = limit * (1 - tol / 2)
+    tries: list[dict] = []
+    if have <= limit:
+        return model, {"tries": tries, "note": "already within the time limit: no width pruning"}
+    known = [(float(macs), have)]
+    target, best = macs * aim / have, None
+    for i in range(6):
+        trial = copy.deepcopy(model)
+        try:
+            info = width_prune(job, trial, target, stage=stage)
+        except HetpruneError as exc:   # the pruner cannot go that far: the best try so far, if any, stands
+            tries.append({"target_macs": int(target), "error": str(exc)})
+            break
+        t = cost(trial)
+        tries.append({"target_macs": int(target), "macs": info["macs"], "predicted": t})
+        job.log(f"[{job.strategy_name}] width try {i + 1}: {human(info['macs'])} MACs, predicted "
+                f"{t * 1e3:.3g} ms (limit {limit * 1e3:.3g} ms)")
+        if t <= limit and (best is None or t > best[1]):
+            best = (trial, t, info)
+        if limit * (1 - tol) <= t <= limit:
+            break
+        known.append((float(info["macs"]), t))
+        (m0, t0), (m1, t1) = known[-2], known[-1]
+        slope = (t0 - t1) / (m0 - m1) if m0 != m1 else 0.0
+        target = m1 - (t1 - aim) / slope if slope > 0 else target * aim / t
+        target = min(0.999 * macs, max(0.5 * m1, target))   # at most halve the MACs per try
+    if best is None:
+        raise HetpruneError(f"{job.strategy_name}: width pruning found no width within {job.budget.describe()} "
+                            f"in {len(tries)} tries (predicted " + ", ".join(f"{x['predicted'] * 1e3:.3g}" for x in tries
+                                                              if "predicted" in x)
+                            + f" ms against {limit * 1e3:.3g} ms); relax the target")
+    trial, t, info = best
+    return trial, {**info, "predicted": t, "limit": limit, "tries": tries}
 
 
 def example_for(job: PruneJob, model: nn.Module) -> torch.Tensor:
@@ -126,14 +179,20 @@ class Isomorphic:
     def run(self, job: PruneJob) -> PruneResult:
         job.strategy_name = job.strategy_name or self.name
         started = time.time()
-        dense_macs = count_macs(job.dense, job.example)
-        target = mac_target(job, dense_macs, self.name)
-        model = copy.deepcopy(job.dense)
-        info = width_prune(job, model, target)
+        if in_time(job):
+            model, info = width_prune_to_time(job, job.dense)
+            allocation = {"target": job.budget.to_dict(), "width": info,
+                          "within_tolerance": within(info["predicted"], info["limit"], tolerance_of(job))}
+        else:
+            dense_macs = count_macs(job.dense, job.example)
+            target = mac_target(job, dense_macs, self.name)
+            model = copy.deepcopy(job.dense)
+            info = width_prune(job, model, target)
+            allocation = {"target_macs": int(target), "width": info,
+                          "within_tolerance": within(info["macs"], target, tolerance_of(job))}
         top1_pruned, history, top1 = finetune_and_measure(job, model, "width pruning")
         report = {
-            "allocation": {"target_macs": int(target), "width": info,
-                           "within_tolerance": within(info["macs"], target, tolerance_of(job))},
+            "allocation": allocation,
             "removal": {},
             "merged": [],
             "top1_dense": job.base_info.get("top1"),
@@ -220,18 +279,37 @@ class HetDPTPlus:
         o = self.options(job)
         example = job.example
         dense_macs = count_macs(job.dense, example)
-        target = mac_target(job, dense_macs, self.name)
+        timed = in_time(job)
+        if timed:
+            # a time budget: the depth part takes its share of the time cut (in the same cost model), width
+            # pruning searches the MAC target that lands the rest on the time limit
+            if o["order"] != "depth-width":
+                raise HetpruneError(f"{self.name}: a budget in time ({job.budget.describe()}) is supported with "
+                                    "hetdpt_plus.order depth-width; use --target-macs for width-depth")
+            dense_cost = job.cost(job.dense, example)
+            target = dense_macs   # no MAC target: the time limit rules
+            keep = 1 - o["depth_share"] * (1 - job.budget.limit(dense_cost) / dense_cost)
+            depth_fraction = keep if o["depth_sites"] is None else None
+            depth_budget = (Budget(sites=o["depth_sites"]) if depth_fraction is None else
+                            Budget(target_speedup=1 / keep, cost_model=job.budget.model_name))
+        else:
+            target = mac_target(job, dense_macs, self.name)
+            # the depth part's budget: a site count, or its share of the MAC cut as a fraction of its input model
+            depth_fraction = 1 - o["depth_share"] * (1 - target / dense_macs) if o["depth_sites"] is None else None
+            depth_budget = (Budget(sites=o["depth_sites"]) if depth_fraction is None
+                            else Budget(target_macs=depth_fraction))
         tol = tolerance_of(job)
-        # the depth part's budget: a site count, or its share of the MAC cut as a fraction of its input model
-        depth_fraction = 1 - o["depth_share"] * (1 - target / dense_macs) if o["depth_sites"] is None else None
-        depth_budget = Budget(sites=o["depth_sites"]) if depth_fraction is None else Budget(target_macs=depth_fraction)
         mergers = bool(job.settings.get("mergers"))
 
         widths_info: list[dict] = []
         if o["order"] == "depth-width":
             depth = self.run_depth(job, o, job.dense, depth_budget)
             model = depth.model
-            widths_info.append(width_prune(job, model, target))
+            if timed:
+                model, info = width_prune_to_time(job, model)
+                widths_info.append(info)
+            else:
+                widths_info.append(width_prune(job, model, target))
         else:
             # width first, to a target chosen so that the depth step cannot take the model below the final
             # target (one site saves at most `step` of the MACs), then a trim pass lands it within tolerance
@@ -277,8 +355,10 @@ class HetDPTPlus:
         report = {
             "allocation": {
                 "order": o["order"],
-                "target_macs": int(target),
-                "within_tolerance": within(macs, target, tol),
+                **({"target": job.budget.to_dict(),
+                    "within_tolerance": "predicted" in widths_info[-1] and within(
+                        widths_info[-1]["predicted"], widths_info[-1]["limit"], tol)} if timed else
+                   {"target_macs": int(target), "within_tolerance": within(macs, target, tol)}),
                 "depth": {"strategy": o["depth_strategy"], "budget": depth_budget.to_dict(),
                           "allocation": dr.get("allocation"), "sites": dr.get("sites"), "macs": dr.get("macs"),
                           "top1_before_finetune": dr.get("top1_before_finetune"), "top1": dr.get("top1"),

@@ -1,0 +1,204 @@
+"""Latency tables: a model's forward time predicted from its parts, each measured once per device.
+
+A model's time is predicted as the time of everything outside its blocks
+(embedding, head) plus the time of each block. Each part is timed on its own,
+on the inputs it gets in a real forward pass, interleaved and repeated as
+``hetprune bench`` times whole models (median of the repeats). A part is keyed
+by its *structure* (module types, their settings and parameter shapes) and
+its input shapes: a block without its attention, with a merged MLP, dropped,
+or width-pruned is a different entry, measured the first time it is asked
+for. So a prediction for a pruned model costs nothing once its kinds of block
+are in the table.
+
+The table is cached on disk (``cache_dir()/latency``), keyed by the device's
+name, torch/timm versions, thread count, dtype, batch size and backend: a
+rerun reuses it, and another GPU, batch size or dtype never does.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import bench, devices
+from .adapters import adapter_for
+from .cache import cache_dir, fingerprint
+from .errors import HetpruneError
+from .io import read_json, write_json_atomic
+
+VERSION = 1   # of the table format and of how parts are timed
+OUTSIDE = "outside"
+
+
+def structure(module: nn.Module, skip: set[int] = frozenset()) -> list:
+    """What a module computes, without its weights' values: every submodule's type and settings, every
+    parameter's and buffer's shape and dtype. Submodules whose ``id`` is in ``skip`` are left out."""
+    out = []
+    for name, m in _named_modules(module, skip):
+        facts = {k: getattr(m, k) for k in ("num_heads", "fused_attn", "attn_mode") if isinstance(
+            getattr(m, k, None), (bool, int, str))}
+        own = [(n, list(t.shape), str(t.dtype)) for n, t in list(m.named_parameters(recurse=False))
+               + list(m.named_buffers(recurse=False)) if t is not None]
+        out.append([name, type(m).__name__, m.extra_repr(), facts, own])
+    return out
+
+
+def _named_modules(module: nn.Module, skip: set[int], prefix: str = ""):
+    if id(module) in skip:
+        return
+    yield prefix, module
+    for name, child in module.named_children():
+        yield from _named_modules(child, skip, f"{prefix}.{name}" if prefix else name)
+
+
+def _shapes(value):
+    if isinstance(value, torch.Tensor):
+        return [list(value.shape), str(value.dtype)]
+    if isinstance(value, (list, tuple)):
+        return [_shapes(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _shapes(v) for k, v in sorted(value.items())}
+    return repr(value)
+
+
+@dataclass
+class Part:
+    """One timed piece of a forward pass: its table key, and (when it must be timed) how to run it."""
+
+    key: str
+    what: str                                  # "outside" or "block 3"
+    block: nn.Module | None = None             # None: the outside part
+    run: Callable[[], object] | None = None
+
+
+@dataclass
+class LatencyTable:
+    """Per-device table of part times (seconds per forward at ``batch_size``), with a disk cache."""
+
+    device: torch.device
+    batch_size: int = 64
+    dtype: str = "fp32"
+    repeats: int = 5
+    warmup: int = 1
+    min_time_s: float = 0.02
+    cache: bool = True
+    log: Callable[[str], None] = print
+    entries: dict = field(default_factory=dict)
+    measured_now: int = 0           # parts timed by this process (0: all came from the cache)
+
+    def __post_init__(self):
+        self.device = devices.resolve(self.device)
+        bench.check_dtype(self.dtype, self.device)
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise HetpruneError(f"latency batch_size must be a whole number >= 1, got {self.batch_size!r}")
+        self.key = self._key()   # fixed when the table is made (threads, versions, device)
+        if self.cache and self.path.is_file():
+            data = read_json(self.path)
+            if data.get("key") == self.key:
+                self.entries = dict(data.get("entries", {}))
+
+    # -- the cache -------------------------------------------------------------------------------
+    def _key(self) -> dict:
+        """What a measured time depends on beyond the part itself."""
+        env = bench.environment(self.device, self.dtype, compile=False)
+        return {"v": VERSION, "device": env["device_name"], "device_type": self.device.type,
+                "torch": env["torch"], "timm": env.get("timm"), "cuda": env.get("cuda"),
+                "threads": torch.get_num_threads(), "dtype": self.dtype, "batch_size": self.batch_size,
+                "backend": "torch"}
+
+    @property
+    def path(self) -> Path:
+        return cache_dir() / "latency" / f"{fingerprint(self.key)}.json"
+
+    def save(self) -> None:
+        if self.cache:
+            write_json_atomic(self.path, {"key": self.key, "entries": self.entries})
+
+    # -- prediction ------------------------------------------------------------------------------
+    def predict(self, model: nn.Module, example: torch.Tensor) -> float:
+        """Predicted seconds of one forward pass of ``model`` at ``batch_size`` (parts measured if new)."""
+        return sum(self.breakdown(model, example).values())
+
+    def breakdown(self, model: nn.Module, example: torch.Tensor) -> dict[str, float]:
+        """Predicted seconds per part: ``outside`` and ``block i``."""
+        parts = self.parts(model, example)
+        missing = {p.key: p for p in parts if p.key not in self.entries}
+        if missing:
+            self.measure_parts(model, example, list(missing.values()))
+        return {p.what: self.entries[p.key]["median_s"] for p in parts}
+
+    def parts(self, model: nn.Module, example: torch.Tensor) -> list[Part]:
+        """The outside part and one part per block, keyed by structure and by input shapes (seen in a
+        forward pass of one image; the table's key holds the batch size)."""
+        blocks = adapter_for(model).blocks(model)
+        inputs = _block_inputs(model, blocks, example[:1])
+        skip = {id(b) for b in blocks}
+        parts = [Part(fingerprint({"part": OUTSIDE, "structure": structure(model, skip),
+                                   "input": _shapes(example[:1])}), OUTSIDE)]
+        for i, b in enumerate(blocks):
+            key = fingerprint({"part": "block", "structure": structure(b), "input": _shapes(inputs[i])})
+            parts.append(Part(key, f"block {i}", b))
+        return parts
+
+    def measure_parts(self, model: nn.Module, example: torch.Tensor, parts: list[Part]) -> None:
+        """Time ``parts`` of ``model`` (one per key) interleaved, at ``batch_size``, and store them."""
+        from . import surgery
+
+        x = torch.randn(self.batch_size, *example.shape[1:], device=example.device, dtype=example.dtype)
+        blocks = adapter_for(model).blocks(model)
+        inputs = _block_inputs(model, blocks, x, want={id(p.block) for p in parts if p.block is not None})
+        for p in parts:
+            if p.block is None:
+                twin = copy.deepcopy(model)
+                for i in range(len(blocks)):
+                    surgery.drop_block(twin, i)
+                twin.eval()
+                p.run = lambda twin=twin: twin(x)
+            else:
+                args, kwargs = inputs[blocks.index(p.block)]
+                p.run = lambda b=p.block, a=args, k=kwargs: b(*a, **k)
+        self.log(f"latency table: timing {len(parts)} new part(s) ({', '.join(p.what for p in parts)}) at batch "
+                 f"{self.batch_size}, {self.dtype}, on {self.key['device']} ...")
+        runners = {p.key: bench._Runner(None, None, self.device, self.dtype, fn=p.run) for p in parts}
+        timed = bench.time_interleaved(runners, self.repeats, self.warmup, self.min_time_s)
+        for p in parts:
+            lat = timed[p.key]["latency_s"]
+            self.entries[p.key] = {"what": p.what, "median_s": lat["median"], "q1_s": lat["q1"],
+                                   "q3_s": lat["q3"], "calls_per_repeat": timed[p.key]["calls_per_repeat"]}
+            p.run = None
+        self.measured_now += len(parts)
+        self.save()
+
+
+@torch.inference_mode()
+def _block_inputs(model: nn.Module, blocks: list[nn.Module], x: torch.Tensor, want: set[int] | None = None) -> list:
+    """``(args, kwargs)`` each block is called with in a forward pass of ``model`` on ``x`` (None for a block
+    not in ``want``, when given)."""
+    captured: list = [((), {})] * len(blocks)
+    handles = []
+    for i, b in enumerate(blocks):
+        if want is not None and id(b) not in want:
+            continue
+
+        def grab(mod, args, kwargs, i=i):
+            captured[i] = (args, kwargs)
+        handles.append(b.register_forward_pre_hook(grab, with_kwargs=True))
+    was_training = model.training
+    model.eval()
+    try:
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return captured
+
+
+def default_dtype(device: torch.device) -> str:
+    """bf16 on a CUDA device with native bf16 (what ``--amp auto`` runs), else fp32."""
+    return "bf16" if devices.resolve_amp("auto", device) == "bf16" else "fp32"
