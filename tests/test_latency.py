@@ -263,3 +263,51 @@ def test_a_target_latency_is_met_by_the_prediction(tmp_path, steady_clock):
     c = json.loads((out / "report.json").read_text())["cost"]
     assert c["predicted"] <= c["limit"] * (1 + 1e-9)
     assert c["limit"] == pytest.approx(dense * 0.8, rel=1e-5)
+
+
+def test_compare_holds_every_strategy_to_the_latency_model_and_tables_prediction_beside_measurement(
+        tmp_path, capsys, steady_clock):
+    ckpt = tmp_path / "tiny.safetensors"
+    torch.manual_seed(0)
+    save_weights(ckpt, hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
+    out = tmp_path / "cmp"
+    assert main(["compare", *TINY, "--checkpoint", str(ckpt), "--strategies", "act-only,attn-only,block-drop",
+                 *FAST, "--target-speedup", "1.2", "--cost-model", "latency", "--latency-batch", "3",
+                 "--batch-sizes", "1,2", "--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert {r["batch_size"] for r in result["timing"]["results"]} == {1, 2, 3}   # also timed where predicted
+    for row in result["rows"]:
+        assert row["budget"] == {"target_speedup": 1.2, "cost_model": "latency"}
+        assert row["predicted_speedup"] >= 1.2 - 1e-9 and row["cost_batch"] == 3
+        assert row["measured_speedup"] > 0
+        assert row["prediction_error"] == pytest.approx(row["predicted_speedup"] / row["measured_speedup"] - 1)
+    md = (out / "results.md").read_text()
+    assert "Speedup predicted by the cost model against measured (batch 3" in md
+    assert "| act-only | speedup≥1.2 (latency) |" in md
+
+
+def test_ablate_takes_a_budget_in_a_cost_model(tmp_path, monkeypatch, trained_tiny):
+    from hetprune_hetdpt.strategy import HetDPT
+
+    def fake_points(self, job, plan):
+        return [{"n_attn": a, "n_act": m, "accuracy": 90.0 - 2.0 * a - 0.5 * m} for a, m in plan]
+
+    monkeypatch.setattr(HetDPT, "collect_points", fake_points)
+    hetprune.register_plugin(PluginOf("register_cost_models", BothPenalty), "test-both-penalty")
+    try:
+        _, spec, ckpt = trained_tiny
+        out = tmp_path / "abl"
+        assert main(["ablate", "--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint",
+                     str(ckpt), "--target-speedup", "1.2", "--cost-model", "both-penalty", "--scorer", "magnitude",
+                     "--predictors", "poly", "--set", "finetune.epochs=0", "--set",
+                     "hetdpt.predictor_options={poly: {degree: 1}}", "--out", str(out)]) == 0
+        result = json.loads((out / "ablation.json").read_text())
+        x = tiny_example(2)
+        model = hetprune.models.build(spec)
+        expected = feasible_pairs(model, Budget(target_speedup=1.2, cost_model="both-penalty"), x,
+                                  cost=BothPenalty().cost)
+        assert sorted((s["n_attn"], s["n_act"]) for s in result["splits"]) == sorted(expected)
+        assert result["budget"] == "speedup >= 1.2x (by both-penalty)"
+        assert "budget speedup >= 1.2x (by both-penalty)" in (out / "ablation.md").read_text()
+    finally:
+        hetprune.unregister_plugin("test-both-penalty")

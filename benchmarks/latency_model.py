@@ -1,0 +1,175 @@
+"""Does the latency cost model predict measured speedups? (issue 17)
+
+For each geometry (DeiT-B, DeiT-S at 224 px with random weights, timing does
+not depend on them; the embedded digits ViT) and batch size it
+
+1. builds the latency table from an empty cache and reports what that cost;
+2. turns ``--target-speedup S`` (latency model) into the feasible splits every
+   depth strategy chooses from: attn-only, act-only and mix50 take their
+   corner or middle, hetdpt picks one of them by accuracy, so every feasible
+   split is built, with its sites on as many shared blocks as possible (the
+   placement the budget guards against), block-drop's block count, and a
+   width-pruned model at 1/S of the MACs (every block its own shape);
+3. predicts each model's time from the table, then times the dense model and
+   all of them interleaved, whole (``hetprune.bench.measure``), and reports
+   predicted against measured speedup and whether the target was met.
+
+    python benchmarks/latency_model.py                      # all geometries, batch 1 and a large batch
+    python benchmarks/latency_model.py --configs digits --batches 1,256
+
+Writes benchmarks/results/latency-model-cpu.{md,json} (``--tag`` changes the
+name). Run it on a quiet machine: it prints the load average at start and end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
+
+from hetprune import bench, surgery  # noqa: E402
+from hetprune.budget import Budget, feasible_pairs  # noqa: E402
+from hetprune.latency import LatencyTable  # noqa: E402
+from hetprune.models import DIGITS_SPEC, ModelSpec, build  # noqa: E402
+from hetprune.sites import depth  # noqa: E402
+
+CONFIGS = {
+    "deit-b": (ModelSpec("deit_base_patch16_224", {}), (3, 224, 224), 8),
+    "deit-s": (ModelSpec("deit_small_patch16_224", {}), (3, 224, 224), 32),
+    "digits": (DIGITS_SPEC, (1, 16, 16), 256),
+}
+
+
+def overlapping(model, a: int, m: int, merge: bool = True):
+    """``a`` attention and ``m`` activation sites on as many shared blocks as possible (from the last block
+    down, so the class token keeps the early attention), merged."""
+    out = copy.deepcopy(model)
+    n = depth(out)
+    for b in range(a):
+        surgery.remove_attention(out, n - 1 - b)
+    for b in range(m):
+        surgery.remove_activation(out, n - 1 - b)
+    if merge:
+        surgery.merge_all(out)
+    return out.eval()
+
+
+def dropped(model, k: int):
+    out = copy.deepcopy(model)
+    n = depth(out)
+    for b in range(k):
+        surgery.drop_block(out, n - 1 - b)
+    return out.eval()
+
+
+def run_config(name: str, batch: int, speedup: float, repeats: int, log, width: bool = True) -> dict:
+    spec, shape, _ = CONFIGS[name]
+    torch.manual_seed(0)
+    dense = build(spec).eval()
+    x = torch.randn(2, *shape)
+    table = LatencyTable("cpu", batch_size=batch, log=log)
+    started = time.time()
+    budget = Budget(target_speedup=speedup, cost_model="latency")
+    pairs = feasible_pairs(dense, budget, x, cost=table.predict)
+    dense_pred = table.predict(dense, x)
+    models = {"dense": dense}
+    for a, m in pairs:
+        models[f"split {a}+{m}"] = overlapping(dense, a, m)
+    per_block = dense_pred - table.predict(dropped(dense, 1), x)
+    k = int(-(-(dense_pred - dense_pred / speedup) // per_block))
+    models[f"block-drop {k}"] = dropped(dense, k)
+    if width:   # width-pruned to 1/S of the MACs (magnitude importance; every block its own shape)
+        from hetprune.costs import count_macs
+        from hetprune_width.pruner import IsomorphicWidthPruner
+
+        thin = copy.deepcopy(dense)
+        IsomorphicWidthPruner().prune(thin, count_macs(dense, x[:1]) / speedup, x[:1])
+        models[f"width 1/{speedup:g} MACs"] = thin.eval()
+    predicted = {n: table.predict(mdl, x) for n, mdl in models.items()}
+    build_s = time.time() - started
+    log(f"{name} batch {batch}: table of {len(table.entries)} parts built and {len(models) - 1} models predicted in "
+        f"{build_s:.1f}s")
+    measured = bench.measure(models, shape, [batch], device="cpu", repeats=repeats, min_time_s=0.2,
+                             reference="dense", log=log)
+    rows = []
+    for r in measured["results"]:
+        pred = predicted["dense"] / predicted[r["model"]]
+        rows.append({"model": r["model"], "predicted_speedup": pred, "measured_speedup": r["speedup"],
+                     "error": pred / r["speedup"] - 1, "mac_ratio": r["mac_ratio"],
+                     "predicted_ms": predicted[r["model"]] * 1e3, "measured_ms": r["latency_s"]["median"] * 1e3,
+                     "measured_iqr_ms": [r["latency_s"]["q1"] * 1e3, r["latency_s"]["q3"] * 1e3],
+                     "target_met": r["model"] == "dense" or r["speedup"] >= speedup * 0.97})
+    return {"config": name, "batch": batch, "speedup_target": speedup, "table_parts": len(table.entries),
+            "table_and_predictions_s": build_s, "environment": measured["environment"], "rows": rows}
+
+
+def markdown(results: list[dict], command: str) -> str:
+    env = results[0]["environment"]
+    out = ["# Latency cost model: predicted against measured speedup", "",
+           f"Command: `{command}`", "",
+           f"Machine: {env['device_name']}, {env['cpu_count']} CPUs, torch {env['torch']}, {env['threads']} threads, "
+           f"fp32. Each table lists every model the budget allows (every feasible split, sites sharing blocks; "
+           f"block-drop's count), predicted from the per-part table and timed whole, interleaved with the dense "
+           f"model (median of the repeats). Target met = measured speedup >= 97% of the target.", ""]
+    for res in results:
+        e = res["environment"]
+        out += [f"## {res['config']}, batch {res['batch']}, --target-speedup {res['speedup_target']:g} (latency)", "",
+                f"Table: {res['table_parts']} parts; building it and predicting every model took "
+                f"{res['table_and_predictions_s']:.1f} s. Load average {e.get('load_start')} at start, "
+                f"{e.get('load_end')} at end.", "",
+                "| model | predicted ms | measured ms (IQR) | predicted speedup | measured speedup | error | "
+                "MAC ratio | target met |", "|---|---|---|---|---|---|---|---|"]
+        for r in res["rows"]:
+            out.append(f"| {r['model']} | {r['predicted_ms']:.2f} | {r['measured_ms']:.2f} "
+                       f"({r['measured_iqr_ms'][0]:.2f}-{r['measured_iqr_ms'][1]:.2f}) | "
+                       f"{r['predicted_speedup']:.3f} | {r['measured_speedup']:.3f} | {r['error']:+.1%} | "
+                       f"{r['mac_ratio']:.2f} | {'yes' if r['target_met'] else 'NO'} |")
+        worst = max(abs(r["error"]) for r in res["rows"])
+        out += ["", f"Largest prediction error: {worst:.1%}.", ""]
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", default="digits,deit-s,deit-b")
+    p.add_argument("--batches", default=None, help="batch sizes (default: 1 and each config's large batch)")
+    p.add_argument("--speedup", type=float, default=1.5)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--tag", default="cpu")
+    p.add_argument("--no-width", action="store_true", help="leave out the width-pruned model")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ["HETPRUNE_CACHE"] = tempfile.mkdtemp(prefix="hetprune-latency-bench-")  # a cold table
+    command = "python benchmarks/latency_model.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    print(f"load average at start: {bench.load_average()}", flush=True)
+    results = []
+    for name in args.configs.split(","):
+        batches = [int(b) for b in args.batches.split(",")] if args.batches else [1, CONFIGS[name][2]]
+        for batch in batches:
+            results.append(run_config(name, batch, args.speedup, args.repeats, log=lambda m: print(m, flush=True),
+                                      width=not args.no_width))
+    md = markdown(results, command)
+    out = ROOT / "benchmarks" / "results"
+    (out / f"latency-model-{args.tag}.md").write_text(md + "\n")
+    (out / f"latency-model-{args.tag}.json").write_text(json.dumps({"command": command, "results": results},
+                                                                   indent=1, default=str))
+    print(md)
+    print(f"load average at end: {bench.load_average()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
