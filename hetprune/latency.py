@@ -18,6 +18,7 @@ rerun reuses it, and another GPU, batch size or dtype never does.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -164,12 +165,18 @@ class LatencyTable:
                 p.run = lambda b=p.block, a=args, k=kwargs: b(*a, **k)
         self.log(f"latency table: timing {len(parts)} new part(s) ({', '.join(p.what for p in parts)}) at batch "
                  f"{self.batch_size}, {self.dtype}, on {self.key['device']} ...")
+        load = bench.load_average()
+        busy = self.device.type == "cpu" and load is not None and load[0] > 0.75 * (os.cpu_count() or 1)
+        if busy:
+            self.log(f"latency table: warning: load average {load[0]} on {os.cpu_count()} CPUs; times measured on a "
+                     f"busy machine are kept in {self.path} (delete it to measure again when the machine is quiet)")
         runners = {p.key: bench._Runner(None, None, self.device, self.dtype, fn=p.run) for p in parts}
         timed = bench.time_interleaved(runners, self.repeats, self.warmup, self.min_time_s)
         for p in parts:
             lat = timed[p.key]["latency_s"]
             self.entries[p.key] = {"what": p.what, "median_s": lat["median"], "q1_s": lat["q1"],
-                                   "q3_s": lat["q3"], "calls_per_repeat": timed[p.key]["calls_per_repeat"]}
+                                   "q3_s": lat["q3"], "calls_per_repeat": timed[p.key]["calls_per_repeat"],
+                                   "load": load}
             p.run = None
         self.measured_now += len(parts)
         self.save()

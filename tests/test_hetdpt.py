@@ -22,7 +22,8 @@ from conftest import tiny_example
 from hetprune_hetdpt import gates
 from hetprune_hetdpt.predictors import PolyPredictor
 from hetprune_hetdpt.scorers import GateTaylorScorer
-from hetprune_hetdpt.strategy import HetDPT, PointStore
+from hetprune_hetdpt.strategy import HetDPT
+from hetprune.points import PointStore
 
 
 def make_job(model, data, tmp_path, budget=Budget(sites=3), **settings_changes):

@@ -328,3 +328,54 @@ def test_round_to_is_refused_for_a_strategy_without_widths(trained_tiny, tmp_pat
     assert main(["prune", "--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt),
                  "--strategy", "act-only", "--budget", "2", "--round-to", "8", "--out", str(tmp_path / "o")]) == 2
     assert "--round-to applies to width strategies" in capsys.readouterr().err
+
+
+def test_share_search_picks_the_best_split_of_a_known_surface_and_the_result_reloads(trained_tiny, tmp_path,
+                                                                                      monkeypatch):
+    """Points come from a known surface (peak at an interior split, one attention + one activation site):
+    the search must plan points only among splits whose depth alone stays above the target, fit them,
+    pick the peak, prune exactly that split, and land the MAC target with widths; the result reloads."""
+    from hetprune_width import share_search
+    from hetprune.budget import kind_savings, pair_cost
+    from hetprune.sites import depth
+
+    def surface(a, m):
+        return 80.0 - 3.0 * (a - 1) ** 2 - 2.0 * (m - 1) ** 2
+
+    measured_plans = []
+
+    def fake_measure(job, depth_strategy, plan, target, width_prune):
+        measured_plans.append(list(plan))
+        return [{"n_attn": a, "n_act": m, "accuracy": surface(a, m)} for a, m in plan]
+
+    monkeypatch.setattr(share_search, "measure", fake_measure)
+    out, report = _cli(trained_tiny, tmp_path, "hetdpt-plus", "--scorer", "magnitude",
+                       "--set", "hetdpt_plus.depth_share=search", *NO_TRAINING)
+    info = report["allocation"]["share_search"]
+    assert info["pick"]["n_attn"] == 1 and info["pick"]["n_act"] == 1
+    assert (report["n_attn"], report["n_act"]) == (1, 1)        # the depth step removed exactly the pick
+    target = 0.5 * report["dense_macs"]
+    assert target * (1 - TOL) <= report["macs"] <= target     # width pruning took the rest of the cut
+    model, spec, _ = trained_tiny
+    x = tiny_example()
+    macs = pair_cost(kind_savings(model, x), depth(model))
+    for a, m in info["candidates"]:                           # depth alone never overshoots the target
+        assert macs(a, m) >= target
+    assert (0, 0) in {tuple(p) for p in measured_plans[0]} and 0 < info["depth_share"] < 1
+    assert info["fit"]["mae"] == pytest.approx(0, abs=1e-6)   # poly degree 2 fits the quadratic exactly
+    loaded = hetprune.load(out)
+    assert count_macs(loaded, x) == report["macs"]
+
+
+def test_share_search_refuses_what_it_cannot_do(trained_tiny, tmp_path, capsys):
+    from hetprune.cli import main
+
+    model, spec, ckpt = trained_tiny
+    base = ["prune", "--strategy", "hetdpt-plus", "--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs),
+            "--checkpoint", str(ckpt), "--set", "hetdpt_plus.depth_share=search", *NO_TRAINING]
+    assert main([*base, "--target-macs", "0.5", "--set", "hetdpt_plus.order=width-depth",
+                 "--out", str(tmp_path / "a")]) == 2
+    assert "search runs with order depth-width" in capsys.readouterr().err
+    assert main([*base, "--target-macs", "0.5", "--set", "hetdpt_plus.depth_share=lots",
+                 "--out", str(tmp_path / "b")]) == 2
+    assert "within (0, 1) or 'search'" in capsys.readouterr().err

@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import copy
-import json
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 
 from hetprune import HetpruneError, Site, sites
 from hetprune.cache import fingerprint
+from hetprune.points import PointStore
 from hetprune.pipeline import DepthStrategy, PruneJob, rank_lowest, remove_sites, scoring_context
 from hetprune import distributed as dist
 from hetprune.config import train_config
@@ -34,52 +32,6 @@ def spread(pairs: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
         return []
     idx = np.linspace(0, len(inner) - 1, min(count, len(inner)))
     return sorted({inner[int(round(i))] for i in idx})
-
-
-class PointStore:
-    """MAP points in a JSONL file, each line keyed by the settings that produced it.
-
-    A point is appended (and fsynced) the moment it is measured; lines with
-    another key are kept but never reused, so a changed setting cannot pick up
-    stale points. A line that does not parse is reported, never skipped.
-    """
-
-    def __init__(self, path: Path, key: str):
-        self.path = Path(path)
-        self.key = key
-
-    def load(self) -> dict[tuple[int, int], dict]:
-        found = {}
-        if not self.path.is_file():
-            return found
-        with self.path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    pair = (int(rec["n_attn"]), int(rec["n_act"]))
-                    float(rec["accuracy"])
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                    raise HetpruneError(f"MAP points file {self.path} line {lineno} is corrupt or truncated ({exc}); "
-                                        "delete that line (or the file) to measure the point again") from exc
-                if rec.get("key") == self.key:
-                    found[pair] = rec
-        return found
-
-    def append(self, record: dict) -> None:
-        """Append one point; an exclusive lock keeps lines whole when several ranks append."""
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                fh.write(json.dumps({**record, "key": self.key}) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class HetDPT(DepthStrategy):

@@ -27,6 +27,7 @@ from hetprune.sites import depth as depth_of
 from hetprune.pipeline import PruneJob, PruneResult, finetune, finetune_and_measure, finish, merge, scoring_context
 from hetprune.widths import read_widths, track_kept
 
+from . import share_search
 from .pruner import IsomorphicWidthPruner
 
 WIDTH_DEFAULTS = {
@@ -39,7 +40,9 @@ WIDTH_DEFAULTS = {
 PLUS_DEFAULTS = {
     "order": "depth-width",       # or width-depth
     "depth_strategy": "hetdpt",   # any registered depth strategy (its settings section must be present)
-    "depth_share": 0.45,          # share of the MAC reduction (dense -> target) taken by depth pruning
+    "depth_share": 0.45,          # share of the MAC reduction (dense -> target) taken by depth pruning, or
+                                  # "search": chosen from cheap points with a fitted predictor (share_search.py)
+    "refine": 0,                  # share search: rounds measuring the best predicted split not yet measured
     "depth_sites": None,          # or a site count for the depth part (overrides depth_share)
     "intermediate_finetune": "short_finetune",  # settings section of the fine-tune between the two steps, or none
 }
@@ -232,6 +235,7 @@ class HetDPTPlus:
     description = ("HetDPT+: HetDPT depth pruning (share hetdpt_plus.depth_share of the MAC cut), then "
                    "isomorphic width pruning to the MAC target; merges only where it pays")
     defaults = _WithDepthDefaults({"hetdpt_plus": PLUS_DEFAULTS, "width": WIDTH_DEFAULTS})
+    setting_types = {"hetdpt_plus.depth_share": (float, str)}
 
     # -- settings ----------------------------------------------------------------
     def options(self, job: PruneJob) -> dict:
@@ -240,8 +244,10 @@ class HetDPTPlus:
             raise HetpruneError(f"hetdpt_plus.order must be depth-width or width-depth, got {o['order']!r}")
         if o["depth_sites"] is None:
             share = o["depth_share"]
-            if not isinstance(share, (int, float)) or not 0 < share < 1:
-                raise HetpruneError(f"hetdpt_plus.depth_share must be within (0, 1), got {share!r}")
+            if share != "search" and (isinstance(share, (bool, str)) or not 0 < share < 1):
+                raise HetpruneError(f"hetdpt_plus.depth_share must be within (0, 1) or 'search', got {share!r}")
+            if share == "search" and o["order"] != "depth-width":
+                raise HetpruneError("hetdpt_plus.depth_share search runs with order depth-width")
         elif not isinstance(o["depth_sites"], int) or isinstance(o["depth_sites"], bool) or o["depth_sites"] < 1:
             raise HetpruneError(f"hetdpt_plus.depth_sites must be a site count >= 1 (or null), got {o['depth_sites']!r}")
         if o["intermediate_finetune"] not in ("short_finetune", "finetune", "none"):
@@ -260,9 +266,9 @@ class HetDPTPlus:
         return dataclasses.replace(job, dense=dense, budget=budget, settings=settings, base_info=base_info,
                                    workdir=job.workdir / "depth")
 
-    def run_depth(self, job: PruneJob, o: dict, dense: nn.Module, budget: Budget) -> PruneResult:
-        name = o["depth_strategy"]
-        strategy = job.registry.build("strategy", name)
+    def run_depth(self, job: PruneJob, o: dict, dense: nn.Module, budget: Budget, strategy=None) -> PruneResult:
+        name = o["depth_strategy"] if strategy is None else strategy.name
+        strategy = strategy or job.registry.build("strategy", name)
         sub = self.depth_job(job, o, dense, budget)
         for key, value in (getattr(strategy, "defaults", None) or {}).items():
             sub.settings.setdefault(key, copy.deepcopy(value))
@@ -280,7 +286,11 @@ class HetDPTPlus:
         example = job.example
         dense_macs = count_macs(job.dense, example)
         timed = in_time(job)
+        searched = False
         if timed:
+            if o["depth_share"] == "search":
+                raise HetpruneError(f"{self.name}: hetdpt_plus.depth_share search takes MAC budgets for now; give "
+                                    "--target-macs, or a fixed depth_share with a time budget")
             # a time budget: the depth part takes its share of the time cut (in the same cost model), width
             # pruning searches the MAC target that lands the rest on the time limit
             if o["order"] != "depth-width":
@@ -294,6 +304,10 @@ class HetDPTPlus:
                             Budget(target_speedup=1 / keep, cost_model=job.budget.model_name))
         else:
             target = mac_target(job, dense_macs, self.name)
+            searched = o["depth_sites"] is None and o["depth_share"] == "search"
+            if searched:   # the split whose depth-then-width model predicts best, from cheap points
+                pick, search_info = share_search.search(job, target, dense_macs, width_prune)
+                o = {**o, "depth_sites": sum(pick)}
             # the depth part's budget: a site count, or its share of the MAC cut as a fraction of its input model
             depth_fraction = 1 - o["depth_share"] * (1 - target / dense_macs) if o["depth_sites"] is None else None
             depth_budget = (Budget(sites=o["depth_sites"]) if depth_fraction is None
@@ -303,7 +317,8 @@ class HetDPTPlus:
 
         widths_info: list[dict] = []
         if o["order"] == "depth-width":
-            depth = self.run_depth(job, o, job.dense, depth_budget)
+            depth = self.run_depth(job, o, job.dense, depth_budget,
+                                   share_search.fixed_split(*pick) if searched else None)
             model = depth.model
             if timed:
                 model, info = width_prune_to_time(job, model)
@@ -355,6 +370,7 @@ class HetDPTPlus:
         report = {
             "allocation": {
                 "order": o["order"],
+                **({"share_search": search_info} if searched else {}),
                 **({"target": job.budget.to_dict(),
                     "within_tolerance": "predicted" in widths_info[-1] and within(
                         widths_info[-1]["predicted"], widths_info[-1]["limit"], tol)} if timed else

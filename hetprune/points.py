@@ -1,0 +1,60 @@
+"""Cheap accuracy points (a split, its short fine-tune, its accuracy) stored so a rerun reuses them.
+
+Used by strategies that fit a predictor on points: ``hetdpt``'s MAP points and
+``hetdpt-plus``'s share search. Public: a plugin's own point-based strategy can
+use it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .errors import HetpruneError
+
+
+class PointStore:
+    """MAP points in a JSONL file, each line keyed by the settings that produced it.
+
+    A point is appended (and fsynced) the moment it is measured; lines with
+    another key are kept but never reused, so a changed setting cannot pick up
+    stale points. A line that does not parse is reported, never skipped.
+    """
+
+    def __init__(self, path: Path, key: str):
+        self.path = Path(path)
+        self.key = key
+
+    def load(self) -> dict[tuple[int, int], dict]:
+        found = {}
+        if not self.path.is_file():
+            return found
+        with self.path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    pair = (int(rec["n_attn"]), int(rec["n_act"]))
+                    float(rec["accuracy"])
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                    raise HetpruneError(f"MAP points file {self.path} line {lineno} is corrupt or truncated ({exc}); "
+                                        "delete that line (or the file) to measure the point again") from exc
+                if rec.get("key") == self.key:
+                    found[pair] = rec
+        return found
+
+    def append(self, record: dict) -> None:
+        """Append one point; an exclusive lock keeps lines whole when several ranks append."""
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                fh.write(json.dumps({**record, "key": self.key}) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)

@@ -1,0 +1,148 @@
+"""HetDPT+'s depth/width share, chosen the way HetDPT chooses its split (``hetdpt_plus.depth_share: search``).
+
+A candidate is a depth split ``(n_attn, n_act)`` whose depth pruning alone
+stays above the MAC target; width pruning takes the rest of the cut, so
+``(0, 0)`` is width only and the largest candidates are nearly depth only. A
+point is one candidate measured cheaply: the depth strategy's removal order
+(its point scorer, one site at a time, as for MAP points) removes the sites,
+the width pruner prunes to the target, a short KD fine-tune, validation top-1.
+The depth strategy's predictor (``hetdpt.predictor``) is fitted on the points
+and the best predicted candidate wins; ``hetdpt_plus.refine`` rounds measure
+the best predicted candidate not yet measured and refit, and the pick then
+prefers measured values. Points are stored and reused like MAP points.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import hetprune
+from hetprune import HetpruneError
+from hetprune.budget import kind_savings, max_per_kind, pair_cost
+from hetprune.cache import fingerprint
+from hetprune.config import train_config
+from hetprune.pipeline import PruneJob, remove_sites
+from hetprune.points import PointStore
+from hetprune.sites import depth
+from hetprune.train import evaluate_dataset, train
+
+
+def candidates(job: PruneJob, target: float) -> list[tuple[int, int]]:
+    """Every split whose depth pruning alone (merged, MACs) keeps the model at or above ``target``."""
+    save = kind_savings(job.dense, job.example, merge=bool(job.settings.get("mergers")))
+    macs = pair_cost(save, depth(job.dense))
+    limits = max_per_kind(job.dense)
+    return [(a, m) for a in range(limits["attn"] + 1) for m in range(limits["act"] + 1) if macs(a, m) >= target]
+
+
+def frontier(cands: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The candidates no other candidate contains (the most depth each mix of kinds can take)."""
+    have = set(cands)
+    return sorted(p for p in cands if (p[0] + 1, p[1]) not in have and (p[0], p[1] + 1) not in have)
+
+
+def point_plan(depth_strategy, job: PruneJob, cands: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Width only, the depth strategy's MAP plan over the frontier (axes and mixed points), all candidates."""
+    edge = frontier(cands)
+    plan = set(depth_strategy.point_plan(job, edge)) if hasattr(depth_strategy, "point_plan") else set(edge)
+    plan = {p for p in plan if p in set(cands)} | {(0, 0)}
+    return sorted(plan, key=lambda p: (p[0] + p[1], p))
+
+
+def points_key(job: PruneJob, target: float, width_prune_settings: dict) -> str:
+    s = job.settings
+    return fingerprint({"base": job.base_info.get("hash"), "data": job.data.fingerprint, "short": s["short_finetune"],
+                        "point_scorer": s["hetdpt"]["point_scorer"], "removers": [s["attn_remover"], s["act_remover"]],
+                        "mergers": s.get("mergers"), "scoring": s["scoring"], "width": width_prune_settings,
+                        "target": int(target), "seed": job.seed, "amp": s.get("amp")})
+
+
+def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: float, width_prune) -> list[dict]:
+    """Every planned point not already stored: remove, width-prune to ``target``, short fine-tune, evaluate."""
+    store = PointStore(job.shared_dir / "plus-points.jsonl", points_key(job, target, job.settings["width"]))
+    have = store.load()
+    todo = [p for p in plan if p not in have]
+    if have and todo != plan:
+        job.log(f"[{job.strategy_name}] reusing {len(plan) - len(todo)} measured share points from {store.path}")
+    orders = None
+    cfg = train_config(job.settings, "short_finetune")
+    for i, (a, m) in enumerate(todo, 1):
+        if orders is None:
+            orders = depth_strategy.removal_orders(job, {"attn": max(p[0] for p in plan),
+                                                         "act": max(p[1] for p in plan)})
+        t0 = time.time()
+        model = job.place(copy.deepcopy(job.dense))
+        chosen = orders["attn"][:a] + orders["act"][:m]
+        remove_sites(job, model, chosen)
+        info = width_prune(job, model, target, stage="share-point")
+        train(model, job.data, cfg, teacher=job.dense, progress=False, desc="share point", distributed=False)
+        acc = evaluate_dataset(model, job.data.val, job.device, workers=job.workers, amp=job.amp)
+        point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen], "macs": info["macs"],
+                 "seconds": round(time.time() - t0, 2)}
+        store.append(point)
+        have[(a, m)] = point
+        job.event("on_point_collected", point=point)
+        job.log(f"[{job.strategy_name}] share point {i}/{len(todo)}: {a} attn + {m} act, width to the target -> "
+                f"{acc:.2f}% ({point['seconds']:.1f}s)")
+    return [have[p] for p in plan]
+
+
+def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tuple[tuple[int, int], dict]:
+    """The depth split (width taking the rest of the cut to ``target``) with the best predicted accuracy."""
+    o = job.settings["hetdpt_plus"]
+    refine = o.get("refine", 0)
+    if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
+        raise HetpruneError(f"hetdpt_plus.refine must be a count of rounds >= 0, got {refine!r}")
+    depth_strategy = job.registry.build("strategy", o["depth_strategy"])
+    if not hasattr(depth_strategy, "removal_orders"):
+        raise HetpruneError(f"hetdpt_plus.depth_share search needs a depth strategy with cheap points "
+                            f"(removal_orders), e.g. hetdpt; {o['depth_strategy']!r} has none")
+    section = job.settings["hetdpt"]
+    predictor = job.registry.build("predictor", section["predictor"],
+                                   **section.get("predictor_options", {}).get(section["predictor"], {}))
+    cands = candidates(job, target)
+    plan = point_plan(depth_strategy, job, cands)
+    need = getattr(predictor, "min_points", None)
+    if need is not None and len(plan) < need:
+        raise HetpruneError(f"predictor {predictor.name!r} needs at least {need} distinct points, but this target "
+                            f"and model give a share plan of {len(plan)}: {plan}. Raise hetdpt.axis_points / "
+                            "hetdpt.mixed_points, or lower the predictor's degree")
+    points = measure(job, depth_strategy, plan, target, width_prune)
+    predicted = fit(predictor, points, cands)
+    rounds = []
+    for _ in range(refine):
+        measured = {(p["n_attn"], p["n_act"]) for p in points}
+        best = max((c for c in cands if c not in measured), key=lambda c: (predicted[c], -c[0]), default=None)
+        if best is None:
+            break
+        job.log(f"[{job.strategy_name}] share refinement: measuring {best[0]}+{best[1]}")
+        plan = plan + [best]
+        points = measure(job, depth_strategy, plan, target, width_prune)
+        predicted = fit(predictor, points, cands)
+        rounds.append({"measured": list(best)})
+    measured = {(p["n_attn"], p["n_act"]): p["accuracy"] for p in points}
+    value = {c: measured.get(c, predicted[c]) if refine else predicted[c] for c in cands}
+    pick = max(cands, key=lambda c: (value[c], -c[0] - c[1]))   # ties: less depth
+    save = kind_savings(job.dense, job.example, merge=bool(job.settings.get("mergers")))
+    depth_macs = pair_cost(save, depth(job.dense))(*pick)
+    share = (dense_macs - depth_macs) / (dense_macs - target) if dense_macs > target else 0.0
+    job.log(f"[{job.strategy_name}] share search ({predictor.name}): {pick[0]} attn + {pick[1]} act, depth takes "
+            f"{share:.0%} of the MAC cut (predicted {predicted[pick]:.2f}%)")
+    return pick, {"predictor": predictor.name, "points": points, "candidates": [list(c) for c in cands],
+                  "fit": predictor.fit_report() if hasattr(predictor, "fit_report") else {},
+                  "surface": [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)],
+                               **({"measured": measured[(a, m)]} if (a, m) in measured else {})} for a, m in cands],
+                  "refinement": rounds, "depth_share": share,
+                  "pick": {"n_attn": pick[0], "n_act": pick[1], "predicted": predicted[pick],
+                           **({"measured": measured[pick]} if pick in measured else {})}}
+
+
+def fit(predictor, points: list[dict], cands: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
+    predictor.fit([(p["n_attn"], p["n_act"], p["accuracy"]) for p in points])
+    return {c: predictor.predict(*c) for c in cands}
+
+
+def fixed_split(n_attn: int, n_act: int):
+    """The depth step of the picked split: the configured scorer chooses the sites within each kind."""
+    return hetprune.FixedSplit(n_attn, n_act)
