@@ -40,7 +40,9 @@ def register_predictors(register: Register) -> None:
     * ``predict(n_attn, n_act) -> float`` — the predicted accuracy.
 
     Optional: ``fit_report() -> dict`` with fit errors (for example ``mae``,
-    ``rmse``, ``loo_mae``), copied into the run report.
+    ``rmse``, ``loo_mae``), copied into the run report; ``uncertainty(n_attn,
+    n_act) -> float``, the standard deviation of a prediction, reported beside
+    it.
     """
 
 

@@ -490,3 +490,25 @@ def test_local_predictor_refuses_too_few_points_and_a_bad_bandwidth():
     for bad in (0, -1, float("nan"), True):
         with pytest.raises(HetpruneError, match="bandwidth"):
             LocalPredictor(bandwidth=bad)
+
+
+def test_gp_predictor_interpolates_reports_uncertainty_and_refuses_too_few_points():
+    from hetprune_hetdpt.predictors import GPPredictor
+
+    def f(a, m):   # a plane with a dip the plane alone cannot follow
+        return 90 - 1.5 * a - 0.3 * m - 4 * np.exp(-((a - 3) ** 2 + (m - 6) ** 2) / 4)
+
+    grid = [(0, 0), (0, 3), (0, 6), (0, 9), (3, 0), (6, 0), (9, 0), (2, 7), (4, 5), (6, 3), (3, 6)]
+    gp = GPPredictor().fit([(a, m, f(a, m)) for a, m in grid])
+    report = gp.fit_report()
+    assert report["lengthscale"] in GPPredictor.LENGTHS and report["noise"] in GPPredictor.NOISES
+    assert report["mae"] < 0.2 and report["loo_mae"] is not None
+    assert abs(gp.predict(3, 6) - f(3, 6)) < 0.5                 # the dip is followed where it was measured
+    near, far = gp.uncertainty(3, 6), gp.uncertainty(9, 9)
+    assert 0 <= near < far                                      # less sure away from the points
+    with pytest.raises(HetpruneError, match="at least 3 distinct"):
+        GPPredictor().fit([(0, 0, 90.0), (0, 0, 91.0), (1, 0, 89.0)])
+    with pytest.raises(HetpruneError, match="positive number"):
+        GPPredictor(lengthscale=-1)
+    fixed = GPPredictor(lengthscale=2.0, noise=0.01).fit([(a, m, f(a, m)) for a, m in grid])
+    assert fixed.fit_report()["lengthscale"] == 2.0 and fixed.fit_report()["noise"] == 0.01

@@ -125,7 +125,7 @@ def test_plugins_command_lists_each_plugin_with_version_and_components_by_kind(c
     assert main(["plugins", "--json"]) == 0
     listed = {p["name"]: p for p in json.loads(capsys.readouterr().out)}
     assert listed["hetdpt"]["version"] == hetprune.__version__
-    assert listed["hetdpt"]["components"]["predictor"] == ["local", "poly"]
+    assert listed["hetdpt"]["components"]["predictor"] == ["gp", "local", "poly"]
     assert set(listed["hetdpt"]["components"]) <= set(plugins.KINDS)
     assert "strategy" in listed["baselines"]["components"]
 
@@ -168,7 +168,7 @@ def test_register_and_unregister_a_plugin_object():
 
 def test_unknown_component_name_lists_the_registered_names_of_that_kind():
     registry = hetprune.get_registry()
-    with pytest.raises(HetpruneError, match=r"no predictor named 'nope'.*registered predictors: local, poly"):
+    with pytest.raises(HetpruneError, match=r"no predictor named 'nope'.*registered predictors: gp, local, poly"):
         registry.build("predictor", "nope")
     with pytest.raises(HetpruneError) as err:
         registry.component("strategy", "nope")

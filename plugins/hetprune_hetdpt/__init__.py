@@ -4,7 +4,7 @@ mergers, and the ``hetdpt`` strategy. Uses only the public plugin API."""
 import hetprune
 
 from .mergers import LayerNormFold, LinearMerge
-from .predictors import LocalPredictor, PolyPredictor
+from .predictors import GPPredictor, LocalPredictor, PolyPredictor
 from .removers import ActIdentity, AttnIdentity, AttnLnResidual
 from .scorers import BlockInfluenceScorer, GateTaylorScorer, MagnitudeScorer, RandomScorer, TaylorScorer
 from .strategy import HetDPT
@@ -16,6 +16,7 @@ __version__ = hetprune.__version__
 def register_predictors(register):
     register(PolyPredictor)
     register(LocalPredictor)
+    register(GPPredictor)
 
 
 @hetprune.hookimpl

@@ -122,3 +122,93 @@ class LocalPredictor:
 
     def fit_report(self) -> dict:
         return dict(self._report)
+
+
+class GPPredictor:
+    """A plane plus a Gaussian process on what the plane leaves: smooth where points are dense, the
+    plane's trend where they are not, and an uncertainty for every prediction (``uncertainty(a, m)``).
+
+    The kernel is squared-exponential in sites; its length scale and the noise are chosen by the marginal
+    likelihood over a small grid unless given. The fit report gives both, and the closed-form
+    leave-one-out error.
+    """
+
+    name = "gp"
+    min_points = 3
+    LENGTHS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+    NOISES = (1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.3)
+
+    def __init__(self, lengthscale: float | None = None, noise: float | None = None):
+        for key, value in (("lengthscale", lengthscale), ("noise", noise)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < float("inf")):
+                raise HetpruneError(f"gp predictor {key} must be a positive number (or null: fitted), got {value!r}")
+        self.lengthscale, self.noise = lengthscale, noise
+        self.state: dict | None = None
+        self._report: dict = {}
+
+    @staticmethod
+    def _kernel(x: np.ndarray, y: np.ndarray, length: float) -> np.ndarray:
+        d2 = ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
+        return np.exp(-d2 / (2 * length ** 2))
+
+    def _solve(self, x: np.ndarray, r: np.ndarray, length: float, noise: float):
+        k = self._kernel(x, x, length) + noise * np.eye(len(x))
+        chol = np.linalg.cholesky(k)
+        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, r))
+        nll = 0.5 * float(r @ alpha) + float(np.log(np.diag(chol)).sum())
+        return chol, alpha, nll
+
+    def fit(self, points):
+        pts = np.asarray([(float(a), float(m), float(acc)) for a, m, acc in points], dtype=float)
+        distinct = len({(a, m) for a, m, _ in pts.tolist()}) if len(pts) else 0
+        if distinct < self.min_points:
+            raise HetpruneError(f"the gp predictor fits a plane first and needs at least {self.min_points} distinct "
+                                f"(n_attn, n_act) points; got {distinct}")
+        x, y = pts[:, :2], pts[:, 2]
+        design = np.column_stack([np.ones(len(x)), x])
+        plane, *_ = np.linalg.lstsq(design, y, rcond=None)
+        resid = y - design @ plane
+        scale = float(resid.std()) or 1.0
+        r = resid / scale
+        best = None
+        for length in ([self.lengthscale] if self.lengthscale else self.LENGTHS):
+            for noise in ([self.noise] if self.noise else self.NOISES):
+                try:
+                    chol, alpha, nll = self._solve(x, r, length, noise)
+                except np.linalg.LinAlgError:
+                    continue
+                if best is None or nll < best[0]:
+                    best = (nll, length, noise, chol, alpha)
+        if best is None:
+            raise HetpruneError("the gp predictor could not fit these points (singular kernel); give it a noise")
+        nll, length, noise, chol, alpha = best
+        self.state = {"x": x, "plane": plane, "scale": scale, "length": length, "chol": chol, "alpha": alpha}
+        k_inv = np.linalg.solve(chol.T, np.linalg.solve(chol, np.eye(len(x))))
+        loo = alpha / np.diag(k_inv) * scale          # closed-form leave-one-out residuals
+        fitted = np.array([self.predict(a, m) for a, m in x])
+        self._report = {"lengthscale": length, "noise": noise, "points": len(pts),
+                        "mae": float(np.mean(np.abs(fitted - y))), "rmse": float(np.sqrt(np.mean((fitted - y) ** 2))),
+                        "loo_mae": float(np.mean(np.abs(loo))), "plane": [float(c) for c in plane]}
+        return self
+
+    def _parts(self, n_attn, n_act):
+        if self.state is None:
+            raise HetpruneError("the gp predictor must be fitted before it predicts")
+        s = self.state
+        q = np.array([[float(n_attn), float(n_act)]])
+        k = self._kernel(q, s["x"], s["length"])[0]
+        return s, q, k
+
+    def predict(self, n_attn, n_act) -> float:
+        s, q, k = self._parts(n_attn, n_act)
+        return float(s["plane"][0] + q[0] @ s["plane"][1:] + s["scale"] * (k @ s["alpha"]))
+
+    def uncertainty(self, n_attn, n_act) -> float:
+        """The standard deviation of the prediction (accuracy points): near 0 at a measured split."""
+        s, _, k = self._parts(n_attn, n_act)
+        v = np.linalg.solve(s["chol"], k)
+        return float(s["scale"] * np.sqrt(max(0.0, 1.0 - float(v @ v))))
+
+    def fit_report(self) -> dict:
+        return dict(self._report)

@@ -164,6 +164,7 @@ class HetDPT(DepthStrategy):
         value = {pair: measured.get(pair, predicted[pair]) if refine else predicted[pair] for pair in pairs}
         pick = max(pairs, key=lambda p: (value[p], -p[0]))
         surface = [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)],
+                    **({"std": predictor.uncertainty(a, m)} if hasattr(predictor, "uncertainty") else {}),
                     **({"measured": measured[(a, m)]} if (a, m) in measured else {})} for a, m in pairs]
         fit = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
         job.log(f"[hetdpt] predictor {predictor.name}: " + ", ".join(
