@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import hetprune
-from hetprune import HetpruneError, Site
+from hetprune import HetpruneError, Site, surgery
 from hetprune.budget import Budget, feasible_pairs, site_savings
 from hetprune.costs import count_macs
 from hetprune.pipeline import PruneJob
@@ -512,3 +512,64 @@ def test_gp_predictor_interpolates_reports_uncertainty_and_refuses_too_few_point
         GPPredictor(lengthscale=-1)
     fixed = GPPredictor(lengthscale=2.0, noise=0.01).fit([(a, m, f(a, m)) for a, m in grid])
     assert fixed.fit_report()["lengthscale"] == 2.0 and fixed.fit_report()["noise"] == 0.01
+
+
+def test_loss_drop_scores_are_the_loss_increase_of_the_real_removal(tiny_model, tmp_path):
+    import torch.nn.functional as F
+
+    from hetprune.testing import scoring_context
+    from hetprune_hetdpt.scorers import LossDropScorer
+
+    ctx = scoring_context(tiny_model, tmp_path)
+    batches = list(ctx.batches())
+
+    def loss(model):
+        model.eval()
+        with torch.no_grad():
+            return sum(float(F.cross_entropy(model(x), y)) for x, y in batches) / len(batches)
+
+    sites = hetprune.sites(tiny_model, "act") + hetprune.sites(tiny_model, "attn")
+    scores = LossDropScorer().score(tiny_model, sites, ctx)
+    base = loss(tiny_model)
+    for site in sites:   # the gate at 0 is the removal: the score is what removing the site costs
+        cut = copy.deepcopy(tiny_model)
+        (surgery.remove_attention if site.kind == "attn" else surgery.remove_activation)(cut, site.block)
+        assert scores[site] == pytest.approx(loss(cut) - base, abs=1e-5)
+
+
+def test_loss_drop_selects_greedily_re_measuring_after_each_removal(tiny_model, tmp_path, monkeypatch):
+    from hetprune.testing import scoring_context
+    from hetprune_hetdpt import scorers
+
+    ctx = scoring_context(tiny_model, tmp_path)
+    measured = []
+    real = scorers.LossDropScorer._losses
+
+    def spy(self, model, bank, batches, sites):
+        measured.append(sorted(str(s) for s in sites))
+        return real(self, model, bank, batches, sites)
+
+    monkeypatch.setattr(scorers.LossDropScorer, "_losses", spy)
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    chosen = scorers.LossDropScorer().select(tiny_model, {"attn": 1, "act": 2}, ctx)
+    assert sorted(s.kind for s in chosen) == ["act", "act", "attn"]
+    assert len(measured) == 3                                   # one measurement round per removal ...
+    acts = [m for m in measured if m[0].startswith("act")]
+    assert len(acts[1]) == len(acts[0]) - 1                     # ... of the sites still present
+    assert all(torch.equal(v, tiny_model.state_dict()[k]) for k, v in before.items())
+    assert not hasattr(tiny_model, gates.GATE_ATTR)
+
+
+def test_gate_taylor_score_decay(tiny_model, digits_data, tmp_path):
+    from hetprune.testing import scoring_context
+
+    with pytest.raises(HetpruneError, match="score_decay must be within"):
+        GateTaylorScorer(score_decay=1.5)
+    ctx = scoring_context(tiny_model, tmp_path, {"scoring": {"subset": 32}, "short_finetune": {"batch_size": 16}})
+    kept = GateTaylorScorer(warmup_epochs=0, score_decay=1.0)
+    kept.select(copy.deepcopy(tiny_model), {"attn": 1, "act": 1}, ctx)
+    reset = GateTaylorScorer(warmup_epochs=0, score_decay=0.0)
+    reset.select(copy.deepcopy(tiny_model), {"attn": 1, "act": 1}, scoring_context(tiny_model, tmp_path / "b", {
+        "scoring": {"subset": 32}, "short_finetune": {"batch_size": 16}}))
+    assert any(v != 0 for v in kept.last_scores.values())     # the paper's: evidence accumulates
+    assert all(v == 0 for v in reset.last_scores.values())    # reset after every removal (the last included)

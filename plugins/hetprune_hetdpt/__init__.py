@@ -6,7 +6,8 @@ import hetprune
 from .mergers import LayerNormFold, LinearMerge
 from .predictors import GPPredictor, LocalPredictor, PolyPredictor
 from .removers import ActIdentity, AttnIdentity, AttnLnResidual
-from .scorers import BlockInfluenceScorer, GateTaylorScorer, MagnitudeScorer, RandomScorer, TaylorScorer
+from .scorers import (BlockInfluenceScorer, GateTaylorScorer, LossDropScorer, MagnitudeScorer, RandomScorer,
+                      TaylorScorer)
 from .strategy import HetDPT
 
 __version__ = hetprune.__version__
@@ -21,7 +22,8 @@ def register_predictors(register):
 
 @hetprune.hookimpl
 def register_scorers(register):
-    for scorer in (GateTaylorScorer, TaylorScorer, BlockInfluenceScorer, MagnitudeScorer, RandomScorer):
+    for scorer in (GateTaylorScorer, TaylorScorer, LossDropScorer, BlockInfluenceScorer, MagnitudeScorer,
+                   RandomScorer):
         register(scorer)
 
 

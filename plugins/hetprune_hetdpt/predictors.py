@@ -134,6 +134,7 @@ class GPPredictor:
     """
 
     name = "gp"
+    description = "a plane plus a Gaussian process on its residuals, with an uncertainty per prediction"
     min_points = 3
     LENGTHS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
     NOISES = (1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.3)

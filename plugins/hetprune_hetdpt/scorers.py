@@ -48,6 +48,62 @@ class TaylorScorer:
         return {s: float(-total[i] / n) for i, s in enumerate(sites)}
 
 
+class LossDropScorer:
+    """Zeroth order: the loss increase when a site is actually removed (simulated by its gate at 0) on the
+    scoring batches, not its first-order estimate. ``select`` removes greedily, one site at a time
+    alternating kinds as gate-taylor does, re-measuring the rest after each removal; no weights change."""
+
+    name = "loss-drop"
+    description = "the loss increase of each real removal (not its Taylor estimate), greedy, re-measured"
+
+    @torch.no_grad()
+    def _losses(self, model, bank, batches, sites) -> dict:
+        def loss() -> float:
+            return sum(float(_ce(model, x, y)) for x, y in batches) / len(batches)
+
+        base = loss()
+        out = {}
+        for site in sites:
+            i = bank.index[site]
+            bank.mask[i] = 0.0
+            out[site] = loss() - base
+            bank.mask[i] = 1.0
+        return out
+
+    def _run(self, model, candidates, ctx, steps):
+        batches = list(ctx.batches())
+        if not batches:
+            raise HetpruneError("loss-drop scorer got no batches: the scoring subset is empty")
+        bank, handles = gates.install(model, candidates)
+        was_training = model.training
+        model.eval()
+        try:
+            return steps(bank, batches)
+        finally:
+            gates.uninstall(model, handles)
+            model.train(was_training)
+
+    def score(self, model, sites, ctx):
+        return self._run(model, list(sites), ctx, lambda bank, batches: self._losses(model, bank, batches, sites))
+
+    def select(self, model, counts, ctx):
+        order = GateTaylorScorer.schedule(counts)
+        candidates = [s for kind in ("attn", "act") if counts.get(kind) for s in _present(model, kind)]
+
+        def steps(bank, batches):
+            removed = []
+            for kind in order:
+                drops = self._losses(model, bank, batches, bank.active(kind))
+                victim = min(drops, key=lambda s: (drops[s], s.block))
+                bank.switch_off(victim)
+                removed.append(victim)
+                if ctx.progress:
+                    ctx.log(f"  loss-drop: removed {victim} (loss +{drops[victim]:.4f})")
+            return removed
+
+        return self._run(model, candidates, ctx, steps) if order else []
+
+
 class BlockInfluenceScorer:
     """1 - cosine similarity of a site's input and output (how much it changes the stream)."""
 
@@ -136,12 +192,17 @@ class GateTaylorScorer:
 
     name = "gate-taylor"
 
-    def __init__(self, epochs_per_removal: int = 1, warmup_epochs: int = 1, score_lr: float = 1.0):
+    def __init__(self, epochs_per_removal: int = 1, warmup_epochs: int = 1, score_lr: float = 1.0,
+                 score_decay: float = 1.0):
         if epochs_per_removal < 1 or warmup_epochs < 0:
             raise HetpruneError("gate-taylor needs epochs_per_removal >= 1 and warmup_epochs >= 0")
+        if isinstance(score_decay, bool) or not isinstance(score_decay, (int, float)) or not 0 <= score_decay <= 1:
+            raise HetpruneError(f"gate-taylor score_decay must be within [0, 1] (1: scores accumulate over the "
+                                f"whole run, as in the paper; 0: reset after each removal), got {score_decay!r}")
         self.epochs_per_removal = epochs_per_removal
         self.warmup_epochs = warmup_epochs
         self.score_lr = score_lr
+        self.score_decay = float(score_decay)
 
     def score(self, model, sites, ctx):
         """One-shot fallback: the gate gradient on the scoring batches (same as ``taylor``)."""
@@ -177,7 +238,8 @@ class GateTaylorScorer:
                "candidates": [str(s) for s in candidates], "schedule": order, "data": ctx.data.fingerprint,
                "training settings": cfg.to_dict(), "attention removal": attn_mode,
                "gate options": {"epochs_per_removal": self.epochs_per_removal, "warmup_epochs": self.warmup_epochs,
-                                "score_lr": self.score_lr}}
+                                "score_lr": self.score_lr,
+                                **({"score_decay": self.score_decay} if self.score_decay != 1 else {})}}
         # the weights' optimizer is made before the gates exist: the same parameter groups as the fine-tune
         # (no weight decay on norms, biases and LayerScale)
         opt_w = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -208,6 +270,8 @@ class GateTaylorScorer:
                 victim = min(active, key=lambda s: (bank.score_of(s), s.block))
                 bank.switch_off(victim)
                 removed.append(victim)
+                with torch.no_grad():   # evidence gathered before this removal counts less (1: all of it)
+                    bank.scores.mul_(self.score_decay)
                 if ctx.on_epoch_end:
                     ctx.on_epoch_end(i + 1, {"loss": loss, "removed": str(victim)})
                 if ctx.progress:
