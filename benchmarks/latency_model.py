@@ -73,12 +73,14 @@ def dropped(model, k: int):
     return out.eval()
 
 
-def run_config(name: str, batch: int, speedup: float, repeats: int, log, width: bool = True) -> dict:
+def run_config(name: str, batch: int, speedup: float, repeats: int, log, width: bool = True,
+               device: str = "cpu", dtype: str = "fp32") -> dict:
     spec, shape, _ = CONFIGS[name]
     torch.manual_seed(0)
-    dense = build(spec).eval()
-    x = torch.randn(2, *shape)
-    table = LatencyTable("cpu", batch_size=batch, log=log)
+    dev = torch.device(device)
+    dense = build(spec).eval().to(dev)
+    x = torch.randn(2, *shape, device=dev)
+    table = LatencyTable(dev, batch_size=batch, dtype=dtype, log=log)
     started = time.time()
     budget = Budget(target_speedup=speedup, cost_model="latency")
     pairs = feasible_pairs(dense, budget, x, cost=table.predict)
@@ -93,14 +95,14 @@ def run_config(name: str, batch: int, speedup: float, repeats: int, log, width: 
         from hetprune.costs import count_macs
         from hetprune_width.pruner import IsomorphicWidthPruner
 
-        thin = copy.deepcopy(dense)
-        IsomorphicWidthPruner().prune(thin, count_macs(dense, x[:1]) / speedup, x[:1])
-        models[f"width 1/{speedup:g} MACs"] = thin.eval()
+        thin = copy.deepcopy(dense).cpu()
+        IsomorphicWidthPruner().prune(thin, count_macs(dense, x[:1]) / speedup, x[:1].cpu())
+        models[f"width 1/{speedup:g} MACs"] = thin.eval().to(dev)
     predicted = {n: table.predict(mdl, x) for n, mdl in models.items()}
     build_s = time.time() - started
     log(f"{name} batch {batch}: table of {len(table.entries)} parts built and {len(models) - 1} models predicted in "
         f"{build_s:.1f}s")
-    measured = bench.measure(models, shape, [batch], device="cpu", repeats=repeats, min_time_s=0.2,
+    measured = bench.measure(models, shape, [batch], device=device, dtype=dtype, repeats=repeats, min_time_s=0.2,
                              reference="dense", log=log)
     rows = []
     for r in measured["results"]:
@@ -119,7 +121,7 @@ def markdown(results: list[dict], command: str) -> str:
     out = ["# Latency cost model: predicted against measured speedup", "",
            f"Command: `{command}`", "",
            f"Machine: {env['device_name']}, {env['cpu_count']} CPUs, torch {env['torch']}, {env['threads']} threads, "
-           f"fp32. Each table lists every model the budget allows (every feasible split, sites sharing blocks; "
+           f"{env['dtype']}. Each table lists every model the budget allows (every feasible split, sites sharing blocks; "
            f"block-drop's count), predicted from the per-part table and timed whole, interleaved with the dense "
            f"model (median of the repeats). Target met = measured speedup >= 97% of the target.", ""]
     for res in results:
@@ -149,6 +151,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--tag", default="cpu")
     p.add_argument("--no-width", action="store_true", help="leave out the width-pruned model")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default="fp32", help="fp32, bf16 (autocast), fp16 (CUDA)")
+    p.add_argument("--out", default=None, help="folder for the results (default benchmarks/results)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -160,9 +165,10 @@ def main() -> int:
         batches = [int(b) for b in args.batches.split(",")] if args.batches else [1, CONFIGS[name][2]]
         for batch in batches:
             results.append(run_config(name, batch, args.speedup, args.repeats, log=lambda m: print(m, flush=True),
-                                      width=not args.no_width))
+                                      width=not args.no_width, device=args.device, dtype=args.dtype))
     md = markdown(results, command)
-    out = ROOT / "benchmarks" / "results"
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
     (out / f"latency-model-{args.tag}.md").write_text(md + "\n")
     (out / f"latency-model-{args.tag}.json").write_text(json.dumps({"command": command, "results": results},
                                                                    indent=1, default=str))

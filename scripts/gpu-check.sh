@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU path in one prepared run (at most about 8 minutes on one GPU):
 #   pytest -m cuda; hetprune compare on the embedded default; the paper's speed configurations
-#   in bf16 at batch 256 (and compiled); HetDPT+ speed; all on CUDA.
+#   in bf16 at batch 256 (and compiled); HetDPT+ speed; the latency cost model's predicted against
+#   measured speedups; all on CUDA.
 #
 #   bash scripts/gpu-check.sh RESULTS_DIR              # on a GPU machine
 #   bash scripts/gpu-check.sh RESULTS_DIR --cpu-smoke  # the same steps, tiny and on the CPU: checks the script
@@ -114,6 +115,7 @@ EOF
     SPEED_COMPILE=("${SPEED[@]}")
     PLUS=(--model deit_tiny_patch16_224 --recipe "$OUT/deit-tiny-recipe.json" --target 0.5 --batch 1 --repeats 1
           --warmup 0 --min-time 0 --threads 1 --device cpu --dtype fp32)
+    LATENCY=(--configs digits --batches 2 --repeats 1 --no-width --device cpu --dtype fp32 --tag cpu-smoke)
 else
     CAP_SCALE=1
     step install 90 install
@@ -122,6 +124,7 @@ else
     SPEED=(--device cuda --dtype bf16 --batch-size 256)
     SPEED_COMPILE=("${SPEED[@]}" --configs deit_b)   # compiling DeiT-S too would not fit the 8 minutes
     PLUS=(--device cuda --dtype bf16 --batch 256 --repeats 5 --min-time 0.2 --threads 8 --with-depth-only)
+    LATENCY=(--configs deit-b,deit-s --batches 1,256 --repeats 5 --no-width --device cuda --dtype bf16 --tag cuda-bf16)
 fi
 
 step environment 30 environment
@@ -129,6 +132,7 @@ step pytest-cuda 100 "$PY" -m pytest -q -m cuda -p no:cacheprovider --junitxml="
 step compare 160 "$PY" -m hetprune compare --device "$DEVICE" "${COMPARE[@]}" --out "$OUT/compare" --overwrite
 step speed-bf16 60 "$PY" benchmarks/speed_paper_configs.py "${SPEED[@]}" --out "$OUT/speed"
 step hetdpt-plus-speed 90 "$PY" benchmarks/hetdpt_plus_speed.py "${PLUS[@]}" --out "$OUT/hetdpt-plus-speed-$DEVICE.md"
+step latency-model 70 "$PY" benchmarks/latency_model.py "${LATENCY[@]}" --out "$OUT/latency"
 step speed-bf16-compile 110 "$PY" benchmarks/speed_paper_configs.py "${SPEED_COMPILE[@]}" --compile \
     --out "$OUT/speed-compile"
 
