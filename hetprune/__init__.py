@@ -3,8 +3,9 @@
 The public API for users and plugin authors is what this module exports, plus
 the modules ``hetprune.surgery`` (exact removal/merge primitives),
 ``hetprune.pipeline`` (the shared strategy steps), ``hetprune.config``,
-``hetprune.recipe``, ``hetprune.costs``, ``hetprune.bench`` and ``hetprune.adapters``
-(architecture adapters), and for plugin authors ``hetprune.testing`` (the
+``hetprune.recipe``, ``hetprune.costs``, ``hetprune.bench``, ``hetprune.adapters``
+(architecture adapters), ``hetprune.latency`` (per-device latency tables) and
+``hetprune.points`` (stored accuracy points), and for plugin authors ``hetprune.testing`` (the
 conformance kit) and ``hetprune.contract`` (the rules every call into a
 component is checked against).
 
