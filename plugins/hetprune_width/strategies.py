@@ -264,7 +264,7 @@ class HetDPTPlus:
         if dense is not job.dense:  # width first: MAP points etc. belong to the width-pruned model
             base_info["hash"] = model_hash(dense)
         return dataclasses.replace(job, dense=dense, budget=budget, settings=settings, base_info=base_info,
-                                   workdir=job.workdir / "depth")
+                                   workdir=job.workdir / "depth", measure_cost=False)  # the final model is timed
 
     def run_depth(self, job: PruneJob, o: dict, dense: nn.Module, budget: Budget, strategy=None) -> PruneResult:
         name = o["depth_strategy"] if strategy is None else strategy.name
