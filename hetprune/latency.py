@@ -99,9 +99,13 @@ class LatencyTable:
             raise HetpruneError(f"latency batch_size must be a whole number >= 1, got {self.batch_size!r}")
         self.key = self._key()   # fixed when the table is made (threads, versions, device)
         if self.cache and self.path.is_file():
-            data = read_json(self.path)
-            if data.get("key") == self.key:
-                self.entries = dict(data.get("entries", {}))
+            try:
+                data = read_json(self.path, "latency table")
+            except HetpruneError as exc:   # a cache: what cannot be read is measured again
+                self.log(f"latency table: {exc}; measuring afresh")
+                data = {}
+            if isinstance(data, dict) and data.get("key") == self.key and isinstance(data.get("entries"), dict):
+                self.entries = dict(data["entries"])
 
     # -- the cache -------------------------------------------------------------------------------
     def _key(self) -> dict:

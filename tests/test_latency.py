@@ -108,6 +108,17 @@ def test_a_table_keyed_for_another_device_is_not_read(tiny_model, monkeypatch):
     assert second.measured_now == 2
 
 
+def test_a_truncated_table_is_measured_again_not_an_error(tiny_model):
+    x = tiny_example(2)
+    first = table()
+    first.predict(tiny_model, x)
+    first.path.write_text(first.path.read_text()[:40])
+    second = table()
+    second.predict(tiny_model, x)
+    assert second.measured_now == 2
+    assert json.loads(second.path.read_text())["key"] == second.key     # and the cache is whole again
+
+
 def test_table_settings_are_checked():
     with pytest.raises(HetpruneError, match="batch_size"):
         table(batch=0)
