@@ -85,10 +85,11 @@ def run_config(name: str, batch: int, speedup: float, repeats: int, log, width: 
     budget = Budget(target_speedup=speedup, cost_model="latency")
     pairs = feasible_pairs(dense, budget, x, cost=table.predict)
     dense_pred = table.predict(dense, x)
+    per_block = dense_pred - table.predict(dropped(dense, 1), x)
+    depth_table_s = time.time() - started     # what a depth strategy's budget costs: dense, the variants, dropped
     models = {"dense": dense}
     for a, m in pairs:
         models[f"split {a}+{m}"] = overlapping(dense, a, m)
-    per_block = dense_pred - table.predict(dropped(dense, 1), x)
     k = int(-(-(dense_pred - dense_pred / speedup) // per_block))
     models[f"block-drop {k}"] = dropped(dense, k)
     if width:   # width-pruned to 1/S of the MACs (magnitude importance; every block its own shape)
@@ -113,7 +114,7 @@ def run_config(name: str, batch: int, speedup: float, repeats: int, log, width: 
                      "measured_iqr_ms": [r["latency_s"]["q1"] * 1e3, r["latency_s"]["q3"] * 1e3],
                      "target_met": r["model"] == "dense" or r["speedup"] >= speedup * 0.97})
     return {"config": name, "batch": batch, "speedup_target": speedup, "table_parts": len(table.entries),
-            "table_and_predictions_s": build_s, "environment": measured["environment"], "rows": rows}
+            "depth_table_s": depth_table_s, "table_and_predictions_s": build_s, "environment": measured["environment"], "rows": rows}
 
 
 def markdown(results: list[dict], command: str) -> str:
@@ -127,7 +128,9 @@ def markdown(results: list[dict], command: str) -> str:
     for res in results:
         e = res["environment"]
         out += [f"## {res['config']}, batch {res['batch']}, --target-speedup {res['speedup_target']:g} (latency)", "",
-                f"Table: {res['table_parts']} parts; building it and predicting every model took "
+                f"Table: {res['table_parts']} parts. The parts a depth budget needs (dense, without attention, "
+                f"merged MLP, both, dropped, outside) took {res['depth_table_s']:.1f} s to time from an empty cache; "
+                f"with the width-pruned model's blocks and every prediction, "
                 f"{res['table_and_predictions_s']:.1f} s. Load average {e.get('load_start')} at start, "
                 f"{e.get('load_end')} at end.", "",
                 "| model | predicted ms | measured ms (IQR) | predicted speedup | measured speedup | error | "

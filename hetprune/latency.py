@@ -91,6 +91,7 @@ class LatencyTable:
     log: Callable[[str], None] = print
     entries: dict = field(default_factory=dict)
     measured_now: int = 0           # parts timed by this process (0: all came from the cache)
+    warned: bool = False            # a busy machine is reported once per table
 
     def __post_init__(self):
         self.device = devices.resolve(self.device)
@@ -171,7 +172,8 @@ class LatencyTable:
                  f"{self.batch_size}, {self.dtype}, on {self.key['device']} ...")
         load = bench.load_average()
         busy = self.device.type == "cpu" and load is not None and load[0] > 0.75 * (os.cpu_count() or 1)
-        if busy:
+        if busy and not self.warned:
+            self.warned = True
             self.log(f"latency table: warning: load average {load[0]} on {os.cpu_count()} CPUs; times measured on a "
                      f"busy machine are kept in {self.path} (delete it to measure again when the machine is quiet)")
         runners = {p.key: bench._Runner(None, None, self.device, self.dtype, fn=p.run) for p in parts}
