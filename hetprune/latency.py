@@ -171,11 +171,13 @@ class LatencyTable:
         self.log(f"latency table: timing {len(parts)} new part(s) ({', '.join(p.what for p in parts)}) at batch "
                  f"{self.batch_size}, {self.dtype}, on {self.key['device']} ...")
         load = bench.load_average()
-        busy = self.device.type == "cpu" and load is not None and load[0] > 0.75 * (os.cpu_count() or 1)
-        if busy and not self.warned:
+        # the load average counts this process's own threads too: warn when others use half the CPUs
+        others = load[0] - torch.get_num_threads() if load is not None else 0.0
+        if self.device.type == "cpu" and others > 0.5 * (os.cpu_count() or 1) and not self.warned:
             self.warned = True
-            self.log(f"latency table: warning: load average {load[0]} on {os.cpu_count()} CPUs; times measured on a "
-                     f"busy machine are kept in {self.path} (delete it to measure again when the machine is quiet)")
+            self.log(f"latency table: warning: load average {load[0]} on {os.cpu_count()} CPUs with "
+                     f"{torch.get_num_threads()} threads of ours; times measured on a busy machine are kept in "
+                     f"{self.path} (delete it to measure again when the machine is quiet)")
         runners = {p.key: bench._Runner(None, None, self.device, self.dtype, fn=p.run) for p in parts}
         timed = bench.time_interleaved(runners, self.repeats, self.warmup, self.min_time_s)
         for p in parts:
