@@ -111,6 +111,7 @@ def test_prune_runs_end_to_end_on_digit_pairs(tmp_path, monkeypatch):
                str(tmp_path / "tiny19.safetensors"), "--data", DIGIT_PAIRS, "--budget", "1", "--strategy",
                "act-only", "--scorer", "magnitude", "--set", "finetune.epochs=0", "--out", str(out)])
     assert rc == 0
-    report = read_json(out / "report.json")
-    text = json.dumps(report)
-    assert '"digit-pairs"' in text and digit_pairs().fingerprint in text
+    data = read_json(out / "recipe.json")["provenance"]["data"]
+    assert data["name"] == DIGIT_PAIRS and data["num_classes"] == 19
+    assert data["fingerprint"] == digit_pairs().fingerprint
+    assert 0 <= read_json(out / "report.json")["top1"] <= 100
