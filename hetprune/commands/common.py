@@ -51,7 +51,8 @@ def embedded_name(args) -> str:
         return data or DIGITS
     if not Path(data).is_dir():
         raise HetpruneError(f"--data {data!r} is neither an embedded data set ({', '.join(EMBEDDED)}) "
-                            f"nor an ImageFolder folder with train/ and val/")
+                            f"nor a folder: no train/ folder at {Path(data) / 'train'}; expected an ImageFolder "
+                            f"root with train/<class>/* and val/<class>/*")
     return DIGITS
 
 
