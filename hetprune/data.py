@@ -1,4 +1,4 @@
-"""Data: the embedded digits set (ships with scikit-learn) and ImageFolder trees.
+"""Data: the embedded data sets (built from scikit-learn's digits) and ImageFolder trees.
 
 Every data set comes as a :class:`DataBundle` with a train and a val split and
 a fingerprint, so resumable state (MAP points, compare rows) is keyed by the
@@ -21,6 +21,8 @@ from .cache import fingerprint
 from .errors import HetpruneError
 
 DIGITS = "digits"
+DIGIT_PAIRS = "digit-pairs"
+EMBEDDED = (DIGITS, DIGIT_PAIRS)  # the data sets that need no download; --data takes these names or a folder
 
 
 @dataclass
@@ -106,21 +108,66 @@ class GlobalBatchSampler(Sampler):
 
 def digits(img_size: int = 16, val_size: int = 450, seed: int = 0, shift: int = 2) -> DataBundle:
     """scikit-learn's 8x8 digits, upscaled to ``img_size``, stratified train/val split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    raw = load_digits()
-    images = torch.tensor(raw.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    raw_images, raw_labels, train_idx, val_idx = _digits_split(val_size, seed)
+    images = torch.tensor(raw_images, dtype=torch.float32).unsqueeze(1)
     images = F.interpolate(images, size=(img_size, img_size), mode="bilinear", align_corners=False)
     images = (images - 0.5) / 0.5
-    labels = torch.tensor(raw.target, dtype=torch.long)
-    idx = np.arange(len(labels))
-    train_idx, val_idx = train_test_split(idx, test_size=val_size, stratify=raw.target, random_state=seed)
+    labels = torch.tensor(raw_labels, dtype=torch.long)
     train = ShiftedImages(images[train_idx], labels[train_idx], shift)
     val = TensorDataset(images[val_idx], labels[val_idx])
     fp = fingerprint({"data": DIGITS, "img_size": img_size, "val_size": val_size, "seed": seed, "shift": shift,
                       "augment": "per-item-v2"})
     return DataBundle(DIGITS, train, val, 10, 1, img_size, fp)
+
+
+def _digits_split(val_size: int, seed: int):
+    """scikit-learn's digits as ``(images N x 8 x 8 in [0, 1], labels, train_idx, val_idx)``, stratified split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    raw = load_digits()
+    idx = np.arange(len(raw.target))
+    train_idx, val_idx = train_test_split(idx, test_size=val_size, stratify=raw.target, random_state=seed)
+    return raw.images / 16.0, raw.target, train_idx, val_idx
+
+
+def digit_pairs(train_pairs: int = 4000, val_pairs: int = 1000, val_size: int = 450, seed: int = 0,
+                shift: int = 1, singles: float = 0.25) -> DataBundle:
+    """Two scikit-learn digits side by side, labelled by their sum (19 classes, 0..18).
+
+    Each 8x8 digit is stretched to 16 rows x 8 columns, so a pair fills one 16x16
+    image, the input size of :func:`digits` (the embedded model reads it as two
+    16x8 patches, one per digit). Train pairs are drawn (seeded, with
+    replacement) from the training images of the same stratified split as
+    :func:`digits`, val pairs from its val images only, so no val digit is ever
+    seen in training. A share ``singles`` of the training images shows one digit
+    with the other half blank (a blank adds 0 to the sum): it teaches the digits
+    themselves and makes the sum learnable in a few minutes; val images are all
+    pairs. The label needs both halves and is not linear in the pixels: a
+    logistic regression on raw pixels reaches about 20 % on it
+    (benchmarks/results/digit-pairs-linear.md).
+    """
+    images, labels, train_idx, val_idx = _digits_split(val_size, seed)
+    rng = np.random.default_rng(seed)
+
+    def pairs(pool: np.ndarray, n: int, singles: float):
+        left, right = rng.choice(pool, n), rng.choice(pool, n)
+        lx, rx, ly, ry = images[left], images[right], labels[left], labels[right]
+        # a share of the training images shows one digit only (the other half blank, adding 0 to the sum)
+        blank = rng.random(n) < singles
+        blank_left = blank & (rng.random(n) < 0.5)
+        blank_right = blank & ~blank_left
+        lx, ly = np.where(blank_left[:, None, None], 0.0, lx), np.where(blank_left, 0, ly)
+        rx, ry = np.where(blank_right[:, None, None], 0.0, rx), np.where(blank_right, 0, ry)
+        x = torch.tensor(np.concatenate([lx, rx], axis=2), dtype=torch.float32).unsqueeze(1)
+        x = F.interpolate(x, size=(16, 16), mode="bilinear", align_corners=False)  # 8x16 -> 16x16: rows doubled
+        return (x - 0.5) / 0.5, torch.tensor(ly + ry, dtype=torch.long)
+
+    train_x, train_y = pairs(train_idx, train_pairs, singles)
+    val_x, val_y = pairs(val_idx, val_pairs, 0.0)
+    fp = fingerprint({"data": DIGIT_PAIRS, "train_pairs": train_pairs, "val_pairs": val_pairs, "val_size": val_size,
+                      "seed": seed, "shift": shift, "singles": singles, "label": "sum", "v": 1})
+    return DataBundle(DIGIT_PAIRS, ShiftedImages(train_x, train_y, shift), TensorDataset(val_x, val_y), 19, 1, 16, fp)
 
 
 def read_image(path: str):
@@ -167,6 +214,8 @@ def image_folder(path: str | Path, model: torch.nn.Module) -> DataBundle:
 def load_data(spec: str, model: torch.nn.Module | None = None, seed: int = 0) -> DataBundle:
     if spec == DIGITS:
         return digits(seed=seed)
+    if spec == DIGIT_PAIRS:
+        return digit_pairs(seed=seed)
     if model is None:
         raise HetpruneError("an ImageFolder data set needs the model to resolve its transforms")
     return image_folder(spec, model)

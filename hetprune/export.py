@@ -377,14 +377,14 @@ def pretrained_cfg(model: nn.Module, recipe) -> dict:
     """Input size, mean/std and the rest of timm's data config, for what the model was trained on."""
     from timm.data import resolve_data_config
 
-    from .data import DIGITS
+    from .data import EMBEDDED
     from .models import input_shape_of
 
     cfg = resolve_data_config({}, model=model)
     cfg["input_size"] = list(input_shape_of(model))
     data = (recipe.provenance.get("data") or {}) if recipe is not None else {}
     channels = cfg["input_size"][0]
-    if data.get("name") == DIGITS:  # the embedded default is normalised as (x - 0.5) / 0.5
+    if data.get("name") in EMBEDDED:  # the embedded data sets are normalised as (x - 0.5) / 0.5
         cfg["mean"], cfg["std"] = [0.5] * channels, [0.5] * channels
     for key in ("mean", "std"):  # a model built with another in_chans: one value per channel, averaged
         if len(cfg[key]) != channels:

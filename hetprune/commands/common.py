@@ -16,15 +16,18 @@ def add_model_arguments(p, data: bool = True) -> None:
     g = p.add_argument_group("base model")
     g.add_argument("--model", metavar="NAME",
                    help="timm model name, or LIBRARY:NAME for an adapter's own models (e.g. "
-                        "hf-vit:ViTForImageClassification); default: the embedded digits ViT, trained once and cached")
+                        "hf-vit:ViTForImageClassification); default: the embedded ViT of --data (digits or "
+                        "digit-pairs), trained once and cached")
     g.add_argument("--model-kwargs", metavar="JSON", default=None,
                    help='extra timm.create_model arguments as JSON, e.g. \'{"num_classes": 100}\'')
     w = g.add_mutually_exclusive_group()
     w.add_argument("--pretrained", action="store_true", help="load timm's pretrained weights (needs the hub)")
     w.add_argument("--checkpoint", metavar="FILE", help="weights file: .safetensors, or .pth (weights_only)")
     if data:
-        g.add_argument("--data", metavar="digits|PATH", default=None,
-                       help="'digits' (embedded default) or an ImageFolder root with train/ and val/")
+        g.add_argument("--data", metavar="digits|digit-pairs|PATH", default=None,
+                       help="an embedded data set: 'digits' (the default; scikit-learn's digits) or "
+                            "'digit-pairs' (two digits side by side, labelled by their sum), or an ImageFolder "
+                            "root with train/ and val/")
         s = g.add_mutually_exclusive_group()
         s.add_argument("--subset", type=int, metavar="N",
                        help="training images for the short fine-tunes of MAP points (sets short_finetune.subset)")
@@ -34,13 +37,33 @@ def add_model_arguments(p, data: bool = True) -> None:
                        help="data-loading worker processes for every fine-tune (default 0)")
 
 
+def embedded_name(args) -> str:
+    """The embedded data set the command's options name: ``--data`` when it is one, else digits.
+
+    A ``--data`` value that is neither an embedded name nor a folder is an error listing what is allowed.
+    """
+    from pathlib import Path
+
+    from ..data import DIGITS, EMBEDDED
+
+    data = getattr(args, "data", None)
+    if data is None or data in EMBEDDED:
+        return data or DIGITS
+    if not Path(data).is_dir():
+        raise HetpruneError(f"--data {data!r} is neither an embedded data set ({', '.join(EMBEDDED)}) "
+                            f"nor a folder: no train/ folder at {Path(data) / 'train'}; expected an ImageFolder "
+                            f"root with train/<class>/* and val/<class>/*")
+    return DIGITS
+
+
 def model_spec(args):
-    from ..models import DIGITS_SPEC, ModelSpec
+    from ..embedded import benchmark
+    from ..models import ModelSpec
 
     if not args.model:
         if args.model_kwargs or args.pretrained or args.checkpoint:
             raise HetpruneError("--model-kwargs, --pretrained and --checkpoint need --model NAME")
-        return DIGITS_SPEC
+        return benchmark(embedded_name(args)).spec
     kwargs = {}
     if args.model_kwargs:
         try:
@@ -55,13 +78,15 @@ def model_spec(args):
 def base_model(args, log=print, device: str = "cpu"):
     """``(dense_model, spec, base_info)`` from the command's model options (the embedded default is trained
     on ``device`` the first time)."""
-    from ..embedded import digits_model, digits_model_info
+    from ..embedded import embedded_model, embedded_model_info
     from ..models import build_with_weights, model_hash
 
     spec = model_spec(args)
     if not args.model:
-        model = digits_model(log=log, progress=not os.environ.get("HETPRUNE_NO_PROGRESS"), device=device)
-        info = {"source": "embedded digits ViT", **({"top1": m["val_top1"]} if (m := digits_model_info()) else {})}
+        name = embedded_name(args)
+        model = embedded_model(name, log=log, progress=not os.environ.get("HETPRUNE_NO_PROGRESS"), device=device)
+        info = {"source": f"embedded {name} ViT",
+                **({"top1": m["val_top1"]} if (m := embedded_model_info(name)) else {})}
     else:
         model = build_with_weights(spec, pretrained=args.pretrained, checkpoint=args.checkpoint)
         source = "pretrained" if args.pretrained else (f"checkpoint {args.checkpoint}" if args.checkpoint else "random")
@@ -71,11 +96,12 @@ def base_model(args, log=print, device: str = "cpu"):
 
 
 def data_for(args, model, seed: int = 0):
-    from ..data import DIGITS, load_data
+    from ..data import DIGITS, EMBEDDED, load_data
 
     spec = args.data or DIGITS
-    if args.model and spec == DIGITS and not args.checkpoint:
-        raise HetpruneError("--model NAME needs --data PATH (an ImageFolder) or a --checkpoint trained on digits")
+    embedded_name(args)  # a bad value: one error listing the allowed names
+    if args.model and spec in EMBEDDED and not args.checkpoint:
+        raise HetpruneError(f"--model NAME needs --data PATH (an ImageFolder) or a --checkpoint trained on {spec}")
     return load_data(spec, model, seed=seed)
 
 

@@ -120,7 +120,7 @@ def run(args) -> int:
     timing = measure_rows(spec, dense, rows, out, input_shape=tuple(example.shape[1:]))
     attach_speed(rows, dense_row, timing)
     command = "hetprune " + " ".join(shlex.quote(a) for a in args.argv)
-    meta = {"model": model_spec.name if args.model else "embedded digits ViT", "data": data.name,
+    meta = {"model": model_spec.name if args.model else base_info["source"], "data": data.name,
             "command": command, "base": base_info}
     result = write_outputs(out, spec, dense_row, rows, timing, meta)
     print()
