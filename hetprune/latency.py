@@ -3,9 +3,7 @@
 A model's time is predicted as the time of everything outside its blocks
 (embedding, head) plus the time of each block. Each part is timed on its own,
 on the inputs it gets in a real forward pass, interleaved and repeated as
-``hetprune bench`` times whole models (median of the repeats); a block runs as
-a chain of copies spanning more weights than a cache holds, as it does inside
-the model, where its weights are never still warm from its previous call. A part is keyed
+``hetprune bench`` times whole models (median of the repeats). A part is keyed
 by its *structure* (module types, their settings and parameter shapes) and
 its input shapes: a block without its attention, with a merged MLP, dropped,
 or width-pruned is a different entry, measured the first time it is asked
@@ -21,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import os
-from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -35,7 +32,7 @@ from .cache import cache_dir, fingerprint
 from .errors import HetpruneError
 from .io import read_json, write_json_atomic
 
-VERSION = 2   # of the table format and of how parts are timed (2: blocks timed as chains of copies)
+VERSION = 1   # of the table format and of how parts are timed
 OUTSIDE = "outside"
 
 
@@ -78,18 +75,6 @@ class Part:
     what: str                                  # "outside" or "block 3"
     block: nn.Module | None = None             # None: the outside part
     run: Callable[[], object] | None = None
-    copies: int = 1                            # copies of the block run in turn per timed call
-
-
-COLD_BYTES = 64 * 2 ** 20   # weights a chain of block copies spans, so no copy's weights stay in cache
-
-
-def copies(block: nn.Module, depth: int) -> int:
-    """How many copies of a block to run in turn when timing it: in a forward pass each block's weights come
-    from memory, not from a cache the previous call of the same block warmed; enough copies to span
-    :data:`COLD_BYTES` of weights (at most the model's depth) give it the same start."""
-    size = sum(t.numel() * t.element_size() for t in block.parameters())
-    return max(1, min(depth, -(-COLD_BYTES // max(1, size))))
 
 
 @dataclass
@@ -182,9 +167,7 @@ class LatencyTable:
                 p.run = lambda twin=twin: twin(x)
             else:
                 args, kwargs = inputs[blocks.index(p.block)]
-                chain = [p.block] + [copy.deepcopy(p.block) for _ in range(copies(p.block, len(blocks)) - 1)]
-                p.run = partial(_run_chain, chain, args, kwargs)
-                p.copies = len(chain)
+                p.run = lambda b=p.block, a=args, k=kwargs: b(*a, **k)
         self.log(f"latency table: timing {len(parts)} new part(s) ({', '.join(p.what for p in parts)}) at batch "
                  f"{self.batch_size}, {self.dtype}, on {self.key['device']} ...")
         load = bench.load_average()
@@ -199,19 +182,12 @@ class LatencyTable:
         timed = bench.time_interleaved(runners, self.repeats, self.warmup, self.min_time_s)
         for p in parts:
             lat = timed[p.key]["latency_s"]
-            self.entries[p.key] = {"what": p.what, "median_s": lat["median"] / p.copies,
-                                   "q1_s": lat["q1"] / p.copies, "q3_s": lat["q3"] / p.copies,
-                                   "calls_per_repeat": timed[p.key]["calls_per_repeat"], "copies": p.copies,
+            self.entries[p.key] = {"what": p.what, "median_s": lat["median"], "q1_s": lat["q1"],
+                                   "q3_s": lat["q3"], "calls_per_repeat": timed[p.key]["calls_per_repeat"],
                                    "load": load}
             p.run = None
         self.measured_now += len(parts)
         self.save()
-
-
-def _run_chain(chain: list[nn.Module], args: tuple, kwargs: dict) -> None:
-    """Each copy on the same inputs, one after the other; no output is kept (as in a forward pass)."""
-    for block in chain:
-        block(*args, **kwargs)
 
 
 @torch.inference_mode()
