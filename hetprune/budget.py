@@ -28,8 +28,6 @@ from .errors import HetpruneError
 from .adapters import adapter_for
 from .sites import depth
 
-TARGETS = ("sites", "target_macs", "target_speedup", "target_latency")
-
 
 @dataclass(frozen=True)
 class Budget:

@@ -32,7 +32,7 @@ def bind(budget: Budget | None, settings: dict, registry) -> Budget | None:
     if not isinstance(chosen, str) or not chosen:
         raise HetpruneError(f"cost_model must be a name (auto, macs, latency or a plugin's), got {chosen!r}")
     if chosen != AUTO:
-        check(registry, chosen, settings)
+        build(registry, chosen, settings)   # an unknown name or option fails now
     if budget is None or budget.sites is not None:
         return budget
     if budget.target_macs is not None:
@@ -43,15 +43,25 @@ def bind(budget: Budget | None, settings: dict, registry) -> Budget | None:
     name = resolve_name(chosen, settings.get("device", "cpu"))
     if budget.target_latency is not None and chosen == AUTO:
         name = "latency"
-    bound = dataclasses.replace(budget, cost_model=name)
-    check(registry, name, settings)
-    return bound
+    if name != chosen:
+        build(registry, name, settings)
+    return dataclasses.replace(budget, cost_model=name)
 
 
-def check(registry, name: str, settings: dict) -> None:
-    """An unknown cost model, or options it does not take, fail now (listing what is known), not after the
-    base model is trained."""
-    registry.build("cost_model", name, **(settings.get("cost_model_options") or {}).get(name, {}))
+def build(registry, name: str, settings: dict):
+    """The cost model ``name`` with its options from ``cost_model_options``; an unknown name, or options it does
+    not take, is one error listing what is known (commands call this before any base model is trained)."""
+    return registry.build("cost_model", name, **(settings.get("cost_model_options") or {}).get(name, {}))
+
+
+def refuse_parallel(jobs: int, budgets: list[Budget], settings: dict) -> set[str]:
+    """The time cost models the budgets count in; an error when ``jobs`` > 1 would run rows at once, each
+    timing the others' noise."""
+    timed = {run_model_name(b, settings) for b in budgets} - {"macs"}
+    if timed and jobs > 1:
+        raise HetpruneError(f"--jobs {jobs} with a time cost model ({', '.join(sorted(timed))}): rows running at "
+                            "once would time each other's noise; use --jobs 1")
+    return timed
 
 
 def run_model_name(budget: Budget, settings: dict) -> str:

@@ -50,15 +50,21 @@ def count_macs(model: nn.Module, example: torch.Tensor) -> int:
             handles.append(m.register_forward_hook(conv_hook))
         if adapter.is_attention(m):
             handles.append(m.register_forward_hook(attn_hook))
+    hooked_forward(model, example, handles)
+    return total // example.shape[0]
+
+
+def hooked_forward(model: nn.Module, x: torch.Tensor, handles: list) -> None:
+    """One forward pass of ``model`` on ``x`` in eval mode, for the hooks behind ``handles`` to observe; the
+    hooks are removed and the model's train/eval mode restored afterwards, also on error."""
     was_training = model.training
     model.eval()
     try:
-        model(example)
+        model(x)
     finally:
         for h in handles:
             h.remove()
         model.train(was_training)
-    return total // example.shape[0]
 
 
 def cost_summary(model: nn.Module, example: torch.Tensor) -> dict:

@@ -29,6 +29,7 @@ from torch import nn
 from . import bench, devices
 from .adapters import adapter_for
 from .cache import cache_dir, fingerprint
+from .costs import hooked_forward
 from .errors import HetpruneError
 from .io import read_json, write_json_atomic
 
@@ -203,14 +204,7 @@ def _block_inputs(model: nn.Module, blocks: list[nn.Module], x: torch.Tensor, wa
         def grab(mod, args, kwargs, i=i):
             captured[i] = (args, kwargs)
         handles.append(b.register_forward_pre_hook(grab, with_kwargs=True))
-    was_training = model.training
-    model.eval()
-    try:
-        model(x)
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
+    hooked_forward(model, x, handles)
     return captured
 
 

@@ -24,6 +24,7 @@ from . import contract, devices
 from . import distributed as dist
 from .budget import Budget, feasible_pairs, max_per_kind
 from .config import train_config
+from .cost_model import build as build_cost_model, run_model_name
 from .costs import cost_summary
 from .data import DataBundle, loader, subset
 from .errors import HetpruneError
@@ -109,8 +110,6 @@ class PruneJob:
     @property
     def cost_model_name(self) -> str:
         """What the budget counts (a cost target), else the run's ``cost_model`` setting (auto resolved)."""
-        from .cost_model import run_model_name
-
         return run_model_name(self.budget, self.settings)
 
     @property
@@ -119,8 +118,7 @@ class PruneJob:
         name = self.cost_model_name
         cached = getattr(self, "_cost_model", None)
         if cached is None or cached[0] != name:
-            options = (self.settings.get("cost_model_options") or {}).get(name, {})
-            model = self.registry.build("cost_model", name, **options)
+            model = build_cost_model(self.registry, name, self.settings)
             if hasattr(model, "log"):
                 model.log = self.log
             cached = (name, model)

@@ -79,9 +79,7 @@ def run(args) -> int:
     from .. import cost_model
 
     budget = cost_model.bind(budget, settings, registry)
-    if cost_model.run_model_name(budget, settings) != "macs" and args.jobs > 1:
-        raise HetpruneError(f"--jobs {args.jobs} with a time cost model: rows running at once would time each "
-                            "other's noise; use --jobs 1")
+    cost_model.refuse_parallel(args.jobs, [budget], settings)
     predictors = [n.strip() for n in (args.predictors or settings[section]["predictor"]).split(",") if n.strip()]
     for name in predictors:
         registry.component("predictor", name)

@@ -83,12 +83,8 @@ def run(args) -> int:
     batch_sizes = int_list(args.batch_sizes, "--batch-sizes")
     if any(b < 1 for b in batch_sizes):
         raise HetpruneError(f"--batch-sizes must be >= 1, got {batch_sizes}")
-    timed_by = {cost_model.run_model_name(b, settings) for b in budgets} - {"macs"}
-    if timed_by and args.jobs > 1:
-        raise HetpruneError(f"--jobs {args.jobs} with a time cost model ({', '.join(sorted(timed_by))}): rows running "
-                            "at once would time each other's noise; use --jobs 1")
-    for name in sorted(timed_by):   # time the models at the batch size the cost model predicts for, too
-        cm = registry.build("cost_model", name, **(settings.get("cost_model_options") or {}).get(name, {}))
+    for name in sorted(cost_model.refuse_parallel(args.jobs, budgets, settings)):
+        cm = cost_model.build(registry, name, settings)   # time the models where it predicts, too
         if isinstance(getattr(cm, "batch_size", None), int) and cm.batch_size not in batch_sizes:
             batch_sizes.append(cm.batch_size)
     out = Path(args.out)

@@ -9,6 +9,13 @@ import numpy as np
 from hetprune import HetpruneError
 
 
+def as_points(points) -> tuple[np.ndarray, int]:
+    """``(n_attn, n_act, accuracy)`` triples as an ``(n, 3)`` float array, and how many distinct splits they hold
+    (what a fit's minimum is counted in)."""
+    pts = np.asarray([(float(a), float(m), float(acc)) for a, m, acc in points], dtype=float)
+    return pts, (len({(a, m) for a, m, _ in pts.tolist()}) if len(pts) else 0)
+
+
 class PolyPredictor:
     """Bivariate polynomial acc ~ P(n_attn, n_act) of total degree `degree`, least squares."""
 
@@ -36,9 +43,8 @@ class PolyPredictor:
         return coef
 
     def fit(self, points):
-        pts = np.asarray([(float(a), float(m), float(acc)) for a, m, acc in points], dtype=float)
+        pts, distinct = as_points(points)
         need = len(self.terms)
-        distinct = len({(a, m) for a, m, _ in pts.tolist()}) if len(pts) else 0
         if distinct < need:
             raise HetpruneError(f"a degree-{self.degree} poly predictor has {need} coefficients and needs at least "
                                 f"{need} distinct (n_attn, n_act) points; got {distinct}. Collect more points or "
@@ -101,8 +107,7 @@ class LocalPredictor:
         return float(coef[0])  # the plane's value at (a, m)
 
     def fit(self, points):
-        pts = np.asarray([(float(a), float(m), float(acc)) for a, m, acc in points], dtype=float)
-        distinct = len({(a, m) for a, m, _ in pts.tolist()}) if len(pts) else 0
+        pts, distinct = as_points(points)
         if distinct < self.min_points:
             raise HetpruneError(f"the local predictor fits a plane and needs at least {self.min_points} distinct "
                                 f"(n_attn, n_act) points; got {distinct}")
@@ -161,8 +166,7 @@ class GPPredictor:
         return chol, alpha, nll
 
     def fit(self, points):
-        pts = np.asarray([(float(a), float(m), float(acc)) for a, m, acc in points], dtype=float)
-        distinct = len({(a, m) for a, m, _ in pts.tolist()}) if len(pts) else 0
+        pts, distinct = as_points(points)
         if distinct < self.min_points:
             raise HetpruneError(f"the gp predictor fits a plane first and needs at least {self.min_points} distinct "
                                 f"(n_attn, n_act) points; got {distinct}")
