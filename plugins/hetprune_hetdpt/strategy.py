@@ -131,21 +131,34 @@ class HetDPT(DepthStrategy):
         return [have[p] for p in plan]
 
     # -- stage 1: allocation ---------------------------------------------------
-    def allocate(self, job: PruneJob):
+    def predictor_for(self, job: PruneJob, plan: list[tuple[int, int]], what: str = "this budget and model"):
+        """The configured predictor (``hetdpt.predictor`` with its options), refused before any point is
+        measured when ``plan`` has fewer points than it needs."""
         opts = job.settings["hetdpt"]
-        pairs = job.feasible_pairs()
         predictor = job.registry.build("predictor", opts["predictor"],
                                        **opts.get("predictor_options", {}).get(opts["predictor"], {}))
-        plan = self.point_plan(job, pairs)
         need = getattr(predictor, "min_points", None)
         if need is not None and len(plan) < need:  # say so before an hour of fine-tuning, not after
             raise HetpruneError(
-                f"predictor {predictor.name!r} needs at least {need} distinct points, but this budget and model "
-                f"give a plan of {len(plan)}: {plan}. Raise hetdpt.axis_points / hetdpt.mixed_points, or lower "
-                "the degree (hetdpt.predictor_options.poly.degree)")
-        refine = opts.get("refine", 0)
+                f"predictor {predictor.name!r} needs at least {need} distinct points, but {what} give a plan of "
+                f"{len(plan)}: {plan}. Raise hetdpt.axis_points / hetdpt.mixed_points, or lower the degree "
+                "(hetdpt.predictor_options.poly.degree)")
+        return predictor
+
+    @staticmethod
+    def refine_rounds(settings: dict, key: str = "hetdpt.refine") -> int:
+        """A refinement round count from settings (``section.refine``), checked."""
+        section, name = key.split(".")
+        refine = settings[section].get(name, 0)
         if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
-            raise HetpruneError(f"hetdpt.refine must be a count of rounds >= 0, got {refine!r}")
+            raise HetpruneError(f"{key} must be a count of rounds >= 0, got {refine!r}")
+        return refine
+
+    def allocate(self, job: PruneJob):
+        pairs = job.feasible_pairs()
+        plan = self.point_plan(job, pairs)
+        predictor = self.predictor_for(job, plan)
+        refine = self.refine_rounds(job.settings)
         points = self.collect_points(job, plan)
         predicted = self.fit(predictor, points, pairs)
         rounds = []

@@ -7,6 +7,7 @@ point is one candidate measured cheaply: the depth strategy's removal order
 (its point scorer, one site at a time, as for MAP points) removes the sites,
 the width pruner prunes to the target, a short KD fine-tune, validation top-1.
 The depth strategy's predictor (``hetdpt.predictor``) is fitted on the points
+(with the depth strategy's own ``fit``)
 and the best predicted candidate wins; ``hetdpt_plus.refine`` rounds measure
 the best predicted candidate not yet measured and refit, and the pick then
 prefers measured values. Points are stored and reused like MAP points.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import copy
 import time
 
-import hetprune
 from hetprune import HetpruneError
 from hetprune.budget import kind_savings, max_per_kind, pair_cost
 from hetprune.cache import fingerprint
@@ -28,10 +28,14 @@ from hetprune.sites import depth
 from hetprune.train import evaluate_dataset, train
 
 
-def candidates(job: PruneJob, target: float) -> list[tuple[int, int]]:
-    """Every split whose depth pruning alone (merged, MACs) keeps the model at or above ``target``."""
+def depth_macs(job: PruneJob):
+    """MACs after depth pruning alone, merged, as a function of the split (hetprune.budget.pair_cost)."""
     save = kind_savings(job.dense, job.example, merge=bool(job.settings.get("mergers")))
-    macs = pair_cost(save, depth(job.dense))
+    return pair_cost(save, depth(job.dense))
+
+
+def candidates(job: PruneJob, target: float, macs) -> list[tuple[int, int]]:
+    """Every split whose depth pruning alone (``macs``, from :func:`depth_macs`) stays at or above ``target``."""
     limits = max_per_kind(job.dense)
     return [(a, m) for a in range(limits["attn"] + 1) for m in range(limits["act"] + 1) if macs(a, m) >= target]
 
@@ -45,7 +49,7 @@ def frontier(cands: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def point_plan(depth_strategy, job: PruneJob, cands: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Width only, the depth strategy's MAP plan over the frontier (axes and mixed points), all candidates."""
     edge = frontier(cands)
-    plan = set(depth_strategy.point_plan(job, edge)) if hasattr(depth_strategy, "point_plan") else set(edge)
+    plan = set(depth_strategy.point_plan(job, edge))
     plan = {p for p in plan if p in set(cands)} | {(0, 0)}
     return sorted(plan, key=lambda p: (p[0] + p[1], p))
 
@@ -91,25 +95,19 @@ def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: 
 def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tuple[tuple[int, int], dict]:
     """The depth split (width taking the rest of the cut to ``target``) with the best predicted accuracy."""
     o = job.settings["hetdpt_plus"]
-    refine = o.get("refine", 0)
-    if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
-        raise HetpruneError(f"hetdpt_plus.refine must be a count of rounds >= 0, got {refine!r}")
     depth_strategy = job.registry.build("strategy", o["depth_strategy"])
-    if not hasattr(depth_strategy, "removal_orders"):
-        raise HetpruneError(f"hetdpt_plus.depth_share search needs a depth strategy with cheap points "
-                            f"(removal_orders), e.g. hetdpt; {o['depth_strategy']!r} has none")
-    section = job.settings["hetdpt"]
-    predictor = job.registry.build("predictor", section["predictor"],
-                                   **section.get("predictor_options", {}).get(section["predictor"], {}))
-    cands = candidates(job, target)
+    missing = [m for m in ("removal_orders", "point_plan", "predictor_for", "refine_rounds", "fit")
+               if not hasattr(depth_strategy, m)]
+    if missing:
+        raise HetpruneError(f"hetdpt_plus.depth_share search needs a depth strategy with cheap points and a "
+                            f"fitted predictor, e.g. hetdpt; {o['depth_strategy']!r} lacks {', '.join(missing)}")
+    refine = depth_strategy.refine_rounds(job.settings, "hetdpt_plus.refine")
+    macs = depth_macs(job)
+    cands = candidates(job, target, macs)
     plan = point_plan(depth_strategy, job, cands)
-    need = getattr(predictor, "min_points", None)
-    if need is not None and len(plan) < need:
-        raise HetpruneError(f"predictor {predictor.name!r} needs at least {need} distinct points, but this target "
-                            f"and model give a share plan of {len(plan)}: {plan}. Raise hetdpt.axis_points / "
-                            "hetdpt.mixed_points, or lower the predictor's degree")
+    predictor = depth_strategy.predictor_for(job, plan, "this target and model (share search)")
     points = measure(job, depth_strategy, plan, target, width_prune)
-    predicted = fit(predictor, points, cands)
+    predicted = depth_strategy.fit(predictor, points, cands)
     rounds = []
     for _ in range(refine):
         measured = {(p["n_attn"], p["n_act"]) for p in points}
@@ -119,14 +117,12 @@ def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tupl
         job.log(f"[{job.strategy_name}] share refinement: measuring {best[0]}+{best[1]}")
         plan = plan + [best]
         points = measure(job, depth_strategy, plan, target, width_prune)
-        predicted = fit(predictor, points, cands)
+        predicted = depth_strategy.fit(predictor, points, cands)
         rounds.append({"measured": list(best)})
     measured = {(p["n_attn"], p["n_act"]): p["accuracy"] for p in points}
     value = {c: measured.get(c, predicted[c]) if refine else predicted[c] for c in cands}
     pick = max(cands, key=lambda c: (value[c], -c[0] - c[1]))   # ties: less depth
-    save = kind_savings(job.dense, job.example, merge=bool(job.settings.get("mergers")))
-    depth_macs = pair_cost(save, depth(job.dense))(*pick)
-    share = (dense_macs - depth_macs) / (dense_macs - target) if dense_macs > target else 0.0
+    share = (dense_macs - macs(*pick)) / (dense_macs - target) if dense_macs > target else 0.0
     job.log(f"[{job.strategy_name}] share search ({predictor.name}): {pick[0]} attn + {pick[1]} act, depth takes "
             f"{share:.0%} of the MAC cut (predicted {predicted[pick]:.2f}%)")
     return pick, {"predictor": predictor.name, "points": points, "candidates": [list(c) for c in cands],
@@ -136,13 +132,3 @@ def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tupl
                   "refinement": rounds, "depth_share": share,
                   "pick": {"n_attn": pick[0], "n_act": pick[1], "predicted": predicted[pick],
                            **({"measured": measured[pick]} if pick in measured else {})}}
-
-
-def fit(predictor, points: list[dict], cands: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
-    predictor.fit([(p["n_attn"], p["n_act"], p["accuracy"]) for p in points])
-    return {c: predictor.predict(*c) for c in cands}
-
-
-def fixed_split(n_attn: int, n_act: int):
-    """The depth step of the picked split: the configured scorer chooses the sites within each kind."""
-    return hetprune.FixedSplit(n_attn, n_act)

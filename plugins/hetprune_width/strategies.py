@@ -97,7 +97,7 @@ def width_prune_to_time(job: PruneJob, model: nn.Module, stage: str = "width") -
     MACs through the last two known points (the unpruned model is the first) and aims just under the
     limit; the most expensive try that meets the limit wins (within ``tolerance`` of it ends the search)."""
     example = example_for(job, model)
-    cost = merged_cost(job, example, cost=lambda m, x: job.cost(m, x))
+    cost = merged_cost(job, example, cost=job.cost)
     macs_of = merged_cost(job, example)
     limit = job.budget.limit(job.cost(job.dense, example))
     have, macs = cost(model), macs_of(model)
@@ -299,8 +299,7 @@ class HetDPTPlus:
             dense_cost = job.cost(job.dense, example)
             target = dense_macs   # no MAC target: the time limit rules
             keep = 1 - o["depth_share"] * (1 - job.budget.limit(dense_cost) / dense_cost)
-            depth_fraction = keep if o["depth_sites"] is None else None
-            depth_budget = (Budget(sites=o["depth_sites"]) if depth_fraction is None else
+            depth_budget = (Budget(sites=o["depth_sites"]) if o["depth_sites"] is not None else
                             Budget(target_speedup=1 / keep, cost_model=job.budget.model_name))
         else:
             target = mac_target(job, dense_macs, self.name)
@@ -318,7 +317,7 @@ class HetDPTPlus:
         widths_info: list[dict] = []
         if o["order"] == "depth-width":
             depth = self.run_depth(job, o, job.dense, depth_budget,
-                                   share_search.fixed_split(*pick) if searched else None)
+                                   hetprune.FixedSplit(*pick) if searched else None)
             model = depth.model
             if timed:
                 model, info = width_prune_to_time(job, model)
