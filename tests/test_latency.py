@@ -126,6 +126,65 @@ def test_table_settings_are_checked():
         table(dtype="fp16")
 
 
+def mac_clock(monkeypatch):
+    """A clock that reads one call's linear-layer MACs (1 ns each) plus 1 ms of overhead per timed call: what
+    a part costs in context differs from what it costs alone by exactly that overhead."""
+    from torch import nn
+
+    from hetprune import bench
+
+    def timed(runners, repeats, warmup, min_time_s, **kw):
+        out = {}
+        for name, run in runners.items():
+            macs = [0]
+
+            def count(mod, inputs, output):
+                if isinstance(mod, nn.Linear):
+                    macs[0] += inputs[0].numel() // mod.in_features * mod.in_features * mod.out_features
+            handle = nn.modules.module.register_module_forward_hook(count)
+            try:
+                with torch.inference_mode():   # as the real timing runs
+                    run()
+            finally:
+                handle.remove()
+            t = 1e-3 + macs[0] * 1e-9
+            out[name] = {"latency_s": {"median": t, "q1": t, "q3": t}, "calls_per_repeat": 1}
+        return out
+    monkeypatch.setattr(bench, "time_interleaved", timed)
+    return lambda model, x: timed({"m": lambda: model(x)}, 1, 0, 0)["m"]["latency_s"]["median"]
+
+
+def test_blocks_are_timed_in_context_so_a_prediction_is_the_whole_models_time(tiny_model, monkeypatch):
+    clock = mac_clock(monkeypatch)
+    x = tiny_example(2)
+    t = table(cache=False)
+    pruned = copy.deepcopy(tiny_model)
+    surgery.remove_attention(pruned, 1)
+    surgery.remove_activation(pruned, 2)
+    surgery.merge_all(pruned)
+    surgery.drop_block(pruned, 3)
+    for model in (tiny_model, pruned):   # a part timed alone would count the 1 ms once per block
+        assert t.predict(model, x) == pytest.approx(clock(model, x), rel=1e-9)
+    assert {e["timed"] for k, e in t.entries.items() if e["what"] != "outside"} == {"in context"}
+
+
+def test_a_block_called_unlike_the_others_is_timed_alone(tiny_model, monkeypatch):
+    import hetprune.latency as latency
+
+    mac_clock(monkeypatch)
+    real = latency._block_inputs
+
+    def one_block_differs(model, blocks, x):   # as in a model with stages of different widths
+        inputs = real(model, blocks, x)
+        (a, *rest), kw = inputs[0]
+        inputs[0] = ((a[:, :-1], *rest), kw)
+        return inputs
+    monkeypatch.setattr(latency, "_block_inputs", one_block_differs)
+    t = table(cache=False)
+    t.predict(tiny_model, tiny_example(2))
+    assert {e["timed"] for e in t.entries.values()} == {"solo"}
+
+
 # -- budgets in time --------------------------------------------------------------------------------
 
 def test_latency_text():
