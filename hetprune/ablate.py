@@ -59,8 +59,10 @@ def budget_words(budget) -> str:
 
 
 def split_plans(pairs: list[Pair], seeds: list[int], settings: dict, budget, base_hash: str, data_fp: str,
-                scorer: str | None = None, kind: str = "truth") -> list[RowPlan]:
-    """Rows that fine-tune each split fully (ground truth), or one split per scorer."""
+                scorer: str | None = None, kind: str = "truth", unused: tuple[str, ...] = ()) -> list[RowPlan]:
+    """Rows that fine-tune each split fully (ground truth), or one split per scorer. ``unused``: settings
+    sections a fixed split never reads (the allocating strategy's own), left out of the rows' keys so that
+    ablations of that strategy's options share one ground truth."""
     plans = []
     for seed in seeds:
         for a, m in pairs:
@@ -69,7 +71,8 @@ def split_plans(pairs: list[Pair], seeds: list[int], settings: dict, budget, bas
             if scorer:
                 s["scorer"] = scorer
             tag = f"{kind}-a{a}-m{m}" + (f"-{scorer}" if scorer else "") + f"__seed{seed}"
-            key = fingerprint({"kind": kind, "split": [a, m], "seed": seed, "settings": s, "base": base_hash,
+            keyed = {k: v for k, v in s.items() if k not in unused}
+            key = fingerprint({"kind": kind, "split": [a, m], "seed": seed, "settings": keyed, "base": base_hash,
                                "data": data_fp})
             label = f"scorer {scorer}" if scorer else f"split {a}+{m}"
             plans.append(RowPlan(tag, "fixed-split", budget, seed, s, key, split=(a, m), label=label))
@@ -89,7 +92,9 @@ def markdown(result: dict) -> str:
              f"Command: `{result.get('command', '')}`", "",
              "Ground truth: every feasible split fine-tuned with the full schedule "
              f"(`finetune`: {result['finetune']}); predictors fitted on the cheap points "
-             f"(`short_finetune`: {result['short_finetune']}).", "",
+             + (f"(`short_finetune`: {result['short_finetune']})."
+                if result.get("point_selection", "oneshot") == "oneshot" else
+                f"(chosen gradually by the run's scorer `{result.get('scorer')}`, no further fine-tune)."), "",
              "## Predictors", "",
              "| predictor | pick (attn+act) | predicted % | true % of pick | best split | best true % | regret (points) "
              "| Spearman | Kendall | within 0.3 |", "|---|---|---|---|---|---|---|---|---|---|"]

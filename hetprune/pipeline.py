@@ -195,13 +195,16 @@ def rank_lowest(scores: dict[Site, float], n: int) -> list[Site]:
 
 
 def select_sites(job: PruneJob, model: nn.Module, counts: dict[str, int], scorer_name: str | None = None,
-                 ctx: ScoringContext | None = None) -> list[Site]:
+                 ctx: ScoringContext | None = None, shared: bool = True) -> list[Site]:
     """Choose ``counts[kind]`` sites of each kind with the configured scorer.
 
     A scorer with ``select`` (learning while it removes) may adapt ``model``'s
     weights in place; it must leave every site present. Under torchrun rank 0
-    selects and every rank receives its choice and weights.
+    selects and every rank receives its choice and weights; ``shared=False``:
+    this process selects on its own model (a rank working on its own share).
     """
+    if not shared:
+        return _select_sites(job, model, counts, scorer_name, ctx)
     chosen = None
     if dist.is_main():
         chosen = _select_sites(job, model, counts, scorer_name, ctx)

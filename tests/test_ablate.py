@@ -82,3 +82,10 @@ def test_ablate_end_to_end_with_fake_cheap_points_and_resume(trained_tiny, tmp_p
     assert runs == []
     again = json.loads((out / "ablation.json").read_text())
     assert again["predictors"] == result["predictors"]
+    # another setting of the allocating strategy (its points) shares the ground truth: nothing fine-tuned again
+    assert main(args + ["--resume", "--set", "hetdpt.point_selection=gradual", "--set", "hetdpt.refine=1"]) == 0
+    assert runs == []
+    assert json.loads((out / "ablation.json").read_text())["point_selection"] == "gradual"
+    # a setting the fine-tune reads is a new ground truth
+    assert main(args + ["--resume", "--set", "finetune.lr=1e-4", "--scorers", ""]) == 0
+    assert len(runs) == 3 * 2

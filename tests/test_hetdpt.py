@@ -573,3 +573,46 @@ def test_gate_taylor_score_decay(tiny_model, digits_data, tmp_path):
         "scoring": {"subset": 32}, "short_finetune": {"batch_size": 16}}))
     assert any(v != 0 for v in kept.last_scores.values())     # the paper's: evidence accumulates
     assert all(v == 0 for v in reset.last_scores.values())    # reset after every removal (the last included)
+
+
+# -- MAP points chosen gradually ------------------------------------------------------
+
+GRADUAL = {"hetdpt.point_selection": "gradual", "scoring.subset": 64, "short_finetune.batch_size": 32}
+
+
+def test_a_gradual_point_is_what_the_runs_own_selection_makes_of_that_split(tiny_model, digits_data, tmp_path,
+                                                                           monkeypatch):
+    import hetprune_hetdpt.strategy as strat
+    from hetprune.pipeline import remove_sites, select_sites
+    from hetprune.train import evaluate_dataset
+
+    def no_short_finetune(*a, **k):
+        raise AssertionError("a gradual point gets no short fine-tune: the selector already trained it")
+
+    monkeypatch.setattr(strat, "train", no_short_finetune)
+    job = make_job(tiny_model, digits_data, tmp_path, **GRADUAL)
+    [dense, point] = HetDPT().collect_points(job, [(0, 0), (1, 2)])
+    assert dense["accuracy"] == pytest.approx(evaluate_dataset(tiny_model, digits_data.val, torch.device("cpu")))
+    assert point["selection"] == "gradual" and point["scorer"] == "gate-taylor"
+    # the final run's selection stage, from the same dense model and seed, in another folder
+    again = make_job(tiny_model, digits_data, tmp_path / "again", **GRADUAL)
+    model = copy.deepcopy(tiny_model)
+    chosen = select_sites(again, model, {"attn": 1, "act": 2})
+    remove_sites(again, model, chosen)
+    assert point["sites"] == [str(s) for s in chosen]
+    assert point["accuracy"] == pytest.approx(evaluate_dataset(model, digits_data.val, torch.device("cpu")))
+
+
+def test_gradual_points_have_their_own_key_and_a_bad_choice_is_refused(tiny_model, digits_data, tmp_path):
+    oneshot = make_job(tiny_model, digits_data, tmp_path)
+    gradual = make_job(tiny_model, digits_data, tmp_path, **{"hetdpt.point_selection": "gradual"})
+    strategy = HetDPT()
+    assert strategy.points_key(oneshot) != strategy.points_key(gradual)
+    # one-shot points do not depend on the run's scorer; gradual ones do, options included
+    for job in (oneshot, gradual):
+        before = strategy.points_key(job)
+        job.settings["scorer_options"] = {"gate-taylor": {"score_decay": 0.5}}
+        assert (strategy.points_key(job) != before) == (job is gradual)
+    bad = make_job(tiny_model, digits_data, tmp_path, **{"hetdpt.point_selection": "greedy"})
+    with pytest.raises(HetpruneError, match="point_selection must be one of oneshot, gradual, got 'greedy'"):
+        strategy.collect_points(bad, [(0, 1)])

@@ -120,10 +120,11 @@ def run(args) -> int:
     first_pick = max(pairs, key=lambda p: (fitted[predictors[0]].predict(*p), -p[0]))
 
     # 3. ground truth (every split, full schedule) and the scorer rows, resumable
-    plans = split_plans(pairs, seeds, settings, budget, base_info["hash"], data.fingerprint, kind="truth")
+    plans = split_plans(pairs, seeds, settings, budget, base_info["hash"], data.fingerprint, kind="truth",
+                        unused=(section,))
     for name in scorers:
         plans += split_plans([first_pick], seeds, settings, budget, base_info["hash"], data.fingerprint,
-                             scorer=name, kind="scorer")
+                             scorer=name, kind="scorer", unused=(section,))
     log(f"fine-tuning {len(plans)} rows: {len(pairs)} splits x {len(seeds)} seeds"
         + (f" + {len(scorers)} scorers at {first_pick}" if scorers else ""))
     rows = run_rows(plans, registry, dense, model_spec, data, base_info, out, resume=args.resume, jobs=args.jobs,
@@ -138,6 +139,7 @@ def run(args) -> int:
         "budget": budget.sites if budget.sites is not None else budget.describe(), "seeds": seeds, "dense_top1": base_info["top1"],
         "command": "hetprune " + " ".join(shlex.quote(a) for a in args.argv),
         "finetune": settings["finetune"], "short_finetune": settings["short_finetune"], "points": points,
+        "point_selection": settings[section].get("point_selection", "oneshot"), "scorer": settings["scorer"],
         "predictors": {name: {**predictor_metrics(predicted[name], true, args.tolerance),
                               "fit": f.fit_report() if hasattr(f, "fit_report") else {}}
                        for name, f in fitted.items()},

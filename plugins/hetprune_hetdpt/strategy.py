@@ -11,7 +11,7 @@ import numpy as np
 from hetprune import HetpruneError, Site, sites
 from hetprune.cache import fingerprint
 from hetprune.points import PointStore
-from hetprune.pipeline import DepthStrategy, PruneJob, rank_lowest, remove_sites, scoring_context
+from hetprune.pipeline import DepthStrategy, PruneJob, rank_lowest, remove_sites, scoring_context, select_sites
 from hetprune import distributed as dist
 from hetprune.config import train_config
 from hetprune.data import loader
@@ -43,6 +43,11 @@ class HetDPT(DepthStrategy):
         "hetdpt": {
             "predictor": "poly",
             "predictor_options": {"poly": {"degree": 2}},   # per predictor name
+            # how a MAP point's sites are chosen. oneshot (the paper): the point scorer's removal order, all
+            # sites off at once, then the short fine-tune. gradual: the run's own selector (``scorer``, e.g.
+            # gate-taylor's removal-by-removal gate training) chooses and adapts, exactly as the final run will
+            # for that split, and the point is its accuracy (no further fine-tune)
+            "point_selection": "oneshot",
             "point_scorer": "taylor",
             "axis_points": 4,
             "mixed_points": 3,
@@ -83,14 +88,43 @@ class HetDPT(DepthStrategy):
         plan |= set(spread(sorted(pairs), opts["mixed_points"]))
         return sorted(plan, key=lambda p: (p[0] + p[1], p))
 
+    POINT_SELECTIONS = ("oneshot", "gradual")
+
+    @classmethod
+    def point_selection(cls, settings: dict) -> str:
+        how = settings["hetdpt"].get("point_selection", "oneshot")
+        if how not in cls.POINT_SELECTIONS:
+            raise HetpruneError(f"hetdpt.point_selection must be one of {', '.join(cls.POINT_SELECTIONS)}, got {how!r}")
+        return how
+
     def points_key(self, job: PruneJob) -> str:
         s = job.settings
+        how = self.point_selection(s)
+        # a gradual point is what the run's selector makes of the split: its name and options shape it
+        gradual = {"point_selection": how, "scorer": s["scorer"],
+                   "scorer_options": s.get("scorer_options", {}).get(s["scorer"], {})} if how != "oneshot" else {}
         return fingerprint({
             "base": job.base_info.get("hash"), "data": job.data.fingerprint, "short": s["short_finetune"],
             "point_scorer": s["hetdpt"]["point_scorer"], "attn_remover": s["attn_remover"],
             "act_remover": s["act_remover"], "scoring": s["scoring"], "seed": job.seed,
             **({"amp": s["amp"]} if s.get("amp", "none") != "none" else {}),  # fp32 points keep their old key
+            **gradual,                                                        # oneshot points keep theirs too
         })
+
+    def measure_point(self, job: PruneJob, a: int, m: int, orders: dict | None) -> tuple[object, list]:
+        """The model of point ``(a, m)`` and its removed sites, ready to evaluate."""
+        model = job.place(copy.deepcopy(job.dense))
+        if self.point_selection(job.settings) == "gradual":
+            ctx = scoring_context(job, job.workdir / "points-gradual" / f"{a}+{m}")
+            ctx.progress, ctx.on_epoch_end = False, None   # a point's steps are not the run's selection stage
+            chosen = select_sites(job, model, {"attn": a, "act": m}, ctx=ctx, shared=False) if a + m else []
+            remove_sites(job, model, chosen)
+            return model, chosen
+        chosen = orders["attn"][:a] + orders["act"][:m]
+        remove_sites(job, model, chosen)
+        train(model, job.data, train_config(job.settings, "short_finetune"), teacher=job.dense, progress=False,
+              desc="MAP point", distributed=False)
+        return model, chosen
 
     def collect_points(self, job: PruneJob, plan: list[tuple[int, int]]) -> list[dict]:
         """Measure every planned point not already in the points file.
@@ -105,21 +139,20 @@ class HetDPT(DepthStrategy):
         if have and todo != plan:
             job.log(f"[hetdpt] reusing {len(plan) - len(todo)} measured MAP points from {store.path}")
         mine = todo[dist.rank()::dist.world()]
-        cfg = train_config(job.settings, "short_finetune")
+        gradual = self.point_selection(job.settings) == "gradual"
         orders = None
         for i, (a, m) in enumerate(mine, 1):
-            if orders is None:
+            if orders is None and not gradual:
                 orders = self.removal_orders(job, {"attn": max(p[0] for p in plan), "act": max(p[1] for p in plan)})
             t0 = time.time()
-            model = job.place(copy.deepcopy(job.dense))
-            chosen = orders["attn"][:a] + orders["act"][:m]
-            remove_sites(job, model, chosen)
-            train(model, job.data, cfg, teacher=job.dense, progress=False, desc="MAP point", distributed=False)
+            model, chosen = self.measure_point(job, a, m, orders)
             # this rank's own model: evaluated on the whole val set here, not shared across ranks
             val = loader(job.data.val, 256, shuffle=False, workers=job.workers, pin_memory=job.device.type == "cuda")
             acc = evaluate(model, val, job.device, amp=job.amp)
             point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen],
-                     "seconds": round(time.time() - t0, 2), "short_finetune": job.settings["short_finetune"]}
+                     "seconds": round(time.time() - t0, 2),
+                     **({"selection": "gradual", "scorer": job.settings["scorer"]} if gradual
+                        else {"short_finetune": job.settings["short_finetune"]})}
             store.append(point)
             have[(a, m)] = point
             job.event("on_point_collected", point=point)
