@@ -1,8 +1,8 @@
 """Reproduce benchmarks/results/digits-compare.md and digits-compare.png
 (or, with --name and --target-macs, another comparison such as HetDPT+).
 
-Runs `hetprune compare` on the embedded default (digits ViT) for several
-budgets and seeds, then copies its table and plot into benchmarks/results/
+Runs `hetprune compare` on an embedded benchmark (``--data digits``, the
+default, or ``digit-pairs``) for several budgets and seeds, then copies its table and plot into benchmarks/results/
 with the machine and the exact command.
 
     python benchmarks/digits_compare.py                      # budgets 8,12; seeds 0,1,2
@@ -35,13 +35,15 @@ def main() -> int:
     p.add_argument("--jobs", default="2", help="rows run in parallel single-threaded processes")
     p.add_argument("--out", default="runs/digits-compare")
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--data", default="digits", help="the embedded benchmark: digits or digit-pairs")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting for every run")
     args = p.parse_args()
 
     from hetprune.cli import main as cli
 
     budget = ["--target-macs", args.target_macs] if args.target_macs else ["--budgets", args.budgets]
-    argv = ["compare", "--strategies", args.strategies, *budget, "--seeds", args.seeds, "--jobs", args.jobs,
-            "--out", args.out]
+    argv = ["compare", "--data", args.data, "--strategies", args.strategies, *budget, "--seeds", args.seeds,
+            "--jobs", args.jobs, "--out", args.out] + [a for item in args.set for a in ("--set", item)]
     if (Path(args.out) / "rows.jsonl").exists():
         argv.append("--resume")
     rc = cli(argv)
@@ -55,7 +57,7 @@ def main() -> int:
     text = (out / "results.md").read_text()
     body = text[text.index("MACs per image"):]  # the table and its conventions; the header is ours
     header = (
-        f"# {args.strategies.replace(',', ', ')} on the embedded default (digits ViT)\n\n"
+        f"# {args.strategies.replace(',', ', ')} on the embedded {args.data} ViT\n\n"
         f"Produced by `{command.strip()}` (which runs `hetprune {' '.join(argv)}`).\n\n"
         f"Machine: {env.get('cpu', platform.processor() or '?')}, {env.get('cpu_count', '?')} cores, "
         f"{env.get('threads', '?')} torch threads for timing, torch {env.get('torch', '?')}, "
