@@ -111,7 +111,8 @@ def test_allocation_is_argmax_over_feasible_pairs(tiny_model, digits_data, tmp_p
         return [{"n_attn": a, "n_act": m, "accuracy": truth(a, m)} for a, m in plan]
 
     monkeypatch.setattr(HetDPT, "collect_points", fake_collect)
-    job = make_job(tiny_model, digits_data, tmp_path, budget=budget)
+    # the paper's quadratic recovers a quadratic surface exactly
+    job = make_job(tiny_model, digits_data, tmp_path, budget=budget, **{"hetdpt.predictor": "poly"})
     (a, m), info = HetDPT().allocate(job)
     pairs = job.feasible_pairs()
     assert (a, m) in pairs
@@ -398,7 +399,10 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
     assert {"points", "fit", "surface", "pick"} <= set(report["allocation"])
     alloc = report["allocation"]
     # the reported fit is the predictor's fit of the reported points, and the pick its argmax over the surface
-    refit = PolyPredictor(**report["settings"]["hetdpt"]["predictor_options"]["poly"]).fit(
+    name = alloc["predictor"]
+    assert name == report["settings"]["hetdpt"]["predictor"] == "local"    # the default
+    refit = get_registry().build("predictor", name,
+                                 **report["settings"]["hetdpt"]["predictor_options"].get(name, {})).fit(
         [(p["n_attn"], p["n_act"], p["accuracy"]) for p in alloc["points"]])
     assert alloc["fit"]["rmse"] == pytest.approx(refit.fit_report()["rmse"], abs=1e-9)
     best = max(alloc["surface"], key=lambda d: (d["predicted"], -d["n_attn"]))
@@ -419,7 +423,7 @@ def test_too_small_point_plan_fails_before_any_fine_tune(tiny_model, digits_data
 
     monkeypatch.setattr(HetDPT, "collect_points", never)
     job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=1),
-                   **{"hetdpt.axis_points": 1, "hetdpt.mixed_points": 0})
+                   **{"hetdpt.axis_points": 1, "hetdpt.mixed_points": 0, "hetdpt.predictor": "poly"})
     with pytest.raises(HetpruneError, match="needs at least 6 distinct points"):
         HetDPT().allocate(job)
 
@@ -446,7 +450,8 @@ def test_refinement_finds_the_optimum_the_one_shot_fit_misses(tiny_model, digits
         return [{"n_attn": a, "n_act": m, "accuracy": _bump(a, m)} for a, m in plan]
 
     monkeypatch.setattr(strat.HetDPT, "collect_points", fake_points)
-    job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=12), **{"hetdpt.refine": refine})
+    job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=12),
+                   **{"hetdpt.refine": refine, "hetdpt.predictor": "poly"})
     monkeypatch.setattr(job, "feasible_pairs", lambda: [(a, 12 - a) for a in range(12)])
     pick, info = strat.HetDPT().allocate(job)
     assert pick == expected

@@ -349,8 +349,8 @@ def test_share_search_picks_the_best_split_of_a_known_surface_and_the_result_rel
         return [{"n_attn": a, "n_act": m, "accuracy": surface(a, m)} for a, m in plan]
 
     monkeypatch.setattr(share_search, "measure", fake_measure)
-    out, report = _cli(trained_tiny, tmp_path, "hetdpt-plus", "--scorer", "magnitude",
-                       "--set", "hetdpt_plus.depth_share=search", *NO_TRAINING)
+    out, report = _cli(trained_tiny, tmp_path, "hetdpt-plus", "--scorer", "magnitude",   # a quadratic: poly fits it
+                       "--set", "hetdpt_plus.depth_share=search", "--set", "hetdpt.predictor=poly", *NO_TRAINING)
     info = report["allocation"]["share_search"]
     assert info["pick"]["n_attn"] == 1 and info["pick"]["n_act"] == 1
     assert (report["n_attn"], report["n_act"]) == (1, 1)        # the depth step removed exactly the pick

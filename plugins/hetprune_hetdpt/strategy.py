@@ -41,7 +41,9 @@ class HetDPT(DepthStrategy):
     description = "HetDPT: split the budget with a fitted accuracy predictor (MAP), learned gates within each kind"
     defaults = {
         "hetdpt": {
-            "predictor": "poly",
+            # local: the lowest regret on digit-pairs at budgets 8 and 12, 3 seeds each (README, "What MAP makes
+            # of it"); poly is the paper's degree-2 fit
+            "predictor": "local",
             "predictor_options": {"poly": {"degree": 2}},   # per predictor name
             # how a MAP point's sites are chosen. oneshot (the paper): the point scorer's removal order, all
             # sites off at once, then the short fine-tune. gradual: the run's own selector (``scorer``, e.g.
