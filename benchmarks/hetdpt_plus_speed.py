@@ -14,8 +14,8 @@ importance on random weights, not from Taylor importance on ImageNet as in
 the papers, so the per-layer widths differ from theirs; the MAC budget is
 the same. MACs follow hetprune's convention (:data:`hetprune.costs.CONVENTION`).
 
-    python benchmarks/hetdpt_plus_speed.py --batch 8 --threads 2 \\
-        --out benchmarks/results/hetdpt-plus-speed-cpu.md
+    python benchmarks/hetdpt_plus_speed.py --batch 1 32 --threads 2 \\
+        --out benchmarks/results/hetdpt-plus-speed-cpu-b1-b32.md
 """
 
 from __future__ import annotations

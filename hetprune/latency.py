@@ -94,8 +94,8 @@ class LatencyTable:
     batch_size: int = 64
     dtype: str = "fp32"
     repeats: int = 5
-    warmup: int = 1
-    min_time_s: float = 0.02
+    warmup: int = 2
+    min_time_s: float = 0.2      # per repeat: shorter windows on a small model read 70 % slow (digits, batch 1)
     cache: bool = True
     log: Callable[[str], None] = print
     entries: dict = field(default_factory=dict)

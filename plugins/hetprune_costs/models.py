@@ -32,7 +32,7 @@ class LatencyCost:
     unit = "s"
     description = "measured forward time on the run's device (cached per device, dtype and batch size)"
 
-    def __init__(self, batch_size: int = 64, dtype: str = "auto", repeats: int = 5, min_time_s: float = 0.02,
+    def __init__(self, batch_size: int = 64, dtype: str = "auto", repeats: int = 5, min_time_s: float = 0.2,
                  cache: bool = True, verify_repeats: int = 7):
         if dtype != "auto" and dtype not in bench.DTYPES:
             raise HetpruneError(f"latency dtype must be auto or one of {', '.join(bench.DTYPES)}, got {dtype!r}")
