@@ -6,8 +6,9 @@ a copy of the model whose every block is a separate copy of that block is
 timed whole, and the outside part (the model with every block dropped),
 timed in the same interleaved rounds, is subtracted and the rest divided by
 the depth. Timed alone, one block's weights stay in the CPU's cache and its
-calls leave out the model's dispatch between blocks: on DeiT-B at batch 8
-that mis-predicted merged and attention-free blocks by 20-36 %. A block whose
+calls leave out the model's dispatch between blocks (in one run on DeiT-B at
+batch 8 that under-predicted the speedups of merged and attention-free
+blocks by 13-36 %). A block whose
 inputs differ in shape from another block's (a model with stages) cannot be
 copied into every slot, and is timed alone (``solo``). Timing is
 interleaved and repeated as ``hetprune bench`` times whole models (median of
