@@ -173,7 +173,8 @@ class LatencyTable:
         in_context = len({fingerprint(_shapes(list(a)) + [sorted(k)]) for a, k in inputs}) == 1
         asked = list(parts)
         outside_part = next((p for p in parts if p.block is None), None)
-        if outside_part is None:   # block times in context subtract the outside part, timed in the same rounds
+        subtract = in_context and any(p.block is not None for p in asked)
+        if outside_part is None and subtract:   # block times in context subtract the outside, timed alongside
             outside_part = Part("outside, again", OUTSIDE)
             parts = [outside_part] + asked
         for p in parts:
@@ -202,7 +203,7 @@ class LatencyTable:
                      f"{self.path} (delete it to measure again when the machine is quiet)")
         runners = {p.key: bench._Runner(None, None, self.device, self.dtype, fn=p.run) for p in parts}
         timed = bench.time_interleaved(runners, self.repeats, self.warmup, self.min_time_s)
-        outside = timed[outside_part.key]["latency_s"]["median"]
+        outside = timed[outside_part.key]["latency_s"]["median"] if subtract else 0.0
         for p in parts:
             p.run = None
         for p in asked:

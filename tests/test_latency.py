@@ -180,9 +180,18 @@ def test_a_block_called_unlike_the_others_is_timed_alone(tiny_model, monkeypatch
         inputs[0] = ((a[:, :-1], *rest), kw)
         return inputs
     monkeypatch.setattr(latency, "_block_inputs", one_block_differs)
+    timed_parts = []
+    clock_of = latency.bench.time_interleaved
+    monkeypatch.setattr(latency.bench, "time_interleaved",
+                        lambda runners, *a, **k: timed_parts.append(len(runners)) or clock_of(runners, *a, **k))
     t = table(cache=False)
     t.predict(tiny_model, tiny_example(2))
+    pruned = copy.deepcopy(tiny_model)
+    surgery.remove_attention(pruned, 1)
+    t.predict(pruned, tiny_example(2))                      # one new block kind, the outside already known
     assert {e["timed"] for e in t.entries.values()} == {"solo"}
+    # first: outside, block 0 (its own inputs), blocks 1-3; then the new kind alone, the outside not timed again
+    assert timed_parts == [3, 1]
 
 
 # -- budgets in time --------------------------------------------------------------------------------
