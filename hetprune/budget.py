@@ -26,7 +26,7 @@ from . import surgery
 from .costs import count_macs
 from .errors import HetpruneError
 from .adapters import adapter_for
-from .sites import depth
+from .sites import Site, depth
 
 
 @dataclass(frozen=True)
@@ -140,9 +140,12 @@ def parse_macs(text: str) -> float:
 
 
 def max_per_kind(model: nn.Module) -> dict[str, int]:
-    """How many sites of each kind may go (the adapter's rule: all, except one attention
-    site must stay in a class-token ViT, otherwise the class token never sees the image)."""
-    return adapter_for(model).max_removals(model)
+    """How many more sites of each kind may go (the adapter's rule: all, except one attention
+    site must stay in a class-token ViT, otherwise the class token never sees the image), less
+    those already removed (a model pruned before, e.g. by an earlier round of hetdpt-plus)."""
+    limits = adapter_for(model).max_removals(model)
+    gone = {kind: sum(surgery.site_removed(model, Site(b, kind)) for b in range(depth(model))) for kind in limits}
+    return {kind: max(0, n - gone[kind]) for kind, n in limits.items()}
 
 
 CostFn = Callable[[nn.Module, torch.Tensor], float]
@@ -151,21 +154,30 @@ CostFn = Callable[[nn.Module, torch.Tensor], float]
 @torch.no_grad()
 def kind_savings(model: nn.Module, example: torch.Tensor, merge: bool = True,
                  cost: CostFn | None = None) -> dict[str, float]:
-    """Mean cost saved per block by removing its attention site (``attn``), its activation site (``act``)
-    and both (``both``), each measured with every block changed at once; plus ``dense``, the model's cost."""
+    """Mean cost saved by removing one attention site (``attn``), one activation site (``act``) and both
+    sites of one block (``both``), each measured with every such site still present removed at once;
+    plus ``dense``, the model's cost (a model pruned before counts only the sites it still has)."""
     cost = cost or count_macs
     dense = cost(model, example)
-    n = depth(model)
-    variants = {"attn": copy.deepcopy(model), "act": copy.deepcopy(model), "both": copy.deepcopy(model)}
-    for b in range(n):
-        surgery.remove_attention(variants["attn"], b)
-        surgery.remove_attention(variants["both"], b)
-        surgery.remove_activation(variants["act"], b)
-        surgery.remove_activation(variants["both"], b)
-    if merge:
-        surgery.merge_all(variants["act"])
-        surgery.merge_all(variants["both"])
-    out = {kind: (dense - cost(m, example)) / n for kind, m in variants.items()}
+    present = {kind: [b for b in range(depth(model)) if not surgery.site_removed(model, Site(b, kind))]
+               for kind in ("attn", "act")}
+    present["both"] = [b for b in present["attn"] if b in present["act"]]
+    removers = {"attn": (surgery.remove_attention,), "act": (surgery.remove_activation,),
+                "both": (surgery.remove_attention, surgery.remove_activation)}
+    out = {}
+    for kind, blocks in present.items():
+        if not blocks:
+            out[kind] = 0.0
+            continue
+        variant = copy.deepcopy(model)
+        for b in blocks:
+            for remove in removers[kind]:
+                remove(variant, b)
+        if merge and kind != "attn":
+            surgery.merge_all(variant, blocks=blocks)
+        out[kind] = (dense - cost(variant, example)) / len(blocks)
+    if not present["both"]:   # no block has both sites left: removing both never shares a block
+        out["both"] = out["attn"] + out["act"]
     return {**out, "dense": dense}
 
 

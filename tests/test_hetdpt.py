@@ -102,6 +102,31 @@ def test_cost_budget_pairs_meet_target_and_are_minimal(tiny_model):
     assert count_macs(model, x) == dense - a * save["attn"] - m * save["act"]
 
 
+def test_a_model_pruned_before_counts_only_the_sites_it_still_has(tiny_model):
+    """hetdpt-plus interleaved runs depth pruning again on a depth-pruned model: the limits and the
+    per-site savings must come from the sites still there (a second removal of a site is an error)."""
+    from hetprune.budget import max_per_kind
+
+    x = tiny_example(2)
+    model = copy.deepcopy(tiny_model)
+    surgery.remove_attention(model, 0)
+    surgery.remove_activation(model, 1)
+    surgery.merge_all(model)
+    assert max_per_kind(model) == {"attn": 2, "act": 3}   # class token: 3 attention sites may go, 1 went
+    pairs = feasible_pairs(model, Budget(sites=5))
+    assert sorted(pairs) == [(2, 3)]
+    dense = count_macs(model, x)
+    save = site_savings(model, x)
+    assert save == site_savings(tiny_model, x)   # uniform widths: a present site saves what it did before
+    twin = copy.deepcopy(model)
+    surgery.remove_attention(twin, 2)
+    surgery.remove_activation(twin, 3)
+    surgery.merge_all(twin)
+    assert count_macs(twin, x) == dense - save["attn"] - save["act"]
+    for a, m in feasible_pairs(model, Budget(target_macs=0.8), x):
+        assert a <= 2 and m <= 3 and dense - a * save["attn"] - m * save["act"] <= 0.8 * dense
+
+
 @pytest.mark.parametrize("budget", [Budget(sites=5), Budget(target_macs=0.7)])
 def test_allocation_is_argmax_over_feasible_pairs(tiny_model, digits_data, tmp_path, monkeypatch, budget):
     def truth(a, m):  # best is at a ~ 1.5 along any line: a quadratic with a known peak

@@ -255,18 +255,27 @@ def test_isomorphic_strategy_cli(trained_tiny, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("order", ["depth-width", "width-depth"])
+@pytest.mark.parametrize("order", ["depth-width", "width-depth", "interleaved"])
 def test_hetdpt_plus_strategy_cli(trained_tiny, tmp_path, order):
+    # a round of interleaved has a small cut with two frontier points on this tiny model: the dense point
+    # makes a third, so the degree-1 fit has its three
+    dense_point = "true" if order == "interleaved" else "false"
     out, report = _cli(trained_tiny, tmp_path, "hetdpt-plus", "--scorer", "taylor",
                        "--set", f"hetdpt_plus.order={order}", "--set", "hetdpt.axis_points=1",
-                       "--set", "hetdpt.mixed_points=1", "--set", "hetdpt.dense_point=false",
-                       "--set", "hetdpt.predictor_options={poly: {degree: 1}}")
+                       "--set", "hetdpt.mixed_points=1", "--set", f"hetdpt.dense_point={dense_point}",
+                       "--set", "hetdpt.predictor=poly", "--set", "hetdpt.predictor_options={poly: {degree: 1}}")
     assert REPORT_KEYS <= set(report)
     assert report["n_attn"] + report["n_act"] >= 1  # depth took its share...
     target = 0.5 * report["dense_macs"]
     assert target * (1 - TOL) <= report["macs"] <= target  # ...and width landed the total
     assert report["allocation"]["order"] == order and report["allocation"]["within_tolerance"]
     recipe = hetprune.recipe.load_recipe(out)
+    if order == "interleaved":   # two rounds, each removing sites and then pruning widths
+        rounds = report["allocation"]["depth_rounds"]
+        assert len(rounds) == 2 and all(r["sites"] for r in rounds)
+        assert sorted(s for r in rounds for s in r["sites"]) == sorted(report["sites"])
+        widths = report["allocation"]["width"]
+        assert len(widths) == 2 and widths[0]["macs"] > widths[1]["macs"] == report["macs"]
     loaded = hetprune.load(out)
     for b in recipe.act_removed:  # merged exactly where it pays
         mlp = loaded.blocks[b].mlp
@@ -284,6 +293,7 @@ NO_TRAINING = ["--set", "finetune.epochs=0", "--set", "short_finetune.epochs=0"]
     ("isomorphic", []),
     ("hetdpt-plus", ["--set", "hetdpt_plus.order=depth-width"]),
     ("hetdpt-plus", ["--set", "hetdpt_plus.order=width-depth"]),
+    ("hetdpt-plus", ["--set", "hetdpt_plus.order=interleaved", "--set", "hetdpt.dense_point=true"]),
 ])
 def test_width_recipe_applied_to_the_base_weights_reproduces_the_pruned_model(trained_tiny, tmp_path, strategy,
                                                                               extra):
@@ -292,7 +302,7 @@ def test_width_recipe_applied_to_the_base_weights_reproduces_the_pruned_model(tr
     from hetprune.cli import main
 
     plus = ["--scorer", "magnitude", "--set", "hetdpt_plus.intermediate_finetune=none", "--set", "hetdpt.axis_points=1", "--set", "hetdpt.mixed_points=1",
-            "--set", "hetdpt.dense_point=false", "--set", "hetdpt.predictor_options={poly: {degree: 1}}"]
+            "--set", "hetdpt.dense_point=false", "--set", "hetdpt.predictor=poly", "--set", "hetdpt.predictor_options={poly: {degree: 1}}"]
     out, _ = _cli(trained_tiny, tmp_path, strategy, *NO_TRAINING, *(plus if strategy != "isomorphic" else []),
                   *extra)
     recipe = hetprune.recipe.load_recipe(out)
@@ -379,3 +389,21 @@ def test_share_search_refuses_what_it_cannot_do(trained_tiny, tmp_path, capsys):
     assert main([*base, "--target-macs", "0.5", "--set", "hetdpt_plus.depth_share=lots",
                  "--out", str(tmp_path / "b")]) == 2
     assert "within (0, 1) or 'search'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("setting, message", [
+    (["hetdpt_plus.order=sideways"], "must be one of depth-width, width-depth, interleaved"),
+    (["hetdpt_plus.order=interleaved", "hetdpt_plus.rounds=0"], "rounds must be a whole number >= 1"),
+    (["hetdpt_plus.order=interleaved", "hetdpt_plus.depth_sites=1"], "cannot be spread over hetdpt_plus.rounds 2"),
+    (["hetdpt_plus.order=interleaved"], "use --target-macs for interleaved"),   # with a time budget below
+])
+def test_hetdpt_plus_order_settings_are_checked(trained_tiny, tmp_path, capsys, setting, message):
+    from hetprune.cli import main
+
+    model, spec, ckpt = trained_tiny
+    budget = (["--target-speedup", "1.5", "--cost-model", "latency"] if message.startswith("use --target-macs")
+              else ["--target-macs", "0.5"])
+    assert main(["prune", "--strategy", "hetdpt-plus", "--model", spec.name, "--model-kwargs",
+                 json.dumps(spec.kwargs), "--checkpoint", str(ckpt), *budget, *NO_TRAINING,
+                 *(a for s in setting for a in ("--set", s)), "--out", str(tmp_path / "x")]) == 2
+    assert message in capsys.readouterr().err

@@ -37,8 +37,11 @@ WIDTH_DEFAULTS = {
     "pruner_options": IsomorphicWidthPruner().options(),
 }
 
+ORDERS = ("depth-width", "width-depth", "interleaved")
+
 PLUS_DEFAULTS = {
-    "order": "depth-width",       # or width-depth
+    "order": "depth-width",       # the paper's; or width-depth, or interleaved (rounds of depth then width)
+    "rounds": 2,                  # interleaved: depth+width rounds, each taking an equal share of both cuts
     "depth_strategy": "hetdpt",   # any registered depth strategy (its settings section must be present)
     "depth_share": 0.45,          # share of the MAC reduction (dense -> target) taken by depth pruning, or
                                   # "search": chosen from cheap points with a fitted predictor (share_search.py)
@@ -163,6 +166,12 @@ def width_prune(job: PruneJob, model: nn.Module, target: float, stage: str = "wi
     return info
 
 
+def depth_summary(report: dict, budget: Budget) -> dict:
+    """What a hetdpt-plus report keeps of one depth step's report."""
+    return {"budget": budget.to_dict(), **{k: report.get(k) for k in (
+        "allocation", "sites", "macs", "top1_before_finetune", "top1", "finetune_history", "seconds")}}
+
+
 def within(macs: float, target: float, tol: float) -> bool:
     return target * (1 - tol) <= macs <= target
 
@@ -240,8 +249,14 @@ class HetDPTPlus:
     # -- settings ----------------------------------------------------------------
     def options(self, job: PruneJob) -> dict:
         o = dict(job.settings["hetdpt_plus"])
-        if o["order"] not in ("depth-width", "width-depth"):
-            raise HetpruneError(f"hetdpt_plus.order must be depth-width or width-depth, got {o['order']!r}")
+        if o["order"] not in ORDERS:
+            raise HetpruneError(f"hetdpt_plus.order must be one of {', '.join(ORDERS)}, got {o['order']!r}")
+        rounds = o.get("rounds", 2)
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise HetpruneError(f"hetdpt_plus.rounds must be a whole number >= 1, got {rounds!r}")
+        if o["order"] == "interleaved" and o["depth_sites"] is not None and o["depth_sites"] < rounds:
+            raise HetpruneError(f"hetdpt_plus.depth_sites {o['depth_sites']} cannot be spread over "
+                                f"hetdpt_plus.rounds {rounds}: give at least one site per round")
         if o["depth_sites"] is None:
             share = o["depth_share"]
             if share != "search" and (isinstance(share, (bool, str)) or not 0 < share < 1):
@@ -255,7 +270,7 @@ class HetDPTPlus:
                                 f"got {o['intermediate_finetune']!r}")
         return o
 
-    def depth_job(self, job: PruneJob, o: dict, dense: nn.Module, budget: Budget) -> PruneJob:
+    def depth_job(self, job: PruneJob, o: dict, dense: nn.Module, budget: Budget, folder: str = "depth") -> PruneJob:
         settings = copy.deepcopy(job.settings)
         section = o["intermediate_finetune"]
         settings["finetune"] = ({**settings["short_finetune"], "epochs": 0} if section == "none"
@@ -264,12 +279,13 @@ class HetDPTPlus:
         if dense is not job.dense:  # width first: MAP points etc. belong to the width-pruned model
             base_info["hash"] = model_hash(dense)
         return dataclasses.replace(job, dense=dense, budget=budget, settings=settings, base_info=base_info,
-                                   workdir=job.workdir / "depth", measure_cost=False)  # the final model is timed
+                                   workdir=job.workdir / folder, measure_cost=False)  # the final model is timed
 
-    def run_depth(self, job: PruneJob, o: dict, dense: nn.Module, budget: Budget, strategy=None) -> PruneResult:
+    def run_depth(self, job: PruneJob, o: dict, dense: nn.Module, budget: Budget, strategy=None,
+                  folder: str = "depth") -> PruneResult:
         name = o["depth_strategy"] if strategy is None else strategy.name
         strategy = strategy or job.registry.build("strategy", name)
-        sub = self.depth_job(job, o, dense, budget)
+        sub = self.depth_job(job, o, dense, budget, folder)
         for key, value in (getattr(strategy, "defaults", None) or {}).items():
             sub.settings.setdefault(key, copy.deepcopy(value))
         job.log(f"[{job.strategy_name}] depth pruning with {name}: {budget.describe()}")
@@ -277,6 +293,39 @@ class HetDPTPlus:
         result = strategy.run(sub)
         job.stage_end("depth", t, sites=result.report.get("sites"), macs=result.report.get("macs"))
         return result
+
+    def run_interleaved(self, job: PruneJob, o: dict, target: float, dense_macs: int,
+                        depth_fraction: float | None) -> tuple[nn.Module, list, list[dict]]:
+        """``rounds`` rounds of depth pruning then width pruning, each round taking an equal share of both
+        cuts (the same fraction of its input's MACs, or its part of ``depth_sites``), with the intermediate
+        fine-tune after every step; the last width step lands the total on ``target``."""
+        rounds = o["rounds"]
+        model = job.dense
+        depth_rounds, widths_info = [], []
+        for r in range(1, rounds + 1):
+            if depth_fraction is None:   # sites spread as evenly as they go, the earlier rounds take the rest
+                n = o["depth_sites"] // rounds + (1 if r <= o["depth_sites"] % rounds else 0)
+                budget = Budget(sites=n)
+            else:
+                budget = Budget(target_macs=depth_fraction ** (1 / rounds))
+            job.log(f"[{job.strategy_name}] round {r}/{rounds}")
+            result = self.run_depth(job, o, model, budget, folder=f"depth-round{r}")
+            depth_rounds.append((result, budget))
+            earlier = {s for prev, _ in depth_rounds[:-1] for s in prev.report["sites"]}
+            result.report["sites"] = [s for s in result.report["sites"] if s not in earlier]   # this round's
+            model = result.model
+            step_target = dense_macs * (target / dense_macs) ** (r / rounds) if r < rounds else target
+            macs = merged_cost(job, example_for(job, model))(model)
+            if macs <= step_target:
+                job.log(f"[{job.strategy_name}] round {r}: depth pruning reached {human(macs)} MACs, at or below "
+                        f"this round's width target {human(step_target)}: no width pruning")
+                continue
+            widths_info.append(width_prune(job, model, step_target, stage=f"width-round{r}"))
+            if r < rounds and o["intermediate_finetune"] != "none":
+                t = job.stage_start(f"width-finetune-round{r}")
+                finetune(job, model, section=o["intermediate_finetune"], stage=f"width-finetune-round{r}")
+                job.stage_end(f"width-finetune-round{r}", t)
+        return model, depth_rounds, widths_info
 
     # -- run ---------------------------------------------------------------------
     def run(self, job: PruneJob) -> PruneResult:
@@ -295,7 +344,7 @@ class HetDPTPlus:
             # pruning searches the MAC target that lands the rest on the time limit
             if o["order"] != "depth-width":
                 raise HetpruneError(f"{self.name}: a budget in time ({job.budget.describe()}) is supported with "
-                                    "hetdpt_plus.order depth-width; use --target-macs for width-depth")
+                                    f"hetdpt_plus.order depth-width; use --target-macs for {o['order']}")
             dense_cost = job.cost(job.dense, example)
             target = dense_macs   # no MAC target: the time limit rules
             keep = 1 - o["depth_share"] * (1 - job.budget.limit(dense_cost) / dense_cost)
@@ -315,6 +364,7 @@ class HetDPTPlus:
         mergers = bool(job.settings.get("mergers"))
 
         widths_info: list[dict] = []
+        depth_rounds: list[tuple[PruneResult, Budget]] = []   # interleaved: each round's depth result
         if o["order"] == "depth-width":
             depth = self.run_depth(job, o, job.dense, depth_budget,
                                    hetprune.FixedSplit(*pick) if searched else None)
@@ -324,6 +374,10 @@ class HetDPTPlus:
                 widths_info.append(info)
             else:
                 widths_info.append(width_prune(job, model, target))
+        elif o["order"] == "interleaved":
+            model, depth_rounds, rounds_width = self.run_interleaved(job, o, target, dense_macs, depth_fraction)
+            depth = depth_rounds[-1][0]
+            widths_info += rounds_width
         else:
             # width first, to a target chosen so that the depth step cannot take the model below the final
             # target (one site saves at most `step` of the MACs), then a trim pass lands it within tolerance
@@ -359,13 +413,14 @@ class HetDPTPlus:
         t = job.stage_start("merge")
         merged_now = merge(job, model) if mergers else []
         job.stage_end("merge", t, merged=merged_now)
-        merged = sorted(set(depth.report.get("merged") or []) | set(merged_now))
+        merged = sorted(set(merged_now).union(*((r.report.get("merged") or []) for r, _ in depth_rounds or [(depth, None)])))
         dropped = surgery.dropped_blocks(model)
         linear = [i for i in range(depth_of(model)) if i not in dropped
                   and surgery.site_removed(model, hetprune.Site(i, "act")) and not surgery.mergeable(model, i)
                   and i not in merged]
         macs = count_macs(model, example_for(job, model))
         dr = depth.report
+        removal = {k: v for r, _ in depth_rounds or [(depth, None)] for k, v in (r.report.get("removal") or {}).items()}
         report = {
             "allocation": {
                 "order": o["order"],
@@ -374,13 +429,12 @@ class HetDPTPlus:
                     "within_tolerance": "predicted" in widths_info[-1] and within(
                         widths_info[-1]["predicted"], widths_info[-1]["limit"], tol)} if timed else
                    {"target_macs": int(target), "within_tolerance": within(macs, target, tol)}),
-                "depth": {"strategy": o["depth_strategy"], "budget": depth_budget.to_dict(),
-                          "allocation": dr.get("allocation"), "sites": dr.get("sites"), "macs": dr.get("macs"),
-                          "top1_before_finetune": dr.get("top1_before_finetune"), "top1": dr.get("top1"),
-                          "finetune_history": dr.get("finetune_history"), "seconds": dr.get("seconds")},
+                "depth": {"strategy": o["depth_strategy"], **depth_summary(dr, depth_budget)},
+                **({"depth_rounds": [depth_summary(r.report, b) for r, b in depth_rounds]}
+                   if depth_rounds else {}),
                 "width": widths_info,
             },
-            "removal": dr.get("removal", {}),
+            "removal": removal,
             "merged": merged,
             "not_merged": {str(b): ("merging would not lower MACs at these widths" if mergers
                                     else "no mergers configured") for b in linear},
