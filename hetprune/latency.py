@@ -202,7 +202,7 @@ class LatencyTable:
                      f"{torch.get_num_threads()} threads of ours; times measured on a busy machine are kept in "
                      f"{self.path} (delete it to measure again when the machine is quiet)")
         runners = {p.key: bench._Runner(None, None, self.device, self.dtype, fn=p.run) for p in parts}
-        timed = bench.time_interleaved(runners, self.repeats, self.warmup, self.min_time_s)
+        timed = bench.time_interleaved(runners, self.repeats, self.warmup, self.min_time_s, warm_long_once=True)
         outside = timed[outside_part.key]["latency_s"]["median"] if subtract else 0.0
         for p in parts:
             p.run = None

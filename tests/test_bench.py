@@ -92,7 +92,8 @@ def test_models_are_timed_interleaved(tiny_model, tiny_spec):
     surgery.remove_attention(other, 0)
     models = {"a": Recorder(tiny_model, "a", calls), "b": Recorder(other, "b", calls)}
     result = bench.measure(models, SHAPE, [1, 3], device="cpu", repeats=3, warmup=2, min_time_s=0)
-    assert calls.count("a") == calls.count("b") > 2 * (3 + 2)
+    # one call counts the MACs; per batch size, 2 warm-up calls (the second calibrates) and 3 repeats
+    assert calls.count("a") == calls.count("b") == 1 + 2 * (2 + 3)
     assert all(x != y for x, y in zip(calls, calls[1:])), f"not interleaved: {calls}"
     assert [(r["model"], r["batch_size"]) for r in result["results"]] == [("a", 1), ("b", 1), ("a", 3), ("b", 3)]
     assert result["reference"] == "a"
@@ -217,3 +218,32 @@ def test_bench_per_block_on_the_command_line(pruned_dir, capsys):
                  "--min-time", "0", "--device", "cpu", "--per-block"]) == 0
     out = capsys.readouterr().out
     assert out.count("where the time goes at batch 2") == 2  # the pruned model and its dense base
+
+
+class _FakeRunner:
+    """Reports a fixed time per call and records how many calls each ``time`` was asked for."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.asked = seconds, []
+
+    def time(self, number: int) -> float:
+        self.asked.append(number)
+        return self.seconds
+
+
+@pytest.mark.parametrize("warmup, once, long_calls, short_calls", [
+    # a short call is calibrated from its second warm-up call, or from a fresh call after a single warm-up
+    (2, False, [1, 1, 1, 1, 1], [1, 1, 20, 20, 20]),
+    (1, False, [1, 1, 1, 1, 1], [1, 1, 20, 20, 20]),
+    # the latency table's warm_long_once: a call as long as a window gets one warm-up and no calibration call
+    (2, True, [1, 1, 1, 1], [1, 1, 20, 20, 20]),
+    (1, True, [1, 1, 1, 1], [1, 1, 20, 20, 20]),
+    (0, True, [1, 1, 1, 1], [1, 20, 20, 20]),
+])
+def test_interleaved_timing_spends_no_extra_calls(warmup, once, long_calls, short_calls):
+    long, short = _FakeRunner(0.5), _FakeRunner(0.01)
+    out = bench.time_interleaved({"long": long, "short": short}, repeats=3, warmup=warmup, min_time_s=0.2,
+                                 warm_long_once=once)
+    assert long.asked == long_calls and short.asked == short_calls
+    assert out["long"]["calls_per_repeat"] == 1 and out["short"]["calls_per_repeat"] == 20
+    assert out["short"]["latency_s"]["median"] == pytest.approx(0.01)
