@@ -299,6 +299,8 @@ def test_a_plugin_cost_model_steers_depth_and_width_strategies(tmp_path, capsys)
             assert report["budget"] == {"target_speedup": 1.3, "cost_model": "both-penalty"}
             if strategy in ("isomorphic", "hetdpt-plus"):   # the MAC target was searched to meet the cost
                 assert report["allocation"]["within_tolerance"] in (True, False)
+                if strategy == "hetdpt-plus":   # order auto: a budget in time runs depth first
+                    assert report["allocation"]["order"] == "depth-width"
                 assert report["allocation"]["width"][-1]["tries"] if strategy == "hetdpt-plus" else \
                     report["allocation"]["width"]["tries"]
     finally:

@@ -255,7 +255,7 @@ def test_isomorphic_strategy_cli(trained_tiny, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("order", ["depth-width", "width-depth", "interleaved"])
+@pytest.mark.parametrize("order", ["auto", "depth-width", "width-depth", "interleaved"])
 def test_hetdpt_plus_strategy_cli(trained_tiny, tmp_path, order):
     # a round of interleaved has a small cut with two frontier points on this tiny model: the dense point
     # makes a third, so the degree-1 fit has its three
@@ -268,7 +268,9 @@ def test_hetdpt_plus_strategy_cli(trained_tiny, tmp_path, order):
     assert report["n_attn"] + report["n_act"] >= 1  # depth took its share...
     target = 0.5 * report["dense_macs"]
     assert target * (1 - TOL) <= report["macs"] <= target  # ...and width landed the total
-    assert report["allocation"]["order"] == order and report["allocation"]["within_tolerance"]
+    # auto: width first with a MAC budget (the order measured best)
+    assert report["allocation"]["order"] == ("width-depth" if order == "auto" else order)
+    assert report["allocation"]["within_tolerance"]
     recipe = hetprune.recipe.load_recipe(out)
     if order == "interleaved":   # two rounds, each removing sites and then pruning widths
         rounds = report["allocation"]["depth_rounds"]
@@ -392,7 +394,7 @@ def test_share_search_refuses_what_it_cannot_do(trained_tiny, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("setting, message", [
-    (["hetdpt_plus.order=sideways"], "must be one of depth-width, width-depth, interleaved"),
+    (["hetdpt_plus.order=sideways"], "must be one of auto, depth-width, width-depth, interleaved"),
     (["hetdpt_plus.order=interleaved", "hetdpt_plus.rounds=0"], "rounds must be a whole number >= 1"),
     (["hetdpt_plus.order=interleaved", "hetdpt_plus.depth_sites=1"], "cannot be spread over hetdpt_plus.rounds 2"),
     (["hetdpt_plus.order=interleaved"], "use --target-macs for interleaved"),   # with a time budget below

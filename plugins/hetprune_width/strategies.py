@@ -37,10 +37,11 @@ WIDTH_DEFAULTS = {
     "pruner_options": IsomorphicWidthPruner().options(),
 }
 
-ORDERS = ("depth-width", "width-depth", "interleaved")
+ORDERS = ("auto", "depth-width", "width-depth", "interleaved")
 
 PLUS_DEFAULTS = {
-    "order": "depth-width",       # the paper's; or width-depth, or interleaved (rounds of depth then width)
+    "order": "auto",              # width-depth (best measured, README) with MAC budgets, else depth-width
+                                  # (the paper's); or name one: depth-width, width-depth, interleaved
     "rounds": 2,                  # interleaved: depth+width rounds, each taking an equal share of both cuts
     "depth_strategy": "hetdpt",   # any registered depth strategy (its settings section must be present)
     "depth_share": 0.45,          # share of the MAC reduction (dense -> target) taken by depth pruning, or
@@ -241,8 +242,9 @@ class HetDPTPlus:
     """HetDPT+: HetDPT depth pruning and isomorphic width pruning together, to one MAC target."""
 
     name = "hetdpt-plus"
-    description = ("HetDPT+: HetDPT depth pruning (share hetdpt_plus.depth_share of the MAC cut), then "
-                   "isomorphic width pruning to the MAC target; merges only where it pays")
+    description = ("HetDPT+: HetDPT depth pruning (share hetdpt_plus.depth_share of the MAC cut) and isomorphic "
+                   "width pruning to one target, width first by default (hetdpt_plus.order); merges only where "
+                   "it pays")
     defaults = _WithDepthDefaults({"hetdpt_plus": PLUS_DEFAULTS, "width": WIDTH_DEFAULTS})
     setting_types = {"hetdpt_plus.depth_share": (float, str)}
 
@@ -261,8 +263,8 @@ class HetDPTPlus:
             share = o["depth_share"]
             if share != "search" and (isinstance(share, (bool, str)) or not 0 < share < 1):
                 raise HetpruneError(f"hetdpt_plus.depth_share must be within (0, 1) or 'search', got {share!r}")
-            if share == "search" and o["order"] != "depth-width":
-                raise HetpruneError("hetdpt_plus.depth_share search runs with order depth-width")
+            if share == "search" and o["order"] not in ("depth-width", "auto"):
+                raise HetpruneError("hetdpt_plus.depth_share search runs with order depth-width (or auto)")
         elif not isinstance(o["depth_sites"], int) or isinstance(o["depth_sites"], bool) or o["depth_sites"] < 1:
             raise HetpruneError(f"hetdpt_plus.depth_sites must be a site count >= 1 (or null), got {o['depth_sites']!r}")
         if o["intermediate_finetune"] not in ("short_finetune", "finetune", "none"):
@@ -335,6 +337,10 @@ class HetDPTPlus:
         example = job.example
         dense_macs = count_macs(job.dense, example)
         timed = in_time(job)
+        if o["order"] == "auto":   # width first measured best at equal MACs; it takes MAC budgets only
+            o = {**o, "order": "depth-width" if timed or o["depth_share"] == "search" and o["depth_sites"] is None
+                 else "width-depth"}
+            job.log(f"[{job.strategy_name}] order auto: {o['order']}")
         searched = False
         if timed:
             if o["depth_share"] == "search":
