@@ -7,7 +7,10 @@ Three (four) models with random weights, timed against each other in one run
 * ``isomorphic``       — dense, width-pruned by the ``isomorphic`` width pruner to the target (2.6 GMACs);
 * ``hetdpt-plus``      — the shipped recipe ``deit_base_hetdpt_paper`` (attention gone in 5 blocks, GELU gone
                          and MLPs merged in 5) applied to dense, then width-pruned to the same target;
-* ``hetdpt`` (``--with-depth-only``) — the recipe alone (depth only, about 10.9 GMACs).
+* ``hetdpt`` (``--with-depth-only``) — the recipe alone (depth only, about 10.9 GMACs);
+* ``hetdpt-plus, width first`` (``--with-width-first``) — hetdpt-plus's default order: dense width-pruned
+  to the target divided by the recipe's MAC fraction, the recipe's sites removed (MLPs merged where it
+  pays), then a width trim to the target.
 
 Weights are random: the shapes (what speed depends on) come from magnitude
 importance on random weights, not from Taylor importance on ImageNet as in
@@ -70,6 +73,8 @@ def main(argv=None) -> int:
     p.add_argument("--min-time", type=float, default=0.5)
     p.add_argument("--importance", default="magnitude")
     p.add_argument("--with-depth-only", action="store_true", help="also time the depth-only recipe model")
+    p.add_argument("--with-width-first", action="store_true",
+                   help="also time hetdpt-plus in its default order: width pruning first, then the recipe's sites")
     p.add_argument("--out", help="Markdown report to write (a .json with the raw result is written beside it)")
     args = p.parse_args(argv)
 
@@ -97,10 +102,10 @@ def main(argv=None) -> int:
     class Ctx:
         log = staticmethod(print)
 
-    def width_prune(model, name):
+    def width_prune(model, name, to=None):
         pruner = registry.build("width_pruner", "isomorphic", importance=args.importance)
         t0 = time.time()
-        report = pruner.prune(model, target, x, Ctx())
+        report = pruner.prune(model, target if to is None else to, x, Ctx())
         report["seconds"] = round(time.time() - t0, 1)
         log(f"{name}: {human(report['macs'])} MACs after {report['seconds']:.0f}s, {len(report['trials'])} trials")
         return report
@@ -113,9 +118,25 @@ def main(argv=None) -> int:
     depth_macs = count_macs(depth, x)
     plus = copy.deepcopy(depth)
     plus_report = width_prune(plus, "hetdpt-plus")
+    first = None
+    if args.with_width_first:   # as hetdpt-plus's width-depth order: width, then the sites, then a trim
+        from hetprune import surgery
+
+        first = copy.deepcopy(dense)
+        width_prune(first, "width first", to=min(0.999 * dense_macs, target * dense_macs / depth_macs))
+        for b in recipe.attn_removed:
+            surgery.remove_attention(first, b, recipe.attn_mode)
+        for b in recipe.act_removed:
+            surgery.remove_activation(first, b)
+        surgery.merge_all(first, blocks=recipe.merged)   # only where merging still pays at these widths
+        if count_macs(first, x) > target:
+            width_prune(first, "width-first trim")
+        first.eval()
     prune_seconds = round(time.time() - started, 1)
 
     models = {"dense": dense, "isomorphic": iso, "hetdpt-plus": plus}
+    if first is not None:
+        models["hetdpt-plus, width first"] = first
     if args.with_depth_only:
         models["hetdpt (depth only)"] = depth
     with torch.inference_mode():
@@ -159,6 +180,13 @@ def main(argv=None) -> int:
         if i and h:
             lines.append(f"| {i['batch_size']} | {i['speedup']:.2f}x | {h['speedup']:.2f}x | "
                          f"{h['speedup'] / i['speedup']:.2f}x |")
+    if first is not None:
+        lines += ["", "| batch | isomorphic speedup | hetdpt-plus, width first, speedup | width first / isomorphic |",
+                  "|---|---|---|---|"]
+        for b in args.batch:
+            i, h = rows.get(("isomorphic", b)), rows.get(("hetdpt-plus, width first", b))
+            if i and h:
+                lines.append(f"| {b} | {i['speedup']:.2f}x | {h['speedup']:.2f}x | {h['speedup'] / i['speedup']:.2f}x |")
     lines += [
         "",
         f"The paper (its own hardware and timing, trained weights) reports {PAPER['hetdpt_plus_speedup']}x for "
@@ -170,6 +198,7 @@ def main(argv=None) -> int:
         "",
         f"* isomorphic: {widths_summary(read_widths(iso))}",
         f"* hetdpt-plus: {widths_summary(read_widths(plus))}",
+        *([f"* hetdpt-plus, width first: {widths_summary(read_widths(first))}"] if first is not None else []),
         "",
         f"Width search: isomorphic {search_text(iso_report)}; hetdpt-plus {search_text(plus_report)}.",
     ]

@@ -114,7 +114,7 @@ EOF
            --threads 1)
     SPEED_COMPILE=("${SPEED[@]}")
     PLUS=(--model deit_tiny_patch16_224 --recipe "$OUT/deit-tiny-recipe.json" --target 0.5 --batch 1 --repeats 1
-          --warmup 0 --min-time 0 --threads 1 --device cpu --dtype fp32)
+          --warmup 0 --min-time 0 --threads 1 --device cpu --dtype fp32 --with-width-first)
     LATENCY=(--configs digits --batches 2 --repeats 1 --no-width --device cpu --dtype fp32 --tag cpu-smoke)
 else
     CAP_SCALE=1
@@ -123,7 +123,7 @@ else
     COMPARE=(--strategies hetdpt,act-only,mix50 --budgets 8,12 --seeds 0)
     SPEED=(--device cuda --dtype bf16 --batch-size 256)
     SPEED_COMPILE=("${SPEED[@]}" --configs deit_b)   # compiling DeiT-S too would not fit the 8 minutes
-    PLUS=(--device cuda --dtype bf16 --batch 256 --repeats 5 --min-time 0.2 --threads 8 --with-depth-only)
+    PLUS=(--device cuda --dtype bf16 --batch 256 1 --repeats 5 --min-time 0.2 --threads 8 --with-depth-only --with-width-first)
     LATENCY=(--configs deit-b,deit-s --batches 1,256 --repeats 5 --no-width --device cuda --dtype bf16 --tag cuda-bf16)
 fi
 
@@ -131,7 +131,7 @@ step environment 30 environment
 step pytest-cuda 100 "$PY" -m pytest -q -m cuda -p no:cacheprovider --junitxml="$OUT/pytest-cuda.xml"
 step compare 160 "$PY" -m hetprune compare --device "$DEVICE" "${COMPARE[@]}" --out "$OUT/compare" --overwrite
 step speed-bf16 60 "$PY" benchmarks/speed_paper_configs.py "${SPEED[@]}" --out "$OUT/speed"
-step hetdpt-plus-speed 90 "$PY" benchmarks/hetdpt_plus_speed.py "${PLUS[@]}" --out "$OUT/hetdpt-plus-speed-$DEVICE.md"
+step hetdpt-plus-speed 100 "$PY" benchmarks/hetdpt_plus_speed.py "${PLUS[@]}" --out "$OUT/hetdpt-plus-speed-$DEVICE.md"
 step latency-model 70 "$PY" benchmarks/latency_model.py "${LATENCY[@]}" --out "$OUT/latency"
 step speed-bf16-compile 110 "$PY" benchmarks/speed_paper_configs.py "${SPEED_COMPILE[@]}" --compile \
     --out "$OUT/speed-compile"
