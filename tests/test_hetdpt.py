@@ -449,8 +449,15 @@ def test_too_small_point_plan_fails_before_any_fine_tune(tiny_model, digits_data
     monkeypatch.setattr(HetDPT, "collect_points", never)
     job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=1),
                    **{"hetdpt.axis_points": 1, "hetdpt.mixed_points": 0, "hetdpt.predictor": "poly"})
-    with pytest.raises(HetpruneError, match="needs at least 6 distinct points"):
+    with pytest.raises(HetpruneError, match="needs at least 6 distinct points") as info:
         HetDPT().allocate(job)
+    assert "hetdpt.predictor_options.poly.degree" in str(info.value)
+    # no degree to lower and no dense point: the hint names the other ways
+    job.settings["hetdpt"].update(predictor="local", dense_point=False)
+    with pytest.raises(HetpruneError, match="needs at least 3 distinct points") as info:
+        HetDPT().allocate(job)
+    assert "degree" not in str(info.value) and "fewer (hetdpt.predictor)" in str(info.value)
+    assert "set hetdpt.dense_point=true" in str(info.value)
 
 
 # -- MAP refinement -------------------------------------------------------------------

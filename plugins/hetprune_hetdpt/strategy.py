@@ -174,10 +174,12 @@ class HetDPT(DepthStrategy):
                                        **opts.get("predictor_options", {}).get(opts["predictor"], {}))
         need = getattr(predictor, "min_points", None)
         if need is not None and len(plan) < need:  # say so before an hour of fine-tuning, not after
+            fewer = (f"lower the degree (hetdpt.predictor_options.{opts['predictor']}.degree)"
+                     if hasattr(predictor, "degree") else "choose a predictor that needs fewer (hetdpt.predictor)")
             raise HetpruneError(
                 f"predictor {predictor.name!r} needs at least {need} distinct points, but {what} give a plan of "
-                f"{len(plan)}: {plan}. Raise hetdpt.axis_points / hetdpt.mixed_points, or lower the degree "
-                "(hetdpt.predictor_options.poly.degree)")
+                f"{len(plan)}: {plan}. Raise hetdpt.axis_points / hetdpt.mixed_points"
+                f"{'' if opts.get('dense_point') else ', set hetdpt.dense_point=true'}, or {fewer}")
         return predictor
 
     @staticmethod
