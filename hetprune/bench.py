@@ -240,7 +240,8 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def _time_batch(models: dict, input_shape: tuple, batch: int, device: torch.device, dtype: str,
-                repeats: int, warmup: int, min_time_s: float, log, ort: bool = False) -> dict[str, dict]:
+                repeats: int, warmup: int, min_time_s: float, log, ort: bool = False,
+                budget_s: float | None = None) -> dict[str, dict]:
     """Time every model (torch modules, or ONNX Runtime sessions with ``ort``) at one batch size, interleaved;
     raises on OOM."""
     x = torch.randn(batch, *input_shape, device="cpu" if ort else device)
@@ -254,16 +255,21 @@ def _time_batch(models: dict, input_shape: tuple, batch: int, device: torch.devi
                 r()
                 torch.cuda.synchronize(device)
                 peak[name] = torch.cuda.max_memory_allocated(device)
-    timed = time_interleaved(runners, repeats, warmup, min_time_s, log, label=f"batch {batch}")
+    timed = time_interleaved(runners, repeats, warmup, min_time_s, log, label=f"batch {batch}", budget_s=budget_s)
     return {name: {**t, **({"peak_memory_bytes": peak[name]} if name in peak else {})} for name, t in timed.items()}
 
 
 @torch.inference_mode()
 def time_interleaved(runners: dict, repeats: int, warmup: int, min_time_s: float, log=None,
-                     label: str = "", warm_long_once: bool = False) -> dict[str, dict]:
+                     label: str = "", warm_long_once: bool = False, budget_s: float | None = None,
+                     max_repeats: int = 60) -> dict[str, dict]:
     """Time every runner (anything with ``time(number)``) round-robin: warm-up, calibration (calls per repeat
     so one repeat lasts ``min_time_s``), then ``repeats`` interleaved rounds. Per runner: the latency summary
     (seconds per call) and the calls per repeat.
+
+    With ``budget_s`` the rounds are as many as fit that many seconds per runner (at least ``repeats``, at
+    most ``max_repeats``): on a shared machine whose speed drifts by up to 2x within seconds, many short
+    interleaved rounds see every runner under the same conditions, where a few long ones do not.
 
     A runner is calibrated from its last warm-up call when that was not its first (a cold call reads slow).
     With ``warm_long_once`` (the latency table), a call that lasts a whole window (``min_time_s`` > 0) counts
@@ -276,12 +282,15 @@ def time_interleaved(runners: dict, repeats: int, warmup: int, min_time_s: float
             if w and warm_long_once and 0 < min_time_s <= warm[name][-1]:
                 continue
             warm[name].append(r.time(1))
-    number = {}
+    number, once = {}, {}
     for name, r in runners.items():  # calibrate: enough calls per repeat to last min_time_s
         seen = warm[name]
         long_once = warm_long_once and seen and 0 < min_time_s <= seen[-1]
-        once = seen[-1] if len(seen) > 1 or long_once else r.time(1)
-        number[name] = max(1, math.ceil(min_time_s / once)) if once > 0 else 1
+        once[name] = seen[-1] if len(seen) > 1 or long_once else r.time(1)
+        number[name] = max(1, math.ceil(min_time_s / once[name])) if once[name] > 0 else 1
+    if budget_s is not None:
+        longest = max(number[name] * once[name] for name in runners)
+        repeats = max(repeats, min(max_repeats, int(budget_s / longest) if longest > 0 else max_repeats))
     runs: dict[str, list[float]] = {name: [] for name in runners}
     for i in range(repeats):
         for name, r in runners.items():
@@ -295,14 +304,16 @@ def time_interleaved(runners: dict, repeats: int, warmup: int, min_time_s: float
 def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_sizes: list[int],
             device: str = "auto", dtype: str = "fp32", compile: bool = False, repeats: int = 7, warmup: int = 2,
             min_time_s: float = 0.2, reference: str | None = None, threads: int | None = None,
-            log: Callable[[str], None] | None = None, backend: str = "torch") -> dict:
+            log: Callable[[str], None] | None = None, backend: str = "torch", budget_s: float | None = None) -> dict:
     """Time ``models`` (name -> module) on random input of shape ``(B, *input_shape)``.
 
     ``reference`` names the model others are compared with (speedup = its
     median latency / the model's, beside the MAC ratio); default: the first
     model when there are several. ``threads`` sets torch's CPU thread count for
     the measurement (restored afterwards; ONNX Runtime sessions get the same
-    count). ``backend``: ``torch`` or ``onnxruntime``. Returns a JSON-ready dict:
+    count). ``backend``: ``torch`` or ``onnxruntime``. ``budget_s``: seconds per
+    model and batch size; the rounds are as many as fit (at least ``repeats``;
+    see :func:`time_interleaved`). Returns a JSON-ready dict:
     ``environment``, ``models`` (params, MACs), ``results`` (one row per model
     and batch size).
     """
@@ -314,6 +325,8 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
         raise HetpruneError(f"batch sizes must be positive integers, got {batch_sizes!r}")
     if repeats < 1 or warmup < 0 or not (math.isfinite(min_time_s) and min_time_s >= 0):
         raise HetpruneError(f"need repeats >= 1, warmup >= 0, min_time_s >= 0; got {repeats}, {warmup}, {min_time_s}")
+    if budget_s is not None and not (math.isfinite(budget_s) and budget_s > 0):
+        raise HetpruneError(f"budget_s must be a number of seconds > 0, got {budget_s!r}")
     if backend not in BACKENDS:
         raise HetpruneError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     ort = backend == "onnxruntime"
@@ -361,7 +374,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
                 load = load_average()
                 try:
                     timed = _time_batch(runnable, input_shape, batch, dev, dtype, repeats, warmup, min_time_s, log,
-                                        ort=ort)
+                                        ort=ort, budget_s=budget_s)
                     break
                 except RuntimeError as exc:
                     if dev.type != "cuda" or not _is_oom(exc):
@@ -400,6 +413,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
     return {
         "environment": env,
         "settings": {"input_shape": list(input_shape), "batch_sizes": list(batch_sizes), "repeats": repeats,
+                     "budget_s": budget_s,
                      "warmup": warmup, "min_time_s": min_time_s, "interleaved": True,
                      "timer": "cuda events" if dev.type == "cuda" and not ort else "time.perf_counter",
                      "backend": backend},

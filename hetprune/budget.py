@@ -149,25 +149,27 @@ def max_per_kind(model: nn.Module) -> dict[str, int]:
 
 
 CostFn = Callable[[nn.Module, torch.Tensor], float]
+PrepareFn = Callable[[list, torch.Tensor], None]
 
 
 @torch.no_grad()
 def kind_savings(model: nn.Module, example: torch.Tensor, merge: bool = True,
-                 cost: CostFn | None = None) -> dict[str, float]:
+                 cost: CostFn | None = None, prepare: PrepareFn | None = None) -> dict[str, float]:
     """Mean cost saved by removing one attention site (``attn``), one activation site (``act``) and both
     sites of one block (``both``), each measured with every such site still present removed at once;
-    plus ``dense``, the model's cost (a model pruned before counts only the sites it still has)."""
+    plus ``dense``, the model's cost (a model pruned before counts only the sites it still has).
+
+    ``prepare`` (a cost model's optional ``prepare(models, example)``) is given the model and its variants
+    before any is costed, so a measured cost times them together (a latency table in one session)."""
     cost = cost or count_macs
-    dense = cost(model, example)
     present = {kind: [b for b in range(depth(model)) if not surgery.site_removed(model, Site(b, kind))]
                for kind in ("attn", "act")}
     present["both"] = [b for b in present["attn"] if b in present["act"]]
     removers = {"attn": (surgery.remove_attention,), "act": (surgery.remove_activation,),
                 "both": (surgery.remove_attention, surgery.remove_activation)}
-    out = {}
+    variants = {}
     for kind, blocks in present.items():
         if not blocks:
-            out[kind] = 0.0
             continue
         variant = copy.deepcopy(model)
         for b in blocks:
@@ -175,7 +177,12 @@ def kind_savings(model: nn.Module, example: torch.Tensor, merge: bool = True,
                 remove(variant, b)
         if merge and kind != "attn":
             surgery.merge_all(variant, blocks=blocks)
-        out[kind] = (dense - cost(variant, example)) / len(blocks)
+        variants[kind] = variant
+    if prepare is not None:
+        prepare([model, *variants.values()], example)
+    dense = cost(model, example)
+    out = {kind: (dense - cost(variants[kind], example)) / len(blocks) if kind in variants else 0.0
+           for kind, blocks in present.items()}
     if not present["both"]:   # no block has both sites left: removing both never shares a block
         out["both"] = out["attn"] + out["act"]
     return {**out, "dense": dense}
@@ -202,9 +209,10 @@ def pair_cost(save: dict[str, float], n_blocks: int) -> Callable[[int, int], flo
 
 
 def feasible_pairs(model: nn.Module, budget: Budget, example: torch.Tensor | None = None,
-                   merge: bool = True, cost: CostFn | None = None) -> list[tuple[int, int]]:
+                   merge: bool = True, cost: CostFn | None = None,
+                   prepare: PrepareFn | None = None) -> list[tuple[int, int]]:
     """All (n_attn, n_act) the budget allows, for this model (``cost``: the budget's cost model's ``cost``;
-    default MACs)."""
+    default MACs; ``prepare``: see :func:`kind_savings`)."""
     limits = max_per_kind(model)
     if budget.sites is not None:
         k = budget.sites
@@ -215,7 +223,7 @@ def feasible_pairs(model: nn.Module, budget: Budget, example: torch.Tensor | Non
         return pairs
     if example is None:
         raise HetpruneError("a cost budget needs an example input to count costs")
-    save = kind_savings(model, example, merge=merge, cost=cost)
+    save = kind_savings(model, example, merge=merge, cost=cost, prepare=prepare)
     dense = save["dense"]
     limit = budget.limit(dense)
     cost_of = pair_cost(save, depth(model))

@@ -136,7 +136,10 @@ def register_cost_models(register: Register) -> None:
     Optional: ``measure(models, example) -> dict[str, float]`` (``models``:
     name -> module) the measured cost of whole models in ``unit``, reported
     beside the prediction; ``describe() -> dict`` facts for the run report
-    (device, batch size, cache file).
+    (device, batch size, cache file); ``prepare(models, example)`` called
+    with models (a dense one and its variants) before they are costed, so a
+    measuring model can time them together (the latency table does: times
+    from one session compare, times from sessions seconds apart may not).
     """
 
 

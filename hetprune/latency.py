@@ -11,13 +11,20 @@ batch 8 that under-predicted the speedups of merged and attention-free
 blocks by 13-36 %). A block whose
 inputs differ in shape from another block's (a model with stages) cannot be
 copied into every slot, and is timed alone (``solo``). Timing is
-interleaved and repeated as ``hetprune bench`` times whole models (median of
-the repeats). A part is keyed
+interleaved in many short rounds (``budget_s`` per part). A part is keyed
 by its *structure* (module types, their settings and parameter shapes) and
 its input shapes: a block without its attention, with a merged MLP, dropped,
 or width-pruned is a different entry, measured the first time it is asked
 for. So a prediction for a pruned model costs nothing once its kinds of block
 are in the table.
+
+A shared machine's speed drifts by up to 2x over seconds (digits at batch 1
+on 2 cores), so parts timed in different sessions do not compare. Parts
+needed together are timed in one session (:meth:`LatencyTable.prepare`: a
+depth budget's dense block, its variants and the outside), and a later
+session re-times one part already in the table beside the new ones (the
+*anchor*): each new time is the anchor's stored time times the new part's
+median ratio to the anchor over the session's rounds.
 
 The table is cached on disk (``cache_dir()/latency``), keyed by the device's
 name, torch/timm versions, thread count, dtype, batch size and backend: a
@@ -42,7 +49,7 @@ from .costs import hooked_forward
 from .errors import HetpruneError
 from .io import read_json, write_json_atomic
 
-VERSION = 2   # of the table format and of how parts are timed (2: blocks in context)
+VERSION = 3   # of the table format and of how parts are timed (2: blocks in context; 3: one session, anchored)
 OUTSIDE = "outside"
 
 
@@ -84,6 +91,8 @@ class Part:
     key: str
     what: str                                  # "outside" or "block 3"
     block: nn.Module | None = None             # None: the outside part
+    model: nn.Module | None = None             # the model it is part of: the template of its timed twin
+    outside: str = ""                          # the key of that model's outside part
     run: Callable[[], object] | None = None
 
 
@@ -94,9 +103,10 @@ class LatencyTable:
     device: torch.device
     batch_size: int = 64
     dtype: str = "fp32"
-    repeats: int = 5
+    repeats: int = 5             # rounds at least; as many as fit budget_s per part
     warmup: int = 2
-    min_time_s: float = 0.2      # per repeat: shorter windows on a small model read 70 % slow (digits, batch 1)
+    min_time_s: float = 0.05     # per round
+    budget_s: float = 1.0        # per part: the rounds' total (a call longer than that: ``repeats`` rounds)
     cache: bool = True
     log: Callable[[str], None] = print
     entries: dict = field(default_factory=dict)
@@ -105,6 +115,8 @@ class LatencyTable:
 
     def __post_init__(self):
         self.device = devices.resolve(self.device)
+        if not (isinstance(self.budget_s, (int, float)) and not isinstance(self.budget_s, bool) and self.budget_s > 0):
+            raise HetpruneError(f"latency budget_s must be a number of seconds > 0, got {self.budget_s!r}")
         bench.check_dtype(self.dtype, self.device)
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise HetpruneError(f"latency batch_size must be a whole number >= 1, got {self.batch_size!r}")
@@ -143,10 +155,18 @@ class LatencyTable:
     def breakdown(self, model: nn.Module, example: torch.Tensor) -> dict[str, float]:
         """Predicted seconds per part: ``outside`` and ``block i``."""
         parts = self.parts(model, example)
+        self._measure_missing(parts, example)
+        return {p.what: self.entries[p.key]["median_s"] for p in parts}
+
+    def prepare(self, models: list[nn.Module], example: torch.Tensor) -> None:
+        """Time every part of ``models`` the table lacks, all in one session (e.g. a dense model and its
+        depth variants, before a budget compares them)."""
+        self._measure_missing([p for m in models for p in self.parts(m, example)], example)
+
+    def _measure_missing(self, parts: list[Part], example: torch.Tensor) -> None:
         missing = {p.key: p for p in parts if p.key not in self.entries}
         if missing:
-            self.measure_parts(model, example, list(missing.values()))
-        return {p.what: self.entries[p.key]["median_s"] for p in parts}
+            self.measure_parts(example, list(missing.values()), known=parts)
 
     def parts(self, model: nn.Module, example: torch.Tensor) -> list[Part]:
         """The outside part and one part per block, keyed by structure and by input shapes (seen in a
@@ -154,43 +174,43 @@ class LatencyTable:
         blocks = adapter_for(model).blocks(model)
         inputs = _block_inputs(model, blocks, example[:1])
         skip = {id(b) for b in blocks}
-        parts = [Part(fingerprint({"part": OUTSIDE, "structure": structure(model, skip),
-                                   "input": _shapes(example[:1])}), OUTSIDE)]
+        outside = fingerprint({"part": OUTSIDE, "structure": structure(model, skip), "input": _shapes(example[:1])})
+        parts = [Part(outside, OUTSIDE, None, model, outside)]
         for i, b in enumerate(blocks):
             key = fingerprint({"part": "block", "structure": structure(b), "input": _shapes(inputs[i])})
-            parts.append(Part(key, f"block {i}", b))
+            parts.append(Part(key, f"block {i}", b, model, outside))
         return parts
 
-    def measure_parts(self, model: nn.Module, example: torch.Tensor, parts: list[Part]) -> None:
-        """Time ``parts`` of ``model`` (one per key) interleaved, at ``batch_size``, and store them."""
-        from . import surgery
-
+    def measure_parts(self, example: torch.Tensor, parts: list[Part], known: list[Part] = ()) -> None:
+        """Time ``parts`` (one per key, each with its model) in one interleaved session at ``batch_size``, and
+        store them. When the table has entries, one of ``known`` already in it (a block timed in context if
+        there is one) is timed too, as the anchor the new times are scaled to."""
         x = torch.randn(self.batch_size, *example.shape[1:], device=example.device, dtype=example.dtype)
-        adapter = adapter_for(model)
-        blocks = adapter.blocks(model)
-        inputs = _block_inputs(model, blocks, x)
-        # every block called alike (same input shapes and keywords): a copy of any block fits every slot
-        in_context = len({fingerprint(_shapes(list(a)) + [sorted(k)]) for a, k in inputs}) == 1
         asked = list(parts)
-        outside_part = next((p for p in parts if p.block is None), None)
-        subtract = in_context and any(p.block is not None for p in asked)
-        if outside_part is None and subtract:   # block times in context subtract the outside, timed alongside
-            outside_part = Part("outside, again", OUTSIDE)
-            parts = [outside_part] + asked
-        for p in parts:
-            if p.block is None:
-                twin = copy.deepcopy(model)
-                for i in set(range(len(blocks))) - set(surgery.dropped_blocks(twin)):
-                    surgery.drop_block(twin, i)
-                p.run = lambda twin=twin.eval(): twin(x)
-            elif in_context:
-                twin = copy.deepcopy(model)
-                for i in range(len(blocks)):   # separate copies: as many weights to stream as the real model
-                    adapter.set_block(twin, i, copy.deepcopy(p.block))
-                p.run = lambda twin=twin.eval(): twin(x)
-            else:
-                args, kwargs = inputs[blocks.index(p.block)]
-                p.run = lambda b=p.block, a=args, k=kwargs: b(*a, **k)
+        context = {}   # id(model) -> (blocks, inputs, in context)
+        for p in asked + list(known):
+            if id(p.model) not in context:
+                blocks = adapter_for(p.model).blocks(p.model)
+                inputs = _block_inputs(p.model, blocks, x)
+                # every block called alike (same input shapes and keywords): a copy of any block fits every slot
+                alike = len({fingerprint(_shapes(list(a)) + [sorted(k)]) for a, k in inputs}) == 1
+                context[id(p.model)] = (blocks, inputs, alike)
+        in_context = {p.key: p.block is not None and context[id(p.model)][2] for p in asked + list(known)}
+        timed_parts = {p.key: p for p in asked}
+        for p in asked:   # a block timed in context subtracts its model's outside, timed alongside
+            if in_context[p.key] and p.outside not in timed_parts:
+                timed_parts[p.outside] = Part(p.outside, OUTSIDE, None, p.model, p.outside)
+        # the anchor: the cheapest part of these models already in the table (often the outside, timed here
+        # anyway when a block needs subtracting): the machine's drift scales every part alike, and a 12-copy
+        # block model as anchor would cost as much again as a new part
+        stored = [p for p in known if p.key in self.entries]
+        anchor = min(stored, key=lambda p: _whole(self.entries[p.key])) if stored else None
+        if anchor is not None:
+            timed_parts.setdefault(anchor.key, anchor)
+        runners = {}
+        for key, p in timed_parts.items():
+            runners[key] = bench._Runner(None, None, self.device, self.dtype, fn=self._runner(p, x, context,
+                                                                                             in_context.get(key)))
         self.log(f"latency table: timing {len(asked)} new part(s) ({', '.join(p.what for p in asked)}) at batch "
                  f"{self.batch_size}, {self.dtype}, on {self.key['device']} ...")
         load = bench.load_average()
@@ -201,21 +221,60 @@ class LatencyTable:
             self.log(f"latency table: warning: load average {load[0]} on {os.cpu_count()} CPUs with "
                      f"{torch.get_num_threads()} threads of ours; times measured on a busy machine are kept in "
                      f"{self.path} (delete it to measure again when the machine is quiet)")
-        runners = {p.key: bench._Runner(None, None, self.device, self.dtype, fn=p.run) for p in parts}
-        timed = bench.time_interleaved(runners, self.repeats, self.warmup, self.min_time_s, warm_long_once=True)
-        outside = timed[outside_part.key]["latency_s"]["median"] if subtract else 0.0
-        for p in parts:
-            p.run = None
+        timed = bench.time_interleaved(runners, self.repeats, self.warmup, self.min_time_s, warm_long_once=True,
+                                       budget_s=self.budget_s)
+        runs = {key: t["latency_s"]["runs"] for key, t in timed.items()}
+        # each round's times in the anchor's scale (its stored time; in a first session, its median here), so
+        # what the machine's drift does to a whole round cancels
+        if anchor is None:
+            anchor = next((p for p in asked if in_context[p.key]), asked[0])
+            stored_s, anchored = bench.summarize(runs[anchor.key])["median"], f"{anchor.what}, this session"
+        else:
+            stored_s, anchored = _whole(self.entries[anchor.key]), f"{anchor.what}, from the table"
+        base = runs[anchor.key]
+        runs = {key: [stored_s * v / a if a > 0 else v for v, a in zip(r, base)] for key, r in runs.items()}
         for p in asked:
-            lat = timed[p.key]["latency_s"]
-            entry = {"what": p.what, "median_s": lat["median"], "q1_s": lat["q1"], "q3_s": lat["q3"],
-                     "calls_per_repeat": timed[p.key]["calls_per_repeat"], "load": load, "timed": "solo"}
-            if p.block is not None and in_context:   # the model of copies of this block, less the outside
-                entry.update({f"{q}_s": max(0.0, (lat[q] - outside) / len(blocks)) for q in ("median", "q1", "q3")},
-                             timed="in context", copies=len(blocks))
+            entry = {"what": p.what, "calls_per_repeat": timed[p.key]["calls_per_repeat"], "load": load,
+                     "rounds": len(runs[p.key]), "timed": "solo",
+                     "anchor": anchored}
+            values = runs[p.key]
+            if in_context[p.key]:   # the model of copies of this block, less the outside, per round
+                n = len(context[id(p.model)][0])
+                entry.update(timed="in context", copies=n, whole_s=bench.summarize(values)["median"])
+                values = [max(0.0, (v - o) / n) for v, o in zip(values, runs[p.outside])]
+            lat = bench.summarize(values)
+            entry.update(median_s=lat["median"], q1_s=lat["q1"], q3_s=lat["q3"])
             self.entries[p.key] = entry
         self.measured_now += len(asked)
         self.save()
+
+    @staticmethod
+    def _runner(p: Part, x: torch.Tensor, context: dict, in_context: bool) -> Callable[[], object]:
+        """What timing part ``p`` calls: the outside (its model with every block dropped), a model whose every
+        block is a copy of ``p.block`` (in context), or the block alone on its recorded inputs (solo)."""
+        from . import surgery
+
+        blocks, inputs, _ = context[id(p.model)]
+        twin = None
+        if p.block is None:
+            twin = copy.deepcopy(p.model)
+            for i in set(range(len(blocks))) - set(surgery.dropped_blocks(twin)):
+                surgery.drop_block(twin, i)
+        elif in_context:
+            twin = copy.deepcopy(p.model)
+            adapter = adapter_for(twin)
+            for i in range(len(blocks)):   # separate copies: as many weights to stream as the real model
+                adapter.set_block(twin, i, copy.deepcopy(p.block))
+        if twin is not None:
+            twin.eval()
+            return lambda: twin(x)
+        args, kwargs = inputs[blocks.index(p.block)]
+        return lambda: p.block(*args, **kwargs)
+
+
+def _whole(entry: dict) -> float:
+    """What a part's runner measured when it was stored: the copies model for a block in context."""
+    return entry.get("whole_s", entry["median_s"])
 
 
 @torch.inference_mode()

@@ -129,10 +129,18 @@ class PruneJob:
         """``model``'s cost in the run's cost model (MACs per image, seconds per pass, ...)."""
         return self.cost_model.cost(model, self.example if example is None else example)
 
+    def prepare_costs(self, models: list[nn.Module], example: torch.Tensor | None = None) -> None:
+        """Tell a measuring cost model which models are about to be costed, so it times their parts together
+        (one session of the latency table; nothing for MACs)."""
+        prepare = getattr(self.cost_model, "prepare", None)
+        if prepare is not None:
+            prepare(models, self.example if example is None else example)
+
     def feasible_pairs(self) -> list[tuple[int, int]]:
         merge = bool(self.settings.get("mergers"))
+        counted = self.budget.counts_cost
         return feasible_pairs(self.dense, self.budget, self.example, merge=merge,
-                              cost=self.cost if self.budget.counts_cost else None)
+                              cost=self.cost if counted else None, prepare=self.prepare_costs if counted else None)
 
 
 @dataclass
@@ -319,6 +327,7 @@ def cost_report(job: PruneJob, model: nn.Module, example: torch.Tensor) -> dict:
     if name == "macs":
         return {}
     cm = job.cost_model
+    job.prepare_costs([job.dense, model], example)   # new parts (width-pruned blocks) timed in one session
     dense, pruned = cm.cost(job.dense, example), cm.cost(model, example)
     out = {"model": name, "unit": cm.unit, "predicted": pruned, "dense_predicted": dense,
            "predicted_speedup": dense / pruned}

@@ -247,3 +247,24 @@ def test_interleaved_timing_spends_no_extra_calls(warmup, once, long_calls, shor
     assert long.asked == long_calls and short.asked == short_calls
     assert out["long"]["calls_per_repeat"] == 1 and out["short"]["calls_per_repeat"] == 20
     assert out["short"]["latency_s"]["median"] == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("seconds, budget, rounds", [
+    (0.01, 1.0, 20),     # 5 calls a round (0.05 s): as many rounds as fill a second
+    (0.01, 100.0, 60),   # never more than max_repeats
+    (0.5, 1.0, 3),       # a call longer than the budget: the rounds asked for, at least
+    (0.01, None, 3),     # no budget: exactly the rounds asked for
+])
+def test_rounds_fill_the_time_budget(seconds, budget, rounds):
+    runner = _FakeRunner(seconds)
+    out = bench.time_interleaved({"m": runner}, repeats=3, warmup=1, min_time_s=0.05, budget_s=budget,
+                                 max_repeats=60)
+    assert len(out["m"]["latency_s"]["runs"]) == rounds
+    # rounds are the calls after warm-up and calibration, each of calls_per_repeat calls
+    assert runner.asked[-rounds:] == [out["m"]["calls_per_repeat"]] * rounds
+
+
+def test_measure_refuses_a_bad_budget(tiny_model):
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(HetpruneError, match="budget_s"):
+            bench.measure({"m": tiny_model}, SHAPE, [1], device="cpu", budget_s=bad)

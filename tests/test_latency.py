@@ -34,9 +34,9 @@ FAST = ["--scorer", "magnitude", "--set", "finetune.epochs=0"]
 def steady_clock(monkeypatch):
     """Part times from the parts' parameter counts instead of a clock (a shared CPU's noise would decide
     the splits otherwise); everything else of the table (keys, cache, sums) runs as is."""
-    def measure_parts(self, model, example, parts):
+    def measure_parts(self, example, parts, known=()):
         for p in parts:
-            params = sum(t.numel() for t in (p.block or model).parameters()) if p.block is not None else 2000
+            params = sum(t.numel() for t in p.block.parameters()) if p.block is not None else 2000
             self.entries[p.key] = {"what": p.what, "median_s": 1e-4 + params * 1e-8}
         self.measured_now += len(parts)
         self.save()
@@ -148,7 +148,7 @@ def mac_clock(monkeypatch):
             finally:
                 handle.remove()
             t = 1e-3 + macs[0] * 1e-9
-            out[name] = {"latency_s": {"median": t, "q1": t, "q3": t}, "calls_per_repeat": 1}
+            out[name] = {"latency_s": {"median": t, "q1": t, "q3": t, "runs": [t]}, "calls_per_repeat": 1}
         return out
     monkeypatch.setattr(bench, "time_interleaved", timed)
     return lambda model, x: timed({"m": lambda: model(x)}, 1, 0, 0)["m"]["latency_s"]["median"]
@@ -190,8 +190,68 @@ def test_a_block_called_unlike_the_others_is_timed_alone(tiny_model, monkeypatch
     surgery.remove_attention(pruned, 1)
     t.predict(pruned, tiny_example(2))                      # one new block kind, the outside already known
     assert {e["timed"] for e in t.entries.values()} == {"solo"}
-    # first: outside, block 0 (its own inputs), blocks 1-3; then the new kind alone, the outside not timed again
-    assert timed_parts == [3, 1]
+    # first: outside, block 0 (its own inputs), blocks 1-3; then the new kind with a known block as its anchor,
+    # the outside not timed again
+    assert timed_parts == [3, 2]
+
+
+def drifting_clock(monkeypatch, factors):
+    """:func:`mac_clock` on a machine whose speed changes between sessions (session k reads ``factors[k]`` x
+    the true time, in every round): records the number of runners of each session."""
+    true_clock = mac_clock(monkeypatch)
+    from hetprune import bench
+
+    steady = bench.time_interleaved
+    sessions = []
+
+    def timed(runners, *a, **k):
+        f = factors[min(len(sessions), len(factors) - 1)]
+        sessions.append(len(runners))
+        out = steady(runners, *a, **k)
+        for t in out.values():
+            t["latency_s"] = {q: v * f if q != "runs" else [r * f for r in v] for q, v in t["latency_s"].items()}
+        return out
+    monkeypatch.setattr(bench, "time_interleaved", timed)
+    return true_clock, sessions
+
+
+def variants(model):
+    """A model without attention in every block, and one with every MLP linear and merged."""
+    no_attn, merged = copy.deepcopy(model), copy.deepcopy(model)
+    for b in range(depth(model)):
+        surgery.remove_attention(no_attn, b)
+        surgery.remove_activation(merged, b)
+    surgery.merge_all(merged)
+    return no_attn, merged
+
+
+def test_a_later_session_is_scaled_to_an_anchor_timed_beside_it(tiny_model, monkeypatch):
+    clock, sessions = drifting_clock(monkeypatch, [1.0, 2.0, 0.5])
+    x = tiny_example(2)
+    t = table(cache=False)
+    no_attn, merged = variants(tiny_model)
+    assert t.predict(tiny_model, x) == pytest.approx(clock(tiny_model, x), rel=1e-9)
+    # the machine now runs at half speed, then at double: the new kinds are read against a known block
+    # re-timed beside them, so each prediction is still the true time, not 2x or 0.5x of it
+    for model in (no_attn, merged):
+        assert t.predict(model, x) == pytest.approx(clock(model, x), rel=1e-9)
+    # outside + block; then each new block with its outside, which is the anchor (the cheapest known part)
+    assert sessions == [2, 2, 2]
+    later = [e for e in t.entries.values() if e["anchor"].endswith("from the table")]
+    assert len(later) == 2
+
+
+def test_prepare_times_a_model_and_its_variants_in_one_session(tiny_model, monkeypatch):
+    clock, sessions = drifting_clock(monkeypatch, [1.0, 2.0])
+    x = tiny_example(2)
+    t = table(cache=False)
+    budget = Budget(target_speedup=1.3, cost_model="latency")
+    pairs = feasible_pairs(tiny_model, budget, x, cost=t.predict, prepare=t.prepare)
+    assert sessions == [5]           # outside, dense block, no attention, merged MLP and both: one session
+    assert pairs
+    for model in (tiny_model, *variants(tiny_model)):
+        assert t.predict(model, x) == pytest.approx(clock(model, x), rel=1e-9)
+    assert sessions == [5]           # all were in the table
 
 
 # -- budgets in time --------------------------------------------------------------------------------

@@ -99,9 +99,10 @@ class BlockDrop(DepthStrategy):
         else:
             # in the budget's cost model; dropping blocks saves the same whichever go, for uniform blocks
             example = job.example
-            dense = job.cost(job.dense, example)
             one = copy.deepcopy(job.dense)
             surgery.drop_block(one, 0)
+            job.prepare_costs([job.dense, one], example)
+            dense = job.cost(job.dense, example)
             per_block = dense - job.cost(one, example)
             limit = job.budget.limit(dense)
             n = math.ceil(max(0.0, dense - limit) / per_block) if per_block > 0 else most + 1

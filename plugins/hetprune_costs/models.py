@@ -32,8 +32,8 @@ class LatencyCost:
     unit = "s"
     description = "measured forward time on the run's device (cached per device, dtype and batch size)"
 
-    def __init__(self, batch_size: int = 64, dtype: str = "auto", repeats: int = 5, min_time_s: float = 0.2,
-                 cache: bool = True, verify_repeats: int = 7):
+    def __init__(self, batch_size: int = 64, dtype: str = "auto", repeats: int = 5, min_time_s: float = 0.05,
+                 budget_s: float = 1.0, cache: bool = True, verify_repeats: int = 7):
         if dtype != "auto" and dtype not in bench.DTYPES:
             raise HetpruneError(f"latency dtype must be auto or one of {', '.join(bench.DTYPES)}, got {dtype!r}")
         for key, value in (("batch_size", batch_size), ("repeats", repeats), ("verify_repeats", verify_repeats)):
@@ -41,6 +41,7 @@ class LatencyCost:
                 raise HetpruneError(f"latency {key} must be a whole number >= 1, got {value!r}")
         self.batch_size, self.dtype, self.repeats = batch_size, dtype, repeats
         self.min_time_s, self.cache, self.verify_repeats = float(min_time_s), bool(cache), verify_repeats
+        self.budget_s = budget_s
         self.tables: dict[str, LatencyTable] = {}
         self.log = print
 
@@ -49,17 +50,23 @@ class LatencyCost:
         if key not in self.tables:
             dtype = default_dtype(device) if self.dtype == "auto" else self.dtype
             self.tables[key] = LatencyTable(device, batch_size=self.batch_size, dtype=dtype, repeats=self.repeats,
-                                            min_time_s=self.min_time_s, cache=self.cache, log=self.log)
+                                            min_time_s=self.min_time_s, budget_s=self.budget_s, cache=self.cache,
+                                            log=self.log)
         return self.tables[key]
 
     def cost(self, model: nn.Module, example: torch.Tensor) -> float:
         return self.table(example.device).predict(model, example)
 
+    def prepare(self, models: list[nn.Module], example: torch.Tensor) -> None:
+        """Time the parts of models about to be costed together, in one session (their times compare)."""
+        self.table(example.device).prepare(models, example)
+
     def measure(self, models: dict, example: torch.Tensor) -> dict:
         """Whole models timed interleaved at the table's batch size and dtype: the median seconds per pass."""
         table = self.table(example.device)
         result = bench.measure(dict(models), tuple(example.shape[1:]), [self.batch_size], device=str(table.device),
-                               dtype=table.dtype, repeats=self.verify_repeats, min_time_s=0.1)
+                               dtype=table.dtype, repeats=self.verify_repeats, min_time_s=self.min_time_s,
+                               budget_s=self.budget_s)
         return {r["model"]: r["latency_s"]["median"] for r in result["results"]}
 
     def describe(self) -> dict:
