@@ -92,7 +92,8 @@ def markdown(result: dict) -> str:
              f"Command: `{result.get('command', '')}`", "",
              "Ground truth: every feasible split fine-tuned with the full schedule "
              f"(`finetune`: {result['finetune']}); predictors fitted on the cheap points "
-             + (f"(`short_finetune`: {result['short_finetune']})."
+             + (f"(`{result.get('point_finetune', 'short_finetune')}`: "
+                f"{result.get(result.get('point_finetune', 'short_finetune'), result['short_finetune'])})."
                 if result.get("point_selection", "oneshot") == "oneshot" else
                 f"(chosen gradually by the run's scorer `{result.get('scorer')}`, no further fine-tune)."), "",
              "## Predictors", "",

@@ -302,7 +302,7 @@ def test_interrupted_point_collection_resumes_without_remeasuring(tiny_model, di
 
     monkeypatch.setattr(strat, "train", counting_train)
     job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=3),
-                   **{"short_finetune.epochs": 1, "short_finetune.subset": 32, "hetdpt.axis_points": 2,
+                   **{"finetune.epochs": 1, "finetune.subset": 32, "hetdpt.axis_points": 2,
                       "hetdpt.mixed_points": 1})
     strategy = HetDPT()
     plan = strategy.point_plan(job, job.feasible_pairs())
@@ -315,8 +315,51 @@ def test_interrupted_point_collection_resumes_without_remeasuring(tiny_model, di
     assert len(calls) == len(plan) - 2
     assert [(p["n_attn"], p["n_act"]) for p in points] == plan
     # a changed schedule must not reuse the stale points
-    job.settings["short_finetune"]["lr"] = 1e-4
+    job.settings["finetune"]["lr"] = 1e-4
     assert strategy.points_key(job) != store.key
+
+
+def test_points_are_fine_tuned_with_the_chosen_schedule_and_keyed_by_it(tiny_model, digits_data, tmp_path,
+                                                                       monkeypatch):
+    import hetprune_hetdpt.strategy as strat
+
+    used = []
+    monkeypatch.setattr(strat, "train", lambda model, data, cfg, **kw: used.append((cfg.epochs, cfg.subset)))
+    small = {"finetune.epochs": 1, "finetune.subset": 40, "short_finetune.epochs": 2, "short_finetune.subset": 20}
+    strategy = HetDPT()
+    # auto, the default: finetune (1 epoch on 40 images) costs less than 4 short ones (2 epochs on 20)
+    full = make_job(tiny_model, digits_data, tmp_path / "full", **small)
+    short = make_job(tiny_model, digits_data, tmp_path / "short", **small, **{"hetdpt.point_finetune": "short_finetune"})
+    [p] = strategy.collect_points(full, [(1, 1)])
+    assert used == [(1, 40)] and p["point_finetune"] == "finetune" and p["schedule"]["subset"] == 40
+    used.clear()
+    strategy.collect_points(short, [(1, 1)])
+    assert used == [(2, 20)]
+    assert strategy.points_key(full) != strategy.points_key(short)
+    # each key follows its own schedule only
+    before = strategy.points_key(full), strategy.points_key(short)
+    for job in (full, short):
+        job.settings["short_finetune"]["lr"] = 1e-4
+    assert strategy.points_key(full) == before[0] and strategy.points_key(short) != before[1]
+    bad = make_job(tiny_model, digits_data, tmp_path / "bad", **{"hetdpt.point_finetune": "long"})
+    with pytest.raises(HetpruneError, match="point_finetune must be one of auto, finetune, short_finetune"):
+        strategy.collect_points(bad, [(0, 1)])
+
+
+def test_auto_gives_points_the_final_schedule_only_where_it_is_affordable():
+    resolve = HetDPT.point_finetune
+    embedded = {"hetdpt": {"point_finetune": "auto"}, "finetune": {"epochs": 3, "subset": 300},
+                "short_finetune": {"epochs": 2, "subset": 150}}
+    assert resolve(embedded, train_size=4000) == "finetune"            # 900 images against 4 x 300
+    paper = {"hetdpt": {"point_finetune": "auto"}, "finetune": {"epochs": 400, "subset": None},
+             "short_finetune": {"epochs": 3, "subset": 100000}}
+    assert resolve(paper, train_size=1281167) == "short_finetune"      # 400 epochs of ImageNet: never per point
+    # subsets larger than the training set count what is there
+    small = {"hetdpt": {"point_finetune": "auto"}, "finetune": {"epochs": 4, "subset": None},
+             "short_finetune": {"epochs": 1, "subset": 1000}}
+    assert resolve(small, train_size=100) == "finetune"                # 400 images against 4 x 100
+    assert resolve({**small, "finetune": {"epochs": 5, "subset": None}}, train_size=100) == "short_finetune"
+    assert resolve({**paper, "hetdpt": {"point_finetune": "finetune"}}, train_size=10) == "finetune"  # as asked
 
 
 def test_corrupt_points_file_is_reported_by_name(tmp_path):

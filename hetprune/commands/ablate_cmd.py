@@ -139,6 +139,7 @@ def run(args) -> int:
         "budget": budget.sites if budget.sites is not None else budget.describe(), "seeds": seeds, "dense_top1": base_info["top1"],
         "command": "hetprune " + " ".join(shlex.quote(a) for a in args.argv),
         "finetune": settings["finetune"], "short_finetune": settings["short_finetune"], "points": points,
+        "point_finetune": points[0].get("point_finetune", "short_finetune") if points else "short_finetune",
         "point_selection": settings[section].get("point_selection", "oneshot"), "scorer": settings["scorer"],
         "predictors": {name: {**predictor_metrics(predicted[name], true, args.tolerance),
                               "fit": f.fit_report() if hasattr(f, "fit_report") else {}}
