@@ -30,7 +30,8 @@ def add_model_arguments(p, data: bool = True) -> None:
                             "root with train/ and val/")
         s = g.add_mutually_exclusive_group()
         s.add_argument("--subset", type=int, metavar="N",
-                       help="training images for the short fine-tunes of MAP points (sets short_finetune.subset)")
+                       help="training images for the short fine-tunes (sets short_finetune.subset; hetdpt's MAP "
+                            "points use it unless hetdpt.point_finetune picks the final schedule)")
         s.add_argument("--subset-frac", type=float, metavar="F",
                        help="the same as a fraction of the training set, e.g. 0.01")
         g.add_argument("--workers", type=int, metavar="N",
