@@ -88,12 +88,12 @@ def mean_by_pair(rows: list[dict]) -> tuple[dict[Pair, float], dict[Pair, float]
 
 
 def markdown(result: dict) -> str:
+    schedule = result.get("point_finetune", "short_finetune")   # the section that fine-tuned the cheap points
     lines = [f"# hetprune ablate: budget {budget_words(result['budget'])}, seeds {result['seeds']}", "",
              f"Command: `{result.get('command', '')}`", "",
              "Ground truth: every feasible split fine-tuned with the full schedule "
              f"(`finetune`: {result['finetune']}); predictors fitted on the cheap points "
-             + (f"(`{result.get('point_finetune', 'short_finetune')}`: "
-                f"{result.get(result.get('point_finetune', 'short_finetune'), result['short_finetune'])})."
+             + (f"(`{schedule}`: {result[schedule]})."
                 if result.get("point_selection", "oneshot") == "oneshot" else
                 f"(chosen gradually by the run's scorer `{result.get('scorer')}`, no further fine-tune)."), "",
              "## Predictors", "",

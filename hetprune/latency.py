@@ -93,7 +93,6 @@ class Part:
     block: nn.Module | None = None             # None: the outside part
     model: nn.Module | None = None             # the model it is part of: the template of its timed twin
     outside: str = ""                          # the key of that model's outside part
-    run: Callable[[], object] | None = None
 
 
 @dataclass
@@ -183,22 +182,27 @@ class LatencyTable:
 
     def measure_parts(self, example: torch.Tensor, parts: list[Part], known: list[Part] = ()) -> None:
         """Time ``parts`` (one per key, each with its model) in one interleaved session at ``batch_size``, and
-        store them. When the table has entries, one of ``known`` already in it (a block timed in context if
-        there is one) is timed too, as the anchor the new times are scaled to."""
+        store them. When the table has entries, the cheapest of ``known`` already in it is timed too, as the
+        anchor the new times are scaled to."""
         x = torch.randn(self.batch_size, *example.shape[1:], device=example.device, dtype=example.dtype)
         asked = list(parts)
-        context = {}   # id(model) -> (blocks, inputs, in context)
-        for p in asked + list(known):
-            if id(p.model) not in context:
+        contexts: dict[int, tuple] = {}   # per model whose parts are timed: (blocks, their inputs, called alike)
+
+        def context(p: Part) -> tuple:
+            if id(p.model) not in contexts:
                 blocks = adapter_for(p.model).blocks(p.model)
                 inputs = _block_inputs(p.model, blocks, x)
                 # every block called alike (same input shapes and keywords): a copy of any block fits every slot
                 alike = len({fingerprint(_shapes(list(a)) + [sorted(k)]) for a, k in inputs}) == 1
-                context[id(p.model)] = (blocks, inputs, alike)
-        in_context = {p.key: p.block is not None and context[id(p.model)][2] for p in asked + list(known)}
+                contexts[id(p.model)] = (blocks, inputs, alike)
+            return contexts[id(p.model)]
+
+        def in_context(p: Part) -> bool:
+            return p.block is not None and context(p)[2]
+
         timed_parts = {p.key: p for p in asked}
         for p in asked:   # a block timed in context subtracts its model's outside, timed alongside
-            if in_context[p.key] and p.outside not in timed_parts:
+            if in_context(p) and p.outside not in timed_parts:
                 timed_parts[p.outside] = Part(p.outside, OUTSIDE, None, p.model, p.outside)
         # the anchor: the cheapest part of these models already in the table (often the outside, timed here
         # anyway when a block needs subtracting): the machine's drift scales every part alike, and a 12-copy
@@ -207,10 +211,8 @@ class LatencyTable:
         anchor = min(stored, key=lambda p: _whole(self.entries[p.key])) if stored else None
         if anchor is not None:
             timed_parts.setdefault(anchor.key, anchor)
-        runners = {}
-        for key, p in timed_parts.items():
-            runners[key] = bench._Runner(None, None, self.device, self.dtype, fn=self._runner(p, x, context,
-                                                                                             in_context.get(key)))
+        runners = {key: bench._Runner(None, None, self.device, self.dtype, fn=_runner(p, x, *context(p)))
+                   for key, p in timed_parts.items()}
         self.log(f"latency table: timing {len(asked)} new part(s) ({', '.join(p.what for p in asked)}) at batch "
                  f"{self.batch_size}, {self.dtype}, on {self.key['device']} ...")
         load = bench.load_average()
@@ -227,7 +229,7 @@ class LatencyTable:
         # each round's times in the anchor's scale (its stored time; in a first session, its median here), so
         # what the machine's drift does to a whole round cancels
         if anchor is None:
-            anchor = next((p for p in asked if in_context[p.key]), asked[0])
+            anchor = next((p for p in asked if in_context(p)), asked[0])
             stored_s, anchored = bench.summarize(runs[anchor.key])["median"], f"{anchor.what}, this session"
         else:
             stored_s, anchored = _whole(self.entries[anchor.key]), f"{anchor.what}, from the table"
@@ -235,11 +237,10 @@ class LatencyTable:
         runs = {key: [stored_s * v / a if a > 0 else v for v, a in zip(r, base)] for key, r in runs.items()}
         for p in asked:
             entry = {"what": p.what, "calls_per_repeat": timed[p.key]["calls_per_repeat"], "load": load,
-                     "rounds": len(runs[p.key]), "timed": "solo",
-                     "anchor": anchored}
+                     "rounds": len(runs[p.key]), "timed": "solo", "anchor": anchored}
             values = runs[p.key]
-            if in_context[p.key]:   # the model of copies of this block, less the outside, per round
-                n = len(context[id(p.model)][0])
+            if in_context(p):   # the model of copies of this block, less the outside, per round
+                n = len(context(p)[0])
                 entry.update(timed="in context", copies=n, whole_s=bench.summarize(values)["median"])
                 values = [max(0.0, (v - o) / n) for v, o in zip(values, runs[p.outside])]
             lat = bench.summarize(values)
@@ -248,28 +249,26 @@ class LatencyTable:
         self.measured_now += len(asked)
         self.save()
 
-    @staticmethod
-    def _runner(p: Part, x: torch.Tensor, context: dict, in_context: bool) -> Callable[[], object]:
-        """What timing part ``p`` calls: the outside (its model with every block dropped), a model whose every
-        block is a copy of ``p.block`` (in context), or the block alone on its recorded inputs (solo)."""
-        from . import surgery
 
-        blocks, inputs, _ = context[id(p.model)]
-        twin = None
-        if p.block is None:
-            twin = copy.deepcopy(p.model)
-            for i in set(range(len(blocks))) - set(surgery.dropped_blocks(twin)):
-                surgery.drop_block(twin, i)
-        elif in_context:
-            twin = copy.deepcopy(p.model)
-            adapter = adapter_for(twin)
-            for i in range(len(blocks)):   # separate copies: as many weights to stream as the real model
-                adapter.set_block(twin, i, copy.deepcopy(p.block))
-        if twin is not None:
-            twin.eval()
-            return lambda: twin(x)
+def _runner(p: Part, x: torch.Tensor, blocks: list[nn.Module], inputs: list, alike: bool) -> Callable[[], object]:
+    """What timing part ``p`` calls: the outside (its model with every block dropped), a model whose every
+    block is a copy of ``p.block`` (in context: the blocks are called ``alike``), or the block alone on its
+    recorded inputs (solo)."""
+    from . import surgery
+
+    if p.block is not None and not alike:
         args, kwargs = inputs[blocks.index(p.block)]
         return lambda: p.block(*args, **kwargs)
+    twin = copy.deepcopy(p.model)
+    if p.block is None:
+        for i in set(range(len(blocks))) - set(surgery.dropped_blocks(twin)):
+            surgery.drop_block(twin, i)
+    else:
+        adapter = adapter_for(twin)
+        for i in range(len(blocks)):   # separate copies: as many weights to stream as the real model
+            adapter.set_block(twin, i, copy.deepcopy(p.block))
+    twin.eval()
+    return lambda: twin(x)
 
 
 def _whole(entry: dict) -> float:

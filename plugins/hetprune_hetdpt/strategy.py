@@ -172,6 +172,11 @@ class HetDPT(DepthStrategy):
             job.log(f"[hetdpt] reusing {len(plan) - len(todo)} measured MAP points from {store.path}")
         mine = todo[dist.rank()::dist.world()]
         gradual = self.point_selection(job.settings) == "gradual"
+        if gradual:
+            made = {"selection": "gradual", "scorer": job.settings["scorer"]}
+        else:
+            section = self.point_schedule(job)
+            made = {"point_finetune": section, "schedule": job.settings[section]}
         orders = None
         for i, (a, m) in enumerate(mine, 1):
             if orders is None and not gradual:
@@ -182,10 +187,7 @@ class HetDPT(DepthStrategy):
             val = loader(job.data.val, 256, shuffle=False, workers=job.workers, pin_memory=job.device.type == "cuda")
             acc = evaluate(model, val, job.device, amp=job.amp)
             point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen],
-                     "seconds": round(time.time() - t0, 2),
-                     **({"selection": "gradual", "scorer": job.settings["scorer"]} if gradual
-                        else {"point_finetune": self.point_schedule(job),
-                              "schedule": job.settings[self.point_schedule(job)]})}
+                     "seconds": round(time.time() - t0, 2), **made}
             store.append(point)
             have[(a, m)] = point
             job.event("on_point_collected", point=point)
