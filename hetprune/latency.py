@@ -93,6 +93,7 @@ class Part:
     block: nn.Module | None = None             # None: the outside part
     model: nn.Module | None = None             # the model it is part of: the template of its timed twin
     outside: str = ""                          # the key of that model's outside part
+    in_context: bool = False                   # a block timed as every block of a copy of its model
 
 
 @dataclass
@@ -174,10 +175,12 @@ class LatencyTable:
         inputs = _block_inputs(model, blocks, example[:1])
         skip = {id(b) for b in blocks}
         outside = fingerprint({"part": OUTSIDE, "structure": structure(model, skip), "input": _shapes(example[:1])})
+        # every block called alike (same input shapes and keywords): a copy of any block fits every slot
+        alike = len({fingerprint(_shapes(list(a)) + [sorted(k)]) for a, k in inputs}) == 1
         parts = [Part(outside, OUTSIDE, None, model, outside)]
         for i, b in enumerate(blocks):
             key = fingerprint({"part": "block", "structure": structure(b), "input": _shapes(inputs[i])})
-            parts.append(Part(key, f"block {i}", b, model, outside))
+            parts.append(Part(key, f"block {i}", b, model, outside, in_context=alike))
         return parts
 
     def measure_parts(self, example: torch.Tensor, parts: list[Part], known: list[Part] = ()) -> None:
@@ -186,23 +189,21 @@ class LatencyTable:
         anchor the new times are scaled to."""
         x = torch.randn(self.batch_size, *example.shape[1:], device=example.device, dtype=example.dtype)
         asked = list(parts)
-        contexts: dict[int, tuple] = {}   # per model whose parts are timed: (blocks, their inputs, called alike)
+        solo_inputs: dict[int, tuple] = {}   # per model with a block timed solo: (its blocks, their inputs at x)
 
-        def context(p: Part) -> tuple:
-            if id(p.model) not in contexts:
+        def runner(p: Part) -> Callable[[], object]:
+            if p.block is None or p.in_context:
+                return _twin_runner(p, x)
+            if id(p.model) not in solo_inputs:   # a full-batch forward pass, only where a block is timed alone
                 blocks = adapter_for(p.model).blocks(p.model)
-                inputs = _block_inputs(p.model, blocks, x)
-                # every block called alike (same input shapes and keywords): a copy of any block fits every slot
-                alike = len({fingerprint(_shapes(list(a)) + [sorted(k)]) for a, k in inputs}) == 1
-                contexts[id(p.model)] = (blocks, inputs, alike)
-            return contexts[id(p.model)]
-
-        def in_context(p: Part) -> bool:
-            return p.block is not None and context(p)[2]
+                solo_inputs[id(p.model)] = (blocks, _block_inputs(p.model, blocks, x))
+            blocks, inputs = solo_inputs[id(p.model)]
+            args, kwargs = inputs[blocks.index(p.block)]
+            return lambda: p.block(*args, **kwargs)
 
         timed_parts = {p.key: p for p in asked}
         for p in asked:   # a block timed in context subtracts its model's outside, timed alongside
-            if in_context(p) and p.outside not in timed_parts:
+            if p.in_context and p.outside not in timed_parts:
                 timed_parts[p.outside] = Part(p.outside, OUTSIDE, None, p.model, p.outside)
         # the anchor: the cheapest part of these models already in the table (often the outside, timed here
         # anyway when a block needs subtracting): the machine's drift scales every part alike, and a 12-copy
@@ -211,7 +212,7 @@ class LatencyTable:
         anchor = min(stored, key=lambda p: _whole(self.entries[p.key])) if stored else None
         if anchor is not None:
             timed_parts.setdefault(anchor.key, anchor)
-        runners = {key: bench._Runner(None, None, self.device, self.dtype, fn=_runner(p, x, *context(p)))
+        runners = {key: bench._Runner(None, None, self.device, self.dtype, fn=runner(p))
                    for key, p in timed_parts.items()}
         self.log(f"latency table: timing {len(asked)} new part(s) ({', '.join(p.what for p in asked)}) at batch "
                  f"{self.batch_size}, {self.dtype}, on {self.key['device']} ...")
@@ -229,7 +230,7 @@ class LatencyTable:
         # each round's times in the anchor's scale (its stored time; in a first session, its median here), so
         # what the machine's drift does to a whole round cancels
         if anchor is None:
-            anchor = next((p for p in asked if in_context(p)), asked[0])
+            anchor = next((p for p in asked if p.in_context), asked[0])
             stored_s, anchored = bench.summarize(runs[anchor.key])["median"], f"{anchor.what}, this session"
         else:
             stored_s, anchored = _whole(self.entries[anchor.key]), f"{anchor.what}, from the table"
@@ -239,8 +240,8 @@ class LatencyTable:
             entry = {"what": p.what, "calls_per_repeat": timed[p.key]["calls_per_repeat"], "load": load,
                      "rounds": len(runs[p.key]), "timed": "solo", "anchor": anchored}
             values = runs[p.key]
-            if in_context(p):   # the model of copies of this block, less the outside, per round
-                n = len(context(p)[0])
+            if p.in_context:   # the model of copies of this block, less the outside, per round
+                n = len(adapter_for(p.model).blocks(p.model))
                 entry.update(timed="in context", copies=n, whole_s=bench.summarize(values)["median"])
                 values = [max(0.0, (v - o) / n) for v, o in zip(values, runs[p.outside])]
             lat = bench.summarize(values)
@@ -250,22 +251,17 @@ class LatencyTable:
         self.save()
 
 
-def _runner(p: Part, x: torch.Tensor, blocks: list[nn.Module], inputs: list, alike: bool) -> Callable[[], object]:
-    """What timing part ``p`` calls: the outside (its model with every block dropped), a model whose every
-    block is a copy of ``p.block`` (in context: the blocks are called ``alike``), or the block alone on its
-    recorded inputs (solo)."""
-    from . import surgery
-
-    if p.block is not None and not alike:
-        args, kwargs = inputs[blocks.index(p.block)]
-        return lambda: p.block(*args, **kwargs)
-    twin = copy.deepcopy(p.model)
-    if p.block is None:
-        for i in set(range(len(blocks))) - set(surgery.dropped_blocks(twin)):
-            surgery.drop_block(twin, i)
-    else:
-        adapter = adapter_for(twin)
-        for i in range(len(blocks)):   # separate copies: as many weights to stream as the real model
+def _twin_runner(p: Part, x: torch.Tensor) -> Callable[[], object]:
+    """What timing part ``p`` calls: its model with every block dropped (the outside), or with every block a
+    separate copy of ``p.block`` (in context: as many weights to stream as the real model)."""
+    adapter = adapter_for(p.model)
+    blocks = adapter.blocks(p.model)
+    # copy the model but not its blocks (every slot is replaced below): a DeiT-B copy costs a quarter second
+    twin = copy.deepcopy(p.model, memo={id(b): b for b in blocks})
+    for i in range(len(blocks)):
+        if p.block is None:
+            adapter.drop_block(twin, i)
+        else:
             adapter.set_block(twin, i, copy.deepcopy(p.block))
     twin.eval()
     return lambda: twin(x)

@@ -168,6 +168,25 @@ def test_blocks_are_timed_in_context_so_a_prediction_is_the_whole_models_time(ti
     assert {e["timed"] for k, e in t.entries.items() if e["what"] != "outside"} == {"in context"}
 
 
+def test_blocks_timed_in_context_cost_no_full_batch_pass_and_leave_the_model_as_it_was(tiny_model, monkeypatch):
+    import hetprune.latency as latency
+    from hetprune.adapters import adapter_for
+
+    mac_clock(monkeypatch)
+    batches = []
+    real = latency._block_inputs
+    monkeypatch.setattr(latency, "_block_inputs", lambda m, b, x: batches.append(len(x)) or real(m, b, x))
+    x = tiny_example(2)
+    blocks = adapter_for(tiny_model).blocks(tiny_model)
+    before = tiny_model(x)
+    t = table(batch=8, cache=False)
+    no_attn, merged = variants(tiny_model)
+    t.prepare([tiny_model, no_attn, merged], x)
+    # the blocks' inputs are seen at one image (for the keys); at batch 8 only the timed copies run
+    assert batches and set(batches) == {1}
+    assert adapter_for(tiny_model).blocks(tiny_model) == blocks and torch.equal(tiny_model(x), before)
+
+
 def test_a_block_called_unlike_the_others_is_timed_alone(tiny_model, monkeypatch):
     import hetprune.latency as latency
 
