@@ -119,20 +119,19 @@ def run_config(name: str, batch: int, speedup: float, repeats: int, log, width: 
                               budget_s=budget_s, reference="dense", log=log) for _ in range(2)]
     measured, again = ({r["model"]: r for r in m["results"]} for m in sessions)
     rows = []
-    for name_, r in measured.items():
-        pred = predicted["dense"] / predicted[name_]
-        both = (r["speedup"] * again[name_]["speedup"]) ** 0.5   # the two sessions' geometric mean
-        rows.append({"model": name_, "predicted_speedup": pred, "measured_speedup": both,
-                     "session_speedups": [r["speedup"], again[name_]["speedup"]],
-                     "between_sessions": r["speedup"] / again[name_]["speedup"] - 1,
+    for model, r in measured.items():
+        pred = predicted["dense"] / predicted[model]
+        both = (r["speedup"] * again[model]["speedup"]) ** 0.5   # the two sessions' geometric mean
+        rows.append({"model": model, "predicted_speedup": pred, "measured_speedup": both,
+                     "session_speedups": [r["speedup"], again[model]["speedup"]],
+                     "between_sessions": r["speedup"] / again[model]["speedup"] - 1,
                      "error": pred / both - 1, "mac_ratio": r["mac_ratio"],
                      "paired_speedup": r["paired_speedup"]["median"], "rounds": len(r["latency_s"]["runs"]),
-                     "predicted_ms": predicted[name_] * 1e3, "measured_ms": r["latency_s"]["median"] * 1e3,
+                     "predicted_ms": predicted[model] * 1e3, "measured_ms": r["latency_s"]["median"] * 1e3,
                      "measured_iqr_ms": [r["latency_s"]["q1"] * 1e3, r["latency_s"]["q3"] * 1e3],
-                     "target_met": None if name_ in ("dense", AA) else both >= speedup * 0.97})
-    measured = sessions[0]
+                     "target_met": None if model in ("dense", AA) else both >= speedup * 0.97})
     return {"config": name, "batch": batch, "speedup_target": speedup, "table_parts": len(table.entries),
-            "depth_table_s": depth_table_s, "table_and_predictions_s": build_s, "environment": measured["environment"], "rows": rows}
+            "depth_table_s": depth_table_s, "table_and_predictions_s": build_s, "environment": sessions[0]["environment"], "rows": rows}
 
 
 def markdown(results: list[dict], command: str) -> str:
