@@ -147,13 +147,18 @@ def clone(model: nn.Module) -> nn.Module:
 
 
 def model_hash(model: nn.Module) -> str:
-    """A content hash of a model's weights (keys resumable state to the exact base model)."""
+    """A content hash of a model's weights (keys resumable state to the exact base model).
+
+    Every tensor is hashed at its own precision: two float64 models that differ below float32's hash
+    differently. Half-precision floats are widened to float32 (exact; numpy has no bfloat16), so float32 weights
+    hash as they always did; integer buffers are hashed as integers."""
     import hashlib
 
     h = hashlib.sha256()
     for k, v in sorted(model.state_dict().items()):
+        v = v.detach().cpu().contiguous()
         h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().to(torch.float32).numpy().tobytes())
+        h.update((v.float() if v.dtype in (torch.float16, torch.bfloat16) else v).numpy().tobytes())
     return h.hexdigest()[:16]
 
 

@@ -28,10 +28,10 @@ from .cost_model import build as build_cost_model, run_model_name
 from .costs import cost_summary
 from .data import DataBundle, loader, subset
 from .errors import HetpruneError
-from .models import ModelSpec
+from .models import ModelSpec, model_hash
 from .plugins import Registry
 from .recipe import Recipe, arch_of, recipe_from_model
-from .resume import weights_key
+from .resume import structure_key, weights_key
 from .sites import Site, sites
 from .train import TrainConfig, evaluate_dataset, train
 
@@ -47,7 +47,7 @@ class PruneJob:
     settings: dict
     registry: Registry
     workdir: Path
-    base_info: dict = field(default_factory=dict)   # provenance of the dense weights
+    base_info: dict = field(default_factory=dict)   # provenance of the dense weights (its hash: computed if absent)
     resume: bool = False
     progress: bool = True
     log: Callable[[str], None] = print
@@ -58,10 +58,17 @@ class PruneJob:
     def __post_init__(self):
         self.workdir = Path(self.workdir)
         self.shared_dir = Path(self.shared_dir) if self.shared_dir else self.workdir
+        if not self.base_info.get("hash"):  # every key of resumable state names the dense model, in code too
+            self.base_info["hash"] = model_hash(self.dense)
         if not dist.is_main():  # under torchrun only rank 0 talks
             self.log = lambda msg: None
             self.progress = False
         self.place(self.dense)  # the teacher, and the source of every copy a strategy makes
+
+    @property
+    def base_hash(self) -> str:
+        """The dense model's content hash: keys the teacher of a fine-tune and the MAP points."""
+        return self.base_info["hash"]
 
     @property
     def seed(self) -> int:
@@ -262,11 +269,20 @@ def remove_sites(job: PruneJob, model: nn.Module, chosen: list[Site]) -> dict:
 def finetune(job: PruneJob, model: nn.Module, section: str = "finetune", stage: str = "finetune",
              **changes) -> list[dict]:
     cfg = train_config(job.settings, section, **changes)
-    # a checkpoint is reused only for the same start: model (base weights, sites, earlier training), teacher, data
-    key = {"starting weights": weights_key(model), "teacher": job.base_info.get("hash"), "data": job.data.fingerprint}
+    # a checkpoint is reused only for the same start: model (weights, and its structure: removed sites, attention
+    # mode, merges, widths; the state dict alone does not show a removed activation), teacher, data
+    key = {"starting weights": weights_key(model), "structure": structure_key(model, model_structure(job, model)),
+           "teacher": job.base_hash, "data": job.data.fingerprint}
     return train(model, job.data, cfg, teacher=job.dense, checkpoint_dir=job.workdir / stage, resume=job.resume,
                  progress=job.progress, desc=f"{job.strategy_name}: {stage}", resume_key=key, log=job.log,
                  on_epoch_end=lambda e, m: job.event("on_epoch_end", stage=stage, epoch=e, metrics=m))
+
+
+def model_structure(job: PruneJob, model: nn.Module) -> dict:
+    """What the model's recipe says of its structure (removed sites, attention mode, merges, adapter, shape facts):
+    part of a resume key, read the way a saved result's recipe is."""
+    recipe = recipe_from_model(model, job.spec, arch_of(model)).to_dict()
+    return {k: v for k, v in recipe.items() if k not in ("base", "provenance")}
 
 
 def finetune_and_measure(job: PruneJob, model: nn.Module, after: str) -> tuple[float, list[dict], float]:

@@ -10,10 +10,26 @@ from torch import nn
 
 
 def weights_key(model: nn.Module) -> str:
-    """A content hash of the model's state (its structure and every weight): what a stage starts from."""
+    """A content hash of every weight of the model, each at its own precision: what a stage starts from.
+
+    The state dict alone does not say which sites are gone (a removed activation holds no weight): key the
+    structure too, with :func:`structure_key`."""
     from .models import model_hash
 
     return model_hash(model)
+
+
+def structure_key(model: nn.Module, structure: dict | None = None) -> str:
+    """A hash of what the model is built of: every module's name and type, every tensor's shape and dtype, and
+    ``structure`` (JSON data the caller reads from the model, e.g. its recipe's removed sites, attention mode,
+    merges and widths). Two models whose state dicts are equal but whose removed sites differ differ here."""
+    import hashlib
+    import json
+
+    modules = [[name, f"{type(m).__module__}.{type(m).__qualname__}"] for name, m in model.named_modules()]
+    tensors = [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()]
+    text = json.dumps({"modules": modules, "tensors": tensors, "structure": structure}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def differences(stored: dict | None, current: dict) -> list[str]:

@@ -17,13 +17,19 @@ import torch
 
 from hetprune import Budget, surgery
 from hetprune.pipeline import finetune, select_sites
+from hetprune.resume import weights_key
 from hetprune.testing import tiny_job, tiny_model
 
 
-def job_with(tmp_path, changes: dict | None = None, model=None, fingerprint: str | None = None, scorer="magnitude"):
+def job_with(tmp_path, changes: dict | None = None, model=None, fingerprint: str | None = None, scorer="magnitude",
+             in_code: bool = False):
+    """A tiny job logging to a list and counting its fine-tune epochs; ``in_code``: made as code outside the CLI
+    would make it, with no ``base_info`` (tiny_job names a fixed hash)."""
     logs: list[str] = []
     settings = {"scorer": scorer, "finetune": {"epochs": 2, "subset": 32}, **(changes or {})}
     job = tiny_job(Budget(sites=2), tmp_path / "work", settings=settings, model=model)
+    if in_code:
+        job = dataclasses.replace(job, base_info={})
     job.resume = True
     job.log = logs.append
     if fingerprint is not None:
@@ -43,9 +49,10 @@ def resume_notes(logs: list[str]) -> list[str]:
     return [m for m in logs if m.startswith("--resume:")]
 
 
-def pruned(job):
+def pruned(job, act: int = 1):
+    """A copy of the dense model with activation site ``act`` removed."""
     model = copy.deepcopy(job.dense)
-    surgery.remove_activation(model, 1)
+    surgery.remove_activation(model, act)
     return model
 
 
@@ -65,9 +72,9 @@ CHANGES = changes_for({"finetune": {"epochs": 2, "subset": 32}})
 GATE_CHANGES = changes_for({"short_finetune": {"epochs": 1, "subset": 32}})
 
 
-def run_finetune(tmp_path, model_seed=0, **kw):
+def run_finetune(tmp_path, model_seed=0, act=1, **kw):
     job, logs, epochs = job_with(tmp_path, model=tiny_model(model_seed), **kw)
-    model = pruned(job)
+    model = pruned(job, act)
     finetune(job, model)
     return model, logs, epochs
 
@@ -122,3 +129,54 @@ def test_a_finished_gate_phase_of_another_base_is_not_restored(tmp_path):
     other, _, _ = run_gates(tmp_path, model_seed=1)
     fresh, _, _ = run_gates(tmp_path / "clean", model_seed=1)
     assert same_state(other, fresh) and not same_state(other, first)
+
+
+# -- the key covers structure and every weight, and names the dense model in code too ---------------------------
+
+def test_other_removed_sites_with_an_equal_state_dict_start_afresh(tmp_path):
+    """A removed activation holds no weight: act1 and act2 removed have equal state dicts, yet are other models."""
+    job, _, _ = job_with(tmp_path)
+    assert same_state(pruned(job, 1), pruned(job, 2))   # what the old key, a state-dict hash, saw
+    run_finetune(tmp_path, act=1)
+    _, logs, epochs = run_finetune(tmp_path, act=2)
+    assert epochs == [1, 2], "a checkpoint trained with act1 removed was resumed for act2 removed"
+    said = resume_notes(logs)
+    assert len(said) == 1 and "structure" in said[0] and "starting it afresh" in said[0]
+
+
+def test_float64_weights_are_hashed_at_their_own_precision():
+    model = tiny_model(0).double()
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        weight = other.head.weight
+        weight[0, 0] += weight[0, 0].abs().clamp_min(1e-3) * 1e-12   # below float32's resolution
+    assert torch.equal(weight.float(), model.head.weight.float()) and not same_state(model, other)
+    assert weights_key(model) != weights_key(other)
+
+
+def test_a_job_made_in_code_keys_its_map_points_by_its_own_dense_model(tmp_path):
+    from hetprune_hetdpt.strategy import HetDPT
+
+    settings = {"scorer": "magnitude"}
+    jobs = []
+    for seed in (0, 1):
+        job = tiny_job(Budget(sites=2), tmp_path / "work", strategy_defaults=HetDPT.defaults, settings=settings,
+                       model=tiny_model(seed))
+        jobs.append(dataclasses.replace(job, base_info={}))
+    first, second = (HetDPT().points_key(job) for job in jobs)
+    assert first != second, "two dense models in one work folder share MAP points"
+    assert HetDPT().points_key(dataclasses.replace(jobs[0], base_info={})) == first   # and it is stable
+
+
+def test_a_job_made_in_code_keys_the_fine_tune_teacher_by_its_dense_model(tmp_path):
+    """Same student, another dense teacher: the distilled checkpoint is not the one to resume."""
+    student = pruned(job_with(tmp_path)[0])
+    for seed in (0, 1):
+        job, logs, epochs = job_with(tmp_path, model=tiny_model(seed), in_code=True)
+        finetune(job, copy.deepcopy(student))
+        assert epochs == [1, 2], f"the checkpoint distilled from another teacher was resumed (teacher seed {seed})"
+    said = resume_notes(logs)
+    assert len(said) == 1 and "teacher" in said[0]
+    job, logs, epochs = job_with(tmp_path, model=tiny_model(1), in_code=True)
+    finetune(job, copy.deepcopy(student))
+    assert epochs == [] and not resume_notes(logs)   # the same teacher again: resumed

@@ -135,7 +135,7 @@ class HetDPT(DepthStrategy):
                    "scorer_options": s.get("scorer_options", {}).get(s["scorer"], {})} if how != "oneshot" else {}
         section = self.point_schedule(job)
         return fingerprint({
-            "base": job.base_info.get("hash"), "data": job.data.fingerprint, "short": s[section],
+            "base": job.base_hash, "data": job.data.fingerprint, "short": s[section],
             **({"point_finetune": section} if section != "short_finetune" else {}),  # short ones keep their key
             "point_scorer": s["hetdpt"]["point_scorer"], "attn_remover": s["attn_remover"],
             "act_remover": s["act_remover"], "scoring": s["scoring"], "seed": job.seed,
