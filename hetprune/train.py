@@ -49,6 +49,65 @@ def training_loss(student_logits, labels, teacher_logits, cfg: TrainConfig) -> t
                                                             cfg.kd_temperature)
 
 
+class NonFiniteLoss(HetpruneError):
+    """A NaN loss, or an inf one with no fp16 GradScaler to absorb it: training cannot go on."""
+
+    def __init__(self, value: float):
+        super().__init__(f"loss became {value}")
+        self.value = value
+
+
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.element_size() < 4 else t
+
+
+def forward_loss(net: nn.Module, x, y, cfg: TrainConfig, device: torch.device, amp: str,
+                 teacher: nn.Module | None = None) -> torch.Tensor:
+    """One batch's training loss: the forwards under autocast, the loss (KD term included) in fp32 or wider."""
+    teacher_logits = None
+    with devices.autocast(device, amp):
+        if teacher is not None and cfg.kd != "none":
+            with torch.no_grad():
+                teacher_logits = _at_least_fp32(teacher(x))
+        logits = net(x)
+    return training_loss(_at_least_fp32(logits), y, teacher_logits, cfg)
+
+
+def grad_scaler(device: torch.device, amp: str) -> torch.amp.GradScaler:
+    """The GradScaler of a training loop: on for fp16 only (off, its step is a plain ``optimizer.step()``)."""
+    return torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+
+
+def optimisation_step(loss: torch.Tensor, optimizers: list, scaler, device: torch.device | None = None,
+                      distributed: bool = False) -> bool:
+    """Backward, then one step of every optimizer through ``scaler``; False when the step was skipped.
+
+    The one step every training loop takes, so AMP is handled alike everywhere.
+    An inf loss under fp16 is the overflow a GradScaler exists for: the step
+    is skipped and the scale backed off. A NaN loss (or an inf one without
+    fp16) raises :class:`NonFiniteLoss`. Under DDP the ranks' flags are summed,
+    so all skip or stop together (or the others would wait forever).
+    """
+    flags = torch.stack([torch.isnan(loss.detach()), torch.isinf(loss.detach())]).double()
+    if distributed:
+        flags = dist.sum_tensor(flags.to(device)).cpu()
+    nan, inf = (bool(v) for v in flags.tolist())
+    if nan or (inf and not scaler.is_enabled()):
+        value = loss.item()
+        raise NonFiniteLoss(value if not math.isfinite(value) else float("nan" if nan else "inf"))
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    if inf:   # what GradScaler does on overflow; scale() first makes its scale tensor if this is the first step
+        scaler.scale(loss.detach())
+        scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
+        return False
+    scaler.scale(loss).backward()   # without fp16 the scaler is off: plain backward and step
+    for opt in optimizers:
+        scaler.step(opt)
+    scaler.update()
+    return True
+
+
 @torch.inference_mode()
 def evaluate(model: nn.Module, data_loader, device: str | torch.device = "cpu", reduce: bool = False,
              amp: str = "none") -> float:
@@ -141,8 +200,9 @@ def train(
     With ``checkpoint_dir``, a checkpoint is written after every epoch and
     ``resume=True`` continues from it. Each epoch's data order and
     augmentation are seeded by ``(seed, epoch)``, so a resumed run repeats
-    the uninterrupted one. A NaN or inf loss stops training with an error and
-    leaves the last good checkpoint in place.
+    the uninterrupted one. A NaN loss (or an inf one without fp16) stops
+    training with an error and leaves the last good checkpoint in place; an
+    inf loss under fp16 is an overflow: the GradScaler skips that step.
 
     The checkpoint carries ``resume_key`` (what the run started from: the
     model's weights, the teacher, the data) and the training settings; a
@@ -156,7 +216,9 @@ def train(
     model alone (e.g. one MAP point per rank).
 
     ``cfg.amp`` runs the forward passes under autocast (bf16, or fp16 with a
-    GradScaler); the loss, KD term included, is computed in fp32.
+    GradScaler); the loss, KD term included, is computed in fp32 (or wider).
+    Each step is :func:`forward_loss` and :func:`optimisation_step`, which
+    other training loops (gate-taylor's gate phase) share.
     """
     from timm.optim import create_optimizer_v2
     from timm.scheduler import CosineLRScheduler
@@ -168,7 +230,7 @@ def train(
     devices.place(model, device)
     if teacher is not None:
         devices.place(teacher, device).eval()
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+    scaler = grad_scaler(device, amp)
     train_set = subset(data.train, cfg.subset, cfg.seed)
     steps_per_epoch = max(1, math.ceil(len(train_set) / cfg.batch_size))
     total = max(1, cfg.epochs * steps_per_epoch)
@@ -206,28 +268,18 @@ def train(
                          world=world, pin_memory=device.type == "cuda")
         for step, (x, y) in enumerate(batches):
             x, y = devices.place((x, y), device)
-            teacher_logits = None
-            with devices.autocast(device, amp):
-                if teacher is not None and cfg.kd != "none":
-                    with torch.no_grad():
-                        teacher_logits = teacher(x).float()
-                logits = net(x)
-            loss = training_loss(logits.float(), y, teacher_logits, cfg)  # fp32, outside autocast
-            bad = not torch.isfinite(loss)
-            if distributed:  # every rank stops together, or the others would wait forever
-                bad = bool(dist.sum_tensor(torch.tensor([float(bad)], device=device)).item())
-            if bad:
+            loss = forward_loss(net, x, y, cfg, device, amp, teacher)
+            try:
+                stepped = optimisation_step(loss, [optimizer], scaler, device, distributed)
+            except NonFiniteLoss as exc:
                 where = f"; the last good checkpoint is {_checkpoint_path(folder)}" if folder and epoch else ""
-                raise HetpruneError(f"{desc}: loss became {loss.item()} at epoch {epoch + 1}, step {step + 1} "
+                raise HetpruneError(f"{desc}: loss became {exc.value} at epoch {epoch + 1}, step {step + 1} "
                                     f"(lr {optimizer.param_groups[0]['lr']:.2e}); stopped{where}. "
-                                    "Lower the learning rate or check the data.")
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()   # without fp16 the scaler is off: plain backward and step
-            scaler.step(optimizer)
-            scaler.update()
+                                    "Lower the learning rate or check the data.") from None
             scheduler.step_update(epoch * steps_per_epoch + step + 1)
-            epoch_loss[0] += loss.item() * y.numel()
-            epoch_loss[1] += y.numel()
+            if stepped:   # an fp16 overflow the GradScaler skipped adds no inf to the epoch's loss
+                epoch_loss[0] += loss.item() * y.numel()
+                epoch_loss[1] += y.numel()
         if distributed:
             epoch_loss = dist.sum_tensor(epoch_loss.to(device)).cpu()
         metrics = {"epoch": epoch + 1, "loss": float(epoch_loss[0] / max(1.0, float(epoch_loss[1]))),

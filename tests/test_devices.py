@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -161,8 +162,11 @@ def test_evaluate_and_train_move_the_model_they_are_given(float64_place, tiny_mo
     from hetprune.train import TrainConfig, evaluate, train
 
     watch = float64_place
-    assert 0 <= evaluate(tiny_model, loader(digits_data.val, 64, shuffle=False), "cpu") <= 100
+    top1 = evaluate(tiny_model, loader(digits_data.val, 64, shuffle=False), "cpu")
     assert watch.placed == [tiny_model]
+    with torch.no_grad():   # the reference: the float64 model the helper made, on the whole set at once
+        x, y = map(torch.stack, zip(*[(img, torch.as_tensor(label)) for img, label in digits_data.val]))
+        assert top1 == pytest.approx(100.0 * (tiny_model(x.double()).argmax(-1) == y).double().mean().item())
     tiny_model.float()
     train(tiny_model, digits_data, TrainConfig(epochs=1, subset=16, batch_size=8, kd="none"), progress=False)
     assert watch.placed[-1] is tiny_model and tiny_model.cls_token.dtype == torch.float64 and not watch.wrong
@@ -219,11 +223,62 @@ def test_amp_runs_forwards_in_low_precision_and_the_loss_in_fp32(tiny_model, dig
         return real_loss(student, labels, teacher, cfg)
 
     monkeypatch.setattr(train_mod, "training_loss", recording_loss)
-    teacher = copy.deepcopy(tiny_model)
+    teacher, start = copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)
     tiny_model.head.register_forward_hook(lambda m, i, out: seen["head"].append(out.dtype))
     cfg = train_mod.TrainConfig(epochs=1, subset=16, batch_size=8, kd="soft", amp="bf16")
     history = train_mod.train(tiny_model, digits_data, cfg, teacher=teacher, progress=False)
     assert seen["head"] and set(seen["head"]) == {torch.bfloat16}
     assert seen["loss"] and set(seen["loss"]) == {(torch.float32, torch.float32)}
-    assert history[0]["loss"] == history[0]["loss"]  # finite, not NaN
     assert tiny_model.cls_token.dtype == torch.float32  # autocast, not a cast of the weights
+    # the same run in fp32 from the same weights: bf16 rounding moves the loss a little, not more
+    monkeypatch.setattr(train_mod, "training_loss", real_loss)
+    fp32 = train_mod.train(start, digits_data, dataclasses.replace(cfg, amp="none"), teacher=teacher, progress=False)
+    assert history[0]["loss"] == pytest.approx(fp32[0]["loss"], rel=1e-3)
+    assert history[0]["loss"] != fp32[0]["loss"]
+
+
+def _one_param_step(loss_of, scaler):
+    from hetprune.train import optimisation_step
+
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([p], lr=0.1)
+    stepped = optimisation_step(loss_of(p), [opt], scaler)
+    return stepped, p.detach()
+
+
+def test_an_inf_loss_under_fp16_is_skipped_by_the_grad_scaler_and_nan_is_refused():
+    """fp16 overflow (an inf loss) is what the GradScaler is for: skip the step, back off the scale.
+    NaN is never absorbed, and without a scaler (bf16, fp32) inf is refused too."""
+    from hetprune.train import NonFiniteLoss
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)   # what train() builds for fp16, on the CPU
+    stepped, p = _one_param_step(lambda p: (p * float("inf")).sum(), scaler)
+    assert not stepped and torch.equal(p, torch.ones(3))
+    assert scaler.get_scale() == 2.0 ** 8 * scaler.get_backoff_factor()
+    stepped, p = _one_param_step(lambda p: (p ** 2).sum(), scaler)           # a finite loss steps as usual
+    assert stepped and torch.allclose(p, torch.full((3,), 0.8))
+    with pytest.raises(NonFiniteLoss, match="loss became nan"):
+        _one_param_step(lambda p: (p * float("nan")).sum(), scaler)
+    with pytest.raises(NonFiniteLoss, match="loss became inf"):
+        _one_param_step(lambda p: (p * float("inf")).sum(), torch.amp.GradScaler("cpu", enabled=False))
+
+
+def test_train_under_fp16_skips_an_overflowing_step_instead_of_stopping(tiny_model, digits_data, tmp_path,
+                                                                       monkeypatch):
+    import hetprune.train as train_mod
+
+    calls, real_loss = [], train_mod.training_loss
+
+    def overflow_once(*args):
+        calls.append(1)
+        loss = real_loss(*args)
+        return loss * float("inf") if len(calls) == 2 else loss
+
+    monkeypatch.setattr(train_mod, "training_loss", overflow_once)
+    # fp16 needs CUDA: the CPU's GradScaler stands in for the one train() builds for it
+    monkeypatch.setattr(train_mod, "grad_scaler", lambda device, amp: torch.amp.GradScaler("cpu", init_scale=2.0 ** 8))
+    cfg = train_mod.TrainConfig(epochs=1, subset=32, batch_size=8, kd="none")
+    history = train_mod.train(tiny_model, digits_data, cfg, checkpoint_dir=tmp_path, progress=False)
+    assert len(calls) == 4 and history[0]["loss"] < float("inf")   # the inf step is left out of the mean
+    ckpt = torch.load(str(tmp_path / "finetune-checkpoint.pt"), weights_only=True)
+    assert ckpt["scaler"]["scale"] == 2.0 ** 7                  # one step skipped, the scale backed off once
