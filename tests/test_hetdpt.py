@@ -284,6 +284,58 @@ def test_gate_taylor_selects_asked_counts_and_resumes(tiny_model, digits_data, t
     assert again == chosen
 
 
+def test_gate_phase_trains_through_the_fine_tunes_step_under_amp(tiny_model, tmp_path, monkeypatch):
+    """gate-taylor's gate phase takes train()'s own step, so --amp (part of its resume key) reaches it: the
+    forwards run under autocast and both optimizers (weights, gate scores) step through the GradScaler."""
+    import hetprune.train as train_mod
+    from hetprune.testing import scoring_context
+
+    steps, heads = [], []
+    real_step = train_mod.optimisation_step
+
+    def spy(loss, optimizers, scaler, *args, **kwargs):
+        steps.append(len(optimizers))
+        return real_step(loss, optimizers, scaler, *args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "optimisation_step", spy)
+    model = copy.deepcopy(tiny_model)
+    model.head.register_forward_hook(lambda m, i, out: heads.append((torch.is_autocast_enabled("cpu"), out.dtype)))
+    ctx = scoring_context(tiny_model, tmp_path, {"amp": "bf16", "scoring": {"subset": 32},
+                                                 "short_finetune": {"batch_size": 16, "kd": "none"}})
+    removed = GateTaylorScorer(warmup_epochs=0).select(model, {"attn": 1, "act": 1}, ctx)
+    assert sorted(s.kind for s in removed) == ["act", "attn"]
+    assert steps == [2, 2, 2, 2]            # 2 removals x 32 images at batch 16, weights and scores together
+    assert heads and set(heads) == {(True, torch.bfloat16)}
+    assert model.cls_token.dtype == torch.float32    # autocast, not a cast of the weights
+
+
+def test_gate_phase_refuses_a_nan_loss_and_skips_an_fp16_overflow(tiny_model, tmp_path, monkeypatch):
+    import hetprune.train as train_mod
+    from hetprune.testing import scoring_context
+
+    def run(poison, scaler=None):
+        calls, real_loss = [], train_mod.training_loss
+
+        def loss(*args):
+            calls.append(1)
+            return real_loss(*args) * (poison if len(calls) == 2 else 1.0)
+
+        monkeypatch.setattr(train_mod, "training_loss", loss)
+        if scaler is not None:   # fp16 needs CUDA: the CPU's GradScaler stands in for the one it would get
+            monkeypatch.setattr(train_mod, "grad_scaler", lambda device, amp: scaler)
+        ctx = scoring_context(tiny_model, tmp_path / str(poison), {"scoring": {"subset": 32},
+                                                                    "short_finetune": {"batch_size": 16, "kd": "none"}})
+        return GateTaylorScorer(warmup_epochs=0).select(copy.deepcopy(tiny_model), {"attn": 1, "act": 0}, ctx)
+
+    with pytest.raises(HetpruneError, match="gate-taylor: loss became nan; lower short_finetune.lr"):
+        run(float("nan"))
+    with pytest.raises(HetpruneError, match="gate-taylor: loss became inf"):
+        run(float("inf"))                                        # no fp16: nothing absorbs an overflow
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    assert len(run(float("inf"), scaler)) == 1
+    assert scaler.get_scale() == 2.0 ** 7                        # the one overflowing step was skipped
+
+
 # -- MAP points: resume --------------------------------------------------------------
 
 def test_interrupted_point_collection_resumes_without_remeasuring(tiny_model, digits_data, tmp_path, monkeypatch):

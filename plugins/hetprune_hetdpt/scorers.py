@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hetprune import HetpruneError
+from hetprune import HetpruneError, devices
+from hetprune import train as training
 from hetprune.adapters import adapter_for
 from hetprune.resume import reusable, weights_key
-from hetprune.train import training_loss
 
 from . import gates
 
@@ -230,7 +230,8 @@ class GateTaylorScorer:
             return []
         candidates = [s for kind in ("attn", "act") if counts.get(kind) for s in _present(model, kind)]
         cfg = ctx.train_config("short_finetune", subset=ctx.settings["scoring"]["subset"])
-        device = torch.device(cfg.device)
+        device = devices.resolve(ctx.device)
+        amp = devices.resolve_amp(cfg.amp, device)
         ctx.place(model)
         attn_mode = _attn_mode(ctx)
         # the checkpoint is reused only for the same start, candidates, schedule, data and settings
@@ -245,6 +246,7 @@ class GateTaylorScorer:
         opt_w = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
         bank, handles = gates.install(model, candidates, attn_mode=attn_mode)
         opt_s = torch.optim.SGD([bank.scores], lr=self.score_lr)
+        scaler = training.grad_scaler(device, amp)
         ckpt_path = Path(ctx.workdir) / "gate-checkpoint.pt"
         step, removed = 0, []
         if ctx.resume and ckpt_path.is_file():
@@ -256,6 +258,8 @@ class GateTaylorScorer:
                 model.load_state_dict(state["model"])
                 opt_w.load_state_dict(state["opt_w"])
                 opt_s.load_state_dict(state["opt_s"])
+                if state.get("scaler"):
+                    scaler.load_state_dict(state["scaler"])
                 step = state["step"]
                 removed = [s for s in candidates if bank.mask[bank.index[s]] == 0]
         train_set = subset(ctx.data.train, cfg.subset, ctx.seed)
@@ -264,7 +268,8 @@ class GateTaylorScorer:
             for i in range(step, len(order)):
                 epochs = self.epochs_per_removal + (self.warmup_epochs if i == 0 else 0)
                 for e in range(epochs):
-                    loss = self._epoch(model, teacher, train_set, cfg, opt_w, opt_s, ctx, seed=ctx.seed * 7919 + i * 31 + e)
+                    loss = self._epoch(model, teacher, train_set, cfg, [opt_w, opt_s], scaler, ctx, device, amp,
+                                       seed=ctx.seed * 7919 + i * 31 + e)
                 kind = order[i]
                 active = bank.active(kind)
                 victim = min(active, key=lambda s: (bank.score_of(s), s.block))
@@ -280,7 +285,7 @@ class GateTaylorScorer:
                 ckpt_path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = ckpt_path.with_suffix(".tmp")
                 torch.save({"model": model.state_dict(), "opt_w": opt_w.state_dict(), "opt_s": opt_s.state_dict(),
-                            "step": i + 1, "key": key}, str(tmp))
+                            "scaler": scaler.state_dict(), "step": i + 1, "key": key}, str(tmp))
                 tmp.replace(ckpt_path)
         finally:
             self.last_scores = {str(s): bank.score_of(s) for s in candidates}
@@ -289,26 +294,25 @@ class GateTaylorScorer:
         return removed
 
     @staticmethod
-    def _epoch(model, teacher, train_set, cfg, opt_w, opt_s, ctx, seed: int) -> float:
+    def _epoch(model, teacher, train_set, cfg, optimizers, scaler, ctx, device, amp, seed: int) -> float:
+        """One epoch of the gate phase: the fine-tune's own step (autocast, fp32 loss, GradScaler) on both
+        optimizers; the straight-through gates need nothing more."""
         from hetprune.data import loader
 
         model.train()
         torch.manual_seed(seed)
         total, n = 0.0, 0
-        for x, y in loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=cfg.workers):
+        for x, y in loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=cfg.workers,
+                           pin_memory=device.type == "cuda"):
             x, y = ctx.place((x, y))
-            with torch.no_grad():
-                t = teacher(x) if cfg.kd != "none" else None
-            loss = training_loss(model(x), y, t, cfg)
-            if not torch.isfinite(loss):
-                raise HetpruneError(f"gate-taylor: loss became {loss.item()}; lower short_finetune.lr")
-            opt_w.zero_grad(set_to_none=True)
-            opt_s.zero_grad(set_to_none=True)
-            loss.backward()
-            opt_w.step()
-            opt_s.step()
-            total += loss.item() * y.numel()
-            n += y.numel()
+            loss = training.forward_loss(model, x, y, cfg, device, amp, teacher)
+            try:
+                stepped = training.optimisation_step(loss, optimizers, scaler)
+            except training.NonFiniteLoss as exc:
+                raise HetpruneError(f"gate-taylor: loss became {exc.value}; lower short_finetune.lr") from None
+            if stepped:
+                total += loss.item() * y.numel()
+                n += y.numel()
         return total / max(1, n)
 
 
