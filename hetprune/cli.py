@@ -49,6 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(message: str, debug: bool = False) -> str:
+    """An error is one line: a message that runs on (a library's text quoted in it) is cut at its first line,
+    and the rest is left to --debug, whose traceback holds all of it."""
+    first, _, rest = message.strip().partition("\n")
+    if not rest.strip():
+        return first
+    return first if debug else f"{first} (--debug shows the rest)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -65,9 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         import os
         import traceback
 
-        if getattr(args, "debug", False) or os.environ.get("HETPRUNE_DEBUG", "") not in ("", "0"):
+        debug = getattr(args, "debug", False) or os.environ.get("HETPRUNE_DEBUG", "") not in ("", "0")
+        if debug:
             traceback.print_exception(exc)
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc), debug)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like
         import os

@@ -194,14 +194,24 @@ def defaults_for(strategy_defaults: dict | None = None) -> dict:
     return d
 
 
+def yaml_problem(exc: Exception) -> str:
+    """What PyYAML found wrong and where (1-based line and column), on one line."""
+    problem = getattr(exc, "problem", None) or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    mark = getattr(exc, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise HetpruneError(f"config file {path} does not exist")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise HetpruneError(f"config file {path} is not valid YAML: {exc}") from exc
+    except yaml.YAMLError as exc:  # PyYAML's text is several lines with carets: one line here, all under --debug
+        raise HetpruneError(f"config file {path} is not valid YAML: {yaml_problem(exc)}") from exc
+    except UnicodeDecodeError as exc:
+        raise HetpruneError(f"config file {path} is not UTF-8 text (a YAML file is): {exc.reason} at byte "
+                            f"{exc.start}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -82,10 +83,10 @@ def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             raise HetpruneError(f"weights file {path} is malformed or truncated: {exc}") from exc
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as exc:
+    except Exception as exc:  # torch's text runs to several paragraphs: one line here, all of it under --debug
         raise HetpruneError(
             f"checkpoint {path} cannot be read safely (it is loaded with weights_only=True; "
-            f"convert it to .safetensors if it holds pickled objects): {exc}"
+            f"convert it to .safetensors if it holds pickled objects): {_refusal(exc)}"
         ) from exc
     for key in ("state_dict", "model", "state_dict_ema", "model_ema"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
@@ -94,6 +95,16 @@ def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise HetpruneError(f"checkpoint {path} holds no state dict of tensors")
     return {k.removeprefix("module."): v for k, v in obj.items()}
+
+
+def _refusal(exc: Exception) -> str:
+    """The one line of a ``torch.load`` failure that says what was wrong (the pickled global it refused)."""
+    text = str(exc)
+    refused = re.search(r"unsupported GLOBAL [^\s]+|GLOBAL [^\s]+ was not an allowed global", text, re.IGNORECASE)
+    if refused:
+        return f"it holds a pickled object ({refused.group(0).rstrip('.')})"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return f"{type(exc).__name__}: {first.split('. ')[0].rstrip('.')}"
 
 
 def check_writable(out: str | os.PathLike) -> None:

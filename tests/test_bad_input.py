@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -31,6 +32,7 @@ class Ctx:
 
     def __init__(self, root: Path):
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         self.inputs: list[Path] = []
 
     def ckpt(self, **kwargs) -> str:
@@ -98,6 +100,24 @@ def resnet_ckpt(ctx: Ctx) -> str:
     return ctx.add(path)
 
 
+class _Exploit:
+    """Pickled into a .pth: unpickling it would make the folder ``marker`` (the test sees any new path)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def pickled_ckpt(ctx: Ctx) -> str:
+    """A .pth whose state dict is fine but which also holds a pickled object that runs code when unpickled."""
+    path = ctx.root / "evil.pth"
+    state = build(ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)).state_dict()
+    torch.save({"state_dict": state, "extra": _Exploit(str(ctx.root / "code-ran"))}, path)
+    return ctx.add(path)
+
+
 def recipe_file(ctx: Ctx, **changes) -> str:
     d = json.loads((Path(saved_model(ctx)) / "recipe.json").read_text())
     d.update(changes)
@@ -156,6 +176,12 @@ CASES = [
      "use --jobs 1"),
     ("ablate-without-budget", lambda c: ["ablate", *TINY, "--checkpoint", c.ckpt(), "--out", c.out()],
      "give a budget"),
+    ("ablate-budget-too-large", lambda c: ["ablate", *TINY, "--checkpoint", c.ckpt(), "--budget", "99",
+                                           "--scorer", "magnitude", "--set", "finetune.epochs=0", "--out", c.out()],
+     "more than this model can lose"),
+    ("compare-budget-too-large", lambda c: ["compare", *TINY, "--checkpoint", c.ckpt(), "--budgets", "99",
+                                            "--strategies", "act-only", "--scorer", "magnitude", "--set",
+                                            "finetune.epochs=0", "--out", c.out()], "more than this model can lose"),
     ("subset-frac-out-of-range", lambda c: ["prune", *TINY, "--checkpoint", c.ckpt(), "--budget", "1",
                                             "--subset-frac", "1.5", *FAST, "--out", c.out()],
      "--subset-frac must be within"),
@@ -174,6 +200,8 @@ CASES = [
     ("checkpoint-truncated", lambda c: ["prune", *TINY, "--checkpoint",
                                         c.file("cut.safetensors", Path(c.ckpt()).read_bytes()[:100]),
                                         "--budget", "1", "--out", c.out()], "safetensors"),
+    ("checkpoint-pickled", lambda c: ["prune", *TINY, "--checkpoint", pickled_ckpt(c), "--budget", "1",
+                                      "--out", c.out()], r"cannot be read safely .*pickled object \(unsupported GLOBAL"),
     ("checkpoint-of-another-model", lambda c: ["prune", "--model", "vit_tiny_patch16_224", "--model-kwargs",
                                                json.dumps({**TINY_KWARGS, "embed_dim": 48}), "--checkpoint",
                                                c.ckpt(), "--budget", "1", "--out", c.out()],
@@ -201,6 +229,8 @@ CASES = [
                                   "--out", c.out()], "config file .* does not exist"),
     ("config-not-yaml", lambda c: ["prune", "--config", c.file("bad.yaml", "a: [1, 2"), "--budget", "1",
                                    "--out", c.out()], "is not valid YAML"),
+    ("config-not-utf8", lambda c: ["prune", "--config", c.file("b.yaml", b"\xff\xfe\x00a: 1"), "--budget", "1",
+                                   "--out", c.out()], "is not UTF-8 text"),
     ("config-unknown-key", lambda c: ["prune", "--config", c.file("u.yaml", "finetune:\n  epochz: 3\n"),
                                       "--budget", "1", "--out", c.out()], "unknown key 'finetune.epochz'"),
     ("config-not-a-mapping", lambda c: ["prune", "--config", c.file("l.yaml", "- 1\n- 2\n"), "--budget", "1",
@@ -241,6 +271,11 @@ CASES = [
     ("output-not-writable", lambda c: ["apply", *TINY, "--checkpoint", c.ckpt(), "--recipe", recipe_file(c),
                                        "--out", c.file("plain-file", "x") + "/out"],
      "cannot write output folder .* is a file"),
+    ("export-unknown-format", lambda c: ["export", saved_model(c), "--format", "tflite", "--out", c.out()],
+     "allowed: onnx, pt2, hub"),
+    ("export-model-kwargs-for-a-folder", lambda c: ["export", saved_model(c), "--model-kwargs", "{}",
+                                                    "--format", "hub", "--out", c.out()],
+     "--model-kwargs and --checkpoint are for a model name"),
     ("bench-not-a-model", lambda c: ["bench", str(c.root / "nothing-here"), "--device", "cpu"], "nothing-here"),
     # plugins and devices
     ("plugin-not-importable", lambda c: ["plugins", "--plugin", "no_such_module_xyz"],
@@ -256,6 +291,22 @@ def digest(paths: list[Path]) -> dict:
     return {str(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths if Path(p).is_file()}
 
 
+def check_one_error(rc, err: str, expected: str) -> None:
+    """README's promise: exit 2 and stderr is one line, ``error: ...`` saying what was wrong (no traceback,
+    no library text quoted over several lines)."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2, f"exit {rc}; stderr: {err[-2000:]}"
+    assert len(lines) == 1 and (lines[0].startswith("error:") or ": error:" in lines[0]), err[-2000:]
+    assert re.search(expected, lines[0]), lines[0]
+
+
+def new_paths(root: Path, existing: set[Path]) -> list[Path]:
+    """Files and folders that appeared under ``root`` (a default ``runs/`` folder and caches aside)."""
+    new = {p for p in root.rglob("*")} - existing
+    return sorted(p for p in new if p.name != "runs" and not str(p).startswith(str(root / "runs"))
+                  and "cache" not in str(p))
+
+
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_bad_input_is_one_error_line_exit_2_nothing_partial_input_unchanged(case, tmp_path, capsys, monkeypatch):
     _, argv_of, expected = next(c for c in CASES if c[0] == case)
@@ -269,17 +320,26 @@ def test_bad_input_is_one_error_line_exit_2_nothing_partial_input_unchanged(case
         rc = main(argv)
     except SystemExit as exc:  # argparse's own errors
         rc = exc.code
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    error_lines = [line for line in lines if line.startswith("error:") or ": error:" in line]
-    assert rc == 2, f"exit {rc}; stderr: {err[-2000:]}"
-    assert len(error_lines) == 1 and "Traceback" not in err, err[-2000:]
-    assert re.search(expected, error_lines[0]), error_lines[0]
+    check_one_error(rc, capsys.readouterr().err, expected)
     assert digest(ctx.inputs) == before, "an input file changed"
-    new = {p for p in tmp_path.rglob("*")} - existing
-    left = [p for p in new if p.name not in ("runs",) and not str(p).startswith(str(tmp_path / "runs"))]
-    assert not [p for p in left if p.is_file() and "cache" not in str(p)], f"left behind: {sorted(left)[:5]}"
+    left = new_paths(tmp_path, existing)
+    assert not left, f"left behind: {left[:5]}"
 
 
-def test_there_are_at_least_thirty_kinds_of_bad_input():
-    assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
+def test_every_command_has_bad_input_cases(tmp_path):
+    """A command added to the CLI without a case here fails this test."""
+    from hetprune.cli import COMMANDS
+
+    covered = {argv_of(Ctx(tmp_path / name))[0] for name, argv_of, _ in CASES}
+    assert set(COMMANDS) <= covered, f"no bad-input case for: {sorted(set(COMMANDS) - covered)}"
+    assert len({c[0] for c in CASES}) == len(CASES), "two cases share an id"
+
+
+def test_the_check_refuses_what_the_promise_rules_out():
+    """The check itself can fail: several lines, a traceback, another exit code or the wrong message."""
+    check_one_error(2, "error: config file x.yaml is not valid YAML: bad at line 1, column 2\n", "not valid YAML")
+    for rc, err in [(2, "error: not valid YAML: while parsing\n  in line 1\n"),
+                    (2, "Traceback (most recent call last):\nerror: not valid YAML\n"),
+                    (1, "error: not valid YAML\n"), (2, "error: something else\n"), (2, "")]:
+        with pytest.raises(AssertionError):
+            check_one_error(rc, err, "not valid YAML")

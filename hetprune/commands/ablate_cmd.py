@@ -17,7 +17,8 @@ from pathlib import Path
 from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, data_for, run_device
+from .common import (add_model_arguments, apply_data_options, base_model, data_for, no_empty_folder_on_error,
+                     run_device)
 from .compare_cmd import int_list
 from .prune_cmd import add_budget_arguments, budget_from, latency_batch_sets
 
@@ -52,6 +53,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    with no_empty_folder_on_error(args.out):  # a budget the model cannot meet leaves no folder behind
+        return _run(args)
+
+
+def _run(args) -> int:
     from .. import devices
     from .. import distributed as dist
     from ..ablate import markdown, mean_by_pair, predictor_metrics, split_plans, write

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from contextlib import contextmanager
 
 from ..errors import HetpruneError
 
@@ -139,6 +141,23 @@ def run_device(settings: dict):
     settings["amp"] = devices.resolve_amp(settings["amp"], device)
     dist.init_from_env(device)
     return device
+
+
+@contextmanager
+def no_empty_folder_on_error(out):
+    """Bad input found only after the output folder was made (a budget the model cannot meet) leaves no
+    folder behind: one this command created is removed if it fails while the folder holds no file.
+    Finished work (any file) is kept, for --resume."""
+    from pathlib import Path
+
+    out = Path(out)
+    existed = out.exists()
+    try:
+        yield
+    except HetpruneError:
+        if not existed and out.is_dir() and not any(p.is_file() for p in out.rglob("*")):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def command_line(args) -> str | None:

@@ -15,7 +15,8 @@ from pathlib import Path
 from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, data_for, run_device
+from .common import (add_model_arguments, apply_data_options, base_model, data_for, no_empty_folder_on_error,
+                     run_device)
 from .prune_cmd import (add_budget_arguments, add_settings_arguments, budget_from, latency_batch_sets, predictor_sets,
                         round_to_sets)
 
@@ -48,6 +49,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    with no_empty_folder_on_error(args.out):  # a budget the model cannot meet leaves no folder behind
+        return _run(args)
+
+
+def _run(args) -> int:
     from .. import cost_model
     from ..compare import (DEFAULT_STRATEGIES, CompareSpec, attach_speed, measure_rows, plan_rows, prepare_out,
                            run_rows, write_outputs)
