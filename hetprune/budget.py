@@ -9,6 +9,11 @@ at once, divided by the depth) and, where removing both sites of a block
 saves less than the two alone (time: a block's fixed overhead), the worst
 case of how the sites may fall on blocks. The splits kept are those that meet
 the target and would miss it with one removal fewer of either kind.
+
+Mean savings assume identical blocks (not so for Swin stages or width-pruned
+models), so the pipeline checks the pruned model's own cost after selection
+(:func:`reached_cost`) and removes more sites, the kind that saves more first
+(:func:`kinds_by_saving`), until the target is met or no site left saves any.
 """
 
 from __future__ import annotations
@@ -242,3 +247,26 @@ def feasible_pairs(model: nn.Module, budget: Budget, example: torch.Tensor | Non
                             f"{best / dense:.1%} of the dense model's cost; add width pruning (hetdpt-plus) or "
                             "relax the target")
     return pairs
+
+
+def reached_cost(model: nn.Module, example: torch.Tensor, merge: bool = True, cost: CostFn | None = None,
+                 prepare: PrepareFn | None = None) -> float:
+    """The cost of a pruned model as it will be saved (its linear MLPs merged where ``merge``, as the run's
+    mergers will merge them), counted on a copy: the model itself is left as it is."""
+    cost = cost or count_macs
+    if merge:
+        model = copy.deepcopy(model)
+        surgery.merge_all(model)
+    if prepare is not None:
+        prepare([model], example)
+    return cost(model, example)
+
+
+def kinds_by_saving(model: nn.Module, example: torch.Tensor, merge: bool = True, cost: CostFn | None = None,
+                    prepare: PrepareFn | None = None) -> list[str]:
+    """The kinds of which one more site may go and saves cost on this model, the larger mean saving first:
+    what to remove next when the chosen sites saved less than the budget's plan assumed."""
+    room = max_per_kind(model)
+    save = kind_savings(model, example, merge=merge, cost=cost, prepare=prepare)
+    worth = [k for k in ("attn", "act") if room[k] > 0 and save[k] > 1e-9 * abs(save["dense"])]
+    return sorted(worth, key=lambda k: (-save[k], k))

@@ -22,7 +22,7 @@ from torch import nn
 
 from . import contract, devices
 from . import distributed as dist
-from .budget import Budget, feasible_pairs, max_per_kind
+from .budget import Budget, feasible_pairs, kinds_by_saving, max_per_kind, reached_cost
 from .config import train_config
 from .cost_model import build as build_cost_model, run_model_name
 from .costs import cost_summary
@@ -403,6 +403,8 @@ class DepthStrategy:
         job.log(f"[{job.strategy_name}] sites: {', '.join(str(s) for s in chosen) or '(none)'}")
 
         removal = self.remove(job, model, chosen)
+        more, budget_check = self.meet_budget(job, model)   # before the fine-tune: no training is wasted
+        removal = {**removal, **more} if more else removal
         top1_pruned, history, top1 = finetune_and_measure(job, model, "removal")
 
         t = job.stage_start("merge")
@@ -416,6 +418,7 @@ class DepthStrategy:
             "top1_before_finetune": top1_pruned,
             "top1": top1,
             "finetune_history": history,
+            **budget_check,
             "seconds": round(time.time() - started, 1),
         }
         return finish(job, model, report, fold_norm="ln-fold" in (job.settings.get("mergers") or []))
