@@ -423,6 +423,57 @@ class DepthStrategy:
         }
         return finish(job, model, report, fold_norm="ln-fold" in (job.settings.get("mergers") or []))
 
+    def meet_budget(self, job: PruneJob, model: nn.Module) -> tuple[dict, dict]:
+        """Check the pruned model's own cost against a cost target, and correct it: ``(removal records,
+        report entries)``.
+
+        The split was planned with mean per-site savings, which hold for identical blocks only (not for Swin
+        stages or width-pruned models), so the chosen sites may save less. While the target is missed, one
+        more site is chosen and removed (this strategy's ``choose`` and ``remove``; the kind that saves more
+        on this model first). Where no site left saves cost, the log says the target is missed. The report
+        gets ``budget_met`` and ``budget_check`` (limit, cost reached, sites added). Under torchrun rank 0
+        counts and every rank receives its numbers.
+        """
+        if not job.budget.counts_cost:
+            return {}, {}
+        merge = bool(job.settings.get("mergers"))
+        example = job.example
+        dense = _on_main(lambda: job.cost(job.dense, example))
+        limit = job.budget.limit(dense)
+
+        def status() -> tuple[float, list[str]]:
+            reached = reached_cost(model, example, merge, job.cost, job.prepare_costs)
+            kinds = kinds_by_saving(model, example, merge, job.cost, job.prepare_costs) if reached > limit else []
+            return reached, kinds
+
+        reached, kinds = _on_main(status)
+        planned, added, records = reached, [], {}
+        while reached > limit and kinds:
+            more = next((found for kind in kinds
+                         for found in [list(self.choose(job, model, {"attn": int(kind == "attn"),
+                                                                     "act": int(kind == "act")}))] if found), [])
+            if not more:
+                break
+            records.update(self.remove(job, model, more) or {})
+            added += more
+            reached, kinds = _on_main(status)
+        met = reached <= limit
+        unit = getattr(job.cost_model, "unit", "")
+        if added:
+            job.log(f"[{job.strategy_name}] the chosen sites left {planned:.4g} {unit} > the limit {limit:.4g} "
+                    f"(blocks differ in cost); removed {', '.join(map(str, added))} as well: {reached:.4g} {unit}")
+        if not met:
+            job.log(f"[{job.strategy_name}] warning: {job.budget.describe()} is NOT met: the pruned model costs "
+                    f"{reached:.4g} {unit}, the limit is {limit:.4g}, and no site left saves cost")
+        return records, {"budget_met": met, "budget_check": {
+            "model": job.cost_model_name, "unit": unit, "limit": limit, "reached": reached,
+            "reached_as_planned": planned, "added_sites": [str(s) for s in added]}}
+
+
+def _on_main(fn):
+    """``fn()`` on rank 0, received by every rank (a measured cost differs between ranks)."""
+    return dist.broadcast(fn() if dist.is_main() else None)
+
 
 def allocation(value) -> tuple[tuple[int, int], dict]:
     """``allocate``'s answer, checked: ``((n_attn, n_act), info)`` with counts >= 0 and a dict."""
