@@ -63,3 +63,31 @@ def test_bad_model_kwargs_are_a_clear_error(tmp_path, capsys):
                  "--out", str(tmp_path / "o")]) == 2
     assert "timm has no model named 'no_such_timm_model'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_long_error_is_one_line_and_debug_keeps_the_detail(tmp_path):
+    """PyYAML's error runs over several lines with carets: the user sees one line; --debug shows it all."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("finetune: [1, 2\n")
+    plain = run("prune", "--config", str(bad), "--budget", "1", "--out", str(tmp_path / "o"))
+    assert plain.returncode == 2
+    assert plain.stderr.strip().splitlines() == [plain.stderr.strip()]
+    assert plain.stderr.startswith(f"error: config file {bad} is not valid YAML: ") and "line 2" in plain.stderr
+    debug = run("prune", "--debug", "--config", str(bad), "--budget", "1", "--out", str(tmp_path / "o"))
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+    assert "while parsing a flow sequence" in debug.stderr and "^" in debug.stderr  # PyYAML's own text
+    assert [line for line in debug.stderr.splitlines() if line.startswith("error:")] == \
+        plain.stderr.strip().splitlines()
+
+
+def test_a_message_of_several_lines_is_cut_to_its_first(capsys, monkeypatch):
+    """Any error whose text runs on (a library's message quoted in it) still prints one line."""
+    from hetprune.commands import plugins_cmd
+    from hetprune.errors import HetpruneError
+
+    def fail(args):
+        raise HetpruneError("first line says what\nsecond line\n  third")
+
+    monkeypatch.setattr(plugins_cmd, "run", fail)
+    assert main(["plugins"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: first line says what (--debug shows the rest)"]
