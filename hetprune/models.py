@@ -54,6 +54,80 @@ class ModelSpec:
         return cls(name, dict(kwargs or {}), library) if sep else cls(text, dict(kwargs or {}))
 
 
+# -- a recipe is data: base kwargs that would reach files or the network ----------------------
+# How the check is built, and why a deny-list: every timm family takes its own architecture arguments
+# (Swin's window_size, EVA's swiglu_mlp, ...), so no list of the harmless ones can be complete, while the
+# arguments that load anything are few and belong to timm's builder, not to the model. So refused are:
+# * the builder's loading arguments below, and every parameter of ``timm.create_model`` and
+#   ``build_model_with_cfg`` except the model's name (a loading argument a later timm adds is refused too;
+#   the export and feature flags among them never belong in a recipe either);
+# * keys that name a source inside a nested value (``{"file": ..., "url": ..., "hf_hub_id": ...}``);
+# * anywhere in the kwargs, a string that looks like a path or URL (a separator, ``~``, ``://``, or a
+#   weights/config file suffix): no architecture argument is a path, so a model-specific one that reads a
+#   file is caught by its value.
+SOURCE_KWARGS = frozenset({
+    "pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "pretrained_strict", "pretrained_filter_fn",
+    "pretrained_model_args", "checkpoint_path", "cache_dir", "pruned",   # timm: weights, configs, pruned defs
+    "trust_remote_code", "auto_map",                                     # transformers: remote code
+    "file", "url", "hf_hub_id", "hf_hub_filename", "hf_hub_revision",    # a pretrained config's sources
+})
+FILE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".safetensors", ".npz", ".npy", ".pkl", ".pickle", ".json",
+                 ".yaml", ".yml", ".h5", ".msgpack", ".onnx", ".tar", ".zip", ".gz")
+
+
+def _builder_kwargs() -> frozenset:
+    """Every parameter of timm's model builder that is not the model's name (see above)."""
+    import inspect
+
+    from timm.models import _builder
+
+    names = set()
+    for fn in (timm.create_model, _builder.build_model_with_cfg):
+        names |= {p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return frozenset(names - {"model_name", "model_cls", "variant"})
+
+
+def _looks_like_a_source(value: str) -> bool:
+    text = value.strip().lower()
+    return ("/" in text or "\\" in text or "://" in text or text.startswith("~")
+            or text.endswith(FILE_SUFFIXES))
+
+
+def _sources(value, where: str, names: frozenset) -> list[str]:
+    """``where``-qualified entries of ``value`` that name a file, URL or loading argument."""
+    if isinstance(value, dict):
+        found = []
+        for key, item in value.items():
+            inner = f"{where}.{key}" if where else str(key)
+            found += [inner] if str(key) in names else _sources(item, inner, names)
+        return found
+    if isinstance(value, (list, tuple)):
+        return [hit for i, item in enumerate(value) for hit in _sources(item, f"{where}[{i}]", names)]
+    return [where] if isinstance(value, str) and _looks_like_a_source(value) else []
+
+
+def source_kwargs(kwargs: dict) -> list[str]:
+    """The entries of ``kwargs`` (dotted for nested values) that could make building the model read a file or
+    the network: see the note above ``SOURCE_KWARGS``."""
+    return _sources(dict(kwargs), "", SOURCE_KWARGS | _builder_kwargs())
+
+
+def check_kwargs(spec: "ModelSpec", allow=(), where: str = "recipe") -> None:
+    """Refuse a spec read from a file (a recipe) whose kwargs could read files or the network when the model
+    is built; names in ``allow`` are the ones the caller passes on its own authority (in code)."""
+    if isinstance(allow, str):
+        raise HetpruneError(f"allow_kwargs takes a list of kwarg names, got the string {allow!r}")
+    allowed = set(allow)
+    bad = [k for k in source_kwargs(spec.kwargs) if k.split(".")[0].split("[")[0] not in allowed]
+    if bad:
+        raise HetpruneError(
+            f"{where}: the base model's kwargs {', '.join(bad)} could make building it read a file or the "
+            f"network, and a recipe is data that only shapes the architecture; if you trust it, pass them "
+            f"yourself: hetprune.load(folder, allow_kwargs={sorted({b.split('.')[0].split('[')[0] for b in bad})})"
+            f", or hetprune apply --model {spec.name} --model-kwargs JSON (--pretrained, --checkpoint for weights)")
+
+
 # The embedded default: a small ViT on scikit-learn digits (8x8 -> 16x16, patch 4).
 # LayerScale (init 0.1) is what makes this recipe train reliably (see DESIGN.md).
 DIGITS_SPEC = ModelSpec(

@@ -495,3 +495,113 @@ def test_every_merger_combination_gives_a_recipe_that_applies_exactly_to_the_bas
     saved, replayed = hetprune.load(out), hetprune.load(applied)
     assert saved.state_dict().keys() == replayed.state_dict().keys()
     assert torch.allclose(saved(x), replayed(x), atol=1e-5)
+
+
+# -- a recipe is data, never a way to reach files or the network ------------------------------------
+# Each entry: kwargs a shared recipe's base could carry to make building the model read a file (``evil``:
+# a pickled .pth whose unpickling makes a folder) or the network.
+SOURCE_KWARGS = {
+    "checkpoint_path": lambda evil: {"checkpoint_path": str(evil)},
+    "pretrained": lambda evil: {"pretrained": True},
+    "pretrained-with-pretrained_strict": lambda evil: {"pretrained": True, "pretrained_strict": False},
+    "pretrained_strict-alone": lambda evil: {"pretrained_strict": False},
+    "pretrained_cfg_overlay-file": lambda evil: {"pretrained_cfg_overlay": {"file": str(evil)}},
+    "pretrained_cfg_overlay-url": lambda evil: {"pretrained_cfg_overlay": {"url": "https://example.invalid/w.pth"}},
+    "pretrained_cfg_overlay-hf_hub_id": lambda evil: {"pretrained_cfg_overlay": {"hf_hub_id": "someone/evil"}},
+    "pretrained_cfg-file": lambda evil: {"pretrained_cfg": {"file": str(evil)}},
+    "pretrained_cfg-tag": lambda evil: {"pretrained_cfg": "augreg_in21k"},
+    "cache_dir": lambda evil: {"cache_dir": str(evil.parent)},
+    "pretrained_model_args": lambda evil: {"pretrained_model_args": {"img_size": 16}},
+    "a-path-in-another-kwarg": lambda evil: {"weight_init": str(evil)},
+}
+
+
+@pytest.fixture
+def no_reading(monkeypatch, tmp_path):
+    """Fail the test if anything opens the planted file, unpickles, loads weights or connects anywhere."""
+    import builtins
+    import io
+    import socket
+
+    from timm.models import _builder, _factory, _helpers
+
+    evil = tmp_path / "evil.pth"
+    marker = tmp_path / "code-ran"
+    torch.save({"state_dict": {"w": torch.ones(1)}, "x": _Exploit(str(marker))}, evil)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"a recipe made hetprune read or fetch something: {args[:2]}")
+
+    real_open = builtins.open
+
+    def guarded_open(file, *args, **kwargs):
+        if Path(str(file)).name == evil.name:
+            forbidden(file)
+        return real_open(file, *args, **kwargs)
+
+    for target, name in [(torch, "load"), (_helpers, "load_checkpoint"), (_factory, "load_checkpoint"),
+                         (_builder, "load_pretrained"), (socket.socket, "connect")]:
+        monkeypatch.setattr(target, name, forbidden)
+    monkeypatch.setattr(builtins, "open", guarded_open)
+    monkeypatch.setattr(io, "open", guarded_open)
+    yield evil
+    assert not marker.exists(), "the pickle ran"
+
+
+def _shared_folder(tiny_spec, tmp_path, kwargs: dict) -> Path:
+    """A saved pruned model whose recipe.json was edited (as a shared folder could be) to carry ``kwargs``."""
+    recipe = make_recipe(tiny_spec)
+    out = hetprune.save(tmp_path / "shared", pruned_model(tiny_spec, recipe), recipe)
+    d = json.loads((out / RECIPE_FILE).read_text())
+    d["base"]["kwargs"].update(kwargs)
+    (out / RECIPE_FILE).write_text(json.dumps(d))
+    return out
+
+
+@pytest.mark.parametrize("key", sorted(SOURCE_KWARGS))
+def test_load_refuses_kwargs_that_read_files_or_the_network(key, tiny_spec, tmp_path, no_reading):
+    kwargs = SOURCE_KWARGS[key](no_reading)
+    folder = _shared_folder(tiny_spec, tmp_path, kwargs)
+    with pytest.raises(HetpruneError, match="could make building it read a file or the network") as err:
+        hetprune.load(folder)
+    named = next(iter(kwargs))
+    assert named in str(err.value) and "allow_kwargs" in str(err.value)
+
+
+@pytest.mark.parametrize("key", sorted(SOURCE_KWARGS))
+def test_apply_recipe_refuses_them_too(key, tiny_spec, tiny_model, tmp_path, no_reading):
+    recipe = make_recipe(tiny_spec)
+    recipe.base = ModelSpec(tiny_spec.name, {**tiny_spec.kwargs, **SOURCE_KWARGS[key](no_reading)})
+    with pytest.raises(HetpruneError, match="could make building it read a file or the network"):
+        apply_recipe(tiny_model, recipe)
+    assert not any(surgery.site_removed(tiny_model, s) for s in hetprune.sites(tiny_model, present_only=False))
+
+
+def test_kwargs_the_caller_passes_are_allowed(tiny_spec, tmp_path):
+    """In code, the caller may vouch for them: allow_kwargs names what it trusts (here a harmless cache_dir)."""
+    folder = _shared_folder(tiny_spec, tmp_path, {"cache_dir": str(tmp_path / "hub-cache")})
+    with pytest.raises(HetpruneError, match="cache_dir"):
+        hetprune.load(folder)
+    loaded = hetprune.load(folder, allow_kwargs=["cache_dir"])
+    want = pruned_model(tiny_spec, make_recipe(tiny_spec))
+    x = tiny_example(2)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), want(x))
+    with pytest.raises(HetpruneError, match="a list of kwarg names"):
+        hetprune.load(folder, allow_kwargs="cache_dir")
+
+
+def test_apply_command_refuses_a_recipe_that_reads_a_file_but_takes_typed_kwargs(apply_args, tiny_spec, tmp_path,
+                                                                                   capsys, no_reading):
+    recipe_path = tmp_path / "shared.json"
+    recipe = make_recipe(tiny_spec)
+    recipe.base = ModelSpec(tiny_spec.name, {**tiny_spec.kwargs, "checkpoint_path": str(no_reading)})
+    recipe.write(recipe_path)
+    argv = ["apply", "--recipe", str(recipe_path), "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --recipe ") and err.count("\n") == 1 and "checkpoint_path" in err, err
+    assert not (tmp_path / "o").exists()
+    # the same recipe with the base model typed on the command line: its kwargs are what the user gave
+    assert main(apply_args("o", recipe_path, None)) == 0
+    assert hetprune.recipe.load_recipe(tmp_path / "o").base == tiny_spec

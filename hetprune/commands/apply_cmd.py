@@ -3,7 +3,10 @@
     hetprune apply --model deit_base_patch16_224 --recipe deit_base_hetdpt_paper --out pruned/
 
 Without --checkpoint or --pretrained the weights are random: fine for speed
-studies, useless for accuracy.
+studies, useless for accuracy. Without --model the recipe's own base model is
+built, and a recipe is data: base kwargs that would read a file or the network
+(checkpoint_path, pretrained, a pretrained_cfg_overlay with a file or URL, ...)
+are refused; give --model and --model-kwargs yourself to build otherwise.
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ def run(args) -> int:
     import torch
 
     from ..costs import cost_summary, human
-    from ..models import input_shape_of
+    from ..models import check_kwargs, input_shape_of
     from ..recipe import apply_recipe, resolve_recipe, save
 
     from ..io import check_writable
 
     check_writable(args.out)  # before any work
     recipe = resolve_recipe(args.recipe)
-    if not args.model:
+    typed = bool(args.model)  # the base model as typed here; else the recipe's, which is data: checked
+    if not typed:
+        check_kwargs(recipe.base, (), f"--recipe {args.recipe}")
         base = recipe.base
         args.model = base.name if base.library == "timm" else f"{base.library}:{base.name}"
         if recipe.base.kwargs:
@@ -41,8 +46,8 @@ def run(args) -> int:
     recipe.check_fits(model)
     example = torch.randn(2, *input_shape_of(model))
     dense = cost_summary(model, example)
-    apply_recipe(model, recipe, compute_merge=True)
     recipe.base = spec
+    apply_recipe(model, recipe, compute_merge=True, allow_kwargs=tuple(spec.kwargs) if typed else ())
     recipe.provenance = {**recipe.provenance, "applied_to": info, "fine_tuned": False,
                          "command": command_line(args)}
     pruned = cost_summary(model, example)
