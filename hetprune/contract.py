@@ -215,8 +215,65 @@ def _sites_text(items) -> str:
 # Each takes ``(component, call, *args, **kwargs)``: ``call`` runs the plugin's method with the same
 # arguments. It returns what the pipeline should get, or raises Violation.
 
+def _site_count(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+
+
+def fit_points(points: Any) -> list:
+    """``fit()``'s points as the hookspec promises them: ``(n_attn, n_act, accuracy)`` triples with whole
+    site counts >= 0 and a finite accuracy. Bad points are the caller's fault, not the predictor's:
+    a HetpruneError, so the predictor is not blamed."""
+    bad = None if isinstance(points, (list, tuple)) else f"a {type_name(points)}"
+    for p in points if bad is None else ():
+        if not (isinstance(p, (list, tuple)) and len(p) == 3 and _site_count(p[0]) and _site_count(p[1])
+                and is_number(p[2]) and math.isfinite(p[2])):
+            bad = f"the point {p!r}"
+            break
+    if bad is not None:
+        raise HetpruneError(f"a predictor's fit() was given {bad}; points must be a list of (n_attn, n_act, "
+                            "accuracy) triples with whole site counts >= 0 and a finite accuracy")
+    return list(points)
+
+
+def finite_numbers(value: Any, where: str) -> None:
+    """Every number in ``value`` (nested dicts and lists too) is finite: JSON writes NaN and inf silently."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            finite_numbers(v, f"{where}[{k!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            finite_numbers(v, f"{where}[{i}]")
+    elif is_number(value) and not math.isfinite(value):
+        raise Violation(f"{where} is {value}; the numbers of a fit report must be finite (None for one that "
+                        "cannot be computed)")
+
+
+def _other(call, component, method: str):
+    """Another method of ``component`` for a rule to call: through the proxy where there is one (so an
+    exception is attributed as a direct call's), else the method itself (the conformance kit)."""
+    other = getattr(call, "other", None)
+    return partial(other, method) if other is not None else getattr(component, method)
+
+
 def predictor_fit(component, call, points, *args, **kwargs):
+    """Well-formed points in; out, a predictor that predicts a finite number at every split it was fitted
+    on and reports finite fit errors."""
+    points = fit_points(points)
     result = call(points, *args, **kwargs)
+    for a, m in sorted({(p[0], p[1]) for p in points}):
+        try:
+            predictor_predict(component, _other(call, component, "predict"), a, m)
+        except Violation as exc:
+            raise Violation(f"{exc} (after fit(), at a split it was fitted on)") from exc
+        except HetpruneError as exc:
+            if type(exc) is not HetpruneError:   # a PluginError already names the plugin and the method
+                raise
+            raise Violation(f"after fit(), predict({a}, {m}) refused a split it was fitted on: {exc}") from exc
+    if callable(getattr(component, "fit_report", None)):
+        try:
+            predictor_fit_report(component, _other(call, component, "fit_report"))
+        except Violation as exc:
+            raise Violation(f"after fit(), {exc}") from exc
     return result
 
 
@@ -238,6 +295,7 @@ def predictor_fit_report(component, call, *args, **kwargs):
     if bad:
         raise Violation(f"fit_report() has non-string keys {bad!r}; its keys must be strings")
     jsonable(report, "fit_report()")
+    finite_numbers(report, "fit_report()")
     return report
 
 
@@ -400,7 +458,8 @@ def check_result(result, example: torch.Tensor) -> None:
         json.dumps(result.report)
     except (TypeError, ValueError) as exc:
         raise Violation(f"run()'s report cannot be written as JSON: {exc}") from exc
-    runs(result.model, example.to(next(result.model.parameters()).device), "run()")
+    ref = next(result.model.parameters())   # the example as the model runs: its device and float dtype
+    runs(result.model, example.to(device=ref.device, dtype=ref.dtype if ref.is_floating_point() else None), "run()")
 
 
 def check_reloads(model: nn.Module, recipe, example: torch.Tensor, tol: float = RELOAD_TOLERANCE) -> None:
@@ -485,7 +544,7 @@ class Checked:
     def _call(self, method: str, function: Callable, rule: Callable, *args, **kwargs):
         saved = _stages.get()
         try:
-            result = rule(self._target, partial(self._invoke, method, function), *args, **kwargs)
+            result = rule(self._target, _Call(self, method, function), *args, **kwargs)
         except Violation as exc:
             raise self._error(method, f"broke the plugin contract: {exc}") from exc
         finally:
@@ -516,6 +575,20 @@ class Checked:
         origin = self.origin
         return PluginError(f"{origin.describe()}: {self._kind} {self._name!r} {what} [{where}]",
                            plugin=origin.plugin, kind=self._kind, component=self._name, stage=stage or method)
+
+
+class _Call:
+    """What a rule calls: the checked method, and (:meth:`other`) another method of the same component,
+    each with the fault attribution of a direct call through the proxy."""
+
+    def __init__(self, proxy: Checked, method: str, function: Callable):
+        self.proxy, self.method, self.function = proxy, method, function
+
+    def __call__(self, *args, **kwargs):
+        return self.proxy._invoke(self.method, self.function, *args, **kwargs)
+
+    def other(self, method: str, *args, **kwargs):
+        return self.proxy._invoke(method, getattr(self.proxy._target, method), *args, **kwargs)
 
 
 def unwrap(component: Any) -> Any:

@@ -373,7 +373,9 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, *
     model reloads bit-identically from its recipe, and MAC counts equal FlopCounterMode's count.
 
     ``make_model`` builds a tiny model of the family (random weights); without it the adapter's
-    ``example_spec`` (a :class:`hetprune.ModelSpec`) is built.
+    ``example_spec`` (a :class:`hetprune.ModelSpec`) is built. The reload is checked either way: with
+    ``make_model``, the saved recipe and weights are applied to a fresh ``make_model()`` (what
+    :func:`hetprune.apply_recipe` users do); with ``example_spec``, through :func:`hetprune.load`.
     """
     from types import SimpleNamespace
 
@@ -383,6 +385,7 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, *
 
     c = _UnderTest("architecture", cls, options)
     spec = getattr(c.obj, "example_spec", None)
+    rebuild = make_model   # a fresh base for the reload check; None: hetprune.load builds example_spec
     if make_model is None:
         if spec is None:
             c.fail("it has no example_spec (a ModelSpec of a tiny model of its family), and no make_model was "
@@ -404,7 +407,7 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, *
     try:
         if type(adapter_for(base)) is not cls:
             c.fail(f"another adapter ({adapter_for(base).name}) already claims {type(base).__name__}")
-        c.rule(lambda: _architecture_rules(base, spec))
+        c.rule(lambda: _architecture_rules(base, spec, rebuild))
     except HetpruneError as exc:
         c.fail(f"{type(exc).__name__}: {exc}", exc)
     finally:
@@ -412,12 +415,34 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, *
             plugins.unregister_plugin(name)
 
 
-def _architecture_rules(base: nn.Module, spec: ModelSpec | None) -> None:
+def _reloaded(model: nn.Module, base: nn.Module, spec: ModelSpec | None,
+              rebuild: Callable[[], nn.Module] | None) -> nn.Module:
+    """``model`` saved with its recipe and loaded back: by :func:`hetprune.load` (``rebuild`` None), or by
+    applying the saved recipe and weights to a fresh ``rebuild()`` base, as :func:`hetprune.apply_recipe`
+    users do for a model hetprune cannot build by name."""
+    from .recipe import WEIGHTS_FILE, apply_recipe, arch_of, load, load_recipe, recipe_from_model, save
+    from .io import load_weights
+    from .models import load_state_into
+
+    named = spec or ModelSpec(f"{type(base).__name__} (built by make_model)")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "m"
+        try:
+            save(folder, model, recipe_from_model(model, named, arch_of(base)))
+            if rebuild is None:
+                return load(folder)
+            fresh = apply_recipe(rebuild().float(), load_recipe(folder), compute_merge=False)
+            load_state_into(fresh, load_weights(folder / WEIGHTS_FILE), "the saved weights")
+            return fresh.eval()
+        except HetpruneError as exc:
+            raise Violation(f"the pruned model does not reload from its recipe and weights: {exc}") from exc
+
+
+def _architecture_rules(base: nn.Module, spec: ModelSpec | None, rebuild: Callable[[], nn.Module] | None) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     from .costs import count_macs
-    from .recipe import arch_of, load, recipe_from_model, save
 
     x = contract.example_input(base, n=2).double()
     n = len(sites(base, "attn", present_only=False))
@@ -446,11 +471,9 @@ def _architecture_rules(base: nn.Module, spec: ModelSpec | None) -> None:
     if not err <= FP64_TOLERANCE:
         raise Violation(f"merging changed the outputs by {err:.3g} (relative, float64)")
     model = model.float().eval()
-    if spec is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            save(Path(tmp) / "m", model, recipe_from_model(model, spec, arch_of(base)))
-            if not torch.equal(outputs(load(Path(tmp) / "m"), x.float()), outputs(model, x.float())):
-                raise Violation("the pruned model does not reload bit-identically from its recipe and weights")
+    if not torch.equal(outputs(_reloaded(model, base, spec, rebuild), x.float()), outputs(model, x.float())):
+        onto = " onto a fresh make_model() base" if rebuild is not None else ""
+        raise Violation(f"the pruned model does not reload bit-identically from its recipe and weights{onto}")
     for what, m in (("dense", base.float()), ("pruned", model)):
         counter = FlopCounterMode(display=False)
         with sdpa_kernel(SDPBackend.MATH), counter:

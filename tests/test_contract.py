@@ -75,6 +75,36 @@ class NanPredictor(GoodPredictor):
         return float("nan")
 
 
+class NanAwayPredictor(GoodPredictor):
+    """Finite at the splits it was fitted on (0 <= n_attn + n_act <= 3), NaN beyond them."""
+
+    name = "nan-away"
+
+    def predict(self, n_attn, n_act):
+        return float("nan") if n_attn + n_act > 3 else super().predict(n_attn, n_act)
+
+
+class UnfittedPredictor(GoodPredictor):
+    name = "unfitted"
+
+    def fit(self, points):
+        return self          # forgets to fit: predict() has no mean to use
+
+
+class RefusingPredictor(GoodPredictor):
+    name = "refusing"
+
+    def predict(self, n_attn, n_act):
+        raise HetpruneError("not fitted yet")
+
+
+class NanReportPredictor(GoodPredictor):
+    name = "nan-report"
+
+    def fit_report(self):
+        return {"mae": 0.1, "coefficients": {"a^1": float("nan")}}
+
+
 class RaisingFitPredictor(GoodPredictor):
     name = "raise-fit"
 
@@ -249,14 +279,61 @@ class HalfAllocation(DepthStrategy):
 # -- at run time: every call through the registry is checked -------------------------------------
 
 def test_nan_prediction_is_a_plugin_error_naming_plugin_component_and_rule():
-    p = built("predictor", NanPredictor).fit(POINTS)
+    p = built("predictor", NanAwayPredictor).fit(POINTS)
     with pytest.raises(PluginError) as info:
-        p.predict(1, 2)
+        p.predict(2, 2)
     msg = str(info.value)
-    assert msg.startswith("plugin 'broken' (registered in code, no version): predictor 'nan-pred' broke the "
-                          "plugin contract: predict(1, 2) returned nan")
+    assert msg.startswith("plugin 'broken' (registered in code, no version): predictor 'nan-away' broke the "
+                          "plugin contract: predict(2, 2) returned nan")
     assert "finite" in msg and msg.endswith("[predict()]")
-    assert (info.value.plugin, info.value.kind, info.value.component) == ("broken", "predictor", "nan-pred")
+    assert (info.value.plugin, info.value.kind, info.value.component) == ("broken", "predictor", "nan-away")
+
+
+@pytest.mark.parametrize("cls, expected", [
+    (NanPredictor, "broke the plugin contract: predict(0, 0) returned nan; a prediction must be a finite number "
+                   "(after fit(), at a split it was fitted on) [fit()]"),
+    (StringPredictor, "broke the plugin contract: predict(0, 0) returned a str ('93.0')"),
+    (RefusingPredictor, "broke the plugin contract: after fit(), predict(0, 0) refused a split it was fitted on: "
+                        "not fitted yet [fit()]"),
+    (UnfittedPredictor, "raised AttributeError: 'UnfittedPredictor' object has no attribute 'mean'; --debug"),
+    (NanReportPredictor, "broke the plugin contract: after fit(), fit_report()['coefficients']['a^1'] is nan; the "
+                         "numbers of a fit report must be finite"),
+])
+def test_fit_is_checked_by_predicting_the_fitted_splits_and_reading_the_fit_report(cls, expected):
+    with pytest.raises(PluginError, match=re.escape(expected)):
+        built("predictor", cls).fit(POINTS)
+    built("predictor", GoodPredictor).fit(POINTS)     # the same checks pass a good predictor
+
+
+def test_a_nan_in_the_fit_report_is_caught_when_it_is_read_too():
+    p = built("predictor", NanReportPredictor)
+    unwrap(p).fit(POINTS)                                            # fitted behind the contract's back
+    with pytest.raises(PluginError, match=re.escape("fit_report()['coefficients']['a^1'] is nan") + r".*\[fit_report\(\)\]$"):
+        p.fit_report()
+
+
+@pytest.mark.parametrize("points, bad", [
+    ({"points": POINTS}, "a dict"),
+    ([(0, 0, 95.0), (1, 0)], "the point (1, 0)"),
+    ([(0, 0, 95.0), (1.5, 0, 93.0)], "the point (1.5, 0, 93.0)"),
+    ([(0, 0, 95.0), (-1, 0, 93.0)], "the point (-1, 0, 93.0)"),
+    ([(0, 0, 95.0), (True, 0, 93.0)], "the point (True, 0, 93.0)"),
+    ([(0, 0, 95.0), (1, 0, float("nan"))], "the point (1, 0, nan)"),
+    ([(0, 0, 95.0), (1, 0, "93")], "the point (1, 0, '93')"),
+])
+def test_fit_refuses_malformed_points_without_blaming_the_predictor(points, bad):
+    fitted = []
+
+    class Recording(GoodPredictor):
+        name = "recording"
+
+        def fit(self, pts):
+            fitted.append(pts)
+            return super().fit(pts)
+
+    with pytest.raises(HetpruneError, match=re.escape(f"fit() was given {bad}; points must be")) as info:
+        built("predictor", Recording).fit(points)
+    assert not isinstance(info.value, PluginError) and not fitted   # refused before the predictor saw them
 
 
 @pytest.mark.parametrize("kind, cls, call, expected", [
@@ -430,7 +507,7 @@ def test_prune_with_a_nan_predictor_fails_by_name_and_saves_nothing(cli_model, t
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith("error: plugin 'broken_plugin_hp' (--plugin, version 0.3): predictor 'nan-pred' "
                              "broke the plugin contract: predict(")
-    assert "returned nan" in err[0] and err[0].endswith("[stage allocate, predict()]")
+    assert "returned nan" in err[0] and err[0].endswith("[stage allocate, fit()]")   # caught at its fitted splits
     assert not out.exists()
 
 
@@ -517,3 +594,44 @@ def test_a_strategy_refusing_every_budget_fails_the_kit_with_its_reasons():
 
     with pytest.raises(ConformanceError, match="refused every budget it was given: 2 sites: not on a model"):
         testing.check_strategy(Refuses)
+
+
+def test_a_result_is_run_on_the_example_in_the_models_own_dtype():
+    """A float64 result (e.g. from a float64 job) with the job's float32 example: checked, not refused."""
+    from hetprune.contract import check_result, example_input
+    from hetprune.pipeline import REPORT_KEYS, PruneResult
+    from hetprune.recipe import Recipe
+
+    model = testing.tiny_model().double()
+    result = PruneResult(model, Recipe(base=testing.TINY_SPEC, arch={}), {k: 0 for k in REPORT_KEYS})
+    example = example_input(testing.tiny_model())
+    assert example.dtype == torch.float32
+    check_result(result, example)
+    with torch.no_grad():   # the model returned is unchanged: still float64
+        assert model(example.double()).dtype == torch.float64
+
+
+# -- architecture adapters are checked like every other component (issue 26, item 10) -----------------------
+
+def _preferred(name_: str, **methods):
+    """A timm-vit adapter of higher priority (so it serves the tiny ViT) with some methods broken."""
+    from hetprune_timm.vit import TimmViT
+
+    return type("Broken_" + name_.replace("-", "_"), (TimmViT,), {"name": name_, "priority": 1, **methods})
+
+
+@pytest.mark.parametrize("cls, call, expected", [
+    (_preferred("tuple-blocks", blocks=lambda self, model: tuple(model.blocks)),
+     lambda model: surgery.dropped_blocks(model), r"blocks\(\) returned a tuple; it must return a list"),
+    (_preferred("maybe-matches", matches=lambda self, model: 1),
+     lambda model: hetprune.sites(model), r"matches\(\) returned 1 \(int\); it must return True or False"),
+    (_preferred("greedy-limits", max_removals=lambda self, model: {"attn": 9, "act": 4}),
+     lambda model: hetprune.budget.max_per_kind(model), r"max_removals\(\) returned \{'attn': 9, 'act': 4\}"),
+])
+def test_a_broken_adapter_is_caught_by_the_contract_naming_it(cls, call, expected, tiny_model):
+    hetprune.register_plugin(PluginOf("register_architectures", cls), name="broken")
+    with pytest.raises(PluginError, match=expected) as info:
+        call(tiny_model)
+    assert (info.value.plugin, info.value.kind, info.value.component) == ("broken", "architecture", cls.name)
+    assert str(info.value).startswith(f"plugin 'broken' (registered in code, no version): architecture "
+                                      f"'{cls.name}' broke the plugin contract")
