@@ -33,28 +33,71 @@ def expected_amp() -> str:
     return devices.resolve_amp("auto", torch.device("cuda", 0))
 
 
-def test_prune_hetdpt_on_cuda(trained_tiny, tmp_path):
+def test_prune_hetdpt_on_cuda(trained_tiny, digits_data, tmp_path):
+    from hetprune.train import evaluate_dataset
+
     out = tmp_path / "out"
     assert main(["prune", *model_args(trained_tiny), "--strategy", "hetdpt", "--budget", "4", "--device", "cuda",
                  *FAST, "--set", "hetdpt.axis_points=2", "--set", "hetdpt.mixed_points=1", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["device"] == "cuda" and report["settings"]["amp"] == expected_amp()
-    assert report["n_attn"] + report["n_act"] == 4 and 0 <= report["top1"] <= 100
-    model = hetprune.load(out).cuda()
-    x = torch.randn(2, 1, 16, 16, device="cuda")
-    assert torch.isfinite(model(x)).all()
+    assert report["n_attn"] + report["n_act"] == 4
+    model = hetprune.load(out)
+    # the CPU reference: the saved model in fp32 on the same validation set. The report's top1 is measured in
+    # the run's amp on the GPU before the merge, so a few borderline images (0.2 points each) may go the other way
+    assert report["top1"] == pytest.approx(evaluate_dataset(model, digits_data.val, "cpu"), abs=3.0)
+    x = torch.randn(2, 1, 16, 16)
+    with torch.no_grad():
+        cpu_out = model(x)
+    with torch.no_grad():   # the same model on the GPU (TF32 convolutions allowed: a looser tolerance)
+        assert torch.allclose(model.cuda()(x.cuda()).cpu(), cpu_out, rtol=1e-2, atol=1e-2)
 
 
 def test_fp16_finetune_uses_a_grad_scaler(tiny_model, digits_data, tmp_path):
+    import copy
+    import dataclasses
+
     from hetprune.train import TrainConfig, train
 
+    start = copy.deepcopy(tiny_model)
     cfg = TrainConfig(epochs=2, subset=64, batch_size=16, kd="none", device="cuda", amp="fp16")
     history = train(tiny_model, digits_data, cfg, checkpoint_dir=tmp_path, progress=False)
-    assert all(h["loss"] == h["loss"] for h in history)
+    # the CPU reference: the same run (same seeds, same batches) in fp32; fp16 rounding moves the loss a little
+    reference = train(start, digits_data, dataclasses.replace(cfg, device="cpu", amp="none"), progress=False)
+    assert [h["loss"] for h in history] == pytest.approx([h["loss"] for h in reference], rel=0.02)
     ckpt = torch.load(str(tmp_path / "finetune-checkpoint.pt"), weights_only=True)
     assert ckpt["scaler"]["scale"] > 0        # the GradScaler ran and its state is kept for --resume
     assert tiny_model.cls_token.device.type == "cuda" and tiny_model.cls_token.dtype == torch.float32
 
+
+def test_gate_phase_runs_on_cuda_in_fp16_with_pinned_batches_and_a_grad_scaler(tiny_model, tmp_path, monkeypatch):
+    """gate-taylor's gate phase trains like every fine-tune: on the run's GPU, forwards under fp16 autocast,
+    pinned batches, the GradScaler's state in its checkpoint."""
+    import copy
+
+    import hetprune.data as data_mod
+    from hetprune.testing import scoring_context
+    from hetprune_hetdpt.scorers import GateTaylorScorer
+
+    pinned, heads, real_loader = [], [], data_mod.loader
+
+    def loader(*args, **kwargs):
+        pinned.append(kwargs.get("pin_memory", False))
+        return real_loader(*args, **kwargs)
+
+    monkeypatch.setattr(data_mod, "loader", loader)
+    model = copy.deepcopy(tiny_model)
+    model.head.register_forward_hook(lambda m, i, out: heads.append((out.device.type, out.dtype)))
+    ctx = scoring_context(tiny_model, tmp_path, {"device": "cuda", "amp": "fp16", "scoring": {"subset": 32},
+                                                 "short_finetune": {"batch_size": 16, "kd": "none"}})
+    ctx.device = "cuda"
+    removed = GateTaylorScorer(warmup_epochs=0).select(model, {"attn": 1, "act": 1}, ctx)
+    assert sorted(s.kind for s in removed) == ["act", "attn"]
+    assert pinned and all(pinned)
+    assert heads and set(heads) == {("cuda", torch.float16)}
+    state = torch.load(str(tmp_path / "gate-checkpoint.pt"), weights_only=True)
+    assert state["scaler"]["scale"] > 0          # the GradScaler ran (an empty dict when it is off)
+    assert model.cls_token.device.type == "cuda" and model.cls_token.dtype == torch.float32
 
 def test_loader_pins_batches_for_cuda(digits_data):
     from hetprune.data import loader
