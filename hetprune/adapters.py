@@ -41,7 +41,9 @@ class WidthInfo:
     dim)`` of bare parameters on the residual width (tokens, LayerScale);
     ``fix_attention(module, heads)``: make an attention's attributes agree with
     its pruned layers; ``sync(model)``: the same for the model's own width
-    attributes.
+    attributes; ``prepare(model)`` / ``restore(model)``: run just before and
+    after the pruner's pass, to show it a form it prunes correctly (timm: a
+    packed gated fc1 split in its two halves) and to put the model back.
     """
 
     attentions: list = field(default_factory=list)
@@ -50,6 +52,8 @@ class WidthInfo:
     unwrapped: list = field(default_factory=list)
     fix_attention: Callable = lambda module, heads: None
     sync: Callable = lambda model: None
+    prepare: Callable = lambda model: None
+    restore: Callable = lambda model: None
 
 
 class Adapter:

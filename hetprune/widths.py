@@ -3,7 +3,8 @@
 A recipe's ``widths`` says every shape that differs from the base model (see
 the adapter's documentation for its form; for the timm ViT family:
 ``{"embed_dim": E, "blocks": [{"attn": {"heads", "head_dim"} | "removed",
-"mlp": {"hidden"} | "merged"} | "dropped", ...]}``). These functions ask the
+"mlp": {"hidden"} | "merged"} | "dropped", ...]}``, ``hidden`` being fc2's
+inputs: the width of each half of a gated MLP). These functions ask the
 model's adapter; a family without width support is one clear error.
 """
 

@@ -16,9 +16,12 @@ form a person can read and diff::
 * per block: ``attn`` is ``{"heads", "head_dim"}`` (the qkv layer then has
   ``3 * heads * head_dim`` outputs, proj ``heads * head_dim`` inputs) or
   ``"removed"`` (a :class:`~hetprune.layers.HetBlock`); ``mlp`` is
-  ``{"hidden"}`` (fc1 outputs, fc2 inputs; also when the activation is
-  removed but the MLP is not merged) or ``"merged"`` (one ``embed_dim x
-  embed_dim`` linear); a whole dropped block is ``"dropped"``.
+  ``{"hidden"}`` (fc2 inputs: fc1 outputs of a plain MLP, also when the
+  activation is removed but the MLP is not merged; for a gated MLP the width
+  of each of its two halves, so a packed ``GluMlp``/``SwiGLUPacked`` fc1 has
+  ``2 x hidden`` outputs and a ``SwiGLU`` has ``hidden`` in ``fc1_x`` and in
+  ``fc1_g``) or ``"merged"`` (one ``embed_dim x embed_dim`` linear); a whole
+  dropped block is ``"dropped"``.
 
 :func:`apply_widths` runs after the depth surgery of a recipe (removals and
 merges) on a fresh base model and gives every layer the recorded shape, with
@@ -39,6 +42,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from timm.layers import GluMlp, SwiGLU
 from torch import nn
 
 from hetprune import HetpruneError
@@ -50,6 +54,7 @@ KEPT_KEY = "kept"   # optional: which channels of the base model each layer kept
 TOKEN_PARAMS = ("cls_token", "reg_token", "dist_token", "pos_embed")
 MODEL_NORMS = ("norm_pre", "norm", "fc_norm")
 HEADS = ("head", "head_dist")
+ATTENTION_PARTS = ("qkv", "q_norm", "k_norm", "norm", "gate", "proj")  # the layers apply_widths cuts
 
 
 # -- timm attention ------------------------------------------------------------
@@ -116,6 +121,141 @@ def sync_model_attributes(model: nn.Module) -> None:
             setattr(model, attr, embed)
 
 
+# -- MLPs ----------------------------------------------------------------------
+MLP_FORMS = ("a plain MLP (fc1, act, fc2: timm Mlp)", "a packed gated MLP (timm GluMlp, SwiGLUPacked)",
+             "a gated MLP with separate halves (timm SwiGLU: fc1_x, fc1_g)")
+
+
+def mlp_form(mlp: nn.Module, where: str) -> str:
+    """``"plain"``, ``"packed"`` (one fc1 holding both gated halves), ``"split"`` (SwiGLU) or ``"merged"``.
+
+    Anything else is refused here, before any pruning: its hidden width would be
+    read (or cut) wrong, and the recipe would not reload.
+    """
+    if isinstance(mlp, MergedMlp):
+        return "merged"
+    if isinstance(mlp, SwiGLU) and all(isinstance(getattr(mlp, n, None), nn.Linear)
+                                       for n in ("fc1_x", "fc1_g", "fc2")):
+        return "split"
+    if isinstance(mlp, GluMlp):
+        if isinstance(mlp.fc1, nn.Linear) and isinstance(mlp.fc2, nn.Linear) and mlp.chunk_dim == -1 \
+                and mlp.fc1.out_features == 2 * mlp.fc2.in_features:
+            return "packed"
+    elif isinstance(getattr(mlp, "fc1", None), nn.Linear) and isinstance(getattr(mlp, "fc2", None), nn.Linear) \
+            and mlp.fc1.out_features == mlp.fc2.in_features \
+            and set(dict(mlp.named_children())) <= {"fc1", "act", "drop1", "norm", "fc2", "drop2"} \
+            and not list(mlp.parameters(recurse=False)):
+        return "plain"
+    raise HetpruneError(f"{where}: width pruning supports {', '.join(MLP_FORMS)}; this MLP is a "
+                        f"{type(mlp).__name__} it cannot prune exactly")
+
+
+def mlp_hidden(mlp: nn.Module, where: str) -> int:
+    """The MLP's hidden width: fc2's inputs (half of a packed gated fc1's outputs)."""
+    mlp_form(mlp, where)
+    return int(mlp.fc2.in_features)
+
+
+def _hidden_rows(mlp: nn.Module, e_idx: torch.Tensor | None, where: str) -> torch.Tensor:
+    """One row per hidden channel: every weight that writes it (both halves of a gated MLP)."""
+    form = mlp_form(mlp, where)
+    cols = (lambda w: w if e_idx is None else w[:, e_idx])
+    if form == "split":
+        return torch.cat([cols(mlp.fc1_x.weight), cols(mlp.fc1_g.weight)], 1)
+    w = cols(mlp.fc1.weight)
+    if form == "packed":
+        h = w.shape[0] // 2
+        return torch.cat([w[:h], w[h:]], 1)
+    return w
+
+
+def _cut_mlp(mlp: nn.Module, h_idx: torch.Tensor, e_idx: torch.Tensor | None, where: str) -> None:
+    """Keep hidden channels ``h_idx`` (and residual channels ``e_idx``) of a plain or gated MLP."""
+    form = mlp_form(mlp, where)
+    if form == "split":
+        _linear(mlp.fc1_x, h_idx, e_idx)
+        _linear(mlp.fc1_g, h_idx, e_idx)
+    elif form == "packed":  # both halves keep the same channels: x.chunk(2) still pairs them up
+        _linear(mlp.fc1, torch.cat([h_idx, h_idx + mlp.fc2.in_features]), e_idx)
+    else:
+        _linear(mlp.fc1, h_idx, e_idx)
+    _norm(getattr(mlp, "norm", nn.Identity()), h_idx, f"{where}.norm")
+    _linear(mlp.fc2, e_idx, h_idx)
+
+
+def _split_rows(layer: nn.Linear, rows: slice) -> nn.Linear:
+    """Rows ``rows`` of ``layer`` as a linear of their own, gradients included (Taylor importance)."""
+    out = nn.Linear(layer.in_features, rows.stop - rows.start, bias=layer.bias is not None,
+                    device=layer.weight.device, dtype=layer.weight.dtype)
+    for name in ("weight", "bias"):
+        old, new = getattr(layer, name), getattr(out, name)
+        if old is None:
+            continue
+        with torch.no_grad():
+            new.copy_(old[rows])
+        new.requires_grad_(old.requires_grad)
+        if old.grad is not None:
+            new.grad = old.grad[rows].clone()
+    return out
+
+
+def _join_rows(first: nn.Linear, second: nn.Linear) -> nn.Linear:
+    out = nn.Linear(first.in_features, first.out_features + second.out_features, bias=first.bias is not None,
+                    device=first.weight.device, dtype=first.weight.dtype)
+    for name in ("weight", "bias"):
+        a, b, new = getattr(first, name), getattr(second, name), getattr(out, name)
+        if a is None:
+            continue
+        with torch.no_grad():
+            new.copy_(torch.cat([a, b]))
+        new.requires_grad_(a.requires_grad)
+    return out
+
+
+class UnpackedGlu(nn.Module):
+    """A packed ``GluMlp`` with its fc1 split in two linears, only while Torch-Pruning prunes it.
+
+    Torch-Pruning cannot prune a packed gated fc1 (``x.chunk(2)``): it ranks
+    its ``2 x hidden`` rows as if each were a channel and fails on fc2, which
+    has only ``hidden`` inputs (Torch-Pruning issue 366). Split in two, the
+    halves are coupled through the product like in ``SwiGLU``, which it prunes
+    correctly; :func:`repack_glu` puts the pruned halves back into one fc1.
+    """
+
+    def __init__(self, glu: GluMlp):
+        super().__init__()
+        h = glu.fc2.in_features
+        first, second = _split_rows(glu.fc1, slice(0, h)), _split_rows(glu.fc1, slice(h, 2 * h))
+        self.gate_last = glu.gate_last
+        self.fc1_x, self.fc1_g = (first, second) if glu.gate_last else (second, first)
+        self.act, self.drop1, self.norm, self.fc2, self.drop2 = glu.act, glu.drop1, glu.norm, glu.fc2, glu.drop2
+        self.packed = [glu]  # a list: not a submodule, so Torch-Pruning does not see the old fc1
+
+    def forward(self, x):
+        x = self.fc1_x(x) * self.act(self.fc1_g(x))
+        return self.drop2(self.fc2(self.norm(self.drop1(x))))
+
+
+def unpack_glus(model: nn.Module) -> None:
+    """Every packed gated MLP of ``model``'s blocks as an :class:`UnpackedGlu`, in place."""
+    for i, block in enumerate(model.blocks):
+        mlp = getattr(block, "mlp", None)
+        if mlp is not None and not isinstance(block, DroppedBlock) and mlp_form(mlp, f"blocks.{i}.mlp") == "packed":
+            block.mlp = UnpackedGlu(mlp)
+
+
+def repack_glu(model: nn.Module) -> None:
+    """Undo :func:`unpack_glus`: the (pruned) halves back in one packed fc1 of the original ``GluMlp``."""
+    for block in model.blocks:
+        u = getattr(block, "mlp", None)
+        if isinstance(u, UnpackedGlu):
+            glu = u.packed[0]
+            halves = (u.fc1_x, u.fc1_g) if u.gate_last else (u.fc1_g, u.fc1_x)
+            glu.fc1 = _join_rows(*halves)
+            glu.act, glu.drop1, glu.norm, glu.fc2, glu.drop2 = u.act, u.drop1, u.norm, u.fc2, u.drop2
+            block.mlp = glu
+
+
 # -- reading -------------------------------------------------------------------
 def read_widths(model: nn.Module) -> dict:
     """The widths of every layer of a (width-)pruned model, as plain JSON data."""
@@ -123,7 +263,7 @@ def read_widths(model: nn.Module) -> dict:
     if problems:
         raise HetpruneError("cannot record widths: " + "; ".join(problems))
     blocks = []
-    for block in model.blocks:
+    for i, block in enumerate(model.blocks):
         if isinstance(block, DroppedBlock):
             blocks.append("dropped")
             continue
@@ -135,7 +275,7 @@ def read_widths(model: nn.Module) -> dict:
         if isinstance(block.mlp, MergedMlp):
             entry["mlp"] = "merged"
         else:
-            entry["mlp"] = {"hidden": int(block.mlp.fc1.out_features)}
+            entry["mlp"] = {"hidden": mlp_hidden(block.mlp, f"blocks.{i}.mlp")}
         blocks.append(entry)
     return {"embed_dim": embed_dim_of(model), "blocks": blocks}
 
@@ -197,11 +337,16 @@ def _linear(layer: nn.Linear, out_idx: torch.Tensor | None = None, in_idx: torch
     layer.out_features, layer.in_features = layer.weight.shape
 
 
+def _check_norm(norm: nn.Module | None, where: str) -> None:
+    if norm is not None and not isinstance(norm, nn.Identity) and (
+            not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1):
+        raise HetpruneError(f"{where} is a {type(norm).__name__}; width recipes support LayerNorm (or none) here")
+
+
 def _norm(norm: nn.Module, idx: torch.Tensor, where: str) -> None:
+    _check_norm(norm, where)
     if isinstance(norm, nn.Identity):
         return
-    if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
-        raise HetpruneError(f"{where} is a {type(norm).__name__}; width recipes support LayerNorm (or none) here")
     if norm.weight is not None:
         norm.weight = _take(norm.weight, 0, idx)
     if norm.bias is not None:
@@ -331,18 +476,14 @@ def apply_widths(model: nn.Module, widths: dict, compute: bool = False, merge_pe
                            e_idx, f"{where}.attn", block_kept.get("attn"))
             if mlp == "merged" and not pending:
                 _linear(block.mlp.fc, e_idx, e_idx)
-            elif block_kept.get("mlp") is not None:
-                hidden = len(block_kept["mlp"]) if pending else mlp["hidden"]
-                h_idx = _kept(block_kept["mlp"], hidden, block.mlp.fc1.out_features, f"MLP hidden channels in {where}")
-                _linear(block.mlp.fc1, h_idx, e_idx)
-                _norm(getattr(block.mlp, "norm", nn.Identity()), h_idx, f"{where}.mlp.norm")
-                _linear(block.mlp.fc2, e_idx, h_idx)
             else:
-                hidden = block.mlp.fc1.out_features if pending else mlp["hidden"]
-                h_idx = _index(hidden, block.mlp.fc1.out_features, f"MLP hidden channels in {where}")
-                _linear(block.mlp.fc1, h_idx, e_idx)
-                _norm(getattr(block.mlp, "norm", nn.Identity()), h_idx, f"{where}.mlp.norm")
-                _linear(block.mlp.fc2, e_idx, h_idx)
+                base = mlp_hidden(block.mlp, f"{where}.mlp")
+                if block_kept.get("mlp") is not None:
+                    hidden = len(block_kept["mlp"]) if pending else mlp["hidden"]
+                    h_idx = _kept(block_kept["mlp"], hidden, base, f"MLP hidden channels in {where}")
+                else:
+                    h_idx = _index(base if pending else mlp["hidden"], base, f"MLP hidden channels in {where}")
+                _cut_mlp(block.mlp, h_idx, e_idx, f"{where}.mlp")
         sync_model_attributes(model)
     return model
 
@@ -380,7 +521,9 @@ def kept_channels(before: nn.Module, after: nn.Module) -> dict:
                 raise HetpruneError(f"block {i}: width pruning kept different channels of q, k and v")
             entry["attn"] = inner
         if not isinstance(b1.mlp, MergedMlp):
-            entry["mlp"] = _match_rows(b0.mlp.fc1.weight[:, e_idx], b1.mlp.fc1.weight, f"MLP channels of block {i}")
+            where = f"blocks.{i}.mlp"
+            entry["mlp"] = _match_rows(_hidden_rows(b0.mlp, e_idx, where), _hidden_rows(b1.mlp, None, where),
+                                       f"MLP channels of block {i}")
         blocks.append(entry)
     return {"embed": embed, "blocks": blocks}
 
@@ -399,8 +542,52 @@ def compose_kept(first: dict, then: dict) -> dict:
     return {"embed": pick(first["embed"], then["embed"]), "blocks": blocks}
 
 
+def check_width_support(model: nn.Module) -> None:
+    """Refuse, before any pruning, a model whose widths :func:`apply_widths` could not replay.
+
+    The same checks :func:`apply_widths` makes, run up front, so an unsupported
+    layer stops a run at its start, not at the reload check after pruning and
+    fine-tuning.
+    """
+    if getattr(model, "attn_pool", None) is not None:
+        raise HetpruneError("models with an attention-pool head (global_pool='map') are not supported by "
+                            "width recipes")
+    for name in HEADS:
+        head = getattr(model, name, None)
+        if head is not None and not isinstance(head, (nn.Linear, nn.Identity)):
+            raise HetpruneError(f"model.{name} is a {type(head).__name__}; width recipes support a Linear head")
+    pe = getattr(model, "patch_embed", None)
+    if not isinstance(getattr(pe, "proj", None), nn.Conv2d):
+        raise HetpruneError(f"{type(model).__name__} has no patch_embed.proj convolution (the layer that writes the "
+                            "embedding width); width pruning supports patch-embedded ViTs")
+    _check_norm(getattr(pe, "norm", None), "patch_embed.norm")
+    for name in MODEL_NORMS:
+        _check_norm(getattr(model, name, None), name)
+    for i, block in enumerate(model.blocks):
+        if isinstance(block, DroppedBlock):
+            continue
+        where = f"blocks.{i}"
+        for name in ("norm1", "norm2"):
+            _check_norm(getattr(block, name, None), f"{where}.{name}")
+        if not isinstance(block, HetBlock):
+            if not is_attention(block.attn):
+                raise HetpruneError(f"{where}.attn: {type(block.attn).__name__} is not a timm Attention (fused qkv "
+                                    "+ proj); width pruning supports only that")
+            for name in ("q_norm", "k_norm", "norm"):
+                _check_norm(getattr(block.attn, name, None), f"{where}.attn.{name}")
+            extra = [n for n, m in block.attn.named_children() if n not in ATTENTION_PARTS
+                     and next(m.parameters(), None) is not None]
+            if extra:  # e.g. relpos's per-head bias tables: pruning heads would have to cut them too
+                raise HetpruneError(f"{where}.attn ({type(block.attn).__name__}) has layers width pruning does not "
+                                    f"know how to cut: {', '.join(extra)}; it supports {', '.join(ATTENTION_PARTS)}")
+        if mlp_form(block.mlp, f"{where}.mlp") != "merged":
+            _check_norm(getattr(block.mlp, "norm", None), f"{where}.mlp.norm")
+
+
 def width_info(model: nn.Module) -> WidthInfo:
-    """What the width pruner needs: attention modules and heads, layers to leave alone, bare parameters."""
+    """What the width pruner needs: attention modules and heads, layers to leave alone, bare parameters,
+    and how to show Torch-Pruning a packed gated MLP (split in two while it prunes)."""
+    check_width_support(model)
     attns = [m for m in model.modules() if is_attention(m)]
     unwrapped = []
     for name in TOKEN_PARAMS:
@@ -417,4 +604,6 @@ def width_info(model: nn.Module) -> WidthInfo:
         unwrapped=unwrapped,
         fix_attention=fix_attention,
         sync=sync_model_attributes,
+        prepare=unpack_glus,
+        restore=repack_glu,
     )

@@ -29,6 +29,11 @@ attention to prune; a :class:`~hetprune.surgery.MergedMlp` is one
 ``D x D`` linear whose both sides are the residual width, so it is pruned
 with the embedding; an MLP whose activation was removed but which is not
 merged keeps a prunable hidden width.
+
+Gated MLPs (timm ``GluMlp``/``SwiGLUPacked``, ``SwiGLU``) keep the same
+channels in both halves. Torch-Pruning cannot prune a packed gated fc1 (one
+linear chunked in two), so the adapter's ``WidthInfo.prepare`` shows it the
+two halves as separate linears for the pass and ``restore`` packs them again.
 """
 
 from __future__ import annotations
@@ -146,18 +151,22 @@ class IsomorphicWidthPruner:
         unwrapped = list(info.unwrapped)
         was_training = model.training
         model.eval()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            pruner = tp.pruner.BasePruner(
-                model, example, importance=_importance(self.importance), global_pruning=True, isomorphic=True,
-                pruning_ratio=ratio, pruning_ratio_dict=ratio_dict, max_pruning_ratio=self.max_ratio,
-                ignored_layers=ignored, num_heads=num_heads,
-                prune_num_heads=heads,
-                prune_head_dims=head_dims, head_pruning_ratio=min(self.max_ratio, ratio * self.head_share),
-                round_to=self.round_to, unwrapped_parameters=unwrapped,
-            )
-            for group in pruner.step(interactive=True):
-                group.prune()
+        info.prepare(model)  # e.g. packed gated MLPs split in two: Torch-Pruning cannot rank a chunked fc1
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                pruner = tp.pruner.BasePruner(
+                    model, example, importance=_importance(self.importance), global_pruning=True, isomorphic=True,
+                    pruning_ratio=ratio, pruning_ratio_dict=ratio_dict, max_pruning_ratio=self.max_ratio,
+                    ignored_layers=ignored, num_heads=num_heads,
+                    prune_num_heads=heads,
+                    prune_head_dims=head_dims, head_pruning_ratio=min(self.max_ratio, ratio * self.head_share),
+                    round_to=self.round_to, unwrapped_parameters=unwrapped,
+                )
+                for group in pruner.step(interactive=True):
+                    group.prune()
+        finally:
+            info.restore(model)
         model.train(was_training)
         for a, qkv, _ in attns:
             # Torch-Pruning updates its head count before it checks a group; a group it then skips keeps its heads
