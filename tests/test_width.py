@@ -10,13 +10,15 @@ import warnings
 
 import pytest
 import torch
+from timm.layers import GluMlp, Mlp, SwiGLU, SwiGLUPacked
+from torch import nn
 
 import hetprune
 from hetprune import HetpruneError, surgery
 from hetprune.costs import count_macs
 from hetprune.models import ModelSpec, build
 from hetprune.recipe import arch_of, recipe_from_model
-from hetprune.widths import apply_widths, read_widths
+from hetprune.widths import apply_widths, read_widths, track_kept
 from hetprune_timm.vit_widths import attention_problems
 
 
@@ -219,6 +221,125 @@ def test_recipe_with_widths_replays_on_hetprune_apply_path():
     assert count_macs(other, x) == count_macs(model, x)
 
 
+# -- gated MLPs -------------------------------------------------------------------------
+
+GATED = {   # timm's gated MLPs in a plain timm VisionTransformer (in memory: a class is no JSON kwarg)
+    "swiglu-packed": dict(mlp_layer=SwiGLUPacked, act_layer=nn.SiLU),   # DINOv2-giant's: gate in the first half
+    "glu": dict(mlp_layer=GluMlp),                                      # sigmoid gate in the second half
+    "swiglu": dict(mlp_layer=SwiGLU, act_layer=nn.SiLU),                # EVA02's and AIMv2's: fc1_x and fc1_g
+}
+
+
+def gated_spec(key: str) -> ModelSpec:
+    return ModelSpec(WIDE.name, {**WIDE.kwargs, **GATED[key]})
+
+
+def gated_model(key: str, seed: int = 0):
+    """A tiny gated-MLP ViT whose gates matter (timm starts a GluMlp's gate near a constant)."""
+    torch.manual_seed(seed)
+    model = build(gated_spec(key))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model.eval()
+
+
+def gate_halves(mlp) -> tuple[torch.Tensor, torch.Tensor]:
+    """(value, gate) weights of a gated MLP, one row per hidden channel."""
+    if isinstance(mlp, SwiGLU):
+        return mlp.fc1_x.weight, mlp.fc1_g.weight
+    first, second = mlp.fc1.weight.chunk(2)
+    return (first, second) if mlp.gate_last else (second, first)
+
+
+@pytest.mark.parametrize("depth_first", [False, True], ids=["width", "depth+width"])
+@pytest.mark.parametrize("key", list(GATED))
+def test_gated_mlp_width_pruning_records_true_hidden_widths_and_reloads_exactly(key, depth_first):
+    """Both halves of a gated MLP keep the same channels; the recipe records the gated width (fc2 inputs,
+    half a packed fc1) and replays on a fresh base model, the saved weights loading strictly."""
+    spec = gated_spec(key)
+    model = gated_model(key)
+    if depth_first:   # gated MLPs in blocks 0 and 1, gates removed (linear MLPs) in 2 and 3, block 3 merged
+        depth_pruned(model)
+    x = tiny_example()
+    base = copy.deepcopy(model)
+    target = 0.5 * count_macs(model, x)
+    pruner().prune(model, target, x)
+    track_kept(base, model)
+    assert target * (1 - TOL) <= count_macs(model, x) <= target
+    w = read_widths(model)
+    for i, (b0, b1, entry) in enumerate(zip(base.blocks, model.blocks, w["blocks"])):
+        if isinstance(b1.mlp, surgery.MergedMlp):
+            continue
+        hidden = entry["mlp"]["hidden"]
+        assert hidden == b1.mlp.fc2.in_features and hidden < b0.mlp.fc2.in_features
+        if isinstance(b1.mlp, (GluMlp, SwiGLU)):
+            value, gate = gate_halves(b1.mlp)
+            assert value.shape[0] == gate.shape[0] == hidden   # a packed fc1 has 2 x hidden outputs
+            # the kept value and gate rows belong to the same channels of the base model
+            v0, g0 = gate_halves(b0.mlp)
+            kept = w["kept"]["blocks"][i]["mlp"]
+            e = w["kept"]["embed"]
+            assert torch.equal(value, v0[kept][:, e]) and torch.equal(gate, g0[kept][:, e])
+    assert sum(isinstance(b.mlp, (GluMlp, SwiGLU)) for b in model.blocks) == (2 if depth_first else 4)
+    fresh, recipe = replay(spec, model)   # a fresh base model + the recipe, the weights loaded strictly
+    assert torch.equal(fresh(x), model(x)) and read_widths(fresh) == w
+    # the recipe's kept channels applied to the base weights give the pruned model's function
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no "leading channels" warning: the kept channels are recorded
+        again = hetprune.apply_recipe(gated_model(key), recipe, compute_merge=True)
+    assert torch.allclose(again(x), model(x), atol=1e-5)
+
+
+class ScaledMlp(Mlp):
+    """An MLP with a per-hidden-channel scale of its own: width pruning does not know to cut it."""
+
+    def __init__(self, in_features, hidden_features=None, **kwargs):
+        super().__init__(in_features, hidden_features, **kwargs)
+        self.scale = nn.Parameter(torch.ones(hidden_features))
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)) * self.scale)
+
+
+def test_an_mlp_width_pruning_cannot_replay_is_refused_before_pruning():
+    model = build(ModelSpec(WIDE.name, {**WIDE.kwargs, "mlp_layer": ScaledMlp}))
+    x = tiny_example()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(HetpruneError, match=r"blocks\.0\.mlp: width pruning supports .*GluMlp.*SwiGLU.*ScaledMlp"):
+        pruner().prune(model, 0.5 * count_macs(model, x), x)
+    after = model.state_dict()   # untouched: refused before any pruning
+    assert after.keys() == state.keys() and all(torch.equal(after[k], state[k]) for k in state)
+    with pytest.raises(HetpruneError, match="ScaledMlp"):
+        read_widths(model)
+
+
+UNREPLAYABLE = {   # timm-vit models whose widths apply_widths cannot replay: (name, tiny kwargs, message)
+    "relpos": ("vit_relpos_small_patch16_224", dict(embed_dim=32, depth=2, num_heads=2),
+               r"blocks\.0\.attn \(RelPosAttention\) has layers width pruning does not know how to cut: rel_pos"),
+    "aimv2-rmsnorm": ("aimv2_large_patch14_224", dict(embed_dim=32, depth=2, num_heads=2),
+                      "patch_embed.norm is a RmsNorm; width recipes support LayerNorm"),
+    "naflexvit": ("naflexvit_base_patch16_gap", dict(embed_dim=32, depth=2, num_heads=2),
+                  "NaFlexVit has no patch_embed.proj convolution"),
+    "map-pool": ("vit_tiny_patch16_224", dict(embed_dim=32, depth=2, num_heads=2, global_pool="map"),
+                 "attention-pool head|AttentionPool"),   # refused here, or by the adapter (issue 26, item 3)
+}
+
+
+@pytest.mark.parametrize("key", list(UNREPLAYABLE))
+def test_a_model_whose_widths_cannot_replay_is_refused_before_pruning(key):
+    """One clear error at the start of width pruning, not a crash inside Torch-Pruning or at the reload check."""
+    name, kwargs, message = UNREPLAYABLE[key]
+    torch.manual_seed(0)
+    model = build(ModelSpec(name, dict(img_size=16, in_chans=1, num_classes=10, patch_size=4, **kwargs)))
+    x = tiny_example()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(HetpruneError, match=message):
+        pruner().prune(model, 0.5 * count_macs(model, x), x)
+    after = model.state_dict()
+    assert after.keys() == state.keys() and all(torch.equal(after[k], state[k]) for k in state)
+
+
 # -- strategies through the CLI ------------------------------------------------------
 
 FAST = ["--set", "finetune.epochs=1", "--set", "short_finetune.epochs=1", "--set", "scoring.subset=64",
@@ -288,6 +409,63 @@ def test_hetdpt_plus_strategy_cli(trained_tiny, tmp_path, order):
 
 
 NO_TRAINING = ["--set", "finetune.epochs=0", "--set", "short_finetune.epochs=0"]
+
+DINOV2_SWIGLU = ModelSpec("vit_giant_patch14_reg4_dinov2", dict(   # timm's DINOv2 with a packed SwiGLU MLP
+    img_size=16, in_chans=1, num_classes=10, patch_size=4, embed_dim=32, depth=3, num_heads=2, init_values=0.1))
+
+
+@pytest.fixture(scope="module")
+def dinov2_checkpoint(tmp_path_factory):
+    from hetprune.io import save_weights
+
+    torch.manual_seed(0)
+    model = build(DINOV2_SWIGLU)
+    assert isinstance(model.blocks[0].mlp, GluMlp) and not model.blocks[0].mlp.gate_last
+    with torch.no_grad():   # gates that matter (timm starts them near a constant)
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    path = tmp_path_factory.mktemp("dinov2") / "dinov2.safetensors"
+    save_weights(path, model)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, extra", [
+    ("isomorphic", []),
+    ("hetdpt-plus", ["--scorer", "magnitude", "--set", "hetdpt_plus.intermediate_finetune=none",
+                     "--set", "hetdpt.axis_points=1", "--set", "hetdpt.mixed_points=1",
+                     "--set", "hetdpt.dense_point=true", "--set", "hetdpt.predictor=poly",
+                     "--set", "hetdpt.predictor_options={poly: {degree: 1}}"]),
+])
+def test_dinov2_swiglu_width_strategies_save_a_model_that_reloads(dinov2_checkpoint, tmp_path, strategy, extra):
+    """DINOv2's packed SwiGLU through the strategies: the saved recipe records the gated widths, the folder
+    reloads, and the recipe applied to the base weights (hetprune apply) gives the saved model's function."""
+    from hetprune.cli import main
+
+    kwargs = json.dumps(DINOV2_SWIGLU.kwargs)
+    model_args = ["--model", DINOV2_SWIGLU.name, "--model-kwargs", kwargs, "--checkpoint", str(dinov2_checkpoint)]
+    out = tmp_path / "out"
+    assert main(["prune", "--strategy", strategy, "--target-macs", "0.5", *model_args, "--out", str(out),
+                 *FAST, *NO_TRAINING, *extra]) == 0
+    report = json.loads((out / "report.json").read_text())
+    target = 0.5 * report["dense_macs"]
+    assert target * (1 - TOL) <= report["macs"] <= target
+    loaded = hetprune.load(out)
+    recipe = hetprune.recipe.load_recipe(out)
+    assert recipe.widths == read_widths(loaded)
+    gated = 0
+    for block, entry in zip(loaded.blocks, recipe.widths["blocks"]):
+        if isinstance(block.mlp, GluMlp):
+            gated += 1
+            assert block.mlp.fc1.out_features == 2 * entry["mlp"]["hidden"] == 2 * block.mlp.fc2.in_features
+            assert entry["mlp"]["hidden"] < build(DINOV2_SWIGLU).blocks[0].mlp.fc2.in_features
+    assert gated >= 1
+    applied = tmp_path / "applied"
+    assert main(["apply", *model_args, "--recipe", str(out / "recipe.json"), "--out", str(applied)]) == 0
+    x = tiny_example()
+    assert torch.allclose(hetprune.load(applied)(x), loaded(x), atol=1e-5)
+    assert count_macs(loaded, x) == report["macs"]
+
 
 
 @pytest.mark.slow
