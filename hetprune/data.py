@@ -84,26 +84,44 @@ class GlobalBatchSampler(Sampler):
     """Seeded global batches, each split across ranks.
 
     Global batch ``t`` is the same set of items whatever the number of ranks;
-    rank ``r`` of ``w`` takes every ``w``-th item of it. With gradients averaged
-    across ranks, training under torchrun follows the single-process run.
+    rank ``r`` of ``w`` takes every ``w``-th item of it, so shares may differ
+    by one item (``batch_size`` need not be a multiple of ``w``).
+
+    ``pad_empty`` (training under DDP): every rank yields one batch per global
+    batch, so the ranks' collectives line up. A rank whose share is empty (a
+    short last batch, or fewer items than ranks) gets the global batch's first
+    item as a stand-in, which :meth:`shares` gives zero weight. Without it
+    (evaluation, which counts items) a rank yields its real shares only.
     """
 
-    def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool = True, rank: int = 0, world: int = 1):
+    def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool = True, rank: int = 0, world: int = 1,
+                 pad_empty: bool = False):
+        if batch_size < 1:
+            raise HetpruneError(f"batch_size must be at least 1, got {batch_size}")
         self.n, self.batch_size, self.seed, self.shuffle, self.rank, self.world = n, batch_size, seed, shuffle, rank, world
+        self.pad_empty = pad_empty
 
     def global_batches(self) -> list[list[int]]:
         order = (torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist()
                  if self.shuffle else list(range(self.n)))
         return [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)]
 
+    def shares(self) -> list[tuple[int, int]]:
+        """Per yielded batch, ``(this rank's real items, the global batch's items)``: the weight of this
+        rank's mean loss in the global batch's mean (0 for a stand-in)."""
+        return [(len(b[self.rank::self.world]), len(b)) for b in self.global_batches()
+                if self.pad_empty or b[self.rank::self.world]]
+
     def __iter__(self):
         for batch in self.global_batches():
             mine = batch[self.rank::self.world]
             if mine:
                 yield mine
+            elif self.pad_empty:
+                yield batch[:1]
 
     def __len__(self) -> int:
-        return sum(1 for b in self.global_batches() if b[self.rank::self.world])
+        return len(self.shares())
 
 
 def digits(img_size: int = 16, val_size: int = 450, seed: int = 0, shift: int = 2) -> DataBundle:
@@ -233,14 +251,17 @@ def subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
 
 
 def loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0, workers: int = 0,
-           rank: int = 0, world: int = 1, pin_memory: bool = False) -> DataLoader:
+           rank: int = 0, world: int = 1, pin_memory: bool = False, pad_empty: bool = False) -> DataLoader:
     """Batches of ``dataset`` for one epoch seeded by ``seed`` (this rank's share under torchrun).
 
     ``pin_memory`` (for a CUDA run) puts batches in page-locked memory, so the
-    copy to the GPU can be non-blocking.
+    copy to the GPU can be non-blocking. ``pad_empty``: every rank gets a batch
+    at every step (see :class:`GlobalBatchSampler`; the weights are
+    ``loader.batch_sampler.shares()``).
     """
     set_epoch(dataset, seed)
-    sampler = GlobalBatchSampler(len(dataset), batch_size, seed, shuffle=shuffle, rank=rank, world=world)
+    sampler = GlobalBatchSampler(len(dataset), batch_size, seed, shuffle=shuffle, rank=rank, world=world,
+                                 pad_empty=pad_empty)
     return DataLoader(dataset, batch_sampler=sampler, num_workers=workers, persistent_workers=False,
                       pin_memory=pin_memory)
 

@@ -108,6 +108,17 @@ def optimisation_step(loss: torch.Tensor, optimizers: list, scaler, device: torc
     return True
 
 
+def share_weighted(loss: torch.Tensor, share: int, whole: int, world: int) -> torch.Tensor:
+    """This rank's mean ``loss`` over ``share`` of a global batch of ``whole`` items, weighted so that
+    DDP's gradient average over ``world`` ranks is the single-process gradient of the global batch's mean:
+    ``loss * share / whole * world`` (exactly ``loss`` in a single process). A stand-in item (``share`` 0)
+    weighs nothing and flags nothing: the ranks with real items decide whether the step is taken."""
+    if share == whole and world == 1:
+        return loss
+    weighted = loss * (share * world / whole)
+    return weighted if share else torch.nan_to_num(weighted, nan=0.0, posinf=0.0, neginf=0.0)
+
+
 @torch.inference_mode()
 def evaluate(model: nn.Module, data_loader, device: str | torch.device = "cpu", reduce: bool = False,
              amp: str = "none") -> float:
@@ -211,9 +222,13 @@ def train(
 
     Under torchrun (``distributed`` defaults to whether a process group is
     active) the model is wrapped in DistributedDataParallel and every global
-    batch of ``cfg.batch_size`` items is split across ranks, so the run
-    follows the single-process one; ``distributed=False`` trains this rank's
-    model alone (e.g. one MAP point per rank).
+    batch of ``cfg.batch_size`` items is split across ranks (any batch size:
+    shares may differ by one item). Every rank takes every step, and each
+    rank's loss is weighted by its share of the global batch
+    (:func:`share_weighted`; a rank with no item takes part with weight 0), so
+    the run follows the single-process one up to rounding;
+    ``distributed=False`` trains this rank's model alone (e.g. one MAP point
+    per rank).
 
     ``cfg.amp`` runs the forward passes under autocast (bf16, or fp16 with a
     GradScaler); the loss, KD term included, is computed in fp32 (or wider).
@@ -265,21 +280,22 @@ def train(
         torch.manual_seed(seed)
         epoch_loss, t0 = torch.zeros(2, dtype=torch.float64), time.time()
         batches = loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=cfg.workers, rank=rank,
-                         world=world, pin_memory=device.type == "cuda")
-        for step, (x, y) in enumerate(batches):
+                         world=world, pin_memory=device.type == "cuda", pad_empty=distributed)
+        for step, ((x, y), (share, whole)) in enumerate(zip(batches, batches.batch_sampler.shares())):
             x, y = devices.place((x, y), device)
             loss = forward_loss(net, x, y, cfg, device, amp, teacher)
             try:
-                stepped = optimisation_step(loss, [optimizer], scaler, device, distributed)
+                stepped = optimisation_step(share_weighted(loss, share, whole, world), [optimizer], scaler, device,
+                                            distributed)
             except NonFiniteLoss as exc:
                 where = f"; the last good checkpoint is {_checkpoint_path(folder)}" if folder and epoch else ""
                 raise HetpruneError(f"{desc}: loss became {exc.value} at epoch {epoch + 1}, step {step + 1} "
                                     f"(lr {optimizer.param_groups[0]['lr']:.2e}); stopped{where}. "
                                     "Lower the learning rate or check the data.") from None
             scheduler.step_update(epoch * steps_per_epoch + step + 1)
-            if stepped:   # an fp16 overflow the GradScaler skipped adds no inf to the epoch's loss
-                epoch_loss[0] += loss.item() * y.numel()
-                epoch_loss[1] += y.numel()
+            if stepped and share:   # an fp16 overflow the GradScaler skipped adds no inf to the epoch's loss
+                epoch_loss[0] += loss.item() * share
+                epoch_loss[1] += share
         if distributed:
             epoch_loss = dist.sum_tensor(epoch_loss.to(device)).cpu()
         metrics = {"epoch": epoch + 1, "loss": float(epoch_loss[0] / max(1.0, float(epoch_loss[1]))),
