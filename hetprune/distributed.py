@@ -3,17 +3,23 @@ operations the pipeline needs. Outside torchrun every helper is a no-op, so
 the single-process path has no distributed code in its way.
 
 Conventions: rank 0 alone writes files and prints progress; a decision made
-on one rank (chosen sites, a fitted allocation) is broadcast from rank 0.
+on one rank (chosen sites, a fitted allocation) is broadcast from rank 0, and
+so is every plan computed from measured costs (:func:`on_main`), so noisy
+timings cannot give the ranks different plans.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from .errors import HetpruneError
+
+T = TypeVar("T")
 
 
 def init_from_env(device: str | torch.device = "cpu") -> bool:
@@ -64,6 +70,27 @@ def broadcast(obj: Any) -> Any:
     box = [obj if is_main() else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def on_main(fn: Callable[[], T]) -> T:
+    """``fn()`` computed on rank 0 alone and broadcast, so every rank plans from the same inputs.
+
+    Every rank must call it at the same point. An error on rank 0 reaches the
+    other ranks as one, instead of leaving them waiting in the broadcast.
+    """
+    if not active():
+        return fn()
+    outcome = None
+    if is_main():
+        try:
+            outcome = (True, fn())
+        except BaseException as exc:
+            broadcast((False, f"{type(exc).__name__}: {exc}"))
+            raise
+    ok, value = broadcast(outcome)
+    if not ok:
+        raise HetpruneError(f"rank 0 failed while planning for every rank: {value}")
+    return value
 
 
 def broadcast_module(module: torch.nn.Module) -> None:

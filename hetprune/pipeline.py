@@ -144,10 +144,13 @@ class PruneJob:
             prepare(models, self.example if example is None else example)
 
     def feasible_pairs(self) -> list[tuple[int, int]]:
+        """The splits ``(n_attn, n_act)`` that meet the budget. Under torchrun rank 0 finds them and every
+        rank receives them (a measured cost differs between ranks); every rank must call this together."""
         merge = bool(self.settings.get("mergers"))
         counted = self.budget.counts_cost
-        return feasible_pairs(self.dense, self.budget, self.example, merge=merge,
-                              cost=self.cost if counted else None, prepare=self.prepare_costs if counted else None)
+        return dist.on_main(lambda: feasible_pairs(
+            self.dense, self.budget, self.example, merge=merge,
+            cost=self.cost if counted else None, prepare=self.prepare_costs if counted else None))
 
 
 @dataclass

@@ -167,7 +167,7 @@ class HetDPT(DepthStrategy):
         """
         store = PointStore(job.shared_dir / "map-points.jsonl", self.points_key(job))
         have = store.load()
-        todo = [p for p in plan if p not in have]
+        todo = dist.on_main(lambda: [p for p in plan if p not in have])
         if have and todo != plan:
             job.log(f"[hetdpt] reusing {len(plan) - len(todo)} measured MAP points from {store.path}")
         mine = todo[dist.rank()::dist.world()]
@@ -178,9 +178,10 @@ class HetDPT(DepthStrategy):
             section = self.point_schedule(job)
             made = {"point_finetune": section, "schedule": job.settings[section]}
         orders = None
+        if todo and not gradual:   # scored on rank 0 (scores may differ between ranks), used by every rank
+            limits = {"attn": max(p[0] for p in plan), "act": max(p[1] for p in plan)}
+            orders = dist.on_main(lambda: self.removal_orders(job, limits))
         for i, (a, m) in enumerate(mine, 1):
-            if orders is None and not gradual:
-                orders = self.removal_orders(job, {"attn": max(p[0] for p in plan), "act": max(p[1] for p in plan)})
             t0 = time.time()
             model, chosen = self.measure_point(job, a, m, orders)
             # this rank's own model: evaluated on the whole val set here, not shared across ranks
@@ -225,15 +226,16 @@ class HetDPT(DepthStrategy):
         return refine
 
     def allocate(self, job: PruneJob):
-        pairs = job.feasible_pairs()
-        plan = self.point_plan(job, pairs)
+        pairs = job.feasible_pairs()   # rank 0's, like every plan below: each rank measures its share of one plan
+        plan = dist.on_main(lambda: self.point_plan(job, pairs))
         predictor = self.predictor_for(job, plan)
         refine = self.refine_rounds(job.settings)
         points = self.collect_points(job, plan)
         predicted = self.fit(predictor, points, pairs)
         rounds = []
         for r in range(refine):
-            new = self.refinement_pairs(pairs, predicted, {(p["n_attn"], p["n_act"]) for p in points})
+            new = dist.on_main(lambda: self.refinement_pairs(pairs, predicted,
+                                                             {(p["n_attn"], p["n_act"]) for p in points}))
             if not new:
                 break
             job.log(f"[hetdpt] refinement {r + 1}/{refine}: measuring {', '.join(f'{a}+{m}' for a, m in new)}")
