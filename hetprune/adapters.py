@@ -2,8 +2,10 @@
 
 The rest of hetprune asks the adapter of a model and never names a block
 attribute itself. An adapter is a component registered through the
-``register_architectures`` hook (built-ins: the ``timm`` plugin); the first
-registered adapter whose :meth:`Adapter.matches` accepts a model serves it.
+``register_architectures`` hook (built-ins: the ``timm`` plugin); of the
+adapters whose :meth:`Adapter.matches` accepts a model, the most specific
+serves it, whatever the order they were registered in (:func:`adapter_for`
+says how specificity is judged).
 
 Most ViT families are pre-norm: ``x + s1·attn(norm1(x))`` then
 ``x + s2·mlp(norm2(x))``. :class:`PreNormAdapter` implements every operation
@@ -65,6 +67,19 @@ class Adapter:
     supports = {"depth": True, "merge": True, "width": False}
     #: ``ModelSpec.library`` values this adapter can build (``build``); timm is built by the core
     library: str | None = None
+    #: declared precedence: of the adapters that match a model, one of higher priority always serves it
+    priority = 0
+
+    def specificity(self, model: nn.Module) -> tuple:
+        """How specifically this adapter serves ``model``, compared as a tuple (larger wins; see
+        :func:`adapter_for`): its ``priority``, then how near the model's class is to the nearest of its
+        ``model_types``, then how near the farthest block's class is to the nearest of its ``block_types``
+        (0: the class itself, -1: its parent, ...; no types declared: farthest of all)."""
+        model_types = tuple(getattr(self, "model_types", ()) or ())
+        block_types = tuple(getattr(self, "block_types", ()) or ())
+        blocks = [_original_class(b) for b in self.blocks(model)] if block_types else []
+        return (self.priority, -_distance(type(model), model_types),
+                -max((_distance(c, block_types) for c in blocks if c is not None), default=0))
 
     # -- recognising a model ------------------------------------------------------
     def matches(self, model: nn.Module) -> bool:
@@ -104,7 +119,7 @@ class Adapter:
         raise NotImplementedError
 
     def drop_block(self, model: nn.Module, block: int) -> None:
-        self.set_block(model, block, DroppedBlock())
+        self.set_block(model, block, _replacing(DroppedBlock(), self.blocks(model)[block]))
 
     def linear_mlp(self, model: nn.Module, block: int) -> nn.Module | None:
         """Block ``block``'s MLP when removal made it linear (``fc1``, ``fc2``, no norm between), else None."""
@@ -182,6 +197,27 @@ class Adapter:
 
     def build(self, name: str, kwargs: dict) -> nn.Module:
         raise HetpruneError(f"the {self.name} adapter cannot build models")
+
+
+def _distance(cls: type, types: tuple) -> float:
+    """How far up ``cls``'s MRO the nearest of ``types`` is (0: ``cls`` itself); infinite when none is."""
+    mro = cls.__mro__
+    found = [mro.index(t) for t in types if t in mro]
+    return min(found) if found else float("inf")
+
+
+def _replacing(new: nn.Module, old: nn.Module) -> nn.Module:
+    """``new`` (a block with a site removed, or dropped) remembers the class of the block it replaces, so the
+    adapter for that class stays the most specific one for the pruned model too."""
+    new.replaced_type = _original_class(old)
+    return new
+
+
+def _original_class(block: nn.Module) -> type | None:
+    """The family's class of a block (for a HetBlock or DroppedBlock: the block it replaced, None if unknown)."""
+    if isinstance(block, (HetBlock, DroppedBlock)):
+        return getattr(block, "replaced_type", None)
+    return type(block)
 
 
 def _linear_weights(module: nn.Module) -> list[torch.Tensor]:
@@ -264,7 +300,7 @@ class PreNormAdapter(Adapter):
 
     def remove_attention(self, model, block, mode):
         b = self._block(model, block)
-        self.set_block(model, block, HetBlock(b, self.layout_of(b), mode))
+        self.set_block(model, block, _replacing(HetBlock(b, self.layout_of(b), mode), b))
 
     def remove_activation(self, model, block):
         b = self._block(model, block)
@@ -418,21 +454,43 @@ def adapters() -> list[Adapter]:
 
 
 def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter that serves ``model``; one ``error:`` line when none does."""
+    """The adapter that serves ``model``: the most specific of those whose ``matches`` accepts it.
+
+    Specificity (:meth:`Adapter.specificity`) is compared in order: a higher declared ``priority`` wins;
+    then the adapter whose ``model_types`` holds the nearest ancestor of the model's class (the class
+    itself beats its parent: an adapter for a subclass of ``VisionTransformer`` beats the one for
+    ``VisionTransformer``); then the one whose ``block_types`` is nearest to the blocks' classes (an adapter
+    for a subclass of timm's ``Block`` beats the generic one). Registration order never decides: two
+    equally specific adapters are an error naming both. One ``error:`` line when none matches.
+    """
     from .plugins import get_registry
 
     registry = get_registry()
     hit = _cache.get(model)
     if hit is not None and hit[0] == id(registry):
         return hit[1]
-    found = next((a for a in registry.adapters() if a.matches(model)), None)
-    if found is None:
+    matching = [a for a in registry.adapters() if a.matches(model)]
+    if not matching:
         known = "; ".join(f"{a.name} ({a.description})" for a in registry.adapters()) or "(none registered)"
         raise HetpruneError(f"no architecture adapter recognises {type(model).__name__}: supported families are "
                             f"{known}. A new family is one adapter: see {DOCS}")
+    found = most_specific(matching, model)
     found.check(model)
     _cache[model] = (id(registry), found)
     return found
+
+
+def most_specific(matching: list[Adapter], model: nn.Module) -> Adapter:
+    """The one adapter of ``matching`` that is most specific for ``model``; a tie is an error naming the tied."""
+    ranked = [(a.specificity(model), a) for a in matching]
+    best = max(rank for rank, _ in ranked)
+    tied = [a for rank, a in ranked if rank == best]
+    if len(tied) > 1:
+        raise HetpruneError(f"architecture adapters {' and '.join(repr(a.name) for a in tied)} both match "
+                            f"{type(model).__name__} equally specifically (priority, model type, block type: "
+                            f"{best}); give one a higher 'priority', narrow its model_types/block_types, or "
+                            "restrict HETPRUNE_PLUGINS")
+    return tied[0]
 
 
 def adapter_named(name: str) -> Adapter:

@@ -484,6 +484,83 @@ def check_reloads(model: nn.Module, recipe, example: torch.Tensor, tol: float = 
                         "the recipe does not describe the model")
 
 
+# -- architecture adapters: asked wherever a model is read, so each rule is cheap -------------------------
+
+def architecture_matches(component, call, model, *args, **kwargs):
+    value = call(model, *args, **kwargs)
+    if not isinstance(value, bool):
+        raise Violation(f"matches() returned {value!r} ({type_name(value)}); it must return True or False")
+    return value
+
+
+def architecture_specificity(component, call, model, *args, **kwargs):
+    value = call(model, *args, **kwargs)
+    if not isinstance(value, tuple) or not all(is_number(v) for v in value):
+        raise Violation(f"specificity() returned {value!r}; it must return a tuple of numbers (larger: more "
+                        "specific), as hetprune.adapters.Adapter.specificity does")
+    return value
+
+
+def architecture_blocks(component, call, model, *args, **kwargs):
+    from torch import nn
+
+    blocks = call(model, *args, **kwargs)
+    if not isinstance(blocks, list) or not all(isinstance(b, nn.Module) for b in blocks):
+        raise Violation(f"blocks() returned a {type_name(blocks)}; it must return a list of the model's blocks "
+                        "(torch modules), in the order of the sites")
+    return blocks
+
+
+def architecture_block_slots(component, call, model, *args, **kwargs):
+    from torch import nn
+
+    slots = call(model, *args, **kwargs)
+    good = isinstance(slots, list) and all(
+        isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], nn.Module) and isinstance(s[1], str)
+        and isinstance(getattr(s[0], s[1], None), nn.Module) for s in slots)
+    if not good:
+        raise Violation(f"block_slots() returned {slots!r:.200}; it must return a list of (parent module, child "
+                        "name) pairs, each naming one block of the model")
+    return slots
+
+
+def architecture_max_removals(component, call, model, *args, **kwargs):
+    limits = call(model, *args, **kwargs)
+    n = len(component.block_slots(model))
+    whole = isinstance(limits, dict) and set(limits) == {"attn", "act"} and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= n for v in limits.values())
+    if not whole:
+        raise Violation(f"max_removals() returned {limits!r}; it must return {{'attn': a, 'act': m}} with whole "
+                        f"numbers from 0 to the model's {n} blocks")
+    return limits
+
+
+def architecture_removed(component, call, model, block, kind, *args, **kwargs):
+    value = call(model, block, kind, *args, **kwargs)
+    if not isinstance(value, bool):
+        raise Violation(f"removed({block}, {kind!r}) returned {value!r} ({type_name(value)}); it must return True "
+                        "or False")
+    return value
+
+
+def architecture_attn_mode(component, call, model, block, *args, **kwargs):
+    from .layers import ATTN_MODES
+
+    mode = call(model, block, *args, **kwargs)
+    if mode is not None and mode not in ATTN_MODES:
+        raise Violation(f"attn_mode({block}) returned {mode!r}; it must return None (attention present) or one of "
+                        f"{', '.join(ATTN_MODES)}")
+    return mode
+
+
+def architecture_arch(component, call, model, *args, **kwargs):
+    facts = call(model, *args, **kwargs)
+    if not isinstance(facts, dict) or not all(isinstance(k, str) for k in facts):
+        raise Violation(f"arch() returned {facts!r}; it must return a dict of shape facts (depth, embed_dim, ...)")
+    jsonable(facts, "arch()")
+    return facts
+
+
 def tolerance_of(merger) -> float:
     """A merger's declared ``tolerance`` (relative output error), or the default."""
     tol = getattr(merger, "tolerance", DEFAULT_MERGE_TOLERANCE)
@@ -500,6 +577,10 @@ RULES: dict[str, dict[str, Callable]] = {
     "strategy": {"run": strategy_run},
     "width_pruner": {"prune": width_pruner_prune},
     "cost_model": {"cost": cost_model_cost, "measure": cost_model_measure},
+    "architecture": {"matches": architecture_matches, "specificity": architecture_specificity,
+                     "blocks": architecture_blocks, "block_slots": architecture_block_slots,
+                     "max_removals": architecture_max_removals, "removed": architecture_removed,
+                     "attn_mode": architecture_attn_mode, "arch": architecture_arch},
 }
 
 

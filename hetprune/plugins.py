@@ -114,9 +114,10 @@ class Registry:
         self._by_kind[kind][name] = Component(kind, name, factory, plugin)
 
     def adapters(self) -> list:
-        """One instance of every registered architecture adapter, in registration order."""
+        """One instance of every registered architecture adapter, in registration order, each checked against
+        the plugin contract like every other component (:meth:`build`)."""
         if self._adapters is None:
-            self._adapters = [comp.build() for comp in self._by_kind["architecture"].values()]
+            self._adapters = [self.build("architecture", name) for name in self._by_kind["architecture"]]
         return self._adapters
 
     def names(self, kind: str) -> list[str]:

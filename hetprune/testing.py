@@ -405,7 +405,7 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, *
         plugins.register_plugin(SimpleNamespace(register_architectures=hookimpl(lambda register: register(cls))),
                                 name=name)
     try:
-        if type(adapter_for(base)) is not cls:
+        if type(contract.unwrap(adapter_for(base))) is not cls:
             c.fail(f"another adapter ({adapter_for(base).name}) already claims {type(base).__name__}")
         c.rule(lambda: _architecture_rules(base, spec, rebuild))
     except HetpruneError as exc:

@@ -610,3 +610,28 @@ def test_a_result_is_run_on_the_example_in_the_models_own_dtype():
     with torch.no_grad():   # the model returned is unchanged: still float64
         assert model(example.double()).dtype == torch.float64
 
+
+# -- architecture adapters are checked like every other component (issue 26, item 10) -----------------------
+
+def _preferred(name_: str, **methods):
+    """A timm-vit adapter of higher priority (so it serves the tiny ViT) with some methods broken."""
+    from hetprune_timm.vit import TimmViT
+
+    return type("Broken_" + name_.replace("-", "_"), (TimmViT,), {"name": name_, "priority": 1, **methods})
+
+
+@pytest.mark.parametrize("cls, call, expected", [
+    (_preferred("tuple-blocks", blocks=lambda self, model: tuple(model.blocks)),
+     lambda model: surgery.dropped_blocks(model), r"blocks\(\) returned a tuple; it must return a list"),
+    (_preferred("maybe-matches", matches=lambda self, model: 1),
+     lambda model: hetprune.sites(model), r"matches\(\) returned 1 \(int\); it must return True or False"),
+    (_preferred("greedy-limits", max_removals=lambda self, model: {"attn": 9, "act": 4}),
+     lambda model: hetprune.budget.max_per_kind(model), r"max_removals\(\) returned \{'attn': 9, 'act': 4\}"),
+])
+def test_a_broken_adapter_is_caught_by_the_contract_naming_it(cls, call, expected, tiny_model):
+    hetprune.register_plugin(PluginOf("register_architectures", cls), name="broken")
+    with pytest.raises(PluginError, match=expected) as info:
+        call(tiny_model)
+    assert (info.value.plugin, info.value.kind, info.value.component) == ("broken", "architecture", cls.name)
+    assert str(info.value).startswith(f"plugin 'broken' (registered in code, no version): architecture "
+                                      f"'{cls.name}' broke the plugin contract")

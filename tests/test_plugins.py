@@ -514,3 +514,71 @@ def test_docs_strategy_example_allocates_two_thirds_to_attention():
     assert strategy.allocate(Job()) == ((4, 2), {"rule": "2/3 attention"})
 
 
+
+
+# -- which adapter serves a model: the most specific, never the first registered (issue 26, item 10) ---------
+
+def _block_subclass_model():
+    """The tiny ViT with its blocks of a subclass of timm's Block (a family a plugin serves better)."""
+    from hetprune.testing import tiny_model
+    from timm.models.vision_transformer import Block
+
+    class TunedBlock(Block):
+        pass
+
+    model = tiny_model()
+    for block in model.blocks:
+        block.__class__ = TunedBlock
+    return model, TunedBlock
+
+
+def _adapter(name_: str, **attrs):
+    from hetprune_timm.vit import TimmViT
+
+    return type("Adapter_" + name_.replace("-", "_"), (TimmViT,), {"name": name_, **attrs})
+
+
+def test_an_adapter_for_a_block_subclass_beats_the_generic_one_registered_before_it():
+    from hetprune.adapters import adapter_for
+    from hetprune.testing import tiny_model
+
+    model, tuned = _block_subclass_model()
+    # the generic timm-vit comes first (an entry point); the specific adapter is registered after it
+    hetprune.register_plugin(PluginOf("register_architectures", _adapter("tuned-vit", block_types=(tuned,))),
+                             name="tuned")
+    assert [a.name for a in plugins.get_registry().adapters()][-1] == "tuned-vit"
+    assert adapter_for(model).name == "tuned-vit"
+    assert adapter_for(tiny_model()).name == "timm-vit"   # plain blocks: the generic one is the nearer
+
+
+def test_the_specific_adapter_still_serves_a_copy_whose_blocks_all_lost_their_attention():
+    import copy
+
+    from hetprune import surgery
+    from hetprune.adapters import adapter_for
+
+    model, tuned = _block_subclass_model()
+    hetprune.register_plugin(PluginOf("register_architectures", _adapter("tuned-vit", block_types=(tuned,))),
+                             name="tuned")
+    for b in range(len(model.blocks)):
+        surgery.remove_attention(model, b)
+    assert adapter_for(copy.deepcopy(model)).name == "tuned-vit"
+
+
+def test_a_declared_priority_beats_a_nearer_type():
+    from hetprune.adapters import adapter_for
+    from hetprune.testing import tiny_model
+
+    hetprune.register_plugin(PluginOf("register_architectures", _adapter("preferred-vit", priority=1)),
+                             name="preferred")
+    assert adapter_for(tiny_model()).name == "preferred-vit"
+
+
+def test_two_equally_specific_adapters_are_an_error_naming_both():
+    from hetprune.adapters import adapter_for
+    from hetprune.testing import tiny_model
+
+    hetprune.register_plugin(PluginOf("register_architectures", _adapter("twin-vit")), name="twin")
+    with pytest.raises(HetpruneError, match="adapters 'timm-vit' and 'twin-vit' both match VisionTransformer "
+                                            "equally specifically"):
+        adapter_for(tiny_model())
