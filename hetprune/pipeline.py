@@ -441,7 +441,7 @@ class DepthStrategy:
             return {}, {}
         merge = bool(job.settings.get("mergers"))
         example = job.example
-        dense = _on_main(lambda: job.cost(job.dense, example))
+        dense = dist.on_main(lambda: job.cost(job.dense, example))
         limit = job.budget.limit(dense)
 
         def status() -> tuple[float, list[str]]:
@@ -449,7 +449,7 @@ class DepthStrategy:
             kinds = kinds_by_saving(model, example, merge, job.cost, job.prepare_costs) if reached > limit else []
             return reached, kinds
 
-        reached, kinds = _on_main(status)
+        reached, kinds = dist.on_main(status)
         planned, added, records = reached, [], {}
         while reached > limit and kinds:
             more = next((found for kind in kinds
@@ -459,7 +459,7 @@ class DepthStrategy:
                 break
             records.update(self.remove(job, model, more) or {})
             added += more
-            reached, kinds = _on_main(status)
+            reached, kinds = dist.on_main(status)
         met = reached <= limit
         unit = getattr(job.cost_model, "unit", "")
         if added:
@@ -471,11 +471,6 @@ class DepthStrategy:
         return records, {"budget_met": met, "budget_check": {
             "model": job.cost_model_name, "unit": unit, "limit": limit, "reached": reached,
             "reached_as_planned": planned, "added_sites": [str(s) for s in added]}}
-
-
-def _on_main(fn):
-    """``fn()`` on rank 0, received by every rank (a measured cost differs between ranks)."""
-    return dist.broadcast(fn() if dist.is_main() else None)
 
 
 def allocation(value) -> tuple[tuple[int, int], dict]:
