@@ -150,9 +150,28 @@ def input_shape_of(model) -> tuple[int, int, int]:
                                                                                 "in_channels"):
         return (pe.proj.in_channels, *pe.img_size)
     cfg = getattr(model, "pretrained_cfg", None) or {}
-    if "input_size" in cfg:
-        return tuple(cfg["input_size"])
+    if "input_size" in cfg:  # build() writes the kwargs' img_size/in_chans here (NaFlexViT keeps no img_size)
+        channels, height, width = cfg["input_size"]
+        own = getattr(model, "in_chans", None)  # a model timm built outside build() still knows its channels
+        return (own if isinstance(own, int) else channels, height, width)
     raise HetpruneError("cannot tell this model's input size (no patch_embed.img_size or pretrained_cfg)")
+
+
+def _record_input_size(model: nn.Module, kwargs: dict) -> nn.Module:
+    """The kwargs' ``img_size``/``in_chans`` in the model's pretrained_cfg, which otherwise keeps the default
+    config's (a NaFlexViT built with ``img_size=16, in_chans=1`` said ``(3, 384, 384)``: it keeps no img_size)."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    size, chans = kwargs.get("img_size"), kwargs.get("in_chans")
+    if not isinstance(cfg, dict) or len(cfg.get("input_size") or ()) != 3 or (size is None and chans is None):
+        return model
+    channels, height, width = cfg["input_size"]
+    if size is not None:
+        height, width = (size, size) if isinstance(size, int) else size
+    cfg = {**cfg, "input_size": (int(chans if chans is not None else channels), int(height), int(width))}
+    if size is not None:
+        cfg.pop("test_input_size", None)  # the default config's test size, not this model's
+    model.pretrained_cfg = model.default_cfg = cfg
+    return model
 
 
 def build(spec: ModelSpec, pretrained: bool = False) -> nn.Module:
@@ -172,7 +191,7 @@ def build(spec: ModelSpec, pretrained: bool = False) -> nn.Module:
                 "pass --checkpoint FILE with weights you have instead"
             ) from exc
         raise
-    return model.eval()
+    return _record_input_size(model, spec.kwargs).eval()
 
 
 def _build_elsewhere(spec: ModelSpec, pretrained: bool) -> nn.Module:
