@@ -39,10 +39,31 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "eva02-swiglu-norm": ("timm-eva", "eva02_tiny_patch14_224", dict(patch_size=4, embed_dim=32, depth=3,
                                                                     num_heads=2, scale_mlp=True)),
     "vit-rope": ("timm-eva", "vit_small_patch16_rope_224", dict(patch_size=4, embed_dim=32, depth=3, num_heads=2)),
+    # EVA with LayerScale: bare gamma_1/gamma_2 parameters (its example_spec has none)
+    "eva02-layerscale": ("timm-eva", "eva02_tiny_patch14_224", dict(patch_size=4, embed_dim=32, depth=3,
+                                                                   num_heads=2, init_values=0.5)),
+    # differential attention (timm's DiffAttention: two softmax maps, two SDPA calls), register token, GAP
+    "vit-diff-attn": ("timm-vit", "vit_dwee_patch16_reg1_gap_256", dict(patch_size=4, embed_dim=32, depth=3,
+                                                                        num_heads=2)),
+    # SigLIP: no class token, the attention-pool head (global_pool='map'), itself an attention with an MLP
+    "siglip-map": ("timm-vit", "vit_base_patch16_siglip_224", dict(patch_size=4, embed_dim=32, depth=3,
+                                                                  num_heads=2)),
+    # the same models, attention removed as the reference release does it: the branch becomes norm1(x)
+    "vit-ln-residual": example_of(TimmViT),
+    "eva02-layerscale-ln-residual": ("timm-eva", "eva02_tiny_patch14_224", dict(patch_size=4, embed_dim=32, depth=3,
+                                                                               num_heads=2, init_values=0.5)),
     "swin": example_of(TimmSwin),
     # outside timm: built from a transformers ViTConfig by the hf-vit adapter (plugin hetprune_hf)
     "hf-vit": example_of(HFViTAdapter),
 }
+
+
+# how a family's attention sites are removed (surgery.ATTN_MODES); "identity" where not named
+ATTN_MODE = {"vit-ln-residual": "ln-residual", "eva02-layerscale-ln-residual": "ln-residual"}
+
+
+def attn_mode(key: str) -> str:
+    return ATTN_MODE.get(key, "identity")
 
 
 def spec(key: str) -> ModelSpec:

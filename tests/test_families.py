@@ -17,8 +17,9 @@ from hetprune import HetpruneError, Site, surgery
 from hetprune.adapters import adapter_for
 from hetprune.cli import main
 from hetprune.costs import count_macs
+from hetprune.models import input_shape_of
 from hetprune.recipe import apply_recipe, arch_of, recipe_from_model
-from families import FAMILIES, cli_name, example, make, spec
+from families import FAMILIES, attn_mode, cli_name, example, make, spec
 
 KEYS = sorted(FAMILIES)
 TOL = {torch.float32: 2e-5, torch.float64: 1e-11}
@@ -30,9 +31,12 @@ def removal_plan(model) -> list[Site]:
     return [Site(0, "attn"), Site(0, "act"), Site(1, "act"), Site(last, "attn")]
 
 
-def remove(model, plan):
+def remove(model, plan, mode="identity"):
     for site in plan:
-        (surgery.remove_attention if site.kind == "attn" else surgery.remove_activation)(model, site.block)
+        if site.kind == "attn":
+            surgery.remove_attention(model, site.block, mode)
+        else:
+            surgery.remove_activation(model, site.block)
     return model
 
 
@@ -49,6 +53,15 @@ def test_the_family_is_served_by_its_adapter_with_two_sites_per_block(key):
     assert hetprune.sites(model) == [Site(i, k) for i in range(n) for k in ("attn", "act")]
 
 
+@pytest.mark.parametrize("key", KEYS)
+def test_the_input_shape_is_the_one_the_model_was_built_for(key):
+    """Every family is built for 1 x 16 x 16 digits, whatever timm's pretrained config says (a NaFlexViT keeps
+    no img_size of its own: it said (3, 384, 384), and examples, data transforms and exports used that)."""
+    model = make(key)
+    assert input_shape_of(model) == (1, 16, 16)
+    assert model(torch.randn(2, *input_shape_of(model))).shape == (2, 10)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 @pytest.mark.parametrize("key", KEYS)
 def test_removal_equals_the_functional_reference(key, dtype):
@@ -56,10 +69,11 @@ def test_removal_equals_the_functional_reference(key, dtype):
     model, x = make(key, dtype), example(dtype=dtype)
     plan = removal_plan(model)
     dense = model(x)
-    with surgery.functional_reference(model, plan):
+    with surgery.functional_reference(model, plan, attn_mode(key)):
         reference = model(x)
     assert rel_err(dense, reference) > 1e-3  # the plan changes the function: the comparison means something
-    pruned = remove(copy.deepcopy(model), plan)
+    pruned = remove(copy.deepcopy(model), plan, attn_mode(key))
+    assert {surgery.attn_mode_of(pruned, s.block) for s in plan if s.kind == "attn"} == {attn_mode(key)}
     assert rel_err(pruned(x), reference) < TOL[dtype]
     assert [s for s in plan if not surgery.site_removed(pruned, s)] == []
     assert len(hetprune.sites(pruned)) == len(hetprune.sites(model)) - len(plan)
@@ -69,7 +83,7 @@ def test_removal_equals_the_functional_reference(key, dtype):
 @pytest.mark.parametrize("key", KEYS)
 def test_merge_is_exact_and_only_where_the_mlp_is_linear(key, dtype):
     model, x = make(key, dtype), example(dtype=dtype)
-    pruned = remove(copy.deepcopy(model), removal_plan(model))
+    pruned = remove(copy.deepcopy(model), removal_plan(model), attn_mode(key))
     before = pruned(x)
     merged = surgery.merge_all(pruned, fold_norm=True)
     has_inner_norm = key.endswith("-norm")  # SwiGLU with a norm after the gate: fc2(norm(u(x))) is not linear
@@ -82,13 +96,14 @@ def test_merge_is_exact_and_only_where_the_mlp_is_linear(key, dtype):
 @pytest.mark.parametrize("key", KEYS)
 def test_saved_model_reloads_bit_identical_and_the_recipe_applies_to_the_same_weights(key, tmp_path):
     model, x = make(key), example()
-    pruned = remove(copy.deepcopy(model), removal_plan(model))
+    pruned = remove(copy.deepcopy(model), removal_plan(model), attn_mode(key))
     surgery.merge_all(pruned)
     recipe = recipe_from_model(pruned, spec(key), arch_of(model))
     assert recipe.adapter == FAMILIES[key][0]
     hetprune.save(tmp_path / "m", pruned, recipe)
     loaded = hetprune.load(tmp_path / "m")
     assert torch.equal(loaded(x), pruned(x))
+    assert input_shape_of(loaded) == input_shape_of(model)  # the rebuilt base keeps its kwargs' shape
     replayed = apply_recipe(copy.deepcopy(model), recipe)
     assert rel_err(replayed(x), pruned(x)) < 1e-5
 
@@ -104,7 +119,7 @@ def flop_counter_macs(model, x) -> float:
 def test_macs_equal_the_flop_counter_dense_and_pruned(key):
     """FlopCounterMode sees every matmul under the math SDPA backend (windows, class attention included)."""
     model, x = make(key), example(2)
-    pruned = remove(copy.deepcopy(model), removal_plan(model))
+    pruned = remove(copy.deepcopy(model), removal_plan(model), attn_mode(key))
     surgery.merge_all(pruned)
     dense_macs, pruned_macs = count_macs(model, x), count_macs(pruned, x)
     assert dense_macs == flop_counter_macs(model, x)
