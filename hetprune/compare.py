@@ -28,6 +28,7 @@ from .budget import Budget
 from .cache import fingerprint
 from .errors import HetpruneError
 from .io import write_json_atomic, write_text_atomic
+from . import result_checks  # noqa: F401 - adds the strategy rule: every row's result is checked
 from .pipeline import PruneJob
 from .plugins import Registry
 

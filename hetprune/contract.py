@@ -4,8 +4,13 @@ and turns a broken promise or an exception from plugin code into a
 :class:`~hetprune.errors.PluginError` naming the plugin, the component, the
 stage and what was wrong.
 
-The rules live here once, as functions per kind and method (:data:`RULES`);
-``hetprune.testing`` runs the same rules, plus deeper ones, on tiny models.
+The rules live once, as functions per kind and method in :data:`RULES`: here
+those that need no model surgery (predictors, cost models, adapters), in
+:mod:`hetprune.model_checks` those that run a model (scorers, removers,
+mergers, width pruners) and in :mod:`hetprune.result_checks` the strategy's;
+those two add themselves from above, so this module and the registry stay at
+the bottom of the import layers. ``hetprune.testing`` runs the same rules,
+plus deeper ones, on tiny models.
 Exceptions raised by hetprune's own code (the core, or a built-in plugin) are
 hetprune's bugs and pass through unchanged, traceback and all.
 """
@@ -13,7 +18,6 @@ hetprune's bugs and pass through unchanged, traceback and all.
 from __future__ import annotations
 
 import contextvars
-import copy
 import json
 import math
 import numbers
@@ -23,16 +27,12 @@ import traceback
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+from .config import ATTN_MODES
 from .errors import HetpruneError, PluginError
 
-if TYPE_CHECKING:  # torch is imported where a rule runs, so loading plugins stays light
-    import torch
-    from torch import nn
 
-DEFAULT_MERGE_TOLERANCE = 1e-4   # a merger's ``tolerance`` unless it declares one: relative output error
-RELOAD_TOLERANCE = 1e-5          # a reloaded result against the model the strategy returned (relative)
 
 
 class Violation(Exception):
@@ -136,79 +136,11 @@ def type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def example_input(model: nn.Module, n: int = 2, seed: int = 0) -> torch.Tensor:
-    """A few seeded random images of the model's input shape, dtype and device (HetpruneError if unknown)."""
-    import torch
-
-    from .models import input_shape_of
-
-    param = next(model.parameters())
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(n, *input_shape_of(model), generator=gen).to(param.device, param.dtype)
-
-
-def outputs(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model's outputs in eval mode, without gradients (its train/eval mode is restored)."""
-    import torch
-
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            return model(x)
-    finally:
-        model.train(was_training)
-
-
-def relative_error(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    """max |reference - candidate| / max |reference|: the scale-free error a tolerance bounds."""
-    scale = reference.abs().max().clamp_min(1e-12)
-    return float(((reference - candidate).abs().max() / scale).item())
-
-
-def runs(model: nn.Module, x: torch.Tensor, after: str, shape: torch.Size | None = None) -> torch.Tensor:
-    """The outputs of ``model`` on ``x``, or a :class:`Violation` saying it no longer runs."""
-    import torch
-
-    try:
-        y = outputs(model, x)
-    except Exception as exc:  # whatever the broken model raises is the finding
-        raise Violation(f"the model no longer runs after {after}: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(y, torch.Tensor):
-        raise Violation(f"the model returns a {type_name(y)} after {after}, not a tensor")
-    if shape is not None and y.shape != shape:
-        raise Violation(f"the model's output shape changed from {tuple(shape)} to {tuple(y.shape)} after {after}")
-    if not torch.isfinite(y).all():
-        raise Violation(f"the model's outputs are not finite after {after}")
-    return y
-
-
-def sites_of(model: nn.Module) -> set:
-    """The sites present before a call (a model hetprune cannot read is the caller's error, not the plugin's)."""
-    from .sites import sites
-
-    return set(sites(model))
-
-
-def present_sites(model: nn.Module, after: str) -> set:
-    """The sites still present after a call; a model hetprune can no longer read is a violation."""
-    from .sites import sites
-
-    try:
-        return set(sites(model))
-    except HetpruneError as exc:
-        raise Violation(f"the model is no longer a ViT hetprune can read after {after}: {exc}") from exc
-
-
 def jsonable(value: Any, what: str) -> None:
     try:
         json.dumps(value)
     except (TypeError, ValueError) as exc:
         raise Violation(f"{what} must be JSON-serialisable (it goes into report.json): {exc}") from exc
-
-
-def _sites_text(items) -> str:
-    return ", ".join(sorted(str(s) for s in items)) or "none"
 
 
 # -- the rules, one function per contract method ----------------------------------------------------
@@ -299,101 +231,6 @@ def predictor_fit_report(component, call, *args, **kwargs):
     return report
 
 
-def scorer_score(component, call, model, sites, ctx, *args, **kwargs):
-    from torch import nn
-
-    candidates = list(sites)
-    before = sites_of(model) if isinstance(model, nn.Module) else None
-    scores = call(model, candidates, ctx, *args, **kwargs)
-    if not isinstance(scores, dict):
-        raise Violation(f"score() returned a {type_name(scores)}; it must return a dict {{Site: float}}")
-    missing, extra = set(candidates) - set(scores), set(scores) - set(candidates)
-    if missing or extra:
-        raise Violation(f"score() must give exactly one score per candidate site; missing: {_sites_text(missing)}; "
-                        f"not candidates: {_sites_text(extra)}")
-    for site, value in scores.items():
-        if not is_number(value):
-            raise Violation(f"score() gave {site} a {type_name(value)} ({value!r}); scores must be finite numbers")
-        if not math.isfinite(value):
-            raise Violation(f"score() gave {site} the score {value}; scores must be finite numbers")
-    if before is not None and present_sites(model, "score()") != before:
-        raise Violation("score() changed which sites the model has; a scorer must leave the model as it was")
-    return {site: float(value) for site, value in scores.items()}
-
-
-def scorer_select(component, call, model, counts, ctx, *args, **kwargs):
-    from .sites import Site
-
-    before = sites_of(model)
-    chosen = call(model, counts, ctx, *args, **kwargs)
-    if not isinstance(chosen, (list, tuple)) or not all(isinstance(s, Site) for s in chosen):
-        raise Violation(f"select() returned {chosen!r}; it must return a list of hetprune.Site")
-    got = {k: sum(1 for s in chosen if s.kind == k) for k in counts}
-    if got != dict(counts) or len(set(chosen)) != len(chosen) or any(s.kind not in counts for s in chosen):
-        raise Violation(f"select() chose {_sites_text(chosen)} ({got}); it must choose exactly {dict(counts)} "
-                        "distinct sites")
-    gone = set(chosen) - before
-    if gone:
-        raise Violation(f"select() chose {_sites_text(gone)}, which the model does not have")
-    after = present_sites(model, "select()")
-    if after != before:
-        raise Violation(f"select() removed {_sites_text(before - after)} from the model; it must leave every site "
-                        "present (the pipeline removes them)")
-    return list(chosen)
-
-
-def remover_remove(component, call, model, site, *args, **kwargs):
-    before = sites_of(model)
-    x = example_input(model, n=1)
-    shape = outputs(model, x).shape
-    record = call(model, site, *args, **kwargs)
-    if record is not None and not isinstance(record, dict):
-        raise Violation(f"remove() returned a {type_name(record)}; it must return a dict for the recipe (or None)")
-    jsonable(record, "remove()'s record")
-    after = present_sites(model, f"remove({site})")
-    expected = before - {site}
-    if after != expected:
-        gone, back = before - after, after - before
-        detail = f"it removed {_sites_text(gone)}" + (f" and added {_sites_text(back)}" if back else "")
-        raise Violation(f"remove({site}) must remove exactly {site}; {detail}")
-    runs(model, x, f"remove({site})", shape)
-    return record or {}
-
-
-def merger_merge(component, call, model, *args, **kwargs):
-    tol = tolerance_of(component)
-    before = sites_of(model)
-    reference = copy.deepcopy(model)
-    x = example_input(model)
-    changed = call(model, *args, **kwargs)
-    if changed is None:
-        changed = []
-    if not isinstance(changed, (list, tuple, set)) or not all(isinstance(b, int) for b in changed):
-        raise Violation(f"merge() returned {changed!r}; it must return the list of block indices it changed")
-    if present_sites(model, "merge()") != before:
-        raise Violation("merge() changed which sites the model has; a merger folds, it does not remove")
-    y = runs(model, x, "merge()")
-    err = relative_error(outputs(reference, x), y)
-    if not err <= tol:
-        raise Violation(f"merge() changed the model's outputs by {err:.3g} (relative, {x.dtype}), more than its "
-                        f"tolerance {tol:.3g}; a merger must keep the function")
-    return sorted(set(changed))
-
-
-def width_pruner_prune(component, call, model, target_macs, example_inputs, ctx=None, *args, **kwargs):
-    from .costs import count_macs
-
-    x = example_inputs[:1]
-    shape = outputs(model, x).shape
-    result = call(model, target_macs, example_inputs, ctx, *args, **kwargs)
-    runs(model, x, "prune()", shape)
-    macs_fn = getattr(ctx, "macs_fn", None) or (lambda m: count_macs(m, x))
-    macs = macs_fn(model)
-    if macs > target_macs:
-        raise Violation(f"prune() left {macs} MACs, above the target {int(target_macs)}")
-    return result
-
-
 def cost_model_cost(component, call, model, example, *args, **kwargs):
     value = call(model, example, *args, **kwargs)
     if not is_number(value) or not math.isfinite(value) or value <= 0:
@@ -409,79 +246,6 @@ def cost_model_measure(component, call, models, example, *args, **kwargs):
         raise Violation(f"measure() returned {value!r}; it must return a positive finite cost for each of the "
                         f"models {sorted(models)}")
     return {k: float(v) for k, v in value.items()}
-
-
-_nested = contextvars.ContextVar("hetprune_strategy_nested", default=False)
-
-
-def strategy_run(component, call, job, *args, **kwargs):
-    from . import distributed as dist
-    from .models import model_hash
-
-    dense_hash = model_hash(job.dense)
-    outermost = not _nested.get()
-    token = _nested.set(True)
-    try:
-        result = call(job, *args, **kwargs)
-    finally:
-        _nested.reset(token)
-    check_result(result, job.example)
-    if model_hash(job.dense) != dense_hash:
-        raise Violation("run() changed job.dense; a strategy must prune a copy of the dense model")
-    # what is saved must reload: the outermost run's result (a strategy run inside another, e.g. hetdpt in
-    # hetdpt-plus, may prune an intermediate model its recipe alone does not describe); under torchrun rank 0
-    if outermost and dist.is_main():
-        check_reloads(result.model, result.recipe, job.example)
-    return result
-
-
-def check_result(result, example: torch.Tensor) -> None:
-    """A strategy's result: a PruneResult with a model, a recipe and a complete, JSON-able report."""
-    from torch import nn
-
-    from .pipeline import REPORT_KEYS, PruneResult
-    from .recipe import Recipe
-
-    if not isinstance(result, PruneResult):
-        raise Violation(f"run() returned a {type_name(result)}; it must return a hetprune.PruneResult "
-                        "(model, recipe, report)")
-    if not isinstance(result.model, nn.Module):
-        raise Violation(f"run()'s result.model is a {type_name(result.model)}, not a torch module")
-    if not isinstance(result.recipe, Recipe):
-        raise Violation(f"run()'s result.recipe is a {type_name(result.recipe)}, not a hetprune.Recipe")
-    if not isinstance(result.report, dict):
-        raise Violation(f"run()'s result.report is a {type_name(result.report)}, not a dict")
-    missing = [k for k in REPORT_KEYS if k not in result.report]
-    if missing:
-        raise Violation(f"run()'s report lacks {', '.join(missing)} (hetprune.pipeline.finish fills most of them)")
-    try:
-        json.dumps(result.report)
-    except (TypeError, ValueError) as exc:
-        raise Violation(f"run()'s report cannot be written as JSON: {exc}") from exc
-    ref = next(result.model.parameters())   # the example as the model runs: its device and float dtype
-    runs(result.model, example.to(device=ref.device, dtype=ref.dtype if ref.is_floating_point() else None), "run()")
-
-
-def check_reloads(model: nn.Module, recipe, example: torch.Tensor, tol: float = RELOAD_TOLERANCE) -> None:
-    """Save ``model`` with ``recipe`` and load it back as a user would: same outputs, or a violation."""
-    import tempfile
-
-    from .recipe import load, save
-
-    with tempfile.TemporaryDirectory(prefix="hetprune-reload-") as tmp:
-        try:
-            save(Path(tmp) / "result", model, recipe)
-            loaded = load(Path(tmp) / "result")
-        except HetpruneError as exc:
-            raise Violation(f"the result does not reload from its recipe and weights: {exc}") from exc
-    ref = next(model.parameters())
-    x = example.to(ref.device)
-    loaded.to(device=ref.device, dtype=ref.dtype)  # compared where and as the result itself runs
-    err = relative_error(outputs(model, x), outputs(loaded, x))
-    if not err <= tol:
-        raise Violation(f"the result reloaded from its recipe gives other outputs (relative error {err:.3g} > "
-                        f"{tol:g}); "
-                        "the recipe does not describe the model")
 
 
 # -- architecture adapters: asked wherever a model is read, so each rule is cheap -------------------------
@@ -544,8 +308,6 @@ def architecture_removed(component, call, model, block, kind, *args, **kwargs):
 
 
 def architecture_attn_mode(component, call, model, block, *args, **kwargs):
-    from .layers import ATTN_MODES
-
     mode = call(model, block, *args, **kwargs)
     if mode is not None and mode not in ATTN_MODES:
         raise Violation(f"attn_mode({block}) returned {mode!r}; it must return None (attention present) or one of "
@@ -561,27 +323,23 @@ def architecture_arch(component, call, model, *args, **kwargs):
     return facts
 
 
-def tolerance_of(merger) -> float:
-    """A merger's declared ``tolerance`` (relative output error), or the default."""
-    tol = getattr(merger, "tolerance", DEFAULT_MERGE_TOLERANCE)
-    if not is_number(tol) or not 0 < tol < 1:
-        raise Violation(f"tolerance must be a number in (0, 1) (relative output error), got {tol!r}")
-    return float(tol)
-
-
+# kind -> method -> rule. The rules that run a model (scorers, removers, mergers, width pruners) and check a
+# strategy's result live above the modules they need (hetprune.model_checks, hetprune.result_checks) and
+# add themselves here with :func:`add_rules`, so this module, and the registry on top of it, import nothing
+# of hetprune's but errors and config.
 RULES: dict[str, dict[str, Callable]] = {
     "predictor": {"fit": predictor_fit, "predict": predictor_predict, "fit_report": predictor_fit_report},
-    "scorer": {"score": scorer_score, "select": scorer_select},
-    "remover": {"remove": remover_remove},
-    "merger": {"merge": merger_merge},
-    "strategy": {"run": strategy_run},
-    "width_pruner": {"prune": width_pruner_prune},
     "cost_model": {"cost": cost_model_cost, "measure": cost_model_measure},
     "architecture": {"matches": architecture_matches, "specificity": architecture_specificity,
                      "blocks": architecture_blocks, "block_slots": architecture_block_slots,
                      "max_removals": architecture_max_removals, "removed": architecture_removed,
                      "attn_mode": architecture_attn_mode, "arch": architecture_arch},
 }
+
+
+def add_rules(kind: str, rules: dict[str, Callable]) -> None:
+    """Check ``kind``'s methods with ``rules`` (method name -> rule) from now on."""
+    RULES.setdefault(kind, {}).update(rules)
 
 
 # -- the proxy ----------------------------------------------------------------------------------------
@@ -592,11 +350,12 @@ class Checked:
     ``origin`` is called (once, when needed) for the component's :class:`Origin`.
     """
 
-    __slots__ = ("_target", "_kind", "_name", "_origin_fn", "_origin")
+    __slots__ = ("_target", "_kind", "_name", "_origin_fn", "_origin", "_ours_fn")
 
-    def __init__(self, target: Any, kind: str, name: str, origin: Callable[[], Origin]):
+    def __init__(self, target: Any, kind: str, name: str, origin: Callable[[], Origin],
+                 ours: Callable[[], list[str]] = list):
         for attr, value in (("_target", target), ("_kind", kind), ("_name", name), ("_origin_fn", origin),
-                            ("_origin", None)):
+                            ("_origin", None), ("_ours_fn", ours)):
             object.__setattr__(self, attr, value)
 
     @property
@@ -646,9 +405,8 @@ class Checked:
             raise  # hetprune's own bug: keep the traceback
 
     def _ours(self) -> list[str]:
-        from .plugins import builtin_homes
-
-        return builtin_homes()
+        """Where hetprune's own built-in plugins live (the registry says): their faults are hetprune bugs."""
+        return self._ours_fn()
 
     def _error(self, method: str, what: str) -> PluginError:
         stage = current_stage()

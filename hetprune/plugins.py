@@ -149,7 +149,7 @@ class Registry:
             raise PluginError(f"{o.describe()}: {kind} {name!r} could not be built with options {options}: "
                               f"{type(exc).__name__}: {exc}", plugin=o.plugin, kind=kind, component=name,
                               stage="build") from exc
-        return Checked(obj, kind, name, origin)
+        return Checked(obj, kind, name, origin, ours=builtin_homes)
 
     def origin(self, plugin: str, factory: Any = None) -> Origin:
         """Who a plugin is (distribution, version, how it was loaded) and where its code lives."""

@@ -30,9 +30,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from . import contract, surgery
+from . import contract, model_checks, result_checks, surgery
 from .budget import Budget
-from .contract import Violation, outputs, relative_error
+from .contract import Violation
+from .model_checks import outputs, relative_error
 from .errors import HetpruneError
 from .models import ModelSpec, build
 from .sites import Site, sites
@@ -220,7 +221,7 @@ def check_scorer(cls, **options) -> None:
             model = tiny_model()
             ctx = scoring_context(model, Path(tmp) / "select")
             c.call("select", model, {"attn": 1, "act": 2}, ctx)
-            c.rule(lambda: contract.runs(model, contract.example_input(model), "select()"))
+            c.rule(lambda: model_checks.runs(model, model_checks.example_input(model), "select()"))
 
 
 def check_remover(cls, **options) -> None:
@@ -248,7 +249,7 @@ def check_remover(cls, **options) -> None:
             recipe = recipe_from_model(model, TINY_SPEC, arch_of(base))
         except HetpruneError as exc:
             raise Violation(f"a recipe cannot describe the model after remove(): {exc}") from exc
-        contract.check_reloads(model, recipe, contract.example_input(model))
+        result_checks.check_reloads(model, recipe, model_checks.example_input(model))
 
     c.rule(reloads)
 
@@ -272,7 +273,7 @@ def check_merger(cls, **options) -> None:
     1e-9 in float64 (exact up to rounding, not merely close); sites unchanged; a second merge and a
     merge of a dense model are exact too."""
     c = _UnderTest("merger", cls, options)
-    c.rule(lambda: contract.tolerance_of(c.obj))
+    c.rule(lambda: model_checks.tolerance_of(c.obj))
     model = _linear_model()
     changed = c.call("merge", model)
     if not all(0 <= b < len(sites(model, "attn", present_only=False)) for b in changed):
@@ -282,7 +283,7 @@ def check_merger(cls, **options) -> None:
 
     model64 = _linear_model(torch.float64)
     reference = copy.deepcopy(model64)
-    x = contract.example_input(model64, n=4)
+    x = model_checks.example_input(model64, n=4)
     c.call("merge", model64)
     err = relative_error(outputs(reference, x), outputs(model64, x))
     if not err <= FP64_TOLERANCE:
@@ -299,13 +300,13 @@ def check_width_pruner(cls, **options) -> None:
     c = _UnderTest("width_pruner", cls, options)
     base = tiny_model()
     model = copy.deepcopy(base)
-    x = contract.example_input(model)
+    x = model_checks.example_input(model)
     target = 0.6 * count_macs(model, x[:1])
     c.call("prune", model, target, x, None)
 
     def reloads():
         recipe = recipe_from_model(model, TINY_SPEC, arch_of(base), widths=read_widths(model))
-        contract.check_reloads(model, recipe, x)
+        result_checks.check_reloads(model, recipe, x)
 
     c.rule(reloads)
 
@@ -320,7 +321,7 @@ def check_cost_model(cls, **options) -> None:
         c.fail("it has no 'unit': a cost model needs a non-empty string attribute 'unit' (e.g. 'MACs', 's')")
     model = tiny_model()
     before = _state(model)
-    x = contract.example_input(model)
+    x = model_checks.example_input(model)
     dense = c.call("cost", model, x)
     if not _same_state(before, _state(model)):
         c.fail("cost() changed the model's weights")
@@ -444,7 +445,7 @@ def _architecture_rules(base: nn.Module, spec: ModelSpec | None, rebuild: Callab
 
     from .costs import count_macs
 
-    x = contract.example_input(base, n=2).double()
+    x = model_checks.example_input(base, n=2).double()
     n = len(sites(base, "attn", present_only=False))
     if sites(base) != [Site(i, k) for i in range(n) for k in ("attn", "act")]:
         raise Violation(f"sites() are not two per block in block order: {sites(base)}")

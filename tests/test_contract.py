@@ -598,7 +598,8 @@ def test_a_strategy_refusing_every_budget_fails_the_kit_with_its_reasons():
 
 def test_a_result_is_run_on_the_example_in_the_models_own_dtype():
     """A float64 result (e.g. from a float64 job) with the job's float32 example: checked, not refused."""
-    from hetprune.contract import check_result, example_input
+    from hetprune.model_checks import example_input
+    from hetprune.result_checks import check_result
     from hetprune.pipeline import REPORT_KEYS, PruneResult
     from hetprune.recipe import Recipe
 
