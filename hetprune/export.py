@@ -19,7 +19,10 @@ Why each choice:
   we check the opset it wrote and refuse instead.
 * A hub folder is a saved model folder (``recipe.json`` +
   ``model.safetensors``, so :func:`hetprune.load` reads it as is) plus what a
-  model hub expects: a timm-style ``config.json`` and a ``README.md`` card.
+  model hub expects: a ``README.md`` card and a ``config.json`` shaped for the
+  model's library: timm-style for a timm model; for a Hugging Face transformers
+  model its own config (``architectures``, ``model_type``) and a
+  ``preprocessor_config.json`` with its image processor's mean/std.
 """
 
 from __future__ import annotations
@@ -371,6 +374,7 @@ def export_pt2(model: nn.Module, out: str | Path, dynamic_batch: bool = False, d
 
 # -- hub folder ---------------------------------------------------------------------------
 CONFIG_FILE, CARD_FILE, REPORT_FILE = "config.json", "README.md", "report.json"
+PREPROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor (a transformers model's folder)
 
 
 def pretrained_cfg(model: nn.Module, recipe) -> dict:
@@ -392,10 +396,15 @@ def pretrained_cfg(model: nn.Module, recipe) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
 
 
-def hub_config(model: nn.Module, recipe, label: str) -> dict:
-    """timm-style ``config.json``: architecture, num_classes, model_args, pretrained_cfg, and the recipe."""
+def _hetprune_section(recipe) -> dict:
     import hetprune
 
+    return {"version": hetprune.__version__, "recipe": recipe.to_dict(),
+            "load": "hetprune.load(folder) rebuilds the pruned architecture from recipe.json"}
+
+
+def hub_config(model: nn.Module, recipe, label: str) -> dict:
+    """timm-style ``config.json``: architecture, num_classes, model_args, pretrained_cfg, and the recipe."""
     return {
         "architecture": recipe.base.name,
         "num_classes": int(getattr(model, "num_classes", 0)),
@@ -403,9 +412,73 @@ def hub_config(model: nn.Module, recipe, label: str) -> dict:
         "global_pool": getattr(model, "global_pool", None),
         "model_args": dict(recipe.base.kwargs),
         "pretrained_cfg": {**pretrained_cfg(model, recipe), "source": label},
-        "hetprune": {"version": hetprune.__version__, "recipe": recipe.to_dict(),
-                     "load": "hetprune.load(folder) rebuilds the pruned architecture from recipe.json"},
+        "hetprune": _hetprune_section(recipe),
     }
+
+
+def transformers_model(model: nn.Module) -> nn.Module | None:
+    """The Hugging Face transformers model in ``model`` (hetprune_hf wraps one so that it returns logits), or
+    None: its hub folder is shaped for transformers, not timm."""
+    for m in (model, getattr(model, "model", None)):
+        config = getattr(m, "config", None)
+        if isinstance(m, nn.Module) and type(config).__module__.startswith("transformers.") \
+                and hasattr(config, "to_json_string"):
+            return m
+    return None
+
+
+def _image_processor(config):
+    """An instance of the image processor transformers pairs with ``config``'s model type (its defaults)."""
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING
+
+    try:
+        found = IMAGE_PROCESSOR_MAPPING[type(config)]
+    except KeyError:
+        raise HetpruneError(f"transformers knows no image processor for model type {config.model_type!r}; "
+                            "a hub folder needs its preprocessing") from None
+    # transformers 5 maps a config to {backend: class}, 4.x to (slow, fast) or one class
+    choices = found.values() if isinstance(found, dict) else found if isinstance(found, tuple) else [found]
+    cls = next((c for c in choices if c is not None), None)
+    if cls is None:
+        raise HetpruneError(f"no image processor class is installed for model type {config.model_type!r}")
+    return cls()
+
+
+def hf_preprocessor_config(model: nn.Module, inner: nn.Module, recipe) -> dict:
+    """``preprocessor_config.json``: the model type's own image processor and its mean/std (not timm's), at
+    this model's input size; hetprune's embedded data sets are normalised as (x - 0.5) / 0.5."""
+    from .data import EMBEDDED
+    from .models import input_shape_of
+
+    channels, height, width = input_shape_of(model)
+    processor = _image_processor(inner.config)
+    cfg = json.loads(processor.to_json_string())
+    data = (recipe.provenance.get("data") or {}) if recipe is not None else {}
+    mean, std = list(processor.image_mean), list(processor.image_std)
+    if data.get("name") in EMBEDDED:
+        mean, std = [0.5] * channels, [0.5] * channels
+    if len(mean) != channels:  # a model built with another number of channels: one value each, averaged
+        mean, std = ([round(sum(v) / len(v), 6)] * channels for v in (mean, std))
+    cfg.update(image_mean=mean, image_std=std)
+    if isinstance(cfg.get("size"), dict) and {"height", "width"} <= set(cfg["size"]):
+        cfg["size"] = {"height": height, "width": width}
+    return cfg
+
+
+def hf_hub_config(inner: nn.Module, recipe) -> dict:
+    """transformers-style ``config.json``: the model's own config, its class under ``architectures``, and the
+    recipe (the pruned architecture is rebuilt by :func:`hetprune.load`, not by transformers)."""
+    config = json.loads(inner.config.to_json_string(use_diff=False))
+    return {**config, "architectures": [type(inner).__name__], "hetprune": _hetprune_section(recipe)}
+
+
+def hub_files(model: nn.Module, recipe, label: str) -> dict[str, dict]:
+    """The JSON files of a hub folder, shaped for the library the model comes from."""
+    inner = transformers_model(model)
+    if inner is None:
+        return {CONFIG_FILE: hub_config(model, recipe, label)}
+    return {CONFIG_FILE: hf_hub_config(inner, recipe),
+            PREPROCESSOR_FILE: hf_preprocessor_config(model, inner, recipe)}
 
 
 def _fmt_top1(value) -> str:
@@ -427,7 +500,7 @@ def model_card(recipe, report: dict | None, costs: dict, speed: list[dict] | Non
              "tags:", "- vision-transformer", "- pruned", "- hetprune"]
     if report.get("strategy") or prov.get("strategy"):
         front.append(f"- {strategy}")
-    if not recipe.base.kwargs:  # a stock timm architecture: name the hub's model it came from
+    if not recipe.base.kwargs and recipe.base.library == "timm":  # a stock timm architecture: name its hub model
         front.append(f"base_model: timm/{recipe.base.name}")
     front.append("---")
     lines = [*front, "", f"# {label}: {recipe.base.name}, pruned with hetprune", "",
@@ -472,8 +545,8 @@ def model_card(recipe, report: dict | None, costs: dict, speed: list[dict] | Non
     if commands.get("made"):
         lines.append(commands["made"])
     else:
-        lines.append(f"hetprune apply --model {recipe.base.name} --recipe recipe.json --out pruned/  "
-                     "# rebuilds the architecture (the pruning command was not recorded)")
+        lines.append("hetprune apply --recipe recipe.json --out pruned/  "
+                     "# rebuilds the architecture from its base model (the pruning command was not recorded)")
     lines += [commands["export"], "```", "",
               "Upload with your own tools, e.g. `huggingface-cli upload YOUR_NAME/MODEL_NAME .`", ""]
     return "\n".join(lines)
@@ -499,13 +572,20 @@ def _speed_rows(bench_json: str | Path | None) -> list[dict] | None:
 
 def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Path | None = None,
                report: dict | None = None, overwrite: bool = False, bench_json: str | None = None,
-               export_command: str = "") -> dict:
-    """Write a hub-style folder and check that :func:`hetprune.load` reads it back bit-identically."""
+               export_command: str = "", allow_kwargs=()) -> dict:
+    """Write a hub-style folder and check that :func:`hetprune.load` reads it back bit-identically.
+
+    The folder is shaped for the model's library: timm's ``config.json``, or for a transformers model its own
+    ``config.json`` and ``preprocessor_config.json``. The recipe's base is built (for the dense costs) and
+    read back, so its kwargs are checked as :func:`hetprune.load` checks them (``allow_kwargs``: the names
+    the caller passes itself).
+    """
     from .costs import CONVENTION, count_macs, count_params
     from .io import atomic_folder, save_weights, state_dict_for_saving, write_json_atomic, write_text_atomic
-    from .models import build
+    from .models import build, check_kwargs
     from .recipe import RECIPE_FILE, SCHEMA_VERSION, WEIGHTS_FILE, load
 
+    check_kwargs(recipe.base, allow_kwargs, "recipe")
     out = Path(out)
     speed = _speed_rows(bench_json)
     model = model.eval()
@@ -523,14 +603,15 @@ def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Pa
         else:
             save_weights(tmp / WEIGHTS_FILE, state, metadata={"format": "hetprune", "schema": SCHEMA_VERSION})
         recipe.write(tmp / RECIPE_FILE)
-        write_json_atomic(tmp / CONFIG_FILE, hub_config(model, recipe, label))
+        for name, data in hub_files(model, recipe, label).items():
+            write_json_atomic(tmp / name, data)
         if report:
             write_json_atomic(tmp / REPORT_FILE, report)
         write_text_atomic(tmp / CARD_FILE, model_card(recipe, report, costs, speed,
                                                       {"made": made, "export": export_command}, label))
         for f in tmp.iterdir():  # the JSON writers' temporary files are private too
             os.chmod(f, 0o666 & ~_umask())
-        back = load(tmp)
+        back = load(tmp, allow_kwargs=allow_kwargs)
         got = back.state_dict()
         if got.keys() != state.keys() or not all(torch.equal(got[k], state[k]) for k in state):
             raise HetpruneError("the hub folder does not load back to the same weights; nothing was written")

@@ -341,10 +341,10 @@ def test_hub_card_quotes_the_command_that_made_the_model(tmp_path, capsys):
     assert export.quote_command(made) in card
 
 
-# NaFlexViT's patch embedding does not trace with torch.export (torch 2.14), dense or pruned: see the next test.
+# NaFlexViT exports since it is traced at the input shape it was built for (not its default config's 384x384).
 # Differential attention (two attention ops per site) and SigLIP's attention-pool head export, but the op census
 # (one attention op and two matmuls per removed site) refuses them: an open gap of expected_census, not tested here
-EXPORTABLE = sorted(set(__import__("families").FAMILIES) - {"naflexvit", "vit-diff-attn", "siglip-map"})
+EXPORTABLE = sorted(set(__import__("families").FAMILIES) - {"vit-diff-attn", "siglip-map"})
 
 
 @pytest.mark.slow
@@ -371,9 +371,110 @@ def test_the_cli_default_opset_is_the_exporters():
     assert export_cmd.DEFAULT_OPSET == export.DEFAULT_OPSET
 
 
-def test_a_model_torch_cannot_export_is_one_clear_error_and_no_file(tmp_path):
-    from families import make
+def test_a_model_torch_cannot_export_is_one_clear_error_and_no_file(tmp_path, monkeypatch):
+    model, _ = make({}, _depth(attn=[1]))
+    real = model.forward_head
 
+    def untraceable(x, *args, **kwargs):  # what torch.export cannot trace, with or without explicit attention
+        if torch.compiler.is_exporting():
+            raise RuntimeError("data-dependent control flow")
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward_head", untraceable)
     with pytest.raises(HetpruneError, match="ONNX exporter failed at opset 18"):
-        export.export_onnx(make("naflexvit"), tmp_path / "m.onnx")
+        export.export_onnx(model, tmp_path / "m.onnx")
     assert list(tmp_path.iterdir()) == []
+
+
+# -- a Hugging Face transformers model -------------------------------------------------------
+HF_SPEC = ModelSpec("ViTForImageClassification", dict(  # a tiny ViTConfig: built here, nothing downloaded
+    image_size=16, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+    intermediate_size=64, num_labels=10), "hf-vit")
+
+
+def _hf_pruned():
+    pytest.importorskip("transformers", reason="the hf extra is not installed")
+    torch.manual_seed(0)
+    model = build(HF_SPEC)
+    arch = arch_of(model)
+    surgery.remove_attention(model, 1)
+    surgery.remove_activation(model, 0)
+    return model.eval(), recipe_from_model(model, HF_SPEC, arch)
+
+
+def test_hub_folder_of_a_transformers_model_is_shaped_for_transformers(tmp_path, capsys):
+    """Its own config (architectures, model_type) and image processor's mean/std, not timm's."""
+    from timm.data import IMAGENET_DEFAULT_MEAN
+    from transformers import AutoConfig, AutoImageProcessor, ViTImageProcessor
+
+    model, recipe = _hf_pruned()
+    saved = hetprune.save(tmp_path / "hf-pruned", model, recipe)
+    hub = tmp_path / "hub"
+    rc, _, err = run_cli(["export", str(saved), "--format", "hub", "--out", str(hub)], capsys)
+    assert rc == 0, err
+    assert "preprocessor_config.json" in {p.name for p in hub.iterdir()}
+    config = json.loads((hub / "config.json").read_text())
+    assert config["architectures"] == ["ViTForImageClassification"] and config["model_type"] == "vit"
+    assert "architecture" not in config and "pretrained_cfg" not in config  # timm's keys
+    assert config["hetprune"]["recipe"]["attn_removed"] == [1]
+    read = AutoConfig.from_pretrained(str(hub))  # a local folder: transformers reads what we wrote
+    assert (read.hidden_size, read.num_hidden_layers, read.num_channels, read.image_size) == (32, 3, 1, 16)
+
+    own = ViTImageProcessor()  # transformers' ViT preprocessing, one value per channel of this 1-channel model
+    want_mean, want_std = [sum(own.image_mean) / 3], [sum(own.image_std) / 3]
+    assert want_mean != [sum(IMAGENET_DEFAULT_MEAN) / 3]  # would be timm's
+    processor = AutoImageProcessor.from_pretrained(str(hub))
+    assert list(processor.image_mean) == pytest.approx(want_mean) and list(processor.image_std) == pytest.approx(want_std)
+    assert (processor.size["height"], processor.size["width"]) == (16, 16)
+
+    card = (hub / "README.md").read_text()
+    assert "base_model: timm/" not in card and "ViTForImageClassification" in card
+    x = torch.randn(2, 1, 16, 16)
+    with torch.inference_mode():
+        assert torch.equal(hetprune.load(hub)(x), model(x))
+
+
+def test_transformers_explicit_attention_runs_without_the_fused_kernel(monkeypatch):
+    model, _ = _hf_pruned()
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    adapter = hetprune.adapters.adapter_for(model)
+    x = torch.randn(2, 1, 16, 16)
+    with torch.no_grad():
+        fused = model(x)
+        assert len(calls) == 2  # the two attention sites left use the fused kernel
+        with adapter.explicit_attention(model):
+            explicit = model(x)
+            assert len(calls) == 2
+        model(x)
+    assert len(calls) == 4 and model.model.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-6)
+
+
+def test_transformers_model_onnx_export_falls_back_to_explicit_attention(tmp_path, monkeypatch):
+    """An exporter that cannot trace the fused kernel retries with the adapter's explicit attention."""
+    model, _ = _hf_pruned()
+
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def untraceable(*args, **kwargs):  # eager PyTorch (the verification run) still has the kernel
+        if torch.compiler.is_exporting():
+            raise RuntimeError("this exporter cannot trace scaled_dot_product_attention")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", untraceable)
+    result = export.export_onnx(model, tmp_path / "m.onnx")
+    assert (tmp_path / "m.onnx").is_file() and result["census"]["attention"] == 2
+
+
+def test_hub_folder_of_a_dense_transformers_model_by_name(tmp_path, capsys):
+    pytest.importorskip("transformers", reason="the hf extra is not installed")
+    hub = tmp_path / "hub"
+    rc, _, err = run_cli(["export", "hf-vit:ViTForImageClassification", "--model-kwargs", json.dumps(HF_SPEC.kwargs),
+                          "--format", "hub", "--out", str(hub)], capsys)
+    assert rc == 0, err
+    config = json.loads((hub / "config.json").read_text())
+    assert config["architectures"] == ["ViTForImageClassification"] and config["hidden_size"] == 32
+    assert hetprune.recipe.load_recipe(hub).base == HF_SPEC

@@ -9,7 +9,8 @@
 Formats: `onnx` (torch's dynamo exporter; checked with onnx.checker, its op
 census against the model's remaining sites, and a run in ONNX Runtime compared
 with PyTorch), `pt2` (torch.export, read back and compared) and `hub` (a model
-folder with timm-style config.json and a model card; `hetprune.load` reads it).
+folder with a model card and a config.json shaped for the model's library: timm-style, or for a Hugging
+Face transformers model its own config plus preprocessor_config.json; `hetprune.load` reads it).
 A file that fails a check is not written. The tolerance is relative to the
 largest output: 1e-4 in fp32, 1e-2 in fp16 (compared with the fp32 model).
 ONNX needs the export extra: pip install 'hetprune[export]'.
@@ -28,7 +29,8 @@ DEFAULT_OPSET = 18  # the same as hetprune.export.DEFAULT_OPSET (a test checks),
 
 
 def add_arguments(p) -> None:
-    p.add_argument("target", metavar="DIR_OR_MODEL", help="a saved pruned model folder, or a timm model name")
+    p.add_argument("target", metavar="DIR_OR_MODEL", help="a saved pruned model folder, or a timm model name "
+                                                           "(LIBRARY:NAME for an adapter's, e.g. hf-vit:...)")
     p.add_argument("--format", default="onnx", metavar="onnx|pt2|hub", help="what to write (default onnx)")
     p.add_argument("--out", metavar="PATH", help="output file (onnx, pt2) or folder (hub); "
                                                  "default: the target's name with .onnx, .pt2 or -hub")
@@ -63,7 +65,7 @@ def _target(args):
         return label, model, recipe, path, read_json(report, "report") if report.is_file() else None
     if path.exists():
         raise HetpruneError(f"{args.target} is a file; give a saved pruned model folder or a timm model name")
-    spec = ModelSpec(args.target, parse_model_kwargs(args.model_kwargs))
+    spec = ModelSpec.parse(args.target, parse_model_kwargs(args.model_kwargs))  # timm, or LIBRARY:NAME
     model = build_with_weights(spec, checkpoint=args.checkpoint)
     source = f"checkpoint {args.checkpoint}" if args.checkpoint else "random weights"
     recipe = Recipe(base=spec, arch=arch_of(model),
@@ -73,7 +75,7 @@ def _target(args):
 
 def _default_out(target: str, fmt: str) -> Path:
     path = Path(target)
-    stem = path.name if path.is_dir() else target.replace("/", "_")
+    stem = path.name if path.is_dir() else target.replace("/", "_").replace(":", "_")
     return (path.parent if path.is_dir() else Path(".")) / f"{stem}{SUFFIX[fmt]}"
 
 
@@ -111,8 +113,9 @@ def run(args) -> int:
         result = export_pt2(model, out, dynamic_batch=args.dynamic_batch, dtype=args.dtype, batch=args.batch)
     else:
         argv = getattr(args, "argv", None) or ["export", args.target, "--format", "hub", "--out", str(out)]
+        typed = tuple(recipe.base.kwargs) if folder is None else ()  # a model name's --model-kwargs: the user's
         result = export_hub(model, recipe, out, label, source=folder, report=report, overwrite=args.overwrite,
-                            bench_json=args.bench_json, export_command=quote_command(argv))
+                            bench_json=args.bench_json, export_command=quote_command(argv), allow_kwargs=typed)
     seconds = time.perf_counter() - started
     if args.format == "hub":
         print(f"wrote {out}/ ({', '.join(result['files'])}) in {seconds:.1f}s; hetprune.load reads it back "

@@ -14,6 +14,8 @@ config_kwargs, library="hf-vit")``, which builds it from a ``ViTConfig``).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -89,6 +91,18 @@ class HFViTAdapter(PreNormAdapter):
             raise HetpruneError("the hf-vit adapter cannot hook ln-residual attention removal (its attention "
                                 "returns a tuple); use attn-identity with gate-based scorers")
         return super().gate_point(model, block, kind)
+
+    @contextlib.contextmanager
+    def explicit_attention(self, model):
+        """transformers picks the attention kernel by the config's attention implementation, not a flag on the
+        module: ``eager`` is the explicit matmuls and softmax (the same function as ``sdpa``)."""
+        inner = model.model
+        before = inner.config._attn_implementation
+        inner.set_attn_implementation("eager")
+        try:
+            yield model
+        finally:
+            inner.set_attn_implementation(before or "sdpa")
 
     def attention_geometry(self, module):
         return int(module.num_attention_heads), int(module.head_dim)
