@@ -191,9 +191,46 @@ def _load_checkpoint(folder: Path) -> dict | None:
                             "delete it to start this fine-tune over") from exc
 
 
+class ClassificationSource:
+    """What :func:`train` iterates for a classification :class:`DataBundle` (the default Task).
+
+    A training source says how many steps an epoch has, yields each step's
+    ``(batch, share, whole)`` (this rank's items of a global batch of
+    ``whole``), and computes a batch's loss; :class:`hetprune.task.Task`
+    gives one for a user's own loader and loss. This one takes a seeded
+    subset, splits every global batch across ranks (a rank with no item gets
+    a zero-weight stand-in, so every rank takes every step), and trains on
+    cross-entropy + KD from the teacher.
+    """
+
+    def __init__(self, data: DataBundle):
+        self.data = data
+
+    def steps_per_epoch(self, cfg: TrainConfig) -> int:
+        return max(1, math.ceil(len(subset(self.data.train, cfg.subset, cfg.seed)) / cfg.batch_size))
+
+    def epoch(self, cfg: TrainConfig, seed: int, rank: int, world: int, device: torch.device, distributed: bool):
+        train_set = subset(self.data.train, cfg.subset, cfg.seed)
+        batches = loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=cfg.workers, rank=rank,
+                         world=world, pin_memory=device.type == "cuda", pad_empty=distributed)
+        for batch, (share, whole) in zip(batches, batches.batch_sampler.shares()):
+            yield devices.place(tuple(batch), device), share, whole
+
+    def loss(self, net: nn.Module, batch, teacher: nn.Module | None, cfg: TrainConfig, device: torch.device,
+             amp: str) -> torch.Tensor:
+        x, y = batch
+        return forward_loss(net, x, y, cfg, device, amp, teacher)
+
+    def evaluate(self, model: nn.Module, cfg: TrainConfig, device: torch.device, amp: str, distributed: bool) -> float:
+        if distributed:
+            return evaluate_dataset(model, self.data.val, device, workers=cfg.workers, amp=amp)
+        return evaluate(model, loader(self.data.val, 256, shuffle=False, workers=cfg.workers,
+                                      pin_memory=device.type == "cuda"), device, amp=amp)
+
+
 def train(
     model: nn.Module,
-    data: DataBundle,
+    data,
     cfg: TrainConfig,
     teacher: nn.Module | None = None,
     checkpoint_dir: str | Path | None = None,
@@ -206,7 +243,8 @@ def train(
     resume_key: dict | None = None,
     log: Callable[[str], None] = print,
 ) -> list[dict]:
-    """Train ``model`` in place; returns the per-epoch history.
+    """Train ``model`` in place on ``data`` (a :class:`DataBundle`, or a training source such as
+    :class:`ClassificationSource` or a Task's); returns the per-epoch history.
 
     With ``checkpoint_dir``, a checkpoint is written after every epoch and
     ``resume=True`` continues from it. Each epoch's data order and
@@ -246,8 +284,8 @@ def train(
     if teacher is not None:
         devices.place(teacher, device).eval()
     scaler = grad_scaler(device, amp)
-    train_set = subset(data.train, cfg.subset, cfg.seed)
-    steps_per_epoch = max(1, math.ceil(len(train_set) / cfg.batch_size))
+    source = data if hasattr(data, "epoch") else ClassificationSource(data)
+    steps_per_epoch = source.steps_per_epoch(cfg)
     total = max(1, cfg.epochs * steps_per_epoch)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = CosineLRScheduler(optimizer, t_initial=total, warmup_t=cfg.warmup_epochs * steps_per_epoch,
@@ -279,11 +317,8 @@ def train(
         seed = cfg.seed * 100_003 + epoch
         torch.manual_seed(seed)
         epoch_loss, t0 = torch.zeros(2, dtype=torch.float64), time.time()
-        batches = loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=cfg.workers, rank=rank,
-                         world=world, pin_memory=device.type == "cuda", pad_empty=distributed)
-        for step, ((x, y), (share, whole)) in enumerate(zip(batches, batches.batch_sampler.shares())):
-            x, y = devices.place((x, y), device)
-            loss = forward_loss(net, x, y, cfg, device, amp, teacher)
+        for step, (batch, share, whole) in enumerate(source.epoch(cfg, seed, rank, world, device, distributed)):
+            loss = source.loss(net, batch, teacher, cfg, device, amp)
             try:
                 stepped = optimisation_step(share_weighted(loss, share, whole, world), [optimizer], scaler, device,
                                             distributed)
@@ -301,10 +336,7 @@ def train(
         metrics = {"epoch": epoch + 1, "loss": float(epoch_loss[0] / max(1.0, float(epoch_loss[1]))),
                    "seconds": round(time.time() - t0, 2)}
         if eval_each_epoch:
-            metrics["accuracy"] = (evaluate_dataset(model, data.val, device, workers=cfg.workers, amp=amp)
-                                   if distributed else
-                                   evaluate(model, loader(data.val, 256, shuffle=False, workers=cfg.workers,
-                                                          pin_memory=device.type == "cuda"), device, amp=amp))
+            metrics["accuracy"] = source.evaluate(model, cfg, device, amp, distributed)
         history.append(metrics)
         bar.set_postfix({k: round(v, 4) for k, v in metrics.items() if k in ("loss", "accuracy")})
         if folder is not None:

@@ -1,11 +1,8 @@
-"""Architecture adapters: everything one model family's internals mean for pruning.
+"""The adapter contract (:class:`Adapter`) and its implementation for pre-norm blocks.
 
-The rest of hetprune asks the adapter of a model and never names a block
-attribute itself. An adapter is a component registered through the
-``register_architectures`` hook (built-ins: the ``timm`` plugin); of the
-adapters whose :meth:`Adapter.matches` accepts a model, the most specific
-serves it, whatever the order they were registered in (:func:`adapter_for`
-says how specificity is judged).
+Of the adapters whose :meth:`Adapter.matches` accepts a model, the most
+specific serves it, whatever the order they were registered in
+(:func:`hetprune.adapters.adapter_for` says how specificity is judged).
 
 Most ViT families are pre-norm: ``x + s1·attn(norm1(x))`` then
 ``x + s2·mlp(norm2(x))``. :class:`PreNormAdapter` implements every operation
@@ -18,16 +15,15 @@ another shape (Hugging Face's ViT layer, say) overrides the operations.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import nn
 
-from . import layers
-from .errors import HetpruneError
-from .layers import BlockLayout, DroppedBlock, HetBlock, LinearMlp, MergedMlp, RemovedActivation
+from .. import layers
+from ..errors import HetpruneError
+from ..layers import BlockLayout, DroppedBlock, HetBlock, LinearMlp, MergedMlp, RemovedActivation
 
 DOCS = "docs/plugins.md#writing-an-architecture-adapter"
 
@@ -440,64 +436,3 @@ class PreNormAdapter(Adapter):
             "num_heads": int(getattr(attn, "num_heads", 0)) or None,
             "mlp_hidden": mlp.fc1.out_features if mlp is not None and not self.is_gated(mlp) else None,
         }
-
-
-# -- finding a model's adapter ---------------------------------------------------------------
-_cache: "weakref.WeakKeyDictionary[nn.Module, tuple[int, Adapter]]" = weakref.WeakKeyDictionary()
-
-
-def adapters() -> list[Adapter]:
-    """One instance of every registered adapter, in registration order."""
-    from .plugins import get_registry
-
-    return get_registry().adapters()
-
-
-def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter that serves ``model``: the most specific of those whose ``matches`` accepts it.
-
-    Specificity (:meth:`Adapter.specificity`) is compared in order: a higher declared ``priority`` wins;
-    then the adapter whose ``model_types`` holds the nearest ancestor of the model's class (the class
-    itself beats its parent: an adapter for a subclass of ``VisionTransformer`` beats the one for
-    ``VisionTransformer``); then the one whose ``block_types`` is nearest to the blocks' classes (an adapter
-    for a subclass of timm's ``Block`` beats the generic one). Registration order never decides: two
-    equally specific adapters are an error naming both. One ``error:`` line when none matches.
-    """
-    from .plugins import get_registry
-
-    registry = get_registry()
-    hit = _cache.get(model)
-    if hit is not None and hit[0] == id(registry):
-        return hit[1]
-    matching = [a for a in registry.adapters() if a.matches(model)]
-    if not matching:
-        known = "; ".join(f"{a.name} ({a.description})" for a in registry.adapters()) or "(none registered)"
-        raise HetpruneError(f"no architecture adapter recognises {type(model).__name__}: supported families are "
-                            f"{known}. A new family is one adapter: see {DOCS}")
-    found = most_specific(matching, model)
-    found.check(model)
-    _cache[model] = (id(registry), found)
-    return found
-
-
-def most_specific(matching: list[Adapter], model: nn.Module) -> Adapter:
-    """The one adapter of ``matching`` that is most specific for ``model``; a tie is an error naming the tied."""
-    ranked = [(a.specificity(model), a) for a in matching]
-    best = max(rank for rank, _ in ranked)
-    tied = [a for rank, a in ranked if rank == best]
-    if len(tied) > 1:
-        raise HetpruneError(f"architecture adapters {' and '.join(repr(a.name) for a in tied)} both match "
-                            f"{type(model).__name__} equally specifically (priority, model type, block type: "
-                            f"{best}); give one a higher 'priority', narrow its model_types/block_types, or "
-                            "restrict HETPRUNE_PLUGINS")
-    return tied[0]
-
-
-def adapter_named(name: str) -> Adapter:
-    from .plugins import get_registry
-
-    for a in get_registry().adapters():
-        if a.name == name:
-            return a
-    raise HetpruneError(f"no architecture adapter named {name!r} is registered; registered: "
-                        f"{', '.join(a.name for a in get_registry().adapters()) or '(none)'}")
