@@ -18,6 +18,9 @@ from .errors import HetpruneError
 from .io import load_weights
 
 
+USER_BUILT = "user"   # ModelSpec.library of a model the user built in code (hetprune cannot build it again)
+
+
 @dataclass
 class ModelSpec:
     """How to build the unpruned architecture: ``timm.create_model(name, **kwargs)``, or, with another
@@ -46,6 +49,17 @@ class ModelSpec:
         if not isinstance(library, str):
             raise HetpruneError(f"a model spec's 'library' must be a string, got {library!r}")
         return cls(d["name"], dict(d.get("kwargs") or {}), library)
+
+    @classmethod
+    def user_built(cls, model) -> "ModelSpec":
+        """The spec of a model the user built in code: its class, which hetprune cannot build again itself
+        (reload with ``hetprune.load(folder, model=YourModel(...))``)."""
+        cls_ = type(model)
+        return cls(f"{cls_.__module__}.{cls_.__qualname__}", {}, USER_BUILT)
+
+    @property
+    def is_user_built(self) -> bool:
+        return self.library == USER_BUILT
 
     @classmethod
     def parse(cls, text: str, kwargs: dict | None = None) -> "ModelSpec":
@@ -196,6 +210,11 @@ def build(spec: ModelSpec, pretrained: bool = False) -> nn.Module:
 
 def _build_elsewhere(spec: ModelSpec, pretrained: bool) -> nn.Module:
     from .adapters import adapters
+
+    if spec.is_user_built:
+        raise HetpruneError(f"the base model ({spec.name}) was built by the user, so hetprune cannot build it "
+                            "again: pass a fresh one, hetprune.load(folder, model=YourModel(...)) or "
+                            "hetprune.apply_recipe(YourModel(...), recipe)")
 
     if pretrained:
         raise HetpruneError(f"--pretrained loads timm weights only; for a {spec.library} model pass --checkpoint FILE")

@@ -26,23 +26,34 @@ from .budget import Budget, feasible_pairs, kinds_by_saving, max_per_kind, reach
 from .config import train_config
 from .cost_model import build as build_cost_model, run_model_name
 from .costs import cost_summary
-from .data import DataBundle, loader, subset
+from .data import DataBundle
+from .adapters import Adapter, adapter_for, serving
 from .errors import HetpruneError
 from .models import ModelSpec, model_hash
 from .plugins import Registry
 from .recipe import Recipe, arch_of, recipe_from_model
 from .resume import structure_key, weights_key
 from .sites import Site, sites
-from .train import TrainConfig, evaluate_dataset, train
+from .task import Task, as_task
+from .train import TrainConfig
 
 
 @dataclass
 class PruneJob:
-    """Everything a strategy needs; a strategy must not modify ``dense``."""
+    """One pruning run: everything a strategy needs, resolved once when the job is made.
+
+    The model's adapter, the device, the mixed precision and the task are
+    resolved here and carried down; nothing below the job looks them up again.
+    ``task`` is what the model is pruned for (:class:`hetprune.Task`); a
+    classification :class:`~hetprune.data.DataBundle` given as ``data`` is
+    today's default task. ``spec`` says how to build the base model again, or
+    None for a model the user built (its recipe then records that). A
+    strategy must not modify ``dense``.
+    """
 
     dense: nn.Module
-    spec: ModelSpec
-    data: DataBundle
+    spec: ModelSpec | None
+    data: DataBundle | None
     budget: Budget
     settings: dict
     registry: Registry
@@ -54,8 +65,19 @@ class PruneJob:
     strategy_name: str = ""
     shared_dir: Path | None = None   # state reusable across runs of the same settings (MAP points)
     measure_cost: bool = True        # time the result against the dense model when the cost model can
+    task: Task | None = None         # what the model is pruned for (default: classification of ``data``)
+    adapter: Adapter | None = None   # the dense model's adapter (default: the registry's choice)
 
     def __post_init__(self):
+        if self.task is None and self.data is None:
+            raise HetpruneError("a PruneJob needs a task (hetprune.Task) or a classification DataBundle as data")
+        self.task = as_task(self.task if self.task is not None else self.data)
+        if self.data is None:
+            self.data = getattr(self.task, "data", None)
+        self.adapter = self.adapter or adapter_for(self.dense)
+        self.spec = self.spec or ModelSpec.user_built(self.dense)
+        self._device = devices.resolve(self.settings.get("device", "cpu"))
+        self._amp = devices.resolve_amp(self.settings.get("amp", "none"), self._device)
         self.workdir = Path(self.workdir)
         self.shared_dir = Path(self.shared_dir) if self.shared_dir else self.workdir
         if not self.base_info.get("hash"):  # every key of resumable state names the dense model, in code too
@@ -76,12 +98,12 @@ class PruneJob:
 
     @property
     def device(self) -> torch.device:
-        """This process's device (settings hold the rank-independent name, e.g. ``cuda``)."""
-        return devices.resolve(self.settings.get("device", "cpu"))
+        """This process's device, resolved when the job was made (settings hold the rank-independent name)."""
+        return self._device
 
     @property
     def amp(self) -> str:
-        return devices.resolve_amp(self.settings.get("amp", "none"), self.device)
+        return self._amp
 
     @property
     def workers(self) -> int:
@@ -93,10 +115,8 @@ class PruneJob:
 
     @property
     def example(self) -> torch.Tensor:
-        """Two validation images on the run's device: for exactness checks and counting costs."""
-        from .data import example_batch
-
-        return self.place(example_batch(self.data, 2))
+        """Two inputs of the task on the run's device: for exactness checks and counting costs."""
+        return self.place(self.task.example(2))
 
     def event(self, name: str, **kwargs) -> None:
         getattr(self.registry.hook, name)(**kwargs)
@@ -111,8 +131,16 @@ class PruneJob:
         self.event("on_stage_end", stage=stage,
                    info={"strategy": self.strategy_name, "seconds": round(time.time() - started, 2), **info})
 
-    def val_accuracy(self, model: nn.Module) -> float:
-        return evaluate_dataset(model, self.data.val, self.device, workers=self.workers, amp=self.amp)
+    def evaluate(self, model: nn.Module) -> float:
+        """The task's metric of ``model`` on its validation data (top-1 in percent by default)."""
+        return self.task.evaluate(model, self.device, amp=self.amp, workers=self.workers)
+
+    val_accuracy = evaluate   # the name from before tasks had other metrics
+
+    @property
+    def serving(self):
+        """A context in which this job's adapter serves its models (what :func:`hetprune.prune` runs in)."""
+        return serving(self.adapter)
 
     @property
     def cost_model_name(self) -> str:
@@ -155,9 +183,9 @@ class PruneJob:
 
 @dataclass
 class ScoringContext:
-    """What a scorer may use: data, the dense teacher, settings and a work folder."""
+    """What a scorer may use: the task (its batches and loss), the dense teacher, settings and a work folder."""
 
-    data: DataBundle
+    data: DataBundle | None
     teacher: nn.Module
     settings: dict
     device: torch.device
@@ -167,21 +195,29 @@ class ScoringContext:
     resume: bool = False
     log: Callable[[str], None] = print
     on_epoch_end: Callable[[int, dict], None] | None = None
+    task: Task | None = None
+
+    def __post_init__(self):
+        if self.task is None and self.data is None:
+            raise HetpruneError("a ScoringContext needs a task (hetprune.Task) or a classification DataBundle")
+        self.task = as_task(self.task if self.task is not None else self.data)
 
     def place(self, obj):
         """Move a model or batch to the run's device (:func:`hetprune.devices.place`)."""
         return devices.place(obj, devices.resolve(self.device))
 
     def batches(self):
-        """The few fixed batches one-shot scorers use (seeded subset of the training data), on the device."""
+        """The few fixed batches one-shot scorers use (the task's first training batches), on the device."""
         sc = self.settings["scoring"]
-        data = subset(self.data.train, sc["subset"], self.seed)
         workers = int(self.settings.get("short_finetune", {}).get("workers", 0))
         cuda = devices.resolve(self.device).type == "cuda"
-        for i, batch in enumerate(loader(data, sc["batch_size"], shuffle=False, workers=workers, pin_memory=cuda)):
-            if i >= sc["batches"]:
-                break
-            yield self.place(tuple(batch))
+        for batch in self.task.scoring_batches(sc["subset"], sc["batch_size"], sc["batches"], self.seed, workers,
+                                               pin_memory=cuda):
+            yield self.place(batch)
+
+    def loss(self, model: nn.Module, batch) -> torch.Tensor:
+        """The task's loss of ``model`` on one of :meth:`batches` (what scorers differentiate)."""
+        return self.task.loss(model, batch if len(batch) > 1 else batch[0])
 
     def train_config(self, section: str = "short_finetune", **changes) -> TrainConfig:
         return train_config(self.settings, section, **changes)
@@ -189,7 +225,7 @@ class ScoringContext:
 
 # what every strategy's report holds (``finish`` fills all but the last three); checked by the contract
 REPORT_KEYS = ("strategy", "n_attn", "n_act", "sites", "params", "macs", "dense_params", "dense_macs",
-               "macs_convention", "top1_before_finetune", "top1", "seconds")
+               "macs_convention", "metric_name", "metric_before_finetune", "metric", "seconds")
 
 
 @dataclass
@@ -201,7 +237,7 @@ class PruneResult:
 
 def scoring_context(job: PruneJob, workdir: Path | None = None) -> ScoringContext:
     return ScoringContext(
-        data=job.data, teacher=job.dense, settings=job.settings, device=job.device, seed=job.seed,
+        data=job.data, task=job.task, teacher=job.dense, settings=job.settings, device=job.device, seed=job.seed,
         workdir=workdir or job.workdir / "scoring", progress=job.progress, resume=job.resume, log=job.log,
         on_epoch_end=lambda e, m: job.event("on_epoch_end", stage="select", epoch=e, metrics=m),
     )
@@ -275,10 +311,10 @@ def finetune(job: PruneJob, model: nn.Module, section: str = "finetune", stage: 
     # a checkpoint is reused only for the same start: model (weights, and its structure: removed sites, attention
     # mode, merges, widths; the state dict alone does not show a removed activation), teacher, data
     key = {"starting weights": weights_key(model), "structure": structure_key(model, model_structure(job, model)),
-           "teacher": job.base_hash, "data": job.data.fingerprint}
-    return train(model, job.data, cfg, teacher=job.dense, checkpoint_dir=job.workdir / stage, resume=job.resume,
-                 progress=job.progress, desc=f"{job.strategy_name}: {stage}", resume_key=key, log=job.log,
-                 on_epoch_end=lambda e, m: job.event("on_epoch_end", stage=stage, epoch=e, metrics=m))
+           "teacher": job.base_hash, "data": job.task.fingerprint}
+    return job.task.fit(model, job.dense, cfg, stage, checkpoint_dir=job.workdir / stage, resume=job.resume,
+                        progress=job.progress, desc=f"{job.strategy_name}: {stage}", resume_key=key, log=job.log,
+                        on_epoch_end=lambda e, m: job.event("on_epoch_end", stage=stage, epoch=e, metrics=m))
 
 
 def model_structure(job: PruneJob, model: nn.Module) -> dict:
@@ -289,14 +325,15 @@ def model_structure(job: PruneJob, model: nn.Module) -> dict:
 
 
 def finetune_and_measure(job: PruneJob, model: nn.Module, after: str) -> tuple[float, list[dict], float]:
-    """Top-1 before the (long) fine-tune, its history, and top-1 after it."""
-    top1_before = job.val_accuracy(model)
+    """The task's metric before the (long) fine-tune, its history, and the metric after it."""
+    before = job.evaluate(model)
     t = job.stage_start("finetune")
     history = finetune(job, model)
-    top1 = job.val_accuracy(model)
-    job.stage_end("finetune", t, top1=top1)
-    job.log(f"[{job.strategy_name}] top-1 {top1_before:.2f}% after {after}, {top1:.2f}% after fine-tune")
-    return top1_before, history, top1
+    after_ft = job.evaluate(model)
+    job.stage_end("finetune", t, metric=after_ft)
+    name = job.task.metric_name
+    job.log(f"[{job.strategy_name}] {name} {before:.2f} after {after}, {after_ft:.2f} after fine-tune")
+    return before, history, after_ft
 
 
 def merge(job: PruneJob, model: nn.Module) -> list[int]:
@@ -316,7 +353,7 @@ def finish(job: PruneJob, model: nn.Module, report: dict, fold_norm: bool = Fals
     recipe = recipe_from_model(
         model, job.spec, arch_of(job.dense), fold_norm=fold_norm, widths=widths,
         provenance={"strategy": job.strategy_name, "budget": job.budget.to_dict(), "seed": job.seed,
-                    "base_weights": job.base_info, "data": job.data.describe()},
+                    "base_weights": job.base_info, "data": job.task.describe()},
     )
     dense_cost = cost_summary(job.dense, example)   # the model, the teacher and the example share the device
     cost = cost_summary(model, example)
@@ -327,7 +364,7 @@ def finish(job: PruneJob, model: nn.Module, report: dict, fold_norm: bool = Fals
         "n_attn": recipe.n_attn,
         "n_act": recipe.n_act,
         "sites": [str(s) for s in recipe.removed_sites],
-        **report,
+        **metric_entries(job, report),
         "params": cost["params"],
         "macs": cost["macs"],
         "dense_params": dense_cost["params"],
@@ -337,6 +374,23 @@ def finish(job: PruneJob, model: nn.Module, report: dict, fold_norm: bool = Fals
         "settings": job.settings,
     }
     return PruneResult(model, recipe, report)
+
+
+def metric_entries(job: PruneJob, report: dict) -> dict:
+    """``report`` with the task's metric under its own keys: ``metric``, ``metric_before_finetune`` and
+    ``metric_dense``, named by ``metric_name`` (and ``higher_is_better``). A classification task keeps the
+    ``top1*`` keys too; a strategy that still writes only ``top1*`` has them read as the metric."""
+    out = dict(report)
+    for suffix in ("", "_before_finetune", "_dense"):
+        if f"metric{suffix}" not in out and f"top1{suffix}" in out:
+            out[f"metric{suffix}"] = out[f"top1{suffix}"]
+        if job.task.metric_name == "top1":
+            out[f"top1{suffix}"] = out.get(f"metric{suffix}")
+        else:   # another metric is not top-1: no key may say it is
+            out.pop(f"top1{suffix}", None)
+    out.setdefault("metric_dense", job.base_info.get("metric"))
+    out["metric_name"], out["higher_is_better"] = job.task.metric_name, job.task.higher_is_better
+    return out
 
 
 def cost_report(job: PruneJob, model: nn.Module, example: torch.Tensor) -> dict:
@@ -408,7 +462,7 @@ class DepthStrategy:
         removal = self.remove(job, model, chosen)
         more, budget_check = self.meet_budget(job, model)   # before the fine-tune: no training is wasted
         removal = {**removal, **more} if more else removal
-        top1_pruned, history, top1 = finetune_and_measure(job, model, "removal")
+        metric_pruned, history, metric = finetune_and_measure(job, model, "removal")
 
         t = job.stage_start("merge")
         merged = merge(job, model)
@@ -417,9 +471,9 @@ class DepthStrategy:
             "allocation": alloc_info,
             "removal": removal,
             "merged": merged,
-            "top1_dense": job.base_info.get("top1"),
-            "top1_before_finetune": top1_pruned,
-            "top1": top1,
+            "metric_dense": job.base_info.get("metric", job.base_info.get("top1")),
+            "metric_before_finetune": metric_pruned,
+            "metric": metric,
             "finetune_history": history,
             **budget_check,
             "seconds": round(time.time() - started, 1),

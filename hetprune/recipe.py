@@ -21,7 +21,7 @@ from . import surgery
 from .errors import HetpruneError
 from .io import atomic_folder, load_weights, read_json, save_weights, write_json_atomic
 from .models import ModelSpec, build, check_kwargs, load_state_into
-from .adapters import adapter_for
+from .adapters import adapter_for, serving
 from .sites import Site, depth, sites
 
 SCHEMA_VERSION = 1
@@ -189,16 +189,26 @@ def default_provenance() -> dict:
     return {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "versions": versions}
 
 
-def apply_recipe(model: nn.Module, recipe: Recipe, compute_merge: bool = True, allow_kwargs=()) -> nn.Module:
+def apply_recipe(model: nn.Module, recipe: Recipe, compute_merge: bool = True, allow_kwargs=(),
+                 adapter=None) -> nn.Module:
     """Apply ``recipe`` to an unpruned ``model`` in place and return it.
 
     ``compute_merge=True`` merges with the model's real weights (pruning a
     trained model); ``False`` only shapes the merged layers, for loading
     saved weights afterwards. A recipe whose base kwargs could read files or
     the network is refused (it travels on with the model, and whoever builds
-    its base reads them) unless ``allow_kwargs`` names them.
+    its base reads them) unless ``allow_kwargs`` names them. ``model`` may be
+    one the user built (a recipe made by ``hetprune.prune`` on such a model
+    says so); ``adapter`` is the one it was pruned with where no registered
+    adapter serves it (``hetprune.adapters.generic(...)``).
     """
     check_kwargs(recipe.base, allow_kwargs, "recipe")
+    if adapter is not None:
+        with serving(adapter):
+            return apply_recipe(model, recipe, compute_merge, allow_kwargs)
+    if recipe.base.is_user_built and f"{type(model).__module__}.{type(model).__qualname__}" != recipe.base.name:
+        raise HetpruneError(f"recipe was made for a user-built {recipe.base.name}, but the model given is a "
+                            f"{type(model).__module__}.{type(model).__qualname__}")
     recipe.check_fits(model)
     already = [str(s) for s in sites(model, present_only=False) if surgery.site_removed(model, s)]
     if already:
@@ -275,21 +285,26 @@ def save(folder: str | Path, model: nn.Module, recipe: Recipe, overwrite: bool =
     return Path(folder)
 
 
-def load(folder: str | Path, allow_kwargs=()) -> nn.Module:
+def load(folder: str | Path, allow_kwargs=(), model: nn.Module | None = None, adapter=None) -> nn.Module:
     """Rebuild a saved pruned model: fresh base architecture + recipe + weights.
 
     A folder is data: base kwargs that could make building the model read a
     file or the network (``checkpoint_path``, ``pretrained``, a
     ``pretrained_cfg_overlay`` with a file or URL, ...) are refused before
     anything is built, unless ``allow_kwargs`` names them (you trust the folder).
+
+    ``model``: a fresh, unpruned base model you built (required when the
+    recipe's base was user-built: hetprune cannot build your class); its
+    weights are replaced by the saved ones. ``adapter``: the adapter it was
+    pruned with, where no registered one serves it.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise HetpruneError(f"{folder} is not a folder holding a pruned model ({RECIPE_FILE} + {WEIGHTS_FILE})")
     recipe = Recipe.read(folder / RECIPE_FILE)
     check_kwargs(recipe.base, allow_kwargs, f"recipe {folder / RECIPE_FILE}")
-    model = build(recipe.base)
-    apply_recipe(model, recipe, compute_merge=False, allow_kwargs=allow_kwargs)
+    model = build(recipe.base) if model is None else model
+    apply_recipe(model, recipe, compute_merge=False, allow_kwargs=allow_kwargs, adapter=adapter)
     load_state_into(model, load_weights(folder / WEIGHTS_FILE), f"weights {folder / WEIGHTS_FILE}")
     return model.eval()
 

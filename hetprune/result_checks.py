@@ -7,6 +7,7 @@ harnesses that run strategies (``hetprune.prune``, compare, ablate, the conforma
 from __future__ import annotations
 
 import contextvars
+import copy
 import json
 import tempfile
 from pathlib import Path
@@ -44,7 +45,8 @@ def strategy_run(component, call, job, *args, **kwargs):
     # what is saved must reload: the outermost run's result (a strategy run inside another, e.g. hetdpt in
     # hetdpt-plus, may prune an intermediate model its recipe alone does not describe); under torchrun rank 0
     if outermost and dist.is_main():
-        check_reloads(result.model, result.recipe, job.example)
+        base = copy.deepcopy(job.dense) if result.recipe.base.is_user_built else None
+        check_reloads(result.model, result.recipe, job.example, base=base, adapter=getattr(job, "adapter", None))
     return result
 
 
@@ -72,12 +74,14 @@ def check_result(result, example: torch.Tensor) -> None:
     runs(result.model, example.to(device=ref.device, dtype=ref.dtype if ref.is_floating_point() else None), "run()")
 
 
-def check_reloads(model: nn.Module, recipe, example: torch.Tensor, tol: float = RELOAD_TOLERANCE) -> None:
-    """Save ``model`` with ``recipe`` and load it back as a user would: same outputs, or a violation."""
+def check_reloads(model: nn.Module, recipe, example: torch.Tensor, tol: float = RELOAD_TOLERANCE,
+                  base: nn.Module | None = None, adapter=None) -> None:
+    """Save ``model`` with ``recipe`` and load it back as a user would: same outputs, or a violation.
+    ``base``: a fresh unpruned model to load onto (a user-built base, which hetprune cannot build)."""
     with tempfile.TemporaryDirectory(prefix="hetprune-reload-") as tmp:
         try:
             save(Path(tmp) / "result", model, recipe)
-            loaded = load(Path(tmp) / "result")
+            loaded = load(Path(tmp) / "result", model=base, adapter=adapter)
         except HetpruneError as exc:
             raise Violation(f"the result does not reload from its recipe and weights: {exc}") from exc
     ref = next(model.parameters())

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import hetprune
+import hetprune.task  # noqa: F401 - its train is what the tests below spy on
 from hetprune import HetpruneError, Site, surgery
 from hetprune.budget import Budget, feasible_pairs, site_savings
 from hetprune.costs import count_macs
@@ -342,7 +343,7 @@ def test_interrupted_point_collection_resumes_without_remeasuring(tiny_model, di
     import hetprune_hetdpt.strategy as strat
 
     calls = []
-    real_train = strat.train
+    real_train = hetprune.task.train
 
     def counting_train(model, *args, **kwargs):
         calls.append(1)
@@ -352,7 +353,7 @@ def test_interrupted_point_collection_resumes_without_remeasuring(tiny_model, di
         kwargs["progress"] = False
         return real_train(model, *args, **kwargs)
 
-    monkeypatch.setattr(strat, "train", counting_train)
+    monkeypatch.setattr(hetprune.task, "train", counting_train)
     job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=3),
                    **{"finetune.epochs": 1, "finetune.subset": 32, "hetdpt.axis_points": 2,
                       "hetdpt.mixed_points": 1})
@@ -376,7 +377,7 @@ def test_points_are_fine_tuned_with_the_chosen_schedule_and_keyed_by_it(tiny_mod
     import hetprune_hetdpt.strategy as strat
 
     used = []
-    monkeypatch.setattr(strat, "train", lambda model, data, cfg, **kw: used.append((cfg.epochs, cfg.subset)))
+    monkeypatch.setattr(hetprune.task, "train", lambda model, data, cfg, **kw: used.append((cfg.epochs, cfg.subset)))
     small = {"finetune.epochs": 1, "finetune.subset": 40, "short_finetune.epochs": 2, "short_finetune.subset": 20}
     strategy = HetDPT()
     # auto, the default: finetune (1 epoch on 40 images) costs less than 4 short ones (2 epochs on 20)
@@ -677,9 +678,9 @@ def test_loss_drop_selects_greedily_re_measuring_after_each_removal(tiny_model, 
     measured = []
     real = scorers.LossDropScorer._losses
 
-    def spy(self, model, bank, batches, sites):
+    def spy(self, model, bank, batches, sites, ctx):
         measured.append(sorted(str(s) for s in sites))
-        return real(self, model, bank, batches, sites)
+        return real(self, model, bank, batches, sites, ctx)
 
     monkeypatch.setattr(scorers.LossDropScorer, "_losses", spy)
     before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
@@ -721,7 +722,7 @@ def test_a_gradual_point_is_what_the_runs_own_selection_makes_of_that_split(tiny
     def no_short_finetune(*a, **k):
         raise AssertionError("a gradual point gets no short fine-tune: the selector already trained it")
 
-    monkeypatch.setattr(strat, "train", no_short_finetune)
+    monkeypatch.setattr(hetprune.task, "train", no_short_finetune)
     job = make_job(tiny_model, digits_data, tmp_path, **GRADUAL)
     [dense, point] = HetDPT().collect_points(job, [(0, 0), (1, 2)])
     assert dense["accuracy"] == pytest.approx(evaluate_dataset(tiny_model, digits_data.val, torch.device("cpu")))

@@ -18,6 +18,7 @@ import torch
 from hetprune import Budget, surgery
 from hetprune.pipeline import finetune, select_sites
 from hetprune.resume import weights_key
+from hetprune.task import classification
 from hetprune.testing import tiny_job, tiny_model
 
 
@@ -34,6 +35,7 @@ def job_with(tmp_path, changes: dict | None = None, model=None, fingerprint: str
     job.log = logs.append
     if fingerprint is not None:
         job.data = dataclasses.replace(job.data, fingerprint=fingerprint)
+        job.task = classification(job.data)   # the job carries its task: another data set is another task
     epochs: list[int] = []
     real_event = job.event
     job.event = lambda name, **kw: (epochs.append(kw["epoch"]) if name == "on_epoch_end" else None,

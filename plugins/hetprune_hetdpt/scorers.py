@@ -3,6 +3,7 @@ ever compared between sites of the same kind."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -17,10 +18,6 @@ from hetprune.resume import reusable, weights_key
 from . import gates
 
 
-def _ce(model, x, y):
-    return F.cross_entropy(model(x), y)
-
-
 class TaylorScorer:
     """One-shot first-order Taylor estimate of the loss increase when a site is removed."""
 
@@ -33,9 +30,9 @@ class TaylorScorer:
         try:
             total = torch.zeros_like(bank.scores)
             n = 0
-            for x, y in ctx.batches():
+            for batch in ctx.batches():
                 bank.scores.grad = None
-                _ce(model, x, y).backward()
+                ctx.loss(model, batch).backward()
                 total += bank.scores.grad.detach()
                 n += 1
             model.zero_grad(set_to_none=True)
@@ -57,9 +54,9 @@ class LossDropScorer:
     description = "the loss increase of each real removal (not its Taylor estimate), greedy, re-measured"
 
     @torch.no_grad()
-    def _losses(self, model, bank, batches, sites) -> dict:
+    def _losses(self, model, bank, batches, sites, ctx) -> dict:
         def loss() -> float:
-            return sum(float(_ce(model, x, y)) for x, y in batches) / len(batches)
+            return sum(float(ctx.loss(model, batch)) for batch in batches) / len(batches)
 
         base = loss()
         out = {}
@@ -84,7 +81,7 @@ class LossDropScorer:
             model.train(was_training)
 
     def score(self, model, sites, ctx):
-        return self._run(model, list(sites), ctx, lambda bank, batches: self._losses(model, bank, batches, sites))
+        return self._run(model, list(sites), ctx, lambda bank, batches: self._losses(model, bank, batches, sites, ctx))
 
     def select(self, model, counts, ctx):
         order = GateTaylorScorer.schedule(counts)
@@ -93,7 +90,7 @@ class LossDropScorer:
         def steps(bank, batches):
             removed = []
             for kind in order:
-                drops = self._losses(model, bank, batches, bank.active(kind))
+                drops = self._losses(model, bank, batches, bank.active(kind), ctx)
                 victim = min(drops, key=lambda s: (drops[s], s.block))
                 bank.switch_off(victim)
                 removed.append(victim)
@@ -146,7 +143,7 @@ class BlockInfluenceScorer:
         was_training = model.training
         model.eval()
         try:
-            for x, _ in ctx.batches():
+            for x, *_ in ctx.batches():
                 model(x)
         finally:
             for h in handles:
@@ -222,7 +219,6 @@ class GateTaylorScorer:
         return order
 
     def select(self, model, counts, ctx):
-        from hetprune.data import subset
         from timm.optim import create_optimizer_v2
 
         order = self.schedule(counts)
@@ -236,7 +232,7 @@ class GateTaylorScorer:
         attn_mode = _attn_mode(ctx)
         # the checkpoint is reused only for the same start, candidates, schedule, data and settings
         key = {"starting weights": weights_key(model), "teacher": weights_key(ctx.teacher),
-               "candidates": [str(s) for s in candidates], "schedule": order, "data": ctx.data.fingerprint,
+               "candidates": [str(s) for s in candidates], "schedule": order, "data": ctx.task.fingerprint,
                "training settings": cfg.to_dict(), "attention removal": attn_mode,
                "gate options": {"epochs_per_removal": self.epochs_per_removal, "warmup_epochs": self.warmup_epochs,
                                 "score_lr": self.score_lr,
@@ -262,13 +258,14 @@ class GateTaylorScorer:
                     scaler.load_state_dict(state["scaler"])
                 step = state["step"]
                 removed = [s for s in candidates if bank.mask[bank.index[s]] == 0]
-        train_set = subset(ctx.data.train, cfg.subset, ctx.seed)
         teacher = ctx.place(ctx.teacher).eval()
         try:
             for i in range(step, len(order)):
                 epochs = self.epochs_per_removal + (self.warmup_epochs if i == 0 else 0)
-                for e in range(epochs):
-                    loss = self._epoch(model, teacher, train_set, cfg, [opt_w, opt_s], scaler, ctx, device, amp,
+                if ctx.task.own_finetune:
+                    loss = self._own_loop(model, teacher, cfg, epochs, bank, ctx, seed=ctx.seed * 7919 + i * 31)
+                for e in range(0 if ctx.task.own_finetune else epochs):
+                    loss = self._epoch(model, teacher, cfg, [opt_w, opt_s], scaler, ctx, device, amp,
                                        seed=ctx.seed * 7919 + i * 31 + e)
                 kind = order[i]
                 active = bank.active(kind)
@@ -294,26 +291,48 @@ class GateTaylorScorer:
         return removed
 
     @staticmethod
-    def _epoch(model, teacher, train_set, cfg, optimizers, scaler, ctx, device, amp, seed: int) -> float:
-        """One epoch of the gate phase: the fine-tune's own step (autocast, fp32 loss, GradScaler) on both
-        optimizers; the straight-through gates need nothing more."""
-        from hetprune.data import loader
-
+    def _epoch(model, teacher, cfg, optimizers, scaler, ctx, device, amp, seed: int) -> float:
+        """One epoch of the gate phase: the fine-tune's own batches and step (autocast, fp32 loss, GradScaler)
+        on both optimizers; the straight-through gates need nothing more."""
         model.train()
         torch.manual_seed(seed)
+        source = ctx.task.source()   # the task's training batches and loss, as every fine-tune sees them
         total, n = 0.0, 0
-        for x, y in loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=cfg.workers,
-                           pin_memory=device.type == "cuda"):
-            x, y = ctx.place((x, y))
-            loss = training.forward_loss(model, x, y, cfg, device, amp, teacher)
+        for batch, share, _ in source.epoch(cfg, seed, 0, 1, device, False):
+            loss = source.loss(model, batch, teacher, cfg, device, amp)
             try:
                 stepped = training.optimisation_step(loss, optimizers, scaler)
             except training.NonFiniteLoss as exc:
                 raise HetpruneError(f"gate-taylor: loss became {exc.value}; lower short_finetune.lr") from None
             if stepped:
-                total += loss.item() * y.numel()
-                n += y.numel()
+                total += loss.item() * share
+                n += share
         return total / max(1, n)
+
+    def _own_loop(self, model, teacher, cfg, epochs: int, bank, ctx, seed: int) -> float:
+        """The gate phase's weight training in the task's own loop (``Task(finetune=...)``).
+
+        The user's optimizer sees the gate scores too (they are parameters of
+        the model) and would move them by its own rule; the scores must follow
+        the summed Taylor gradient. So the gradients reaching the scores are
+        summed here, the scores put back after the loop, and moved by that sum
+        (the SGD step hetprune's own loop takes, at ``score_lr``).
+        """
+        saved = bank.scores.detach().clone()
+        summed = torch.zeros_like(saved)
+
+        def add(grad):
+            summed.add_(grad.detach())
+
+        hook = bank.scores.register_hook(add)
+        try:
+            history = ctx.task.fit(model, teacher, dataclasses.replace(cfg, epochs=epochs, seed=seed), "gate")
+        finally:
+            hook.remove()
+        with torch.no_grad():
+            bank.scores.copy_(saved - self.score_lr * summed)
+        last = history[-1] if history else {}
+        return float(last.get("loss", float("nan"))) if isinstance(last, dict) else float("nan")
 
 
 def _attn_mode(ctx) -> str:

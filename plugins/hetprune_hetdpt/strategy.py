@@ -14,8 +14,6 @@ from hetprune.points import PointStore
 from hetprune.pipeline import DepthStrategy, PruneJob, rank_lowest, remove_sites, scoring_context, select_sites
 from hetprune import distributed as dist
 from hetprune.config import train_config
-from hetprune.data import loader
-from hetprune.train import evaluate, train
 
 
 def axis_values(maximum: int, count: int) -> list[int]:
@@ -118,7 +116,7 @@ class HetDPT(DepthStrategy):
         return "finetune" if images("finetune") <= cls.AFFORDABLE * images("short_finetune") else "short_finetune"
 
     def point_schedule(self, job: PruneJob) -> str:
-        return self.point_finetune(job.settings, len(job.data.train))
+        return self.point_finetune(job.settings, job.task.train_size)
 
     @classmethod
     def point_selection(cls, settings: dict) -> str:
@@ -135,7 +133,7 @@ class HetDPT(DepthStrategy):
                    "scorer_options": s.get("scorer_options", {}).get(s["scorer"], {})} if how != "oneshot" else {}
         section = self.point_schedule(job)
         return fingerprint({
-            "base": job.base_hash, "data": job.data.fingerprint, "short": s[section],
+            "base": job.base_hash, "data": job.task.fingerprint, "short": s[section],
             **({"point_finetune": section} if section != "short_finetune" else {}),  # short ones keep their key
             "point_scorer": s["hetdpt"]["point_scorer"], "attn_remover": s["attn_remover"],
             "act_remover": s["act_remover"], "scoring": s["scoring"], "seed": job.seed,
@@ -154,8 +152,8 @@ class HetDPT(DepthStrategy):
             return model, chosen
         chosen = orders["attn"][:a] + orders["act"][:m]
         remove_sites(job, model, chosen)
-        train(model, job.data, train_config(job.settings, self.point_schedule(job)), teacher=job.dense,
-              progress=False, desc="MAP point", distributed=False)
+        job.task.fit(model, job.dense, train_config(job.settings, self.point_schedule(job)), "point",
+                     progress=False, desc="MAP point", distributed=False)
         return model, chosen
 
     def collect_points(self, job: PruneJob, plan: list[tuple[int, int]]) -> list[dict]:
@@ -184,15 +182,15 @@ class HetDPT(DepthStrategy):
         for i, (a, m) in enumerate(mine, 1):
             t0 = time.time()
             model, chosen = self.measure_point(job, a, m, orders)
-            # this rank's own model: evaluated on the whole val set here, not shared across ranks
-            val = loader(job.data.val, 256, shuffle=False, workers=job.workers, pin_memory=job.device.type == "cuda")
-            acc = evaluate(model, val, job.device, amp=job.amp)
+            # this rank's own model: evaluated on the whole val set here, not shared across ranks. A point's
+            # "accuracy" is the task's metric (top-1 by default), whichever it is
+            acc = job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers, distributed=False)
             point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen],
                      "seconds": round(time.time() - t0, 2), **made}
             store.append(point)
             have[(a, m)] = point
             job.event("on_point_collected", point=point)
-            job.log(f"[hetdpt] MAP point {i}/{len(mine)}: {a} attn + {m} act -> {acc:.2f}% "
+            job.log(f"[hetdpt] MAP point {i}/{len(mine)}: {a} attn + {m} act -> {job.task.metric_name} {acc:.2f} "
                     f"({point['seconds']:.1f}s)")
         if dist.active():
             dist.barrier()
@@ -232,10 +230,11 @@ class HetDPT(DepthStrategy):
         refine = self.refine_rounds(job.settings)
         points = self.collect_points(job, plan)
         predicted = self.fit(predictor, points, pairs)
+        sign = 1 if job.task.higher_is_better else -1   # the best split: the highest metric, or the lowest loss
         rounds = []
         for r in range(refine):
             new = dist.on_main(lambda: self.refinement_pairs(pairs, predicted,
-                                                             {(p["n_attn"], p["n_act"]) for p in points}))
+                                                             {(p["n_attn"], p["n_act"]) for p in points}, sign))
             if not new:
                 break
             job.log(f"[hetdpt] refinement {r + 1}/{refine}: measuring {', '.join(f'{a}+{m}' for a, m in new)}")
@@ -247,7 +246,7 @@ class HetDPT(DepthStrategy):
         # the paper (refine 0): the predictor's argmax; refined: measured where measured, predicted elsewhere.
         # Ties go to fewer attention removals.
         value = {pair: measured.get(pair, predicted[pair]) if refine else predicted[pair] for pair in pairs}
-        pick = max(pairs, key=lambda p: (value[p], -p[0]))
+        pick = max(pairs, key=lambda p: (sign * value[p], -p[0]))
         surface = [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)],
                     **({"std": predictor.uncertainty(a, m)} if hasattr(predictor, "uncertainty") else {}),
                     **({"measured": measured[(a, m)]} if (a, m) in measured else {})} for a, m in pairs]
@@ -265,10 +264,12 @@ class HetDPT(DepthStrategy):
         return {pair: predictor.predict(*pair) for pair in pairs}
 
     @staticmethod
-    def refinement_pairs(pairs: list[tuple[int, int]], predicted: dict, measured: set) -> list[tuple[int, int]]:
-        """The best predicted feasible split not yet measured, and its unmeasured neighbours on the budget line."""
+    def refinement_pairs(pairs: list[tuple[int, int]], predicted: dict, measured: set,
+                         sign: int = 1) -> list[tuple[int, int]]:
+        """The best predicted feasible split not yet measured, and its unmeasured neighbours on the budget line
+        (``sign`` -1: the metric is better lower)."""
         line = sorted(pairs)
-        best = max((p for p in line if p not in measured), key=lambda p: (predicted[p], -p[0]), default=None)
+        best = max((p for p in line if p not in measured), key=lambda p: (sign * predicted[p], -p[0]), default=None)
         if best is None:
             return []
         i = line.index(best)

@@ -25,7 +25,6 @@ from hetprune.config import train_config
 from hetprune.pipeline import PruneJob, remove_sites
 from hetprune.points import PointStore
 from hetprune.sites import depth
-from hetprune.train import evaluate_dataset, train
 
 
 def depth_macs(job: PruneJob):
@@ -56,7 +55,7 @@ def point_plan(depth_strategy, job: PruneJob, cands: list[tuple[int, int]]) -> l
 
 def points_key(job: PruneJob, target: float, width_prune_settings: dict) -> str:
     s = job.settings
-    return fingerprint({"base": job.base_info.get("hash"), "data": job.data.fingerprint, "short": s["short_finetune"],
+    return fingerprint({"base": job.base_hash, "data": job.task.fingerprint, "short": s["short_finetune"],
                         "point_scorer": s["hetdpt"]["point_scorer"], "removers": [s["attn_remover"], s["act_remover"]],
                         "mergers": s.get("mergers"), "scoring": s["scoring"], "width": width_prune_settings,
                         "target": int(target), "seed": job.seed, "amp": s.get("amp")})
@@ -80,8 +79,8 @@ def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: 
         chosen = orders["attn"][:a] + orders["act"][:m]
         remove_sites(job, model, chosen)
         info = width_prune(job, model, target, stage="share-point")
-        train(model, job.data, cfg, teacher=job.dense, progress=False, desc="share point", distributed=False)
-        acc = evaluate_dataset(model, job.data.val, job.device, workers=job.workers, amp=job.amp)
+        job.task.fit(model, job.dense, cfg, "share", progress=False, desc="share point", distributed=False)
+        acc = job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers, distributed=False)
         point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen], "macs": info["macs"],
                  "seconds": round(time.time() - t0, 2)}
         store.append(point)

@@ -1,0 +1,375 @@
+"""What a model is pruned for: its data, loss, metric and, optionally, its owner's training loop.
+
+Every strategy talks to a :class:`Task` and never to a data set, a loss or a
+training loop directly, so the same strategy prunes a classifier for top-1
+with hetprune's KD trainer or a segmentation backbone for mIoU with the
+user's own loop.
+
+* :class:`Task` is the user's: ``train``/``val`` are anything re-iterable
+  that yields batches (a DataLoader), ``loss(model, batch)`` returns a scalar
+  tensor, ``metric(model, val)`` a number (``higher_is_better`` says which way
+  is good), and ``finetune(model, teacher, schedule)``, if given, is called
+  for every fine-tune hetprune would run, with the :class:`Schedule` its own
+  trainer would have used.
+* :func:`classification` is today's default: a :class:`~hetprune.data.DataBundle`
+  (embedded digits, an ImageFolder), cross-entropy + KD, top-1, hetprune's
+  trainer with per-epoch checkpoints and torchrun.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from . import devices
+from .cache import fingerprint as fingerprint_of
+from .config import TrainConfig
+from .data import DataBundle, example_batch, loader, subset
+from .errors import HetpruneError
+from .train import ClassificationSource, evaluate, evaluate_dataset, train
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One fine-tune hetprune asks a Task for.
+
+    ``stage`` names it (``point``: one MAP point; ``gate``: gate-taylor's
+    weight training between removals; ``finetune``: the fine-tune after
+    pruning; ``width-finetune``, ``share``: HetDPT+'s). ``config`` is what
+    hetprune's own trainer would use: epochs, learning rate, batch size, how
+    many training items (``subset``), the KD mode and the seed.
+    """
+
+    stage: str
+    config: TrainConfig
+
+    @property
+    def epochs(self) -> int:
+        return self.config.epochs
+
+    @property
+    def lr(self) -> float:
+        return self.config.lr
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def subset(self) -> int | None:
+        return self.config.subset
+
+    def to_dict(self) -> dict:
+        return {"stage": self.stage, **self.config.to_dict()}
+
+
+class Task:
+    """A user's task: data, loss, metric, and optionally a training loop (see the module docstring).
+
+    ``fingerprint`` keys resumable state (MAP points, fine-tune checkpoints)
+    to the data: pass one that changes when your data changes. Without it,
+    hetprune hashes the first batch of each split and the split sizes.
+    ``example`` is an input batch for cost counting and exactness checks
+    (default: the input of the first validation batch).
+    """
+
+    def __init__(self, train: Iterable, val: Iterable, loss: Callable[[nn.Module, Any], torch.Tensor],
+                 metric: Callable[[nn.Module, Iterable], float], higher_is_better: bool = True,
+                 finetune: Callable[[nn.Module, nn.Module, Schedule], Any] | None = None,
+                 metric_name: str = "metric", example: torch.Tensor | None = None,
+                 fingerprint: str | None = None, name: str = "task"):
+        for what, value in (("train", train), ("val", val)):
+            if value is None or not hasattr(value, "__iter__"):
+                raise HetpruneError(f"Task {what} must be re-iterable batches (a DataLoader or a list), "
+                                    f"got {type(value).__name__}")
+            if iter(value) is value:
+                raise HetpruneError(f"Task {what} is an iterator, which runs dry after one pass; pass "
+                                    "something re-iterable (a DataLoader, a list of batches)")
+        for what, value in (("loss", loss), ("metric", metric)):
+            if not callable(value):
+                raise HetpruneError(f"Task {what} must be a function, got {type(value).__name__}")
+        if finetune is not None and not callable(finetune):
+            raise HetpruneError(f"Task finetune must be a function (model, teacher, schedule) or None, "
+                                f"got {type(finetune).__name__}")
+        self._set(train, val, loss, metric, higher_is_better, finetune, metric_name, example, fingerprint, name)
+
+    def _set(self, train, val, loss, metric, higher_is_better, finetune, metric_name, example, fingerprint, name):
+        self.train, self.val = train, val
+        self._loss, self._metric, self._finetune = loss, metric, finetune
+        self.higher_is_better = bool(higher_is_better)
+        self.metric_name, self.name = str(metric_name), str(name)
+        self._example, self._fingerprint = example, fingerprint
+
+    # -- what strategies call ---------------------------------------------------------------------
+    @property
+    def own_finetune(self) -> bool:
+        """Whether the task trains in its own loop (``finetune``) rather than hetprune's."""
+        return self._finetune is not None
+
+    def loss(self, model: nn.Module, batch) -> torch.Tensor:
+        """The scalar loss scorers differentiate (one batch, already on the model's device)."""
+        value = self._loss(model, batch)
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise HetpruneError(f"the task's loss must return a scalar tensor, got {_describe(value)}")
+        return value.reshape(())
+
+    def evaluate(self, model: nn.Module, device: torch.device | str = "cpu", amp: str = "none",
+                 workers: int = 0, distributed: bool | None = None) -> float:
+        """The task's metric of ``model`` on the validation data, checked to be a finite number.
+
+        The metric sees this process's ``val`` (under torchrun, the user's loader decides what each rank
+        reads; ``distributed`` only matters to the classification task, which splits and sums counts)."""
+        device = devices.resolve(device)
+        devices.place(model, device)
+        was_training = model.training
+        model.eval()
+        val = _OnDevice(self.val, device)
+        try:
+            with torch.inference_mode(), devices.autocast(device, devices.resolve_amp(amp, device)):
+                value = self._metric(model, val)
+        except HetpruneError:
+            raise
+        except Exception as exc:
+            raise HetpruneError(f"the task's metric {_name_of(self._metric)} raised {type(exc).__name__}: "
+                                f"{exc}") from exc
+        finally:
+            model.train(was_training)
+        if val.batches == 0:
+            raise HetpruneError(f"the task's val data ({self.name}) yields no batch")
+        return checked_metric(value, self.metric_name)
+
+    def fit(self, model: nn.Module, teacher: nn.Module | None, cfg: TrainConfig, stage: str, **trainer) -> list[dict]:
+        """Run one fine-tune: the task's own loop when it has one, else hetprune's trainer on ``loss``.
+
+        ``trainer`` holds what hetprune's trainer takes besides the schedule
+        (checkpoint folder, resume, progress, log, ...); a user loop owns its
+        own checkpoints and gets only the model, the teacher and the schedule.
+        """
+        schedule = Schedule(stage, cfg)
+        if self._finetune is None:
+            return train(model, self.source(), cfg, teacher=teacher, **trainer)
+        try:
+            history = self._finetune(model, teacher, schedule)
+        except HetpruneError:
+            raise
+        except Exception as exc:
+            raise HetpruneError(f"the task's finetune callback {_name_of(self._finetune)} raised {type(exc).__name__}: {exc} "
+                                f"(during the {stage!r} fine-tune)") from exc
+        devices.place(model, devices.resolve(cfg.device)).eval()
+        return list(history) if isinstance(history, (list, tuple)) else []
+
+    def source(self):
+        """What hetprune's trainer iterates (see :class:`hetprune.train.BatchSource`)."""
+        return UserSource(self)
+
+    def scoring_batches(self, items: int, batch_size: int, n_batches: int, seed: int, workers: int = 0,
+                        pin_memory: bool = False):
+        """The first ``n_batches`` training batches (the loader's own batch size), for one-shot scorers."""
+        for i, batch in enumerate(self.train):
+            if i >= n_batches:
+                break
+            yield _as_tuple(batch)
+
+    def example(self, n: int = 2) -> torch.Tensor:
+        """A model input for cost counting and exactness checks (at most ``n`` items)."""
+        if self._example is not None:
+            return self._example[:n]
+        batch = next(iter(self.val), None)
+        if batch is None:
+            raise HetpruneError("the task's val data yields no batch")
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        if not isinstance(x, torch.Tensor):
+            raise HetpruneError("cannot take an example input from the task's val batches (the first item of a "
+                                "batch is not a tensor): pass Task(example=...)")
+        return x[:n]
+
+    @property
+    def train_size(self) -> int | None:
+        """How many training items there are, where that is known (a sized data set behind the loader)."""
+        dataset = getattr(self.train, "dataset", None)
+        return len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint_of({"name": self.name, "train": _batches_digest(self.train),
+                                                "val": _batches_digest(self.val), "metric": self.metric_name})
+        return self._fingerprint
+
+    def describe(self) -> dict:
+        return {"name": self.name, "metric": self.metric_name, "higher_is_better": self.higher_is_better,
+                "own_finetune": self.own_finetune, "fingerprint": self.fingerprint}
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether metric value ``a`` is better than ``b``."""
+        return a > b if self.higher_is_better else a < b
+
+
+class UserSource:
+    """hetprune's trainer (:func:`hetprune.train.train`) over a user Task: its batches and its loss.
+
+    ``subset`` (training items) is rounded up to whole batches of the loader.
+    The loss is the task's alone: hetprune cannot distil an output it does
+    not understand (give the Task a ``finetune`` to distil). Under torchrun
+    each rank iterates its own loader (give it a DistributedSampler); every
+    rank must yield the same number of batches.
+    """
+
+    def __init__(self, task: Task):
+        self.task = task
+
+    def _limit(self, cfg: TrainConfig) -> int | None:
+        size = getattr(self.task.train, "batch_size", None) or 1
+        return None if cfg.subset is None else max(1, math.ceil(cfg.subset / size))
+
+    def steps_per_epoch(self, cfg: TrainConfig) -> int:
+        n, limit = _count(self.task.train), self._limit(cfg)
+        if n is None:
+            return limit or 1
+        return max(1, n if limit is None else min(n, limit))
+
+    def epoch(self, cfg: TrainConfig, seed: int, rank: int, world: int, device: torch.device, distributed: bool):
+        limit, n = self._limit(cfg), 0
+        for i, batch in enumerate(self.task.train):
+            if limit is not None and i >= limit:
+                break
+            n += 1
+            yield devices.place(_as_tuple(batch), device), 1, world   # DDP's mean of the ranks' means
+        if n == 0:
+            raise HetpruneError(f"the task's train data ({self.task.name}) yields no batch")
+
+    def loss(self, net: nn.Module, batch, teacher: nn.Module | None, cfg: TrainConfig, device: torch.device,
+             amp: str) -> torch.Tensor:
+        with devices.autocast(device, amp):
+            loss = self.task.loss(net, batch if len(batch) > 1 else batch[0])
+        return loss.float() if loss.element_size() < 4 else loss
+
+
+class ClassificationTask(Task):
+    """Today's default task: a DataBundle, cross-entropy + KD from the dense model, top-1 in percent."""
+
+    def __init__(self, data: DataBundle):
+        self.data = data   # map-style data sets (not batches): this task batches them itself
+        self._set(data.train, data.val, _cross_entropy, _top1_unused, True, None, "top1", None, data.fingerprint,
+                  data.name)
+
+    def evaluate(self, model, device="cpu", amp="none", workers=0, distributed=None) -> float:
+        """Top-1 in percent; under torchrun each rank takes a share and the counts are summed, unless
+        ``distributed=False`` (a rank's own model, e.g. a MAP point, on the whole val set)."""
+        if distributed is False:
+            device = devices.resolve(device)
+            return evaluate(model, loader(self.data.val, 256, shuffle=False, workers=workers,
+                                          pin_memory=device.type == "cuda"), device, amp=amp)
+        return evaluate_dataset(model, self.data.val, device, workers=workers, amp=amp)
+
+    def source(self):
+        return ClassificationSource(self.data)
+
+    def scoring_batches(self, items, batch_size, n_batches, seed, workers=0, pin_memory=False):
+        """A seeded subset of ``items`` training images in fixed batches: the first ``n_batches`` of them."""
+        data = subset(self.data.train, items, seed)
+        for i, batch in enumerate(loader(data, batch_size, shuffle=False, workers=workers, pin_memory=pin_memory)):
+            if i >= n_batches:
+                break
+            yield tuple(batch)
+
+    def example(self, n: int = 2) -> torch.Tensor:
+        return example_batch(self.data, n)
+
+    @property
+    def train_size(self) -> int:
+        return len(self.data.train)
+
+    def describe(self) -> dict:
+        return {**self.data.describe(), "metric": "top1", "higher_is_better": True}
+
+
+def classification(data: DataBundle) -> ClassificationTask:
+    """The default Task for a classification DataBundle (embedded digits, an ImageFolder tree)."""
+    return ClassificationTask(data)
+
+
+def as_task(value) -> Task:
+    """A Task as given, or the classification Task of a DataBundle."""
+    if isinstance(value, Task):
+        return value
+    if isinstance(value, DataBundle):
+        return classification(value)
+    raise HetpruneError(f"expected a hetprune.Task (or a DataBundle), got {type(value).__name__}")
+
+
+def checked_metric(value, name: str = "metric") -> float:
+    """``value`` as a float; one clear error when a metric returns something else, NaN or inf."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise HetpruneError(f"the task's metric ({name}) must return a number, got {_describe(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise HetpruneError(f"the task's metric ({name}) returned {value}; it must be a finite number")
+    return value
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+def _cross_entropy(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def _top1_unused(model, val):  # ClassificationTask.evaluate replaces the generic metric path
+    raise AssertionError("unreachable")
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def _as_tuple(batch):
+    return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+
+
+def _batch_items(batch) -> int:
+    first = batch[0]
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
+
+
+def _count(batches) -> int | None:
+    try:
+        return len(batches)
+    except TypeError:
+        return None
+
+
+def _name_of(fn) -> str:
+    return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+class _OnDevice:
+    """Validation batches moved to the run's device as a metric reads them (re-iterable; counts them)."""
+
+    def __init__(self, batches, device: torch.device):
+        self._batches, self._device, self.batches = batches, device, 0
+
+    def __iter__(self):
+        for batch in self._batches:
+            self.batches += 1
+            yield devices.place(batch, self._device) if isinstance(batch, (torch.Tensor, tuple, list)) else batch
+
+    def __len__(self):
+        return len(self._batches)
+
+
+def _batches_digest(batches) -> dict:
+    first = next(iter(batches), None)
+    if first is None:
+        return {"empty": True}
+    tensors = [t for t in (first if isinstance(first, (tuple, list)) else [first]) if isinstance(t, torch.Tensor)]
+    digest = [fingerprint_of(t.detach().cpu().double().flatten()[:4096].tolist()) for t in tensors]
+    return {"batches": _count(batches), "first": digest}
