@@ -1,6 +1,9 @@
 """hetprune: structured pruning of Vision Transformers, extensible with plugins.
 
-The public API for users and plugin authors is what this module exports, plus
+For users: :func:`prune` (and :func:`compare`, :func:`ablate`) prune their own
+model for their own :class:`Task`; :func:`load` and :func:`apply_recipe` bring
+a pruned model back. The public API for users and plugin authors is what this
+module exports, plus
 the modules ``hetprune.surgery`` (exact removal/merge primitives),
 ``hetprune.pipeline`` (the shared strategy steps), ``hetprune.config``,
 ``hetprune.recipe``, ``hetprune.costs``, ``hetprune.bench``, ``hetprune.adapters``
@@ -29,10 +32,13 @@ _EXPORTS = {
     "PruneResult": "pipeline", "ScoringContext": "pipeline", "get_registry": "plugins",
     "register_plugin": "plugins", "unregister_plugin": "plugins", "Recipe": "recipe", "apply_recipe": "recipe",
     "load": "recipe", "save": "recipe", "Site": "sites", "sites": "sites",
-    "config": None, "costs": None, "recipe": None, "surgery": None,
+    "config": None, "costs": None, "recipe": None, "surgery": None, "adapters": None, "bench": None,
+    "prune": "api", "compare": "compare", "ablate": "ablate", "Task": "task", "Schedule": "task",
+    "BlockLayout": "layers",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
+_FUNCTION_MODULES = ("sites", "compare", "ablate")   # submodules whose public name is a function of theirs
 
 
 def __getattr__(name: str):
@@ -50,9 +56,9 @@ def __dir__() -> list[str]:
 
 class _Package(types.ModuleType):
     def __setattr__(self, name, value):
-        # importing the submodule hetprune.sites binds it here; the public name ``sites`` is its function
-        if name == "sites" and isinstance(value, types.ModuleType):
-            value = value.sites
+        # importing the submodule hetprune.sites (compare, ablate) binds it here; the public name is its function
+        if name in _FUNCTION_MODULES and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
         super().__setattr__(name, value)
 
 

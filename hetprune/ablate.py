@@ -22,9 +22,10 @@ from .io import write_json_atomic, write_text_atomic
 Pair = tuple[int, int]
 
 
-def argmax_pair(values: dict[Pair, float]) -> Pair:
-    """The best pair; ties go to fewer attention removals (as hetdpt breaks them)."""
-    return max(values, key=lambda p: (values[p], -p[0]))
+def argmax_pair(values: dict[Pair, float], sign: int = 1) -> Pair:
+    """The best pair (``sign`` -1: the lowest value is best); ties go to fewer attention removals (as hetdpt
+    breaks them)."""
+    return max(values, key=lambda p: (sign * values[p], -p[0]))
 
 
 def _stat(value) -> float | None:
@@ -32,15 +33,17 @@ def _stat(value) -> float | None:
     return None if value != value else value  # NaN (e.g. constant input) -> None
 
 
-def predictor_metrics(predicted: dict[Pair, float], true: dict[Pair, float], tolerance: float = 0.3) -> dict:
-    """How good a predictor's pick is against the ground truth over the same splits."""
+def predictor_metrics(predicted: dict[Pair, float], true: dict[Pair, float], tolerance: float = 0.3,
+                      sign: int = 1) -> dict:
+    """How good a predictor's pick is against the ground truth over the same splits (``sign`` -1: the
+    metric is better lower; regret is then how much higher the pick's true value is)."""
     pairs = sorted(true)
     missing = [p for p in pairs if p not in predicted]
     if missing:
         raise HetpruneError(f"the predictor gave no value for splits {missing}")
-    pick = argmax_pair({p: predicted[p] for p in pairs})
-    best = argmax_pair({p: true[p] for p in pairs})
-    regret = true[best] - true[pick]
+    pick = argmax_pair({p: predicted[p] for p in pairs}, sign)
+    best = argmax_pair({p: true[p] for p in pairs}, sign)
+    regret = sign * (true[best] - true[pick])
     pred = [predicted[p] for p in pairs]
     truth = [true[p] for p in pairs]
     enough = len(pairs) >= 2
@@ -82,13 +85,21 @@ def split_plans(pairs: list[Pair], seeds: list[int], settings: dict, budget, bas
 def mean_by_pair(rows: list[dict]) -> tuple[dict[Pair, float], dict[Pair, float]]:
     groups: dict[Pair, list[float]] = {}
     for r in rows:
-        groups.setdefault((r["n_attn"], r["n_act"]), []).append(r["top1"])
+        groups.setdefault((r["n_attn"], r["n_act"]), []).append(r["metric"])
     stats_ = {p: mean_std(v) for p, v in groups.items()}
     return {p: m for p, (m, _) in stats_.items()}, {p: s for p, (_, s) in stats_.items()}
 
 
+def _unit(result: dict) -> str:
+    """How the metric is shown in headers: ``%`` for top-1, else its name."""
+    name = result.get("metric_name", "top1")
+    return "%" if name == "top1" else f"({name})"
+
+
 def markdown(result: dict) -> str:
     schedule = result.get("point_finetune", "short_finetune")   # the section that fine-tuned the cheap points
+    u = _unit(result)
+    metric = "top-1" if result.get("metric_name", "top1") == "top1" else result["metric_name"]
     lines = [f"# hetprune ablate: budget {budget_words(result['budget'])}, seeds {result['seeds']}", "",
              f"Command: `{result.get('command', '')}`", "",
              "Ground truth: every feasible split fine-tuned with the full schedule "
@@ -97,15 +108,15 @@ def markdown(result: dict) -> str:
                 if result.get("point_selection", "oneshot") == "oneshot" else
                 f"(chosen gradually by the run's scorer `{result.get('scorer')}`, no further fine-tune)."), "",
              "## Predictors", "",
-             "| predictor | pick (attn+act) | predicted % | true % of pick | best split | best true % | regret (points) "
-             "| Spearman | Kendall | within 0.3 |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"| predictor | pick (attn+act) | predicted {u} | true {u} of pick | best split | best true {u} | regret "
+             "| Spearman | Kendall | within tolerance |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in result["predictors"].items():
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"| {name} | {m['pick'][0]}+{m['pick'][1]} | {m['pick_predicted']:.2f} | {m['pick_true']:.2f} | "
                      f"{m['best'][0]}+{m['best'][1]} | {m['best_true']:.2f} | {m['regret']:.2f} | "
                      f"{fmt(m['spearman'])} | {fmt(m['kendall'])} | {'yes' if m['within_tolerance'] else 'no'} |")
-    lines += ["", "## Every split", "", "| split (attn+act) | true top-1 % (mean ± std) | cheap point % | "
-              + " | ".join(f"{n} predicted %" for n in result["predictors"]) + " |",
+    lines += ["", "## Every split", "", f"| split (attn+act) | true {metric} {u} (mean ± std) | cheap point {u} | "
+              + " | ".join(f"{n} predicted {u}" for n in result["predictors"]) + " |",
               "|---|---|---|" + "---|" * len(result["predictors"])]
     for s in result["splits"]:
         cheap = "-" if s["cheap"] is None else f"{s['cheap']:.2f}"
@@ -114,10 +125,10 @@ def markdown(result: dict) -> str:
     if result.get("scorers"):
         split = result["scorer_split"]
         lines += ["", f"## Scorers at split {split[0]}+{split[1]}", "",
-                  "| scorer | top-1 % (mean ± std) | top-1 before fine-tune % | sites (first seed) |",
+                  f"| scorer | {metric} {u} (mean ± std) | {metric} before fine-tune {u} | sites (first seed) |",
                   "|---|---|---|---|"]
         for name, s in result["scorers"].items():
-            lines.append(f"| {name} | {s['top1']:.2f} ± {s['top1_std']:.2f} | {s['before']:.2f} | "
+            lines.append(f"| {name} | {s['metric']:.2f} ± {s['metric_std']:.2f} | {s['before']:.2f} | "
                          f"{' '.join(s['sites'])} |")
     return "\n".join(lines) + "\n"
 
@@ -141,8 +152,9 @@ def plots(out: Path, result: dict) -> None:
         ax.axvline(m["pick"][0], color=line.get_color(), alpha=0.4, linestyle=":")
     ax.set_xlabel("attention sites removed" + (f" (activation sites = {result['budget']} - x)"
                                                 if isinstance(result["budget"], int) else ""))
-    ax.set_ylabel("top-1 accuracy (%)")
-    ax.set_title(f"budget {budget_words(result['budget'])}: predicted vs true accuracy of every split", fontsize=9)
+    name = result.get("metric_name", "top1")
+    ax.set_ylabel("top-1 accuracy (%)" if name == "top1" else name)
+    ax.set_title(f"budget {budget_words(result['budget'])}: predicted vs true {name} of every split", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -151,12 +163,13 @@ def plots(out: Path, result: dict) -> None:
     if result.get("scorers"):
         names = list(result["scorers"])
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.bar(names, [result["scorers"][n]["top1"] for n in names],
-               yerr=[result["scorers"][n]["top1_std"] for n in names], capsize=4, color="tab:blue")
-        lo = min(result["scorers"][n]["top1"] - result["scorers"][n]["top1_std"] for n in names)
-        ax.set_ylim(max(0, lo - 5), 100)
+        ax.bar(names, [result["scorers"][n]["metric"] for n in names],
+               yerr=[result["scorers"][n]["metric_std"] for n in names], capsize=4, color="tab:blue")
+        if name == "top1":
+            lo = min(result["scorers"][n]["metric"] - result["scorers"][n]["metric_std"] for n in names)
+            ax.set_ylim(max(0, lo - 5), 100)
         split = result["scorer_split"]
-        ax.set_ylabel("top-1 after fine-tune (%)")
+        ax.set_ylabel("top-1 after fine-tune (%)" if name == "top1" else f"{name} after fine-tune")
         ax.set_title(f"scorers at split {split[0]}+{split[1]}", fontsize=9)
         fig.tight_layout()
         fig.savefig(out / "scorers.png", dpi=120)
@@ -167,3 +180,132 @@ def write(out: Path, result: dict) -> None:
     write_json_atomic(out / "ablation.json", result)
     write_text_atomic(out / "ablation.md", markdown(result))
     plots(out, result)
+
+
+def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, predictors=None, scorers=(),
+           tolerance: float = 0.3, settings: dict | None = None, out: str | Path = "runs/ablate",
+           resume: bool = False, overwrite: bool = False, jobs: int = 1, spec=None, base_info: dict | None = None,
+           registry=None, device: str | None = None, amp: str | None = None, adapter=None,
+           data_spec: str | None = None, meta: dict | None = None, log=print, progress: bool = True) -> dict:
+    """Does the strategy's predictor, fitted on cheap points, pick the split full fine-tuning finds best,
+    on ``model`` for ``task``? (and, with ``scorers``, which scorer's sites recover best at that split)
+
+    Cheap points are collected exactly as the strategy collects them, one set per seed; every feasible
+    split is then fine-tuned with the full schedule (the ground truth, saved as it finishes: ``resume=True``
+    continues). ``budget`` is a site count or a :class:`~hetprune.budget.Budget`. Writes ablation.json,
+    ablation.md and splits.png (scorers.png) to ``out`` and returns the result dict.
+    """
+    import math
+
+    from . import cost_model, devices
+    from . import distributed as dist
+    from .api import check_names, resolve_settings, run_device
+    from .budget import Budget
+    from .compare import prepare_out, run_rows
+    from .models import model_hash
+    from .pipeline import PruneJob
+    from .plugins import get_registry
+    from .task import as_task
+
+    registry = registry or get_registry()
+    strat = registry.build("strategy", strategy)
+    if not (hasattr(strat, "point_plan") and hasattr(strat, "collect_points")):
+        raise HetpruneError(f"strategy {strategy!r} has no cheap predictor points (point_plan/collect_points); "
+                            "use hetdpt or a strategy built like it")
+    section = strat.name
+    the_budget = budget if isinstance(budget, Budget) else Budget(sites=budget)
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+        raise HetpruneError(f"tolerance must be a finite number >= 0, got {tolerance}")
+    if jobs < 1:
+        raise HetpruneError(f"jobs must be >= 1, got {jobs}")
+    run_settings = resolve_settings(strat, settings, device=device, amp=amp)
+    dev = run_device(run_settings)
+    check_names(registry, run_settings)
+    the_budget = cost_model.bind(the_budget, run_settings, registry)
+    cost_model.refuse_parallel(jobs, [the_budget], run_settings)
+    predictors = list(predictors or [run_settings[section]["predictor"]])
+    for name in predictors:
+        registry.component("predictor", name)
+    scorers = list(scorers)
+    for name in scorers:
+        registry.component("scorer", name)
+    seeds = list(seeds)
+    task = as_task(task)
+    sign = 1 if task.higher_is_better else -1
+    out = Path(out)
+    prepare_out(out, resume, overwrite, "ablation")
+    info = dict(base_info or {})
+    info.setdefault("source", "user model" if spec is None else spec.name)
+    info.setdefault("hash", model_hash(model))
+    devices.place(model, dev)
+    info["metric"] = task.evaluate(model, dev, amp=run_settings["amp"], workers=run_settings["finetune"]["workers"])
+    if task.metric_name == "top1":
+        info["top1"] = info["metric"]
+    log = log if dist.is_main() else (lambda msg: None)
+
+    # 1. cheap points, exactly as the strategy collects them (one set per seed)
+    points, pairs = [], None
+    for seed in seeds:
+        job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=the_budget,
+                       settings={**run_settings, "seed": seed}, registry=registry,
+                       workdir=out / "work" / f"points-seed{seed}", shared_dir=out / "work" / "shared",
+                       base_info=dict(info), resume=resume, log=log, strategy_name=strat.name, adapter=adapter,
+                       progress=progress)
+        with job.serving():
+            pairs = job.feasible_pairs()
+            log(f"cheap points, seed {seed} ...")
+            points += strat.collect_points(job, strat.point_plan(job, pairs))
+    triples = [(p["n_attn"], p["n_act"], p["accuracy"]) for p in points]
+
+    # 2. every predictor on the same points
+    fitted = {}
+    for name in predictors:
+        options = run_settings[section].get("predictor_options", {}).get(name, {})
+        fitted[name] = registry.build("predictor", name, **options).fit(triples)
+    first_pick = argmax_pair({p: fitted[predictors[0]].predict(*p) for p in pairs}, sign)
+
+    # 3. ground truth (every split, full schedule) and the scorer rows, resumable
+    plans = split_plans(pairs, seeds, run_settings, the_budget, info["hash"], task.fingerprint, kind="truth",
+                        unused=(section,))
+    for name in scorers:
+        plans += split_plans([first_pick], seeds, run_settings, the_budget, info["hash"], task.fingerprint,
+                             scorer=name, kind="scorer", unused=(section,))
+    log(f"fine-tuning {len(plans)} rows: {len(pairs)} splits x {len(seeds)} seeds"
+        + (f" + {len(scorers)} scorers at {first_pick}" if scorers else ""))
+    rows = run_rows(plans, registry, model, spec, task, info, out, resume=resume, jobs=jobs, data_spec=data_spec,
+                    adapter=adapter, log=log, progress=progress)
+    if not dist.is_main():
+        return {}
+    truth_rows = [r for r, p in zip(rows, plans) if p.id.startswith("truth-")]
+    true, true_std = mean_by_pair(truth_rows)
+    cheap, _ = mean_by_pair([{"n_attn": a, "n_act": m, "metric": acc} for a, m, acc in triples])
+    predicted = {name: {p: f.predict(*p) for p in pairs} for name, f in fitted.items()}
+    result = {
+        "budget": the_budget.sites if the_budget.sites is not None else the_budget.describe(), "seeds": seeds,
+        "metric_name": task.metric_name, "higher_is_better": task.higher_is_better, "dense_metric": info["metric"],
+        **({"dense_top1": info["metric"]} if task.metric_name == "top1" else {}),
+        **(meta or {}),
+        "finetune": run_settings["finetune"], "short_finetune": run_settings["short_finetune"], "points": points,
+        "point_finetune": points[0].get("point_finetune", "short_finetune") if points else "short_finetune",
+        "point_selection": run_settings[section].get("point_selection", "oneshot"),
+        "scorer": run_settings["scorer"],
+        "predictors": {name: {**predictor_metrics(predicted[name], true, tolerance, sign),
+                              "fit": f.fit_report() if hasattr(f, "fit_report") else {}}
+                       for name, f in fitted.items()},
+        "splits": [{"n_attn": a, "n_act": m, "true": true[(a, m)], "true_std": true_std[(a, m)],
+                    "cheap": cheap.get((a, m)), "predicted": {n: predicted[n][(a, m)] for n in predictors}}
+                   for a, m in sorted(pairs)],
+        "rows": rows,
+    }
+    if scorers:
+        result["scorer_split"] = list(first_pick)
+        result["scorers"] = {}
+        for name in scorers:
+            mine = [r for r, p in zip(rows, plans) if p.id.startswith("scorer-") and p.settings["scorer"] == name]
+            mean, std = mean_std([r["metric"] for r in mine])
+            result["scorers"][name] = {"metric": mean, "metric_std": std,
+                                       **({"top1": mean, "top1_std": std} if task.metric_name == "top1" else {}),
+                                       "before": mean_std([r["metric_before_finetune"] for r in mine])[0],
+                                       "sites": mine[0]["sites"]}
+    write(out, result)
+    return result

@@ -11,6 +11,7 @@ interrupted run loses at most the row in progress.
 
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import json
@@ -30,6 +31,7 @@ from .errors import HetpruneError
 from .io import write_json_atomic, write_text_atomic
 from . import result_checks  # noqa: F401 - adds the strategy rule: every row's result is checked
 from .pipeline import PruneJob
+from .task import classification
 from .plugins import Registry
 
 DEFAULT_STRATEGIES = ("hetdpt", "attn-only", "act-only", "mix50")
@@ -144,19 +146,21 @@ def plan_rows(spec: CompareSpec, base_hash: str, data_fp: str) -> list[RowPlan]:
     return plans
 
 
-def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, data, base_info: dict, out: Path,
-            resume: bool, log: Callable[[str], None], progress: bool) -> dict:
+def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, task, base_info: dict, out: Path,
+            resume: bool, log: Callable[[str], None], progress: bool, adapter=None) -> dict:
     """Prune + fine-tune one row, save its model, and return the row."""
     from .pipeline import FixedSplit
     from .recipe import save
 
     started = time.time()
     strategy = FixedSplit(*plan.split) if plan.split else registry.build("strategy", plan.strategy)
-    job = PruneJob(dense=dense, spec=model_spec, data=data, budget=plan.budget, settings=plan.settings,
+    job = PruneJob(dense=dense, spec=model_spec, data=None, task=task, budget=plan.budget, settings=plan.settings,
                    registry=registry, workdir=out / "work" / plan.id, shared_dir=out / "work" / "shared",
                    base_info=dict(base_info), resume=resume, progress=progress, log=log,
-                   strategy_name=plan.label or plan.strategy, measure_cost=False)  # phase 2 times every model
-    result = strategy.run(job)
+                   strategy_name=plan.label or plan.strategy, measure_cost=False,  # phase 2 times every model
+                   adapter=adapter)
+    with job.serving():
+        result = strategy.run(job)
     if dist.is_main():
         save(out / "models" / plan.id, result.model, result.recipe, overwrite=True,
              extra_files={"report.json": result.report})
@@ -164,7 +168,7 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, dat
     row = {
         "key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy, "budget": plan.budget.to_dict(),
         "seed": plan.seed, "n_attn": r["n_attn"], "n_act": r["n_act"], "sites": r["sites"],
-        "top1_before_finetune": r["top1_before_finetune"], "top1": r["top1"],
+        **metric_columns(r),
         "params": r["params"], "macs": r["macs"], "dense_macs": r["dense_macs"],
         "wall_s": round(time.time() - started, 1), "model_dir": str(Path("models") / plan.id),
     }
@@ -172,11 +176,27 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, dat
         row["scorer"] = plan.settings["scorer"]
     alloc = r.get("allocation")
     if isinstance(alloc, dict) and isinstance(alloc.get("pick"), dict):
-        row["predicted_top1"] = alloc["pick"].get("predicted")
+        row["predicted_metric"] = alloc["pick"].get("predicted")
+        if r["metric_name"] == "top1":
+            row["predicted_top1"] = row["predicted_metric"]
     if "cost" in r:   # a time cost model: its prediction, checked against phase 2's measurement
         row["predicted_speedup"] = r["cost"]["predicted_speedup"]
         row["cost_batch"] = r["cost"].get("about", {}).get("batch_size")
     return row
+
+
+def metric_columns(report: dict) -> dict:
+    """A row's metric entries: ``metric`` and ``metric_before_finetune`` (named by ``metric_name``), and for
+    top-1 the ``top1`` columns too, as rows had them before tasks had other metrics."""
+    cols = {"metric_name": report["metric_name"], "metric_before_finetune": report["metric_before_finetune"],
+            "metric": report["metric"]}
+    if report["metric_name"] == "top1":
+        cols.update(top1_before_finetune=report["metric_before_finetune"], top1=report["metric"])
+    return cols
+
+
+def metric_label(name: str) -> str:
+    return "top-1 %" if name == "top1" else name
 
 
 def _worker(payload: dict) -> dict:
@@ -196,18 +216,21 @@ def _worker(payload: dict) -> dict:
     load_state_into(dense, load_weights(payload["dense_weights"]), "dense model")
     data = load_data(payload["data_spec"], dense, seed=payload["data_seed"])
     plan = RowPlan.from_payload(payload["plan"])
-    return run_one(plan, get_registry(), dense, model_spec, data, payload["base_info"], Path(payload["out"]),
+    return run_one(plan, get_registry(), dense, model_spec, classification(data), payload["base_info"],
+                   Path(payload["out"]),
                    payload["resume"], log=lambda msg: print(f"  ({plan.id}) {msg}", flush=True), progress=False)
 
 
-def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_spec, data, base_info: dict,
+def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_spec, task, base_info: dict,
              out: Path, resume: bool, log: Callable[[str], None] = print, progress: bool = True,
-             jobs: int = 1, data_spec: str = "digits") -> list[dict]:
+             jobs: int = 1, data_spec: str | None = None, adapter=None) -> list[dict]:
     """Phase 1: prune and fine-tune every planned row (or reuse finished ones).
 
     With ``jobs > 1`` rows run in parallel single-threaded processes (at these
-    model sizes one thread per job is the faster use of the cores); each row is
-    saved the moment it finishes either way.
+    model sizes one thread per job is the faster use of the cores), which
+    rebuild the base model from ``model_spec`` and the data from ``data_spec``
+    (an embedded name or an ImageFolder path); each row is saved the moment it
+    finishes either way.
     """
     if not dist.is_main():
         log = lambda msg: None  # noqa: E731 - under torchrun rank 0 alone reports
@@ -230,19 +253,24 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         durations.append(row["wall_s"])
         left = len(plans) - len(results)
         eta = f"; about {_fmt_eta(statistics.mean(durations) * left / max(1, jobs))} left" if left else ""
-        log(f"[{len(results)}/{len(plans)}] {row['id']}: top-1 {row['top1']:.2f}% "
+        log(f"[{len(results)}/{len(plans)}] {row['id']}: {metric_label(row['metric_name'])} {row['metric']:.2f} "
             f"({row['n_attn']} attn + {row['n_act']} act) in {row['wall_s']:.0f}s{eta}")
 
     if jobs <= 1 or len(todo) <= 1:
         for i, plan in todo:
             log(f"[{len(results) + 1}/{len(plans)}] {plan.id}: running")
-            finished(i, run_one(plan, registry, dense, model_spec, data, base_info, out, resume, log, progress))
+            finished(i, run_one(plan, registry, dense, model_spec, task, base_info, out, resume, log, progress,
+                                adapter))
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         from .io import save_weights
         from .plugins import extra_modules
+
+        if data_spec is None or model_spec is None or model_spec.is_user_built:
+            raise HetpruneError("jobs > 1 runs rows in fresh processes that rebuild the base model and the data by "
+                                "name; a model or a Task made in code runs with jobs=1")
 
         dense_path = out / "work" / "dense.safetensors"
         save_weights(dense_path, dense)
@@ -258,14 +286,20 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
 
 
 def measure_rows(spec: CompareSpec, dense: nn.Module, rows: list[dict], out: Path, input_shape,
-                 log: Callable[[str], None] = print) -> dict:
-    """Phase 2: time the dense model and every pruned model, interleaved, in this process."""
+                 log: Callable[[str], None] = print, model_spec=None, adapter=None) -> dict:
+    """Phase 2: time the dense model and every pruned model, interleaved, in this process.
+
+    Each row's model is loaded back from its folder as a user would load it (onto a fresh copy of the dense
+    model where the base was built in code; the run's own model kwargs are trusted)."""
     from .bench import measure
     from .recipe import load
 
     models = {"dense": dense}
+    user_built = model_spec is None or model_spec.is_user_built
+    trusted = list((model_spec.kwargs if model_spec is not None else {}) or {})
     for row in rows:
-        models[row["id"]] = load(out / row["model_dir"])
+        models[row["id"]] = load(out / row["model_dir"], allow_kwargs=trusted, adapter=adapter,
+                                 model=copy.deepcopy(dense) if user_built else None)
     log(f"timing {len(models)} models interleaved at batch sizes {spec.batch_sizes} on {spec.device} ...")
     return measure(models, input_shape=input_shape, batch_sizes=spec.batch_sizes, device=spec.device,
                    reference="dense", repeats=spec.speed_repeats)
@@ -288,7 +322,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
             return mean_std(vals) if vals else (None, None)
 
         agg = {"strategy": name, "budget": json.loads(budget), "seeds": len(members)}
-        for key in ("top1", "top1_before_finetune", "n_attn", "n_act", "macs", "params", "speedup_large",
+        for key in ("metric", "metric_before_finetune", "top1", "top1_before_finetune", "n_attn", "n_act", "macs", "params", "speedup_large",
                     "speedup_b1", "throughput_large", "throughput_b1", "wall_s", "predicted_speedup",
                     "measured_speedup", "prediction_error"):
             agg[key], agg[f"{key}_std"] = stat(key)
@@ -314,18 +348,20 @@ def budget_text(budget: dict) -> str:
     return f"speedup≥{budget['target_speedup']:g}{by}"
 
 
-def markdown_table(dense_row: dict, aggregates: list[dict], large: int) -> str:
-    head = (f"| strategy | budget | seeds | split (attn+act) | top-1 before FT % | top-1 % | MACs | params | "
+def markdown_table(dense_row: dict, aggregates: list[dict], large: int, metric: str = "top1") -> str:
+    label = metric_label(metric)
+    head = (f"| strategy | budget | seeds | split (attn+act) | {label} before FT | {label} | MACs | params | "
             f"img/s b1 | img/s b{large} | speedup b{large} | MAC ratio |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-    lines = [f"| dense | - | - | - | - | {dense_row['top1']:.2f} | {dense_row['macs'] / 1e6:.2f}M | "
+    lines = [f"| dense | - | - | - | - | {dense_row['metric']:.2f} | {dense_row['macs'] / 1e6:.2f}M | "
              f"{dense_row['params'] / 1e6:.3f}M | {dense_row.get('throughput_b1', 0):.0f} | "
              f"{dense_row.get('throughput_large', 0):.0f} | 1.00 | 1.00 |"]
     for a in aggregates:
         mac_ratio = dense_row["macs"] / a["macs"] if a["macs"] else float("nan")
         lines.append(
             f"| {a['strategy']} | {budget_text(a['budget'])} | {a['seeds']} | {', '.join(a['splits'])} | "
-            f"{_pm(a['top1_before_finetune'], a['top1_before_finetune_std'])} | {_pm(a['top1'], a['top1_std'])} | "
+            f"{_pm(a['metric_before_finetune'], a['metric_before_finetune_std'])} | "
+            f"{_pm(a['metric'], a['metric_std'])} | "
             f"{a['macs'] / 1e6:.2f}M | {a['params'] / 1e6:.3f}M | {_pm(a['throughput_b1'], a['throughput_b1_std'], 0)} | "
             f"{_pm(a['throughput_large'], a['throughput_large_std'], 0)} | "
             f"{_pm(a['speedup_large'], a['speedup_large_std'])} | {mac_ratio:.2f} |")
@@ -350,18 +386,20 @@ def prediction_table(rows: list[dict], aggregates: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rows_csv(rows: list[dict]) -> str:
-    cols = ["strategy", "budget", "seed", "n_attn", "n_act", "sites", "top1_before_finetune", "top1", "params",
+def rows_csv(rows: list[dict], metric: str = "top1") -> str:
+    """One line per row; the metric's columns are named by the metric (``top1``, ``mIoU``, ...)."""
+    cols = ["strategy", "budget", "seed", "n_attn", "n_act", "sites", f"{metric}_before_finetune", metric, "params",
             "macs", "throughput_b1", "throughput_large", "speedup_b1", "speedup_large", "wall_s"]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow({**r, "budget": budget_text(r["budget"]), "sites": " ".join(r["sites"])})
+        w.writerow({**r, "budget": budget_text(r["budget"]), "sites": " ".join(r["sites"]),
+                    f"{metric}_before_finetune": r["metric_before_finetune"], metric: r["metric"]})
     return buf.getvalue()
 
 
-def pareto_plot(path: Path, dense_row: dict, aggregates: list[dict], title: str) -> None:
+def pareto_plot(path: Path, dense_row: dict, aggregates: list[dict], title: str, metric: str = "top1") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -374,15 +412,15 @@ def pareto_plot(path: Path, dense_row: dict, aggregates: list[dict], title: str)
         pts = [a for a in aggregates if a["strategy"] == name and a["speedup_large"] is not None]
         if not pts:
             continue
-        ax.errorbar([p["speedup_large"] for p in pts], [p["top1"] for p in pts],
-                    xerr=[p["speedup_large_std"] or 0 for p in pts], yerr=[p["top1_std"] or 0 for p in pts],
+        ax.errorbar([p["speedup_large"] for p in pts], [p["metric"] for p in pts],
+                    xerr=[p["speedup_large_std"] or 0 for p in pts], yerr=[p["metric_std"] or 0 for p in pts],
                     fmt=markers[i % len(markers)], capsize=3, label=name, linestyle="none")
         for p in pts:
-            ax.annotate(budget_text(p["budget"]), (p["speedup_large"], p["top1"]), textcoords="offset points",
+            ax.annotate(budget_text(p["budget"]), (p["speedup_large"], p["metric"]), textcoords="offset points",
                         xytext=(4, 4), fontsize=7)
-    ax.scatter([1.0], [dense_row["top1"]], marker="*", s=160, color="black", label="dense", zorder=5)
+    ax.scatter([1.0], [dense_row["metric"]], marker="*", s=160, color="black", label="dense", zorder=5)
     ax.set_xlabel("measured speedup over dense (large batch)")
-    ax.set_ylabel("top-1 accuracy (%)")
+    ax.set_ylabel("top-1 accuracy (%)" if metric == "top1" else metric)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -416,8 +454,9 @@ def attach_speed(rows: list[dict], dense_row: dict, timing: dict) -> None:
 def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict], timing: dict | None,
                   meta: dict) -> dict:
     aggregates = aggregate(rows)
+    metric = meta.get("metric_name", "top1")
     large = dense_row.get("large_batch", max(spec.batch_sizes))
-    md = markdown_table(dense_row, aggregates, large) + prediction_table(rows, aggregates)
+    md = markdown_table(dense_row, aggregates, large, metric) + prediction_table(rows, aggregates)
     machine = (timing or {}).get("environment", {})
     budgets = sorted({json.dumps(a["budget"], sort_keys=True) for a in aggregates},
                      key=lambda b: sorted(v for v in json.loads(b).values() if isinstance(v, (int, float))))
@@ -429,9 +468,117 @@ def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict
               "MACs per image (1 MAC = 2 FLOPs). Speedup = dense time / pruned time, timed interleaved in one "
               f"process at batch {large}.\n\n")
     write_text_atomic(out / "results.md", header + md)
-    write_text_atomic(out / "results.csv", rows_csv(rows))
+    write_text_atomic(out / "results.csv", rows_csv(rows, metric))
     data = {"meta": meta, "dense": dense_row, "rows": rows, "aggregates": aggregates, "timing": timing,
             "settings": spec.settings}
     write_json_atomic(out / "results.json", data)
-    pareto_plot(out / "pareto.png", dense_row, aggregates, title)
+    pareto_plot(out / "pareto.png", dense_row, aggregates, title, metric)
     return {"markdown": md, "aggregates": aggregates}
+
+
+@dataclass
+class CompareResult:
+    """What :func:`compare` returns: one row per (strategy, budget, seed), their mean ± std per (strategy,
+    budget), the dense model's row, and the Markdown table also written to ``out/results.md``."""
+
+    rows: list[dict]
+    aggregates: list[dict]
+    dense: dict
+    markdown: str
+    out: Path
+
+
+def merged_settings(strategies: list, settings: dict | None = None, config_file: str | None = None,
+                    sets: list[str] | None = None, **overrides) -> dict:
+    """One settings dict for every strategy compared: all their sections merged, then the user's values."""
+    from . import config as config_mod
+
+    defaults: dict = {}
+    types: dict = {}
+    for s in strategies:
+        defaults.update(getattr(s, "defaults", {}))
+        types.update(getattr(s, "setting_types", None) or {})
+    given = {**(settings or {}), **{k: v for k, v in overrides.items() if v is not None}}
+    return config_mod.resolve(defaults, config_file, given, sets, types=types)
+
+
+def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,), seeds=(0,), *,
+            settings: dict | None = None, out: str | Path = "runs/compare", resume: bool = False,
+            overwrite: bool = False, batch_sizes=(1, 256), jobs: int = 1, spec=None, base_info: dict | None = None,
+            registry: Registry | None = None, device: str | None = None, amp: str | None = None, adapter=None,
+            data_spec: str | None = None, meta: dict | None = None, log: Callable[[str], None] = print,
+            progress: bool = True) -> CompareResult:
+    """Run several strategies on ``model`` for ``task`` under one harness: the same dense model, data,
+    settings, seeds and timer; write ``results.md``, ``results.csv``, ``results.json`` and ``pareto.png``
+    to ``out`` and return the rows.
+
+    ``budgets`` are site counts or :class:`~hetprune.budget.Budget` objects (``Budget(target_macs=0.5)``);
+    every other argument means what it means for :func:`hetprune.prune`. Finished rows are kept as they
+    finish, so ``resume=True`` continues an interrupted comparison.
+    """
+    from . import cost_model, devices
+    from .api import check_names, run_device
+    from .models import model_hash
+    from .plugins import get_registry
+    from .task import as_task
+
+    registry = registry or get_registry()
+    names = [strategies] if isinstance(strategies, str) else list(strategies)
+    if not names or len(set(names)) != len(names):
+        raise HetpruneError(f"strategies must name each strategy once, got {names}")
+    built = [registry.build("strategy", n) for n in names]
+    the_budgets = [b if isinstance(b, Budget) else Budget(sites=_whole(b, "a budget")) for b in budgets]
+    seeds = [_whole(s, "a seed") for s in seeds]
+    batch_sizes = [_whole(b, "a batch size") for b in batch_sizes]
+    if not the_budgets or not seeds or not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise HetpruneError(f"compare needs budgets, seeds and batch sizes >= 1; got {list(budgets)}, {seeds}, "
+                            f"{batch_sizes}")
+    if jobs < 1:
+        raise HetpruneError(f"jobs must be >= 1, got {jobs}")
+    if dist.active() and jobs > 1:
+        raise HetpruneError("jobs > 1 runs rows in parallel processes on one machine; under torchrun use jobs=1")
+    run_settings = merged_settings(built, settings, device=device, amp=amp)
+    dev = run_device(run_settings)
+    check_names(registry, run_settings)
+    the_budgets = [cost_model.bind(b, run_settings, registry) for b in the_budgets]
+    for name in sorted(cost_model.refuse_parallel(jobs, the_budgets, run_settings)):
+        cm = cost_model.build(registry, name, run_settings)   # time the models where it predicts, too
+        if isinstance(getattr(cm, "batch_size", None), int) and cm.batch_size not in batch_sizes:
+            batch_sizes.append(cm.batch_size)
+    task = as_task(task)
+    out = Path(out)
+    prepare_out(out, resume, overwrite, "compare")
+    spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
+                        device=run_settings["device"])
+    info = dict(base_info or {})
+    info.setdefault("source", "user model" if spec is None else spec.name)
+    info.setdefault("hash", model_hash(model))
+    devices.place(model, dev)
+    info["metric"] = task.evaluate(model, dev, amp=run_settings["amp"], workers=run_settings["finetune"]["workers"])
+    if task.metric_name == "top1":
+        info["top1"] = info["metric"]
+    plans = plan_rows(spec_, info["hash"], task.fingerprint)
+    rows = run_rows(plans, registry, model, spec, task, info, out, resume=resume, jobs=jobs, data_spec=data_spec,
+                    adapter=adapter, log=log, progress=progress)
+    if not dist.is_main():  # rank 0 times the models and writes the results
+        return CompareResult(rows, [], {}, "", out)
+    from .costs import cost_summary
+
+    example = devices.place(task.example(2), dev)
+    dense_row = {"strategy": "dense", "metric": info["metric"], **cost_summary(model, example)}
+    if task.metric_name == "top1":
+        dense_row["top1"] = info["metric"]
+    timing = measure_rows(spec_, model, rows, out, input_shape=tuple(example.shape[1:]), log=log, model_spec=spec,
+                          adapter=adapter)
+    attach_speed(rows, dense_row, timing)
+    written = write_outputs(out, spec_, dense_row, rows, timing,
+                            {"model": spec.name if spec is not None else info["source"],
+                             "data": task.name, "metric_name": task.metric_name,
+                             "higher_is_better": task.higher_is_better, "base": info, **(meta or {})})
+    return CompareResult(rows, written["aggregates"], dense_row, written["markdown"], out)
+
+
+def _whole(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HetpruneError(f"{what} must be a whole number, got {value!r}")
+    return value

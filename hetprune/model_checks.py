@@ -6,6 +6,8 @@ the function). They sit above the model-reading modules they need and add themse
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import math
 from typing import TYPE_CHECKING
@@ -23,13 +25,35 @@ if TYPE_CHECKING:
 DEFAULT_MERGE_TOLERANCE = 1e-4   # a merger's ``tolerance`` unless it declares one: relative output error
 
 
+_examples: contextvars.ContextVar = contextvars.ContextVar("hetprune_example", default=None)
+
+
+@contextlib.contextmanager
+def examples_from(example):
+    """Within this context, a model whose input shape hetprune cannot tell (the user's own module) is
+    checked on ``example`` (a job's task example)."""
+    token = _examples.set(example)
+    try:
+        yield
+    finally:
+        _examples.reset(token)
+
+
 def example_input(model: nn.Module, n: int = 2, seed: int = 0) -> torch.Tensor:
-    """A few seeded random images of the model's input shape, dtype and device (HetpruneError if unknown)."""
+    """A few seeded random images of the model's input shape, dtype and device; for a model whose input
+    shape is unknown, the running job's example (HetpruneError without one)."""
     import torch
 
     param = next(model.parameters())
+    try:
+        shape = input_shape_of(model)
+    except HetpruneError:
+        given = _examples.get()
+        if given is None:
+            raise
+        return given[:n].to(param.device, param.dtype if given.is_floating_point() else None)
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(n, *input_shape_of(model), generator=gen).to(param.device, param.dtype)
+    return torch.randn(n, *shape, generator=gen).to(param.device, param.dtype)
 
 
 def outputs(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ strategies, which is what makes ``hetprune compare`` fair.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import numbers
 import time
@@ -74,7 +75,12 @@ class PruneJob:
         self.task = as_task(self.task if self.task is not None else self.data)
         if self.data is None:
             self.data = getattr(self.task, "data", None)
-        self.adapter = self.adapter or adapter_for(self.dense)
+        if self.adapter is None:
+            self.adapter = adapter_for(self.dense)
+        else:   # one the caller chose (a generic adapter for their own transformer): it must serve the model
+            self.adapter.check(self.dense)
+            if not self.adapter.matches(self.dense):
+                raise HetpruneError(f"the adapter {self.adapter.name!r} does not serve {type(self.dense).__name__}")
         self.spec = self.spec or ModelSpec.user_built(self.dense)
         self._device = devices.resolve(self.settings.get("device", "cpu"))
         self._amp = devices.resolve_amp(self.settings.get("amp", "none"), self._device)
@@ -137,10 +143,12 @@ class PruneJob:
 
     val_accuracy = evaluate   # the name from before tasks had other metrics
 
-    @property
+    @contextlib.contextmanager
     def serving(self):
-        """A context in which this job's adapter serves its models (what :func:`hetprune.prune` runs in)."""
-        return serving(self.adapter)
+        """A context in which this job's adapter serves its models, and the contract checks a model whose
+        input shape hetprune cannot tell on the task's example (what :func:`hetprune.prune` runs in)."""
+        with serving(self.adapter), model_checks.examples_from(self.example):
+            yield self
 
     @property
     def cost_model_name(self) -> str:

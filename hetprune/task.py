@@ -128,6 +128,10 @@ class Task:
         devices.place(model, device)
         was_training = model.training
         model.eval()
+        if not getattr(self, "_val_has_batches", False):   # checked once: an empty loader is the user's mistake
+            if next(iter(self.val), None) is None:
+                raise HetpruneError(f"the task's val data ({self.name}) yields no batch")
+            self._val_has_batches = True
         val = _OnDevice(self.val, device)
         try:
             with torch.inference_mode(), devices.autocast(device, devices.resolve_amp(amp, device)):
@@ -139,8 +143,6 @@ class Task:
                                 f"{exc}") from exc
         finally:
             model.train(was_training)
-        if val.batches == 0:
-            raise HetpruneError(f"the task's val data ({self.name}) yields no batch")
         return checked_metric(value, self.metric_name)
 
     def fit(self, model: nn.Module, teacher: nn.Module | None, cfg: TrainConfig, stage: str, **trainer) -> list[dict]:
@@ -181,7 +183,7 @@ class Task:
             return self._example[:n]
         batch = next(iter(self.val), None)
         if batch is None:
-            raise HetpruneError("the task's val data yields no batch")
+            raise HetpruneError(f"the task's val data ({self.name}) yields no batch")
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         if not isinstance(x, torch.Tensor):
             raise HetpruneError("cannot take an example input from the task's val batches (the first item of a "
@@ -352,14 +354,13 @@ def _name_of(fn) -> str:
 
 
 class _OnDevice:
-    """Validation batches moved to the run's device as a metric reads them (re-iterable; counts them)."""
+    """Validation batches moved to the run's device as a metric reads them (re-iterable)."""
 
     def __init__(self, batches, device: torch.device):
-        self._batches, self._device, self.batches = batches, device, 0
+        self._batches, self._device = batches, device
 
     def __iter__(self):
         for batch in self._batches:
-            self.batches += 1
             yield devices.place(batch, self._device) if isinstance(batch, (torch.Tensor, tuple, list)) else batch
 
     def __len__(self):

@@ -125,24 +125,6 @@ def apply_data_options(args, settings: dict, data) -> None:
             settings[section]["workers"] = args.workers
 
 
-def run_device(settings: dict):
-    """Resolve the run's device and mixed precision once, at the command's start.
-
-    ``settings["device"]`` becomes the checked, rank-independent name (``auto``
-    resolved) and ``settings["amp"]`` the precision that will run; under
-    torchrun this process joins the process group (nccl on CUDA, gloo on CPU).
-    Returns this process's ``torch.device``.
-    """
-    from .. import devices
-    from .. import distributed as dist
-
-    settings["device"] = devices.canonical(settings["device"])
-    device = devices.resolve(settings["device"])
-    settings["amp"] = devices.resolve_amp(settings["amp"], device)
-    dist.init_from_env(device)
-    return device
-
-
 @contextmanager
 def no_empty_folder_on_error(out):
     """Bad input found only after the output folder was made (a budget the model cannot meet) leaves no

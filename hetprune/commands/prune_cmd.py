@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, command_line, data_for, run_device
+from .common import add_model_arguments, apply_data_options, base_model, command_line, data_for
 
 HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
 
@@ -125,12 +125,12 @@ def settings_for(args, strategy) -> dict:
 
 
 def run(args) -> int:
+    """Parse the options, build the model and its Task, and call :func:`hetprune.prune`."""
+    from .. import distributed as dist
     from .. import cost_model
-    import torch
-
+    from ..api import check_names, check_out, prune, run_device
     from ..costs import human
-    from ..pipeline import PruneJob
-    from ..recipe import save
+    from ..task import classification
 
     registry = get_registry()
     strategy = registry.build("strategy", args.strategy)
@@ -140,39 +140,25 @@ def run(args) -> int:
     settings = settings_for(args, strategy)
     run_device(settings)
     budget = cost_model.bind(budget, settings, registry)
-    # unknown names fail now, not after an hour of work
-    registry.component("scorer", settings["scorer"])
-    for section in settings.values():
-        if isinstance(section, dict) and isinstance(section.get("predictor"), str):
-            registry.component("predictor", section["predictor"])
+    check_names(registry, settings)   # unknown names fail now, before the base model is built or trained
     tag = budget.to_dict()
     out = Path(args.out or f"runs/prune-{strategy.name}-{'-'.join(f'{k}{v}' for k, v in tag.items())}")
-    from ..io import check_writable
+    check_out(out, args.overwrite)
+    import torch
 
-    if out.exists() and not out.is_dir():
-        raise HetpruneError(f"output path {out} exists and is not a folder")
-    check_writable(out)
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        raise HetpruneError(f"output folder {out} already holds a result; pass --overwrite to replace it")
-    torch.manual_seed(settings["seed"])
+    torch.manual_seed(settings["seed"])   # a --model without weights is built from this seed
     dense, spec, base_info = base_model(args, device=settings["device"])
     data = data_for(args, dense, seed=0)
     apply_data_options(args, settings, data)
-    job = PruneJob(dense=dense, spec=spec, data=data, budget=budget, settings=settings, registry=registry,
-                   workdir=out.with_name(out.name + ".work"), base_info=base_info, resume=args.resume,
-                   strategy_name=strategy.name)
-    job.base_info["top1"] = job.val_accuracy(dense)
-    result = strategy.run(job)
-    from .. import distributed as dist
-
+    result = prune(dense, classification(data), strategy, budget, settings=settings, out=out, resume=args.resume,
+                   overwrite=args.overwrite, registry=registry, spec=spec, base_info=base_info,
+                   provenance={"command": command_line(args)})   # quoted by model cards (export --format hub)
     if not dist.is_main():  # under torchrun rank 0 writes and reports
         return 0
-    result.recipe.provenance["command"] = command_line(args)  # quoted by model cards (hetprune export --format hub)
-    save(out, result.model, result.recipe, overwrite=args.overwrite, extra_files={"report.json": result.report})
     r = result.report
     print(f"\n{strategy.name}: {r['n_attn']} attention + {r['n_act']} activation sites removed: {', '.join(r['sites'])}")
-    print(f"top-1: dense {base_info['top1']:.2f}%, after removal {r['top1_before_finetune']:.2f}%, "
-          f"after fine-tune {r['top1']:.2f}%")
+    print(f"top-1: dense {r['metric_dense']:.2f}%, after removal {r['metric_before_finetune']:.2f}%, "
+          f"after fine-tune {r['metric']:.2f}%")
     print(f"params {human(r['dense_params'])} -> {human(r['params'])}, MACs {human(r['dense_macs'])} -> "
           f"{human(r['macs'])} ({r['dense_macs'] / r['macs']:.2f}x fewer; {r['macs_convention']})")
     if "cost" in r:

@@ -1,0 +1,308 @@
+"""hetprune as a library: hetprune.prune on the user's own model, task, data, metric and training loop."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Subset
+from torch.utils.flop_counter import FlopCounterMode
+
+import hetprune
+from hetprune import BlockLayout, HetpruneError, Task
+from hetprune.adapters import generic
+from hetprune.budget import Budget
+from hetprune.costs import count_macs
+from hetprune.testing import TINY_SETTINGS
+
+from conftest import TINY_KWARGS
+
+
+# -- the user's models ------------------------------------------------------------------------------------
+
+class Wrapped(nn.Module):
+    """A timm ViT used as a backbone, under the user's own head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224",
+                                                                 {**TINY_KWARGS, "num_classes": 0}))
+        self.head = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 10))
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+
+class Mixer(nn.Module):
+    """The user's attention: other names, SDPA inside, no timm class."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.num_heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(b, n, c))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Layer(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.ln_a, self.mix, self.ln_b, self.ff = nn.LayerNorm(dim), Mixer(dim, 2), nn.LayerNorm(dim), FeedForward(dim)
+
+    def forward(self, x):
+        x = x + self.mix(self.ln_a(x))
+        return x + self.ff(self.ln_b(x))
+
+
+class Encoder(nn.Module):
+    def __init__(self, dim: int, depth: int):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(dim) for _ in range(depth))
+
+
+class MyTransformer(nn.Module):
+    """A pre-norm transformer the user wrote: patches, blocks at ``encoder.layers``, mean pooling."""
+
+    def __init__(self, dim: int = 32, depth: int = 3):
+        super().__init__()
+        torch.manual_seed(0)
+        self.patch = nn.Conv2d(1, dim, 4, 4)
+        self.pos = nn.Parameter(torch.randn(1, 16, dim) * 0.02)
+        self.encoder = Encoder(dim, depth)
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 10)
+
+    def forward(self, x):
+        t = self.patch(x).flatten(2).transpose(1, 2) + self.pos
+        for layer in self.encoder.layers:
+            t = layer(t)
+        return self.head(self.norm(t).mean(1))
+
+
+LAYOUT = BlockLayout(norm1="ln_a", attn="mix", attn_scale=None, norm2="ln_b", mlp="ff", mlp_scale=None,
+                     drop_path2=None, act="act")
+
+
+# -- the user's task --------------------------------------------------------------------------------------
+
+def ce(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+@torch.no_grad()
+def accuracy(model, val):
+    hits = total = 0
+    for x, y in val:
+        hits += int((model(x).argmax(-1) == y).sum())
+        total += len(y)
+    return 100.0 * hits / total
+
+
+def user_task(digits_data, **changes) -> Task:
+    parts = dict(train=DataLoader(Subset(digits_data.train, range(64)), batch_size=16),
+                 val=DataLoader(Subset(digits_data.val, range(64)), batch_size=32),
+                 loss=ce, metric=accuracy, metric_name="acc", name="digits-in-code")
+    return Task(**{**parts, **changes})
+
+
+def outputs(model, x):
+    with torch.no_grad():
+        return model.eval()(x)
+
+
+X = torch.randn(3, 1, 16, 16, generator=torch.Generator().manual_seed(5))
+
+
+# -- prune: a backbone inside the user's module, a user-written transformer ---------------------------------
+
+def test_prune_a_timm_backbone_inside_the_users_module_and_reload_it_bit_identically(digits_data, tmp_path):
+    model = Wrapped()
+    before = copy.deepcopy(model.state_dict())
+    result = hetprune.prune(model, user_task(digits_data), strategy="act-only", budget=2, settings=TINY_SETTINGS,
+                            out=tmp_path / "out", progress=False, log=lambda m: None)
+    r = result.report
+    assert (r["n_attn"], r["n_act"]) == (0, 2) and r["metric_name"] == "acc" and "top1" not in r
+    kept = [i for i, b in enumerate(result.model.backbone.blocks) if isinstance(getattr(b.mlp, "act", None), nn.GELU)]
+    assert len(kept) == 4 - 2 and sorted(set(range(4)) - set(kept)) == result.recipe.act_removed
+    assert isinstance(result.model.head, nn.Sequential)          # the user's head is kept as it was
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())   # the dense model is untouched
+    recipe = json.loads((tmp_path / "out" / "recipe.json").read_text())
+    assert recipe["adapter"] == "timm-vit@backbone" and recipe["base"]["library"] == "user"
+    assert recipe["base"]["name"].endswith("Wrapped")
+    loaded = hetprune.load(tmp_path / "out", model=Wrapped())
+    assert torch.equal(outputs(loaded, X), outputs(result.model, X))
+    with pytest.raises(HetpruneError, match="built by the user"):
+        hetprune.load(tmp_path / "out")
+
+
+def test_prune_a_user_written_transformer_through_the_generic_adapter(digits_data, tmp_path):
+    model = MyTransformer()
+    adapter = generic(blocks="encoder.layers", layout=LAYOUT)
+    with FlopCounterMode(display=False) as counter:
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            model(X[:1])
+    with hetprune.adapters.serving(adapter):
+        assert count_macs(model, X[:1]) == counter.get_total_flops() // 2   # the user's attention is counted
+    result = hetprune.prune(model, user_task(digits_data), strategy="mix50", budget=2, adapter=adapter,
+                            settings={**TINY_SETTINGS, "scorer": "taylor"}, out=tmp_path / "out", progress=False,
+                            log=lambda m: None)
+    assert (result.report["n_attn"], result.report["n_act"]) == (1, 1)
+    assert result.report["macs"] < result.report["dense_macs"]
+    loaded = hetprune.load(tmp_path / "out", model=MyTransformer(), adapter=adapter)
+    assert torch.equal(outputs(loaded, X), outputs(result.model, X))
+    recipe = hetprune.recipe.load_recipe(tmp_path / "out")
+    fresh = hetprune.apply_recipe(MyTransformer(), recipe, adapter=adapter)
+    assert [type(b).__name__ for b in fresh.encoder.layers] == [type(b).__name__ for b in result.model.encoder.layers]
+
+
+def test_a_transformer_no_adapter_knows_is_found_nowhere_and_says_how_to_serve_it(digits_data, tmp_path):
+    with pytest.raises(HetpruneError, match=r"no architecture adapter recognises MyTransformer.*generic"):
+        hetprune.prune(MyTransformer(), user_task(digits_data), strategy="act-only", budget=1,
+                       settings=TINY_SETTINGS, out=tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+# -- the user's own training loop, and a metric where lower is better -------------------------------------------
+
+def test_the_users_training_loop_runs_every_fine_tune_hetprune_plans(digits_data, tmp_path):
+    calls = []
+
+    def finetune(model, teacher, schedule):
+        calls.append((schedule.stage, schedule.epochs, schedule.subset, schedule.lr))
+        opt = torch.optim.SGD(model.parameters(), lr=schedule.lr)
+        for _ in range(schedule.epochs):
+            for batch in DataLoader(Subset(digits_data.train, range(32)), batch_size=16):
+                opt.zero_grad()
+                ce(model, batch).backward()
+                opt.step()
+        return [{"loss": 0.0}]
+
+    settings = {**TINY_SETTINGS, "scorer": "gate-taylor", "hetdpt": {"axis_points": 2, "mixed_points": 1}}
+    result = hetprune.prune(Wrapped(), user_task(digits_data, finetune=finetune), strategy="hetdpt", budget=2,
+                            settings=settings, out=tmp_path / "out", progress=False, log=lambda m: None)
+    s = result.report["settings"]
+    points = result.report["allocation"]["points"]
+    section = points[0]["point_finetune"]
+    assert [c for c in calls if c[0] == "point"] == [("point", s[section]["epochs"], s[section]["subset"],
+                                                      s[section]["lr"])] * len(points)
+    gate = [c for c in calls if c[0] == "gate"]
+    n_removals = result.report["n_attn"] + result.report["n_act"]
+    opts = {"epochs_per_removal": 1, "warmup_epochs": 1}   # gate-taylor's defaults
+    assert [c[1] for c in gate] == [opts["epochs_per_removal"] + opts["warmup_epochs"]] + \
+        [opts["epochs_per_removal"]] * (n_removals - 1)
+    assert all(c[2] == s["scoring"]["subset"] and c[3] == s["short_finetune"]["lr"] for c in gate)
+    assert calls[-1] == ("finetune", s["finetune"]["epochs"], s["finetune"]["subset"], s["finetune"]["lr"])
+    assert len(calls) == len(points) + n_removals + 1
+
+
+def test_a_lower_is_better_metric_is_minimised_by_the_predictors_pick(digits_data, tmp_path, monkeypatch):
+    from hetprune.pipeline import PruneJob
+    from hetprune.plugins import get_registry
+    from hetprune_hetdpt.strategy import HetDPT
+
+    def truth(a, m):   # a loss whose lowest point on the budget line is at a = 1
+        return 2.0 + (a - 1) ** 2 + 0.1 * m
+
+    monkeypatch.setattr(HetDPT, "collect_points", lambda self, job, plan: [
+        {"n_attn": a, "n_act": m, "accuracy": truth(a, m)} for a, m in plan])
+    val_loss = lambda model, val: float(sum(ce(model, b) for b in val) / len(val))   # noqa: E731
+    task = user_task(digits_data, metric=val_loss, higher_is_better=False, metric_name="val loss")
+    settings = hetprune.testing.tiny_settings(HetDPT.defaults, {"hetdpt": {"predictor": "poly"}})
+    job = PruneJob(dense=Wrapped(), spec=None, data=None, task=task, budget=Budget(sites=3), settings=settings,
+                   registry=get_registry(), workdir=tmp_path, progress=False, log=lambda m: None)
+    (a, m), info = HetDPT().allocate(job)
+    assert (a, m) == (1, 2) == min(job.feasible_pairs(), key=lambda p: truth(*p))
+    with torch.no_grad():
+        assert job.evaluate(job.dense) == pytest.approx(val_loss(job.dense.eval(), task.val))
+
+
+# -- one path: the CLI calls the library ------------------------------------------------------------------------
+
+def test_the_cli_and_the_library_give_the_same_recipe_and_metric(trained_tiny, digits_data, tmp_path):
+    from hetprune.cli import main
+    from hetprune.io import load_weights
+    from hetprune.models import build, load_state_into
+    from hetprune.task import classification
+
+    _, spec, ckpt = trained_tiny
+    sets = ["finetune.epochs=1", "finetune.subset=48", "finetune.batch_size=16", "scoring.subset=16",
+            "scoring.batches=1", "scoring.batch_size=16"]
+    assert main(["prune", "--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt),
+                 "--data", "digits", "--strategy", "mix50", "--scorer", "taylor", "--budget", "2", "--seed", "3",
+                 *[a for s in sets for a in ("--set", s)], "--out", str(tmp_path / "cli")]) == 0
+    model = build(spec)
+    load_state_into(model, load_weights(ckpt), "checkpoint")
+    settings = {"scorer": "taylor", "seed": 3, "finetune": {"epochs": 1, "subset": 48, "batch_size": 16},
+                "scoring": {"subset": 16, "batches": 1, "batch_size": 16}}
+    result = hetprune.prune(model, classification(digits_data), strategy="mix50", budget=2, settings=settings,
+                            spec=spec, out=tmp_path / "api", progress=False, log=lambda m: None)
+    cli = json.loads((tmp_path / "cli" / "report.json").read_text())
+    strip = lambda r: {k: v for k, v in r.to_dict().items() if k != "provenance"}   # noqa: E731
+    assert strip(hetprune.recipe.load_recipe(tmp_path / "cli")) == strip(result.recipe)
+    assert cli["metric"] == result.report["metric"] == cli["top1"]
+    assert cli["metric_dense"] == result.report["metric_dense"]
+    assert torch.equal(outputs(hetprune.load(tmp_path / "cli"), X), outputs(result.model, X))
+
+
+# -- bad input: one clear error, nothing written -----------------------------------------------------------------
+
+def _boom(model, teacher, schedule):
+    raise ValueError("boom")
+
+
+BAD = {
+    "no adapter": (lambda d: (nn.Sequential(nn.Linear(4, 4)), user_task(d), {}),
+                   "no architecture adapter recognises Sequential"),
+    "no such block path": (lambda d: (MyTransformer(), user_task(d),
+                                      {"adapter": generic(blocks="encoder.blocks", layout=LAYOUT)}),
+                           "has no submodule 'encoder.blocks'"),
+    "metric NaN": (lambda d: (Wrapped(), user_task(d, metric=lambda m, v: float("nan")), {}),
+                   r"metric \(acc\) returned nan"),
+    "metric not a number": (lambda d: (Wrapped(), user_task(d, metric=lambda m, v: "high"), {}),
+                            r"metric \(acc\) must return a number, got str"),
+    "val yields nothing": (lambda d: (Wrapped(), user_task(d, val=[]), {}), "val data .* yields no batch"),
+    "train yields nothing": (lambda d: (Wrapped(), user_task(d, train=[]), {}), "train data .* yields no batch"),
+    "finetune raises": (lambda d: (Wrapped(), user_task(d, finetune=_boom), {}),
+                        r"finetune callback _boom raised ValueError: boom \(during the 'finetune' fine-tune\)"),
+    "budget too large": (lambda d: (Wrapped(), user_task(d), {"budget": 99}), "cannot|at most|more than"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_clear_error_and_nothing_is_written(case, digits_data, tmp_path):
+    make, pattern = BAD[case]
+    model, task, extra = make(digits_data)
+    kwargs = {"strategy": "act-only", "budget": 1, "settings": {**TINY_SETTINGS, "scorer": "magnitude"},
+              "out": tmp_path / "out", "progress": False, "log": lambda m: None, **extra}
+    with pytest.raises(HetpruneError, match=pattern):
+        hetprune.prune(model, task, **kwargs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_task_is_checked_when_it_is_made(digits_data):
+    loader = DataLoader(Subset(digits_data.val, range(8)), batch_size=4)
+    with pytest.raises(HetpruneError, match="iterator, which runs dry"):
+        Task(train=iter(loader), val=loader, loss=ce, metric=accuracy)
+    with pytest.raises(HetpruneError, match="loss must be a function"):
+        Task(train=loader, val=loader, loss="ce", metric=accuracy)
+    with pytest.raises(HetpruneError, match="finetune must be a function"):
+        Task(train=loader, val=loader, loss=ce, metric=accuracy, finetune=3)
