@@ -1,0 +1,100 @@
+"""The layers of hetprune/: each module imports only modules of its own layer or below (imports inside
+functions count too), so the architecture README's Layout describes is the one the code has."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "hetprune"
+
+# bottom to top; README.md, "Layout", says the same
+LAYERS = {
+    "foundation": ["errors", "hookspecs", "config", "io", "cache", "contract", "plugins", "devices", "distributed",
+                   "points"],
+    "model": ["layers", "adapters", "adapters.base", "adapters.generic", "adapters.lookup", "adapters.nested",
+              "sites", "surgery", "widths", "costs", "models", "recipe", "model_checks"],
+    "training": ["data", "train", "resume", "task", "embedded"],
+    "pruning": ["budget", "cost_model", "pipeline", "result_checks"],
+    "measuring": ["bench", "latency", "export"],
+    "harness": ["api", "compare", "ablate", "testing"],
+    "cli": ["cli", "__main__", "commands", "commands.*"],
+}
+
+
+def layer_of(module: str) -> int:
+    for i, members in enumerate(LAYERS.values()):
+        for m in members:
+            if module == m or (m.endswith(".*") and module.startswith(m[:-1])):
+                return i
+    raise KeyError(module)
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts:
+            out[".".join(parts)] = path
+    return out
+
+
+def imports(name: str, path: Path, known: dict) -> set[str]:
+    """The hetprune modules ``name`` imports, wherever the import stands (not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for sub in node.body for n in ast.walk(sub)}
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+            elif (node.module or "").startswith("hetprune"):
+                base = []
+                node_module = node.module.split(".")[1:]
+                target = ".".join(node_module)
+                found |= {t for t in [target] + [f"{target}.{a.name}".strip(".") for a in node.names] if t in known}
+                continue
+            else:
+                continue
+            target = ".".join(base + ([node.module] if node.module else []))
+            found |= {t for t in [target] + [f"{target}.{a.name}".strip(".") for a in node.names] if t in known}
+        elif isinstance(node, ast.Import):
+            found |= {a.name[len("hetprune."):] for a in node.names if a.name[len("hetprune."):] in known}
+    return found - {name, ""}
+
+
+def test_every_module_has_a_layer():
+    unplaced = [m for m in modules() if not _placed(m)]
+    assert not unplaced, f"put these modules in a layer (tests/test_layers.py and README's Layout): {unplaced}"
+
+
+def _placed(module: str) -> bool:
+    try:
+        layer_of(module)
+        return True
+    except KeyError:
+        return False
+
+
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_a_module_imports_only_its_layer_and_those_below(module):
+    known = modules()
+    mine = layer_of(module)
+    names = list(LAYERS)
+    upward = sorted(f"{t} ({names[layer_of(t)]})" for t in imports(module, known[module], known)
+                    if layer_of(t) > mine)
+    assert not upward, f"{module} ({names[mine]}) imports from a layer above it: {', '.join(upward)}"
+
+
+def test_the_check_sees_an_import_inside_a_function(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from .pipeline import PruneJob\n    from . import api\n")
+    assert imports("sites", path, modules()) == {"pipeline", "api"}
