@@ -386,7 +386,9 @@ def test_event_hooks_reach_every_plugin_through_the_job(tiny_model, tmp_path):
             seen.append(("end", stage, info["n"]))
 
     hetprune.register_plugin(Watcher(), name="watcher")
-    job = PruneJob(dense=tiny_model, spec=None, data=None, budget=Budget(sites=1), settings={},
+    from hetprune.testing import tiny_data
+
+    job = PruneJob(dense=tiny_model, spec=None, data=tiny_data(), budget=Budget(sites=1), settings={},
                    registry=hetprune.get_registry(), workdir=tmp_path, strategy_name="demo")
     started = job.stage_start("allocate")
     job.stage_end("allocate", started, n=3)
