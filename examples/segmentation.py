@@ -19,7 +19,6 @@ It prints one table: mIoU, MACs, and speed measured against the dense model
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path
@@ -175,6 +174,7 @@ def main(argv=None) -> int:
     example = next(iter(task.val))[0][:1]
     rows = [("dense", dense_miou, hetprune.costs.count_macs(model, example), "")]
     models = {"dense": model}
+    notes = []
     for name in args.strategies.split(","):
         t = time.time()
         result = hetprune.prune(model, task, strategy=name, target_macs=args.target_macs, settings=schedule,
@@ -183,6 +183,13 @@ def main(argv=None) -> int:
         sites = f"{r['n_attn']}+{r['n_act']}"
         rows.append((name, r["metric"], r["macs"], sites))
         models[name] = result.model
+        alloc = r.get("allocation") or {}
+        if "points" in alloc:   # what MAP measured (short fine-tunes) and picked: why hetdpt chose its split
+            notes.append(f"{name}: MAP points (attn+act -> mIoU after a short fine-tune): " + ", ".join(
+                f"{p['n_attn']}+{p['n_act']} -> {p['accuracy']:.1f}" for p in alloc["points"])
+                + "; predicted over the feasible splits: " + ", ".join(
+                f"{d['n_attn']}+{d['n_act']} -> {d['predicted']:.1f}" for d in alloc["surface"])
+                + f"; pick {alloc['pick']['n_attn']}+{alloc['pick']['n_act']}.")
         print(f"  {name}: {sites} sites, mIoU {r['metric']:.2f}% ({time.time() - t:.0f}s)")
     speed = speedups(models, batch=64, repeats=3 if args.tiny else 15)
 
@@ -190,13 +197,14 @@ def main(argv=None) -> int:
     lines = ["| model | sites removed (attn+act) | mIoU (%) | MACs per image | measured speedup |",
              "|---|---|---|---|---|"]
     lines += [f"| {n} | {s or '-'} | {m:.2f} | {hetprune.costs.human(c)} | {speed[n]:.2f}x |" for n, m, c, s in rows]
-    about = (f"`python examples/segmentation.py{' --tiny' if args.tiny else ''}` on {platform.processor() or platform.machine()}, "
+    about = (f"`python examples/segmentation.py{' --tiny' if args.tiny else ''}` on {hetprune.bench.cpu_name()}, "
              f"{torch.get_num_threads()} thread, load average {load[0] if load else 'n/a'}, "
              f"{time.time() - started:.0f}s in all; MAC target {args.target_macs} of dense; torch {torch.__version__}")
     table = "\n".join(lines)
-    print("\n" + table + "\n\n" + about)
+    text = "\n\n".join([table, *notes, about])
+    print("\n" + text)
     if args.markdown:
-        Path(args.markdown).write_text(f"# Segmentation example: a ViT backbone pruned for mIoU\n\n{table}\n\n{about}\n")
+        Path(args.markdown).write_text(f"# Segmentation example: a ViT backbone pruned for mIoU\n\n{text}\n")
     return 0
 
 

@@ -212,7 +212,7 @@ class LatencyTable:
         anchor = min(stored, key=lambda p: _whole(self.entries[p.key])) if stored else None
         if anchor is not None:
             timed_parts.setdefault(anchor.key, anchor)
-        runners = {key: bench._Runner(None, None, self.device, self.dtype, fn=runner(p))
+        runners = {key: bench.Runner(None, None, self.device, self.dtype, fn=runner(p))
                    for key, p in timed_parts.items()}
         self.log(f"latency table: timing {len(asked)} new part(s) ({', '.join(p.what for p in asked)}) at batch "
                  f"{self.batch_size}, {self.dtype}, on {self.key['device']} ...")

@@ -204,6 +204,7 @@ class ScoringContext:
     log: Callable[[str], None] = print
     on_epoch_end: Callable[[int, dict], None] | None = None
     task: Task | None = None
+    registry: Registry | None = None   # the job's (components a scorer builds, e.g. the remover it simulates)
 
     def __post_init__(self):
         if self.task is None and self.data is None:
@@ -245,7 +246,7 @@ class PruneResult:
 
 def scoring_context(job: PruneJob, workdir: Path | None = None) -> ScoringContext:
     return ScoringContext(
-        data=job.data, task=job.task, teacher=job.dense, settings=job.settings, device=job.device, seed=job.seed,
+        data=job.data, task=job.task, registry=job.registry, teacher=job.dense, settings=job.settings, device=job.device, seed=job.seed,
         workdir=workdir or job.workdir / "scoring", progress=job.progress, resume=job.resume, log=job.log,
         on_epoch_end=lambda e, m: job.event("on_epoch_end", stage="select", epoch=e, metrics=m),
     )

@@ -306,3 +306,23 @@ def test_a_task_is_checked_when_it_is_made(digits_data):
         Task(train=loader, val=loader, loss="ce", metric=accuracy)
     with pytest.raises(HetpruneError, match="finetune must be a function"):
         Task(train=loader, val=loader, loss=ce, metric=accuracy, finetune=3)
+
+
+# -- compare and ablate on the user's task ---------------------------------------------------------------------
+
+def test_compare_and_ablate_run_on_the_users_model_and_task(digits_data, tmp_path):
+    task = user_task(digits_data)
+    result = hetprune.compare(Wrapped(), task, strategies=["act-only", "attn-only"], budgets=[1], seeds=[0],
+                              settings={**TINY_SETTINGS, "scorer": "magnitude"}, out=tmp_path / "cmp",
+                              batch_sizes=[2], progress=False, log=lambda m: None)
+    assert [(r["strategy"], r["n_attn"], r["n_act"]) for r in result.rows] == [("act-only", 0, 1), ("attn-only", 1, 0)]
+    assert all(r["metric_name"] == "acc" and "top1" not in r for r in result.rows)
+    assert "| acc before FT | acc |" in result.markdown
+    assert (tmp_path / "cmp" / "results.csv").read_text().splitlines()[0].split(",")[6:8] == \
+        ["acc_before_finetune", "acc"]
+    assert result.dense["metric"] == pytest.approx(accuracy(Wrapped().eval(), task.val))
+    abl = hetprune.ablate(Wrapped(), task, budget=2, seeds=[0],
+                          settings={**TINY_SETTINGS, "scorer": "magnitude"},
+                          out=tmp_path / "abl", progress=False, log=lambda m: None)
+    assert abl["metric_name"] == "acc" and len(abl["splits"]) == 3      # 0+2, 1+1, 2+0
+    assert (tmp_path / "abl" / "ablation.md").read_text().count("acc") >= 2

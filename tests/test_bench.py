@@ -179,14 +179,14 @@ def test_cuda_bf16_peak_memory_and_oom_halving(tiny_model, tiny_spec, monkeypatc
     for row in result["results"]:
         assert row["peak_memory_bytes"] > 0 and row["throughput_img_s"] > 0 and row["speedup"] > 0
 
-    real = bench._time_batch
+    real = bench.timing._time_batch
 
     def fake(models, shape, batch, *a, **k):
         if batch > 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(models, shape, batch, *a, **k)
 
-    monkeypatch.setattr(bench, "_time_batch", fake)
+    monkeypatch.setattr(bench.timing, "_time_batch", fake)
     result = bench.measure({"m": tiny_model}, SHAPE, [8], device="cuda", repeats=1, warmup=0, min_time_s=0)
     row = result["results"][0]
     assert row["batch_size"] == 2 and row["requested_batch_size"] == 8 and "out of memory" in row["note"]

@@ -155,7 +155,7 @@ def test_runtime_mismatch_is_an_error_and_leaves_no_file(tmp_path, monkeypatch):
             y = self.session.run(names, feed)[0]
             return [y + 2e-4 * abs(y).max()]
 
-    monkeypatch.setattr(export, "onnx_session", lambda *a, **k: Off(real(*a, **k)))
+    monkeypatch.setattr(export.to_onnx, "onnx_session", lambda *a, **k: Off(real(*a, **k)))
     with pytest.raises(HetpruneError, match="does not match the PyTorch model"):
         export.export_onnx(model, tmp_path / "m.onnx")
     assert list(tmp_path.iterdir()) == []
@@ -298,8 +298,8 @@ def test_bench_onnxruntime_backend_interleaved(saved, tmp_path, capsys, monkeypa
     from hetprune import bench
 
     order = []
-    timed = bench._OrtRunner.time
-    monkeypatch.setattr(bench._OrtRunner, "time", lambda self, n: order.append(self.session) or timed(self, n))
+    timed = bench.OrtRunner.time
+    monkeypatch.setattr(bench.OrtRunner, "time", lambda self, n: order.append(self.session) or timed(self, n))
     out = tmp_path / "speed.json"
     rc, printed, _ = run_cli(["bench", str(saved), "--backend", "onnxruntime", "--batch-sizes", "1,3",
                               "--json", str(out), *FAST], capsys)

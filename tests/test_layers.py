@@ -18,7 +18,7 @@ LAYERS = {
               "sites", "surgery", "widths", "costs", "models", "recipe", "model_checks"],
     "training": ["data", "train", "resume", "task", "embedded"],
     "pruning": ["budget", "cost_model", "pipeline", "result_checks"],
-    "measuring": ["bench", "latency", "export"],
+    "measuring": ["bench", "bench.*", "latency", "export", "export.*"],
     "harness": ["api", "compare", "ablate", "testing"],
     "cli": ["cli", "__main__", "commands", "commands.*"],
 }

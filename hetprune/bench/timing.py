@@ -1,43 +1,11 @@
-"""Speed measurement: one harness for GPU and CPU.
-
-:func:`measure` times several models on random input and returns plain data
-(JSON-ready); :func:`format_table` renders it. Choices, and why:
-
-* The models of one comparison are timed **interleaved** in one process
-  (warm-up and repeats go round-robin A, B, A, B, ...), so a noisy neighbour,
-  turbo or thermal drift hits every model alike instead of whichever ran last.
-* Each repeat runs the forward ``number`` times, ``number`` calibrated per
-  model so one repeat lasts at least ``min_time_s`` (timer resolution does not
-  matter for tiny models). We report the median per-batch latency and its
-  spread (quartiles, min, max) over the repeats, never a single run or a mean.
-* CPU: ``time.perf_counter``. CUDA: CUDA events around the repeat, then a
-  synchronise, so queued kernels are counted. We do not use
-  ``torch.utils.benchmark.Timer.blocked_autorange`` because it times one
-  statement at a time and cannot interleave.
-* Low precision is ``torch.autocast`` (what deployment code does), not a cast
-  of the weights. ``bf16`` on CPU is allowed (autocast CPU; only fast on CPUs
-  with native bf16 support, so measure rather than assume). ``fp16`` on CPU is
-  refused: most CPU kernels have no fp16 path and the number would mean little.
-* On CUDA out-of-memory the batch of the whole comparison is halved (all
-  models keep the same batch, so speedups stay comparable) and the result says
-  so (``requested_batch_size``, ``note``).
-* Costs are MACs (``costs.CONVENTION``), counted once per model in fp32.
-* ``backend="onnxruntime"`` times what deployment runs: each model is
-  exported to ONNX (``hetprune.export``, verified against PyTorch first) and
-  timed in an ONNX Runtime session (CPU execution provider; CUDA provider with
-  the input bound on the GPU where ``onnxruntime-gpu`` has it), interleaved
-  and summarised exactly like the torch path. The session gets the same
-  thread count torch would use, so the two backends are comparable.
-
-Models are put in eval mode and moved to the device in place (torch backend).
+"""Timing: models timed interleaved in one process (warm-up and repeats round-robin), each repeat
+calibrated to last ``min_time_s``, summarised by the median and quartiles; torch and ONNX Runtime
+runners; :func:`measure` (whole models) and :func:`per_block` (each block's parts).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
-import os
-import platform
 import statistics
 import time
 from typing import Callable
@@ -45,75 +13,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import devices
-from .costs import CONVENTION, count_macs, count_params, human
-from .errors import HetpruneError
-
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-DEVICES = ("auto", "cpu", "cuda")   # what --backend onnxruntime runs on (torch: any torch device)
-BACKENDS = ("torch", "onnxruntime")
-
-
-# -- environment ---------------------------------------------------------------
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (OSError, AttributeError):  # not on every platform
-        return None
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``, checked as every command checks it."""
-    return devices.resolve(device)
-
-
-def check_dtype(dtype: str, device: torch.device) -> None:
-    if dtype not in DTYPES:
-        raise HetpruneError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if dtype == "fp16" and device.type == "cpu":
-        raise HetpruneError("fp16 on CPU is not supported by this harness (few CPU kernels have an fp16 path); "
-                            "use fp32, or bf16 (autocast CPU)")
-
-
-def environment(device: torch.device, dtype: str, compile: bool) -> dict:
-    """What a reader needs to judge a number: machine, library versions, threads."""
-    env = {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "device": device.type,
-        "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "dtype": dtype,
-        "compile": bool(compile),
-        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    try:
-        import timm
-
-        env["timm"] = timm.__version__
-    except ImportError:  # pragma: no cover - a declared dependency
-        pass
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        env["gpu"] = torch.cuda.get_device_name(index)
-        env["cuda"] = torch.version.cuda
-        env["device_name"] = env["gpu"]
-    else:
-        env["device_name"] = env["cpu"]
-    return env
+from ..costs import CONVENTION, count_macs, count_params
+from ..errors import HetpruneError
+from .environment import BACKENDS, DEVICES, DTYPES, check_dtype, environment, load_average, resolve_device
 
 
 # -- timing --------------------------------------------------------------------
@@ -137,7 +39,7 @@ def summarize(latencies: list[float]) -> dict:
     }
 
 
-class _Runner:
+class Runner:
     """Calls one model on a fixed input (or any call, ``fn``), under autocast, and times ``number`` calls."""
 
     def __init__(self, model: Callable | None, x: torch.Tensor | None, device: torch.device, dtype: str,
@@ -169,8 +71,8 @@ class _Runner:
         return (time.perf_counter() - t0) / number
 
 
-class _OrtRunner:
-    """Runs one ONNX Runtime session on a fixed input; the same interface as :class:`_Runner`.
+class OrtRunner:
+    """Runs one ONNX Runtime session on a fixed input; the same interface as :class:`Runner`.
 
     On CUDA the input is bound on the GPU once (io binding), so the timed
     calls do not include a host-to-device copy, as with the torch path.
@@ -205,7 +107,7 @@ class _OrtRunner:
 
 def _ort_device(device: str) -> torch.device:
     """cpu, or cuda where ONNX Runtime has its CUDA execution provider (auto: cuda only then)."""
-    from .export import need
+    from ..export import need
 
     ort = need("onnxruntime", "--backend onnxruntime")
     has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
@@ -223,7 +125,7 @@ def _ort_sessions(models: dict[str, nn.Module], dtype: str, device: torch.device
     """Export every model to ONNX (verified against PyTorch) and open an ONNX Runtime session on it."""
     from pathlib import Path
 
-    from .export import export_onnx, onnx_session
+    from ..export import export_onnx, onnx_session
 
     sessions = {}
     for i, (name, model) in enumerate(models.items()):
@@ -245,7 +147,7 @@ def _time_batch(models: dict, input_shape: tuple, batch: int, device: torch.devi
     """Time every model (torch modules, or ONNX Runtime sessions with ``ort``) at one batch size, interleaved;
     raises on OOM."""
     x = torch.randn(batch, *input_shape, device="cpu" if ort else device)
-    runners = {name: _OrtRunner(m, x, dtype) if ort else _Runner(m, x, device, dtype) for name, m in models.items()}
+    runners = {name: OrtRunner(m, x, dtype) if ort else Runner(m, x, device, dtype) for name, m in models.items()}
     peak = {}
     if device.type == "cuda" and not ort:  # peak memory, one model at a time (interleaving would mix them)
         with torch.inference_mode():
@@ -434,7 +336,7 @@ def per_block(model: nn.Module, input_shape: tuple[int, ...], batch: int, device
     Measured with forward hooks around the parts during whole forward passes (the device synchronised at
     each hook on CUDA), median over ``repeats`` passes, in milliseconds.
     """
-    from .adapters import adapter_for
+    from ..adapters import adapter_for
 
     dev = resolve_device(device)
     adapter = adapter_for(model)
@@ -487,73 +389,3 @@ def per_block(model: nn.Module, input_shape: tuple[int, ...], batch: int, device
     model_ms = median_ms("model")
     return {"batch_size": batch, "device": str(dev), "repeats": repeats, "blocks": rows, "model_ms": model_ms,
             "outside_blocks_ms": max(0.0, model_ms - sum(r["total_ms"] for r in rows))}
-
-
-def format_per_block(label: str, result: dict) -> str:
-    """A table of :func:`per_block`: one row per block, then the totals."""
-    lines = [f"{label}: where the time goes at batch {result['batch_size']} on {result['device']} "
-             f"(median of {result['repeats']} forward passes, ms)",
-             f"  {'block':>5}  {'attention':>9}  {'mlp':>9}  {'other':>9}  {'total':>9}"]
-    for r in result["blocks"]:
-        lines.append(f"  {r['block']:>5}  {r['attention_ms']:>9.3f}  {r['mlp_ms']:>9.3f}  {r['other_ms']:>9.3f}  "
-                     f"{r['total_ms']:>9.3f}")
-    sums = {k: sum(r[k] for r in result["blocks"]) for k in ("attention_ms", "mlp_ms", "other_ms", "total_ms")}
-    lines.append(f"  {'all':>5}  {sums['attention_ms']:>9.3f}  {sums['mlp_ms']:>9.3f}  {sums['other_ms']:>9.3f}  "
-                 f"{sums['total_ms']:>9.3f}")
-    lines.append(f"  outside the blocks (embedding, head): {result['outside_blocks_ms']:.3f}; "
-                 f"whole model: {result['model_ms']:.3f}")
-    return "\n".join(lines)
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.1f}" if s * 1e3 >= 10 else f"{s * 1e3:.3g}"
-
-
-def environment_line(result: dict) -> str:
-    env = result["environment"]
-    ort = (f", onnxruntime {env['onnxruntime']} ({', '.join(env['providers'])})"
-           if env.get("backend") == "onnxruntime" else "")
-    return (f"{env['device_name']} ({env['device']}), torch {env['torch']}{ort}, {env['threads']} threads, "
-            f"{env['dtype']}{', compiled' if env['compile'] else ''}; load average "
-            f"{env.get('load_start')} at start, {env.get('load_end')} at end")
-
-
-def format_table(result: dict, markdown: bool = False) -> str:
-    """The result as a terminal table, or as a Markdown table."""
-    has_ref = result.get("reference") is not None
-    has_mem = any(r.get("peak_memory_bytes") is not None for r in result["results"])
-    head = ["model", "batch", "params", "MACs", "latency ms (median)", "IQR ms", "img/s"]
-    if has_ref:
-        head += ["speedup", "per-round IQR", "MAC ratio", "speedup / MAC ratio"]
-    if has_mem:
-        head += ["peak mem"]
-    lines = []
-    for r in result["results"]:
-        lat = r["latency_s"]
-        batch = str(r["batch_size"]) + ("*" if r["batch_size"] != r["requested_batch_size"] else "")
-        row = [r["model"], batch, human(r["params"]), human(r["macs"]), _ms(lat["median"]),
-               f"{_ms(lat['q1'])}-{_ms(lat['q3'])}", f"{r['throughput_img_s']:.1f}"]
-        if has_ref:
-            paired = r.get("paired_speedup")
-            row += [f"{r['speedup']:.2f}x", f"{paired['q1']:.2f}-{paired['q3']:.2f}x" if paired else "-",
-                    f"{r['mac_ratio']:.2f}x",
-                    f"{r['speedup_over_mac_ratio']:.0%}"]
-        if has_mem:
-            mem = r.get("peak_memory_bytes")
-            row += [human(mem) + "B" if mem is not None else "-"]
-        lines.append(row)
-    notes = sorted({r["note"] for r in result["results"] if r.get("note")})
-    if markdown:
-        out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-        out += ["| " + " | ".join(row) + " |" for row in lines]
-    else:
-        widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
-        out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *lines]]
-    if markdown:
-        out.append("")  # end the table: GFM would read a following plain line as one more row
-    out += [f"* {n}" for n in notes]
-    if has_ref:
-        out.append(f"speedup = median latency of {result['reference']} / the model's, same batch; per-round IQR = "
-                   f"quartiles of the ratio within each interleaved round; MAC ratio from {result['macs_convention']}")
-    out.append(environment_line(result))
-    return "\n".join(out)
