@@ -197,13 +197,12 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     """
     import math
 
-    from . import cost_model, devices
+    from . import cost_model
     from . import distributed as dist
-    from .api import check_names, resolve_settings, run_device
+    from .api import check_names, dense_info, resolve_settings, run_device
     from .budget import Budget
     from .compare import prepare_out, run_rows
-    from .models import model_hash
-    from .pipeline import PruneJob
+    from .pipeline import PruneJob, resolve_adapter
     from .plugins import get_registry
     from .task import as_task
 
@@ -219,7 +218,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     if jobs < 1:
         raise HetpruneError(f"jobs must be >= 1, got {jobs}")
     run_settings = resolve_settings(strat, settings, device=device, amp=amp)
-    dev = run_device(run_settings)
+    run_device(run_settings)
     check_names(registry, run_settings)
     the_budget = cost_model.bind(the_budget, run_settings, registry)
     cost_model.refuse_parallel(jobs, [the_budget], run_settings)
@@ -234,13 +233,8 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     sign = 1 if task.higher_is_better else -1
     out = Path(out)
     prepare_out(out, resume, overwrite, "ablation")
-    info = dict(base_info or {})
-    info.setdefault("source", "user model" if spec is None else spec.name)
-    info.setdefault("hash", model_hash(model))
-    devices.place(model, dev)
-    info["metric"] = task.evaluate(model, dev, amp=run_settings["amp"], workers=run_settings["finetune"]["workers"])
-    if task.metric_name == "top1":
-        info["top1"] = info["metric"]
+    adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
+    info = dense_info(model, task, spec, base_info, run_settings)
     log = log if dist.is_main() else (lambda msg: None)
 
     # 1. cheap points, exactly as the strategy collects them (one set per seed)

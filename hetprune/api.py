@@ -93,6 +93,21 @@ def check_names(registry: Registry, settings: dict) -> None:
             registry.component("predictor", section["predictor"])
 
 
+def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: dict | None, settings: dict) -> dict:
+    """The dense model's provenance for a run: where it came from, its hash, and its metric on the task
+    (measured on the run's device, as every pruned model will be; ``top1`` too for a classification task)."""
+    info = dict(base_info or {})
+    info.setdefault("source", "user model" if spec is None else spec.name)
+    info.setdefault("hash", model_hash(model))
+    device = devices.resolve(settings["device"])
+    devices.place(model, device)
+    if "metric" not in info:
+        info["metric"] = task.evaluate(model, device, amp=settings["amp"], workers=settings["finetune"]["workers"])
+    if task.metric_name == "top1":
+        info["top1"] = info["metric"]
+    return info
+
+
 def check_out(out: Path, overwrite: bool) -> None:
     """Refuse an output folder that cannot be written, or that holds another result without ``overwrite``."""
     if out.exists() and not out.is_dir():
@@ -142,18 +157,12 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     if out is not None:
         check_out(out, overwrite)
     torch.manual_seed(run_settings["seed"])
-    info = dict(base_info or {})
-    info.setdefault("source", "user model" if spec is None else spec.name)
-    info.setdefault("hash", model_hash(model))
     with _workdir(out) as workdir:
         job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=the_budget, settings=run_settings,
-                       registry=registry, workdir=workdir, base_info=info, resume=resume, progress=progress, log=log,
-                       strategy_name=name, adapter=adapter)
+                       registry=registry, workdir=workdir, resume=resume, progress=progress, log=log,
+                       strategy_name=name, adapter=adapter, base_info=dict(base_info or {}))
+        job.base_info.update(dense_info(model, task, spec, job.base_info, run_settings))   # adapter checked first
         with job.serving():
-            if "metric" not in info:   # the dense model's metric, measured as every pruned one will be
-                info["metric"] = job.evaluate(job.dense)
-            if task.metric_name == "top1":
-                info["top1"] = info["metric"]
             result = strat.run(job)
             if out is not None and dist.is_main():   # under torchrun rank 0 writes
                 result.recipe.provenance.update(provenance or {})

@@ -30,7 +30,7 @@ from .cache import fingerprint
 from .errors import HetpruneError
 from .io import write_json_atomic, write_text_atomic
 from . import result_checks  # noqa: F401 - adds the strategy rule: every row's result is checked
-from .pipeline import PruneJob
+from .pipeline import PruneJob, resolve_adapter
 from .task import classification
 from .plugins import Registry
 
@@ -517,8 +517,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     finish, so ``resume=True`` continues an interrupted comparison.
     """
     from . import cost_model, devices
-    from .api import check_names, run_device
-    from .models import model_hash
+    from .api import check_names, dense_info, run_device
     from .plugins import get_registry
     from .task import as_task
 
@@ -550,13 +549,8 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     prepare_out(out, resume, overwrite, "compare")
     spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
                         device=run_settings["device"])
-    info = dict(base_info or {})
-    info.setdefault("source", "user model" if spec is None else spec.name)
-    info.setdefault("hash", model_hash(model))
-    devices.place(model, dev)
-    info["metric"] = task.evaluate(model, dev, amp=run_settings["amp"], workers=run_settings["finetune"]["workers"])
-    if task.metric_name == "top1":
-        info["top1"] = info["metric"]
+    adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
+    info = dense_info(model, task, spec, base_info, run_settings)
     plans = plan_rows(spec_, info["hash"], task.fingerprint)
     rows = run_rows(plans, registry, model, spec, task, info, out, resume=resume, jobs=jobs, data_spec=data_spec,
                     adapter=adapter, log=log, progress=progress)

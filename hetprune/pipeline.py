@@ -39,6 +39,17 @@ from .task import Task, as_task
 from .train import TrainConfig
 
 
+def resolve_adapter(model: nn.Module, adapter: Adapter | None = None) -> Adapter:
+    """The adapter a job on ``model`` uses: the registry's choice, or the one the caller chose (a generic
+    adapter for their own transformer), which must serve the model. One clear error otherwise."""
+    if adapter is None:
+        return adapter_for(model)
+    adapter.check(model)
+    if not adapter.matches(model):
+        raise HetpruneError(f"the adapter {adapter.name!r} does not serve {type(model).__name__}")
+    return adapter
+
+
 @dataclass
 class PruneJob:
     """One pruning run: everything a strategy needs, resolved once when the job is made.
@@ -75,12 +86,7 @@ class PruneJob:
         self.task = as_task(self.task if self.task is not None else self.data)
         if self.data is None:
             self.data = getattr(self.task, "data", None)
-        if self.adapter is None:
-            self.adapter = adapter_for(self.dense)
-        else:   # one the caller chose (a generic adapter for their own transformer): it must serve the model
-            self.adapter.check(self.dense)
-            if not self.adapter.matches(self.dense):
-                raise HetpruneError(f"the adapter {self.adapter.name!r} does not serve {type(self.dense).__name__}")
+        self.adapter = resolve_adapter(self.dense, self.adapter)
         self.spec = self.spec or ModelSpec.user_built(self.dense)
         self._device = devices.resolve(self.settings.get("device", "cpu"))
         self._amp = devices.resolve_amp(self.settings.get("amp", "none"), self._device)
