@@ -47,6 +47,8 @@ class CompareSpec:
     batch_sizes: list[int] = field(default_factory=lambda: [1, 256])
     device: str = "cpu"
     speed_repeats: int = 7
+    speed_spread: float = 0.02          # time until every speedup is known within ±2 % ...
+    speed_budget_s: float = 15.0        # ... or this many more seconds per batch size have passed
 
 
 def row_id(strategy: str, budget: Budget, seed: int) -> str:
@@ -297,12 +299,28 @@ def measure_rows(spec: CompareSpec, dense: nn.Module, rows: list[dict], out: Pat
     models = {"dense": dense}
     user_built = model_spec is None or model_spec.is_user_built
     trusted = list((model_spec.kwargs if model_spec is not None else {}) or {})
+    timed_as: dict[str, str] = {}   # structure -> the row whose model is timed for every row of that structure
     for row in rows:
-        models[row["id"]] = load(out / row["model_dir"], allow_kwargs=trusted, adapter=adapter,
-                                 model=copy.deepcopy(dense) if user_built else None)
-    log(f"timing {len(models)} models interleaved at batch sizes {spec.batch_sizes} on {spec.device} ...")
+        row["structure"] = structure_of(out / row["model_dir"])
+        row["timed_as"] = timed_as.setdefault(row["structure"], row["id"])
+        if row["timed_as"] == row["id"]:
+            models[row["id"]] = load(out / row["model_dir"], allow_kwargs=trusted, adapter=adapter,
+                                     model=copy.deepcopy(dense) if user_built else None)
+    log(f"timing {len(models)} distinct models ({len(rows)} rows) interleaved at batch sizes {spec.batch_sizes} "
+        f"on {spec.device} ...")
     return measure(models, input_shape=input_shape, batch_sizes=spec.batch_sizes, device=spec.device,
-                   reference="dense", repeats=spec.speed_repeats)
+                   reference="dense", repeats=spec.speed_repeats, spread_target=spec.speed_spread,
+                   spread_budget_s=spec.speed_budget_s)
+
+
+def structure_of(folder: Path) -> str:
+    """What a saved model's speed depends on: its recipe apart from provenance (sites, merges, widths, base
+    architecture), not its weights. Rows with the same structure are the same model to a timer."""
+    from .recipe import load_recipe
+
+    recipe = load_recipe(folder).to_dict()
+    recipe.pop("provenance", None)
+    return fingerprint(recipe)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -322,13 +340,42 @@ def aggregate(rows: list[dict]) -> list[dict]:
             return mean_std(vals) if vals else (None, None)
 
         agg = {"strategy": name, "budget": json.loads(budget), "seeds": len(members)}
-        for key in ("metric", "metric_before_finetune", "top1", "top1_before_finetune", "n_attn", "n_act", "macs", "params", "speedup_large",
-                    "speedup_b1", "throughput_large", "throughput_b1", "wall_s", "predicted_speedup",
-                    "measured_speedup", "prediction_error"):
+        for key in ("metric", "metric_before_finetune", "top1", "top1_before_finetune", "n_attn", "n_act", "macs",
+                    "params", "speedup_large", "speedup_b1", "speedup_large_spread", "speedup_b1_spread",
+                    "throughput_large", "throughput_b1", "wall_s", "predicted_speedup", "measured_speedup",
+                    "prediction_error"):
             agg[key], agg[f"{key}_std"] = stat(key)
         agg["splits"] = sorted({f"{m['n_attn']}+{m['n_act']}" for m in members})
+        agg["structures"] = sorted({m["structure"] for m in members if "structure" in m})
         out.append(agg)
+    for agg, note in zip(out, speed_notes(out)):
+        agg["speed_note"] = note
     return out
+
+
+def speed_interval(agg: dict, tag: str = "large") -> tuple[float, float] | None:
+    """The speedup's plausible range: ± its timing spread, or ± its spread over seeds where that is larger."""
+    s = agg.get(f"speedup_{tag}")
+    if s is None:
+        return None
+    half = s * max(agg.get(f"speedup_{tag}_spread") or 0.0, (agg.get(f"speedup_{tag}_std") or 0.0) / s)
+    return s - half, s + half
+
+
+def speed_notes(aggregates: list[dict]) -> list[str]:
+    """Per aggregate, what its speed column cannot tell apart: the strategies at the same budget that made
+    the very same model (timed once, shared), and those whose speedups overlap within their spreads."""
+    notes = []
+    for a in aggregates:
+        peers = [b for b in aggregates if b is not a and b["budget"] == a["budget"]]
+        same = [b["strategy"] for b in peers if a["structures"] and b["structures"] == a["structures"]]
+        mine = speed_interval(a)
+        tied = [b["strategy"] for b in peers if b["strategy"] not in same and mine is not None
+                and (theirs := speed_interval(b)) is not None and mine[0] <= theirs[1] and theirs[0] <= mine[1]]
+        parts = ([f"same model as {', '.join(same)}"] if same else []) + (
+            [f"speed tie with {', '.join(tied)}"] if tied else [])
+        notes.append("; ".join(parts))
+    return notes
 
 
 def _pm(mean, std, digits=2) -> str:
@@ -351,11 +398,11 @@ def budget_text(budget: dict) -> str:
 def markdown_table(dense_row: dict, aggregates: list[dict], large: int, metric: str = "top1") -> str:
     label = metric_label(metric)
     head = (f"| strategy | budget | seeds | split (attn+act) | {label} before FT | {label} | MACs | params | "
-            f"img/s b1 | img/s b{large} | speedup b{large} | MAC ratio |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            f"img/s b1 | img/s b{large} | speedup b{large} (± spread) | MAC ratio | speed note |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = [f"| dense | - | - | - | - | {dense_row['metric']:.2f} | {dense_row['macs'] / 1e6:.2f}M | "
              f"{dense_row['params'] / 1e6:.3f}M | {dense_row.get('throughput_b1', 0):.0f} | "
-             f"{dense_row.get('throughput_large', 0):.0f} | 1.00 | 1.00 |"]
+             f"{dense_row.get('throughput_large', 0):.0f} | 1.00 | 1.00 | |"]
     for a in aggregates:
         mac_ratio = dense_row["macs"] / a["macs"] if a["macs"] else float("nan")
         lines.append(
@@ -364,8 +411,17 @@ def markdown_table(dense_row: dict, aggregates: list[dict], large: int, metric: 
             f"{_pm(a['metric'], a['metric_std'])} | "
             f"{a['macs'] / 1e6:.2f}M | {a['params'] / 1e6:.3f}M | {_pm(a['throughput_b1'], a['throughput_b1_std'], 0)} | "
             f"{_pm(a['throughput_large'], a['throughput_large_std'], 0)} | "
-            f"{_pm(a['speedup_large'], a['speedup_large_std'])} | {mac_ratio:.2f} |")
+            f"{speed_text(a)} | {mac_ratio:.2f} | {a.get('speed_note', '')} |")
     return head + "\n".join(lines) + "\n"
+
+
+def speed_text(agg: dict, tag: str = "large") -> str:
+    """``1.63x ±1.2%``: the speedup (mean over seeds) and its spread (timing, or over seeds where larger)."""
+    interval = speed_interval(agg, tag)
+    if interval is None:
+        return "-"
+    s = agg[f"speedup_{tag}"]
+    return f"{s:.2f}x ±{(interval[1] - s) / s:.1%}"
 
 
 def prediction_table(rows: list[dict], aggregates: list[dict]) -> str:
@@ -389,7 +445,8 @@ def prediction_table(rows: list[dict], aggregates: list[dict]) -> str:
 def rows_csv(rows: list[dict], metric: str = "top1") -> str:
     """One line per row; the metric's columns are named by the metric (``top1``, ``mIoU``, ...)."""
     cols = ["strategy", "budget", "seed", "n_attn", "n_act", "sites", f"{metric}_before_finetune", metric, "params",
-            "macs", "throughput_b1", "throughput_large", "speedup_b1", "speedup_large", "wall_s"]
+            "macs", "throughput_b1", "throughput_large", "speedup_b1", "speedup_b1_spread", "speedup_large",
+            "speedup_large_spread", "timed_as", "wall_s"]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
@@ -412,8 +469,9 @@ def pareto_plot(path: Path, dense_row: dict, aggregates: list[dict], title: str,
         pts = [a for a in aggregates if a["strategy"] == name and a["speedup_large"] is not None]
         if not pts:
             continue
+        xerr = [p["speedup_large"] - speed_interval(p)[0] for p in pts]   # timing spread, or over seeds
         ax.errorbar([p["speedup_large"] for p in pts], [p["metric"] for p in pts],
-                    xerr=[p["speedup_large_std"] or 0 for p in pts], yerr=[p["metric_std"] or 0 for p in pts],
+                    xerr=xerr, yerr=[p["metric_std"] or 0 for p in pts],
                     fmt=markers[i % len(markers)], capsize=3, label=name, linestyle="none")
         for p in pts:
             ax.annotate(budget_text(p["budget"]), (p["speedup_large"], p["metric"]), textcoords="offset points",
@@ -438,17 +496,41 @@ def attach_speed(rows: list[dict], dense_row: dict, timing: dict) -> None:
     small, large = sizes[0], sizes[-1]
     by = {(r["model"], r["batch_size"]): r for r in results}
     for row in [dense_row, *rows]:
-        name = "dense" if row is dense_row else row["id"]
+        name = "dense" if row is dense_row else row.get("timed_as", row["id"])
         for tag, size in (("b1", small), ("large", large)):
             r = by.get((name, size))
             if r is None:
                 continue
             row[f"throughput_{tag}"] = r["throughput_img_s"]
             row[f"speedup_{tag}"] = r.get("speedup", 1.0)
+            row[f"speedup_{tag}_spread"] = r.get("speedup_spread", 0.0)
+            row[f"mac_ratio_{tag}"] = r.get("mac_ratio", 1.0)
         row["large_batch"] = large
         if row.get("cost_batch") is not None and (name, row["cost_batch"]) in by:
             row["measured_speedup"] = by[(name, row["cost_batch"])].get("speedup", 1.0)
             row["prediction_error"] = row["predicted_speedup"] / row["measured_speedup"] - 1
+
+
+def untrusted_timing(timing: dict | None, rows: list[dict], far: float = 0.5) -> list[str]:
+    """Why this comparison's speed columns cannot be trusted, one sentence per reason (none: they can).
+
+    A loaded machine (load average above its core count during timing) times every model under others'
+    noise; a model so small that fixed per-call overheads dominate shows it in every row: the measured
+    speedup is far from the MAC ratio (below ``1 - far`` or above ``1 + far`` of it) on every row."""
+    reasons = []
+    env = (timing or {}).get("environment", {})
+    cores = os.cpu_count() or 1
+    loads = [v[0] for v in (env.get("load_start"), env.get("load_end")) if v]
+    if loads and max(loads) > cores:
+        reasons.append(f"the load average was {max(loads):.1f} on {cores} cores while the models were timed: other "
+                       "work shared the machine; rerun on a quiet one.")
+    ratios = [r["speedup_large"] / r["mac_ratio_large"] for r in rows
+              if r.get("speedup_large") and r.get("mac_ratio_large")]
+    if ratios and all(not (1 - far) <= x <= (1 + far) for x in ratios):
+        reasons.append(f"on every row the measured speedup is far from the MAC ratio ({min(ratios):.0%}-"
+                       f"{max(ratios):.0%} of it): fixed per-call overheads dominate a model this small, so the "
+                       "speed columns say little about the models; time a larger model or batch.")
+    return reasons
 
 
 def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict], timing: dict | None,
@@ -462,18 +544,22 @@ def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict
                      key=lambda b: sorted(v for v in json.loads(b).values() if isinstance(v, (int, float))))
     title = (f"{meta.get('model', '')} on {meta.get('data', '')}: budget " +
              ", ".join(budget_text(json.loads(b)) for b in budgets))
-    header = (f"# hetprune compare\n\n{title}; seeds {spec.seeds}.\n\n"
+    warnings_ = "".join(f"**Timing cannot be trusted here:** {why}\n\n" for why in untrusted_timing(timing, rows))
+    header = (f"# hetprune compare\n\n{title}; seeds {spec.seeds}.\n\n{warnings_}"
               f"Machine: {machine.get('device_name', '?')}, torch {machine.get('torch', '?')}, "
               f"{machine.get('threads', '?')} threads. Command: `{meta.get('command', '')}`\n\n"
               "MACs per image (1 MAC = 2 FLOPs). Speedup = dense time / pruned time, timed interleaved in one "
-              f"process at batch {large}.\n\n")
+              f"process at batch {large}; models with the same structure are timed once; ± is the spread (half "
+              "the interquartile range of the per-round ratios, or the spread over seeds where larger), and rows "
+              "whose ranges overlap are a tie on speed.\n\n")
     write_text_atomic(out / "results.md", header + md)
     write_text_atomic(out / "results.csv", rows_csv(rows, metric))
     data = {"meta": meta, "dense": dense_row, "rows": rows, "aggregates": aggregates, "timing": timing,
+            "untrusted_timing": untrusted_timing(timing, rows),
             "settings": spec.settings}
     write_json_atomic(out / "results.json", data)
     pareto_plot(out / "pareto.png", dense_row, aggregates, title, metric)
-    return {"markdown": md, "aggregates": aggregates}
+    return {"markdown": warnings_ + md, "aggregates": aggregates}
 
 
 @dataclass
@@ -504,7 +590,8 @@ def merged_settings(strategies: list, settings: dict | None = None, config_file:
 
 def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,), seeds=(0,), *,
             settings: dict | None = None, out: str | Path = "runs/compare", resume: bool = False,
-            overwrite: bool = False, batch_sizes=(1, 256), jobs: int = 1, spec=None, base_info: dict | None = None,
+            overwrite: bool = False, batch_sizes=(1, 256), speed_budget_s: float = CompareSpec.speed_budget_s,
+            jobs: int = 1, spec=None, base_info: dict | None = None,
             registry: Registry | None = None, device: str | None = None, amp: str | None = None, adapter=None,
             data_spec: str | None = None, meta: dict | None = None, log: Callable[[str], None] = print,
             progress: bool = True) -> CompareResult:
@@ -512,6 +599,8 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     settings, seeds and timer; write ``results.md``, ``results.csv``, ``results.json`` and ``pareto.png``
     to ``out`` and return the rows.
 
+    ``speed_budget_s``: seconds per batch size the timer may add to know every speedup within ±2 %
+    (models with the same structure are timed once and share their figure).
     ``budgets`` are site counts or :class:`~hetprune.budget.Budget` objects (``Budget(target_macs=0.5)``);
     every other argument means what it means for :func:`hetprune.prune`. Finished rows are kept as they
     finish, so ``resume=True`` continues an interrupted comparison.
@@ -547,8 +636,10 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     task = as_task(task)
     out = Path(out)
     prepare_out(out, resume, overwrite, "compare")
+    if not (isinstance(speed_budget_s, (int, float)) and speed_budget_s >= 0):
+        raise HetpruneError(f"speed_budget_s must be a number of seconds >= 0, got {speed_budget_s!r}")
     spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
-                        device=run_settings["device"])
+                        device=run_settings["device"], speed_budget_s=float(speed_budget_s))
     adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
     info = dense_info(model, task, spec, base_info, run_settings)
     plans = plan_rows(spec_, info["hash"], task.fingerprint)

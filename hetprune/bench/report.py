@@ -41,7 +41,7 @@ def format_table(result: dict, markdown: bool = False) -> str:
     has_mem = any(r.get("peak_memory_bytes") is not None for r in result["results"])
     head = ["model", "batch", "params", "MACs", "latency ms (median)", "IQR ms", "img/s"]
     if has_ref:
-        head += ["speedup", "per-round IQR", "MAC ratio", "speedup / MAC ratio"]
+        head += ["speedup", "spread", "per-round IQR", "MAC ratio", "speedup / MAC ratio"]
     if has_mem:
         head += ["peak mem"]
     lines = []
@@ -52,7 +52,9 @@ def format_table(result: dict, markdown: bool = False) -> str:
                f"{_ms(lat['q1'])}-{_ms(lat['q3'])}", f"{r['throughput_img_s']:.1f}"]
         if has_ref:
             paired = r.get("paired_speedup")
-            row += [f"{r['speedup']:.2f}x", f"{paired['q1']:.2f}-{paired['q3']:.2f}x" if paired else "-",
+            spread = r.get("speedup_spread")
+            row += [f"{r['speedup']:.2f}x", f"±{spread:.1%}" if spread is not None else "-",
+                    f"{paired['q1']:.2f}-{paired['q3']:.2f}x" if paired else "-",
                     f"{r['mac_ratio']:.2f}x",
                     f"{r['speedup_over_mac_ratio']:.0%}"]
         if has_mem:
@@ -71,6 +73,9 @@ def format_table(result: dict, markdown: bool = False) -> str:
     out += [f"* {n}" for n in notes]
     if has_ref:
         out.append(f"speedup = median latency of {result['reference']} / the model's, same batch; per-round IQR = "
-                   f"quartiles of the ratio within each interleaved round; MAC ratio from {result['macs_convention']}")
+                   f"quartiles of the ratio within each interleaved round (spread: half their interquartile range, "
+                   f"relative to the median; {max(r.get('rounds', 0) for r in result['results'])} rounds at most); "
+                   f"MAC ratio from "
+                   f"{result['macs_convention']}")
     out.append(environment_line(result))
     return "\n".join(out)

@@ -143,7 +143,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 def _time_batch(models: dict, input_shape: tuple, batch: int, device: torch.device, dtype: str,
                 repeats: int, warmup: int, min_time_s: float, log, ort: bool = False,
-                budget_s: float | None = None) -> dict[str, dict]:
+                budget_s: float | None = None, **until) -> dict[str, dict]:
     """Time every model (torch modules, or ONNX Runtime sessions with ``ort``) at one batch size, interleaved;
     raises on OOM."""
     x = torch.randn(batch, *input_shape, device="cpu" if ort else device)
@@ -157,14 +157,25 @@ def _time_batch(models: dict, input_shape: tuple, batch: int, device: torch.devi
                 r()
                 torch.cuda.synchronize(device)
                 peak[name] = torch.cuda.max_memory_allocated(device)
-    timed = time_interleaved(runners, repeats, warmup, min_time_s, log, label=f"batch {batch}", budget_s=budget_s)
+    timed = time_interleaved(runners, repeats, warmup, min_time_s, log, label=f"batch {batch}", budget_s=budget_s,
+                             **until)
     return {name: {**t, **({"peak_memory_bytes": peak[name]} if name in peak else {})} for name, t in timed.items()}
 
 
 @torch.inference_mode()
+def ratio_spread(reference: list[float], times: list[float]) -> float:
+    """The spread of a speed ratio over interleaved rounds: half the interquartile range of the per-round
+    ratios ``reference / times``, relative to their median (0.02: the ratio is known to about ±2 %)."""
+    ratios = [a / b for a, b in zip(reference, times)]
+    q1, q3 = _quartiles(ratios)
+    return (q3 - q1) / 2 / statistics.median(ratios)
+
+
 def time_interleaved(runners: dict, repeats: int, warmup: int, min_time_s: float, log=None,
                      label: str = "", warm_long_once: bool = False, budget_s: float | None = None,
-                     max_repeats: int = 60) -> dict[str, dict]:
+                     max_repeats: int = 60, reference: str | None = None, spread_target: float | None = None,
+                     spread_budget_s: float | None = None, clock: Callable[[], float] = time.perf_counter
+                     ) -> dict[str, dict]:
     """Time every runner (anything with ``time(number)``) round-robin: warm-up, calibration (calls per repeat
     so one repeat lasts ``min_time_s``), then ``repeats`` interleaved rounds. Per runner: the latency summary
     (seconds per call) and the calls per repeat.
@@ -177,7 +188,11 @@ def time_interleaved(runners: dict, repeats: int, warmup: int, min_time_s: float
     With ``warm_long_once`` (the latency table), a call that lasts a whole window (``min_time_s`` > 0) counts
     as warm after one warm-up call and skips the later warm-up rounds and its calibration call: on a model
     whose calls take a second (DeiT-B at batch 8 on 2 CPU cores) a five-repeat table makes 6 calls per part
-    instead of 8."""
+    instead of 8.
+
+    With ``reference`` and ``spread_target``, rounds go on after ``repeats`` until every runner's speed ratio
+    to the reference is known within the target (:func:`ratio_spread`), or ``spread_budget_s`` more seconds
+    have passed, or ``max_repeats`` rounds were run; each runner's result says its ratio's spread."""
     warm: dict[str, list[float]] = {name: [] for name in runners}
     for w in range(warmup):
         for name, r in runners.items():
@@ -194,19 +209,37 @@ def time_interleaved(runners: dict, repeats: int, warmup: int, min_time_s: float
         longest = max(number[name] * once[name] for name in runners)
         repeats = max(repeats, min(max_repeats, int(budget_s / longest) if longest > 0 else max_repeats))
     runs: dict[str, list[float]] = {name: [] for name in runners}
-    for i in range(repeats):
+    others = [n for n in runners if n != reference] if reference in runners else []
+
+    def spreads() -> dict[str, float]:
+        return {n: ratio_spread(runs[reference], runs[n]) for n in others}
+
+    def settled() -> bool:
+        return spread_target is None or not others or max(spreads().values()) <= spread_target
+
+    started, i = None, 0
+    while True:
+        if i >= repeats:   # more rounds only while a ratio is not yet known well enough, within the budget
+            started = clock() if started is None else started
+            if i >= max_repeats or settled() or (spread_budget_s is not None
+                                                 and clock() - started >= spread_budget_s):
+                break
         for name, r in runners.items():
             runs[name].append(r.time(number[name]))
+        i += 1
         if log:
-            log(f"  {label}: repeat {i + 1}/{repeats} " +
+            log(f"  {label}: repeat {i}/{max(repeats, i)} " +
                 ", ".join(f"{n} {runs[n][-1] * 1e3:.1f} ms" for n in runners))
-    return {name: {"latency_s": summarize(runs[name]), "calls_per_repeat": number[name]} for name in runners}
+    spread = spreads()
+    return {name: {"latency_s": summarize(runs[name]), "calls_per_repeat": number[name], "rounds": i,
+                   **({"ratio_spread": spread[name]} if name in spread else {})} for name in runners}
 
 
 def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_sizes: list[int],
             device: str = "auto", dtype: str = "fp32", compile: bool = False, repeats: int = 7, warmup: int = 2,
             min_time_s: float = 0.2, reference: str | None = None, threads: int | None = None,
-            log: Callable[[str], None] | None = None, backend: str = "torch", budget_s: float | None = None) -> dict:
+            log: Callable[[str], None] | None = None, backend: str = "torch", budget_s: float | None = None,
+            spread_target: float | None = None, spread_budget_s: float | None = None) -> dict:
     """Time ``models`` (name -> module) on random input of shape ``(B, *input_shape)``.
 
     ``reference`` names the model others are compared with (speedup = its
@@ -215,7 +248,10 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
     the measurement (restored afterwards; ONNX Runtime sessions get the same
     count). ``backend``: ``torch`` or ``onnxruntime``. ``budget_s``: seconds per
     model and batch size; the rounds are as many as fit (at least ``repeats``;
-    see :func:`time_interleaved`). Returns a JSON-ready dict:
+    see :func:`time_interleaved`). ``spread_target`` (e.g. 0.02): more rounds, up to ``spread_budget_s``
+    seconds per batch size, until every speedup over the reference is known within it; each row says its
+    speedup's spread either way (``speedup_spread``: half the per-round IQR, relative). Returns a JSON-ready
+    dict:
     ``environment``, ``models`` (params, MACs), ``results`` (one row per model
     and batch size).
     """
@@ -276,7 +312,8 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
                 load = load_average()
                 try:
                     timed = _time_batch(runnable, input_shape, batch, dev, dtype, repeats, warmup, min_time_s, log,
-                                        ort=ort, budget_s=budget_s)
+                                        ort=ort, budget_s=budget_s, reference=reference,
+                                        spread_target=spread_target, spread_budget_s=spread_budget_s)
                     break
                 except RuntimeError as exc:
                     if dev.type != "cuda" or not _is_oom(exc):
@@ -303,6 +340,8 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
                     # second, paired estimate of the speedup, with a spread
                     paired = summarize([a / b for a, b in zip(ref["runs"], t["latency_s"]["runs"])])
                     row["paired_speedup"] = {k: v for k, v in paired.items() if k != "runs"}
+                    row["speedup_spread"] = t.get("ratio_spread", 0.0)   # the reference's own ratio: exactly 1
+                    row["rounds"] = t["rounds"]
                     row["mac_ratio"] = costs[reference]["macs"] / costs[name]["macs"]
                     row["speedup_over_mac_ratio"] = row["speedup"] / row["mac_ratio"]
                 rows.append(row)
@@ -315,7 +354,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
     return {
         "environment": env,
         "settings": {"input_shape": list(input_shape), "batch_sizes": list(batch_sizes), "repeats": repeats,
-                     "budget_s": budget_s,
+                     "budget_s": budget_s, "spread_target": spread_target, "spread_budget_s": spread_budget_s,
                      "warmup": warmup, "min_time_s": min_time_s, "interleaved": True,
                      "timer": "cuda events" if dev.type == "cuda" and not ort else "time.perf_counter",
                      "backend": backend},

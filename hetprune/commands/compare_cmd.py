@@ -41,6 +41,9 @@ def add_arguments(p) -> None:
     add_settings_arguments(p)
     p.add_argument("--batch-sizes", default="1,256", metavar="1,256",
                    help="batch sizes for timing: the smallest and largest are reported")
+    p.add_argument("--speed-budget", type=float, default=15.0, metavar="S",
+                   help="seconds per batch size the timer may add until every speedup is known within ±2%% "
+                        "(default 15; 0: the fixed rounds only)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="run N rows at once in single-threaded processes (default 1; try the core count)")
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="output folder (default runs/compare)")
@@ -84,7 +87,8 @@ def _run(args) -> int:
     apply_data_options(args, settings, data)
     command = "hetprune " + " ".join(shlex.quote(a) for a in args.argv)
     result = compare(dense, classification(data), names, budgets, seeds, settings=settings, out=args.out,
-                     resume=args.resume, overwrite=args.overwrite, batch_sizes=batch_sizes, jobs=args.jobs,
+                     resume=args.resume, overwrite=args.overwrite, batch_sizes=batch_sizes,
+                     speed_budget_s=args.speed_budget, jobs=args.jobs,
                      spec=model_spec, base_info=base_info, registry=registry, data_spec=args.data or "digits",
                      meta={"model": model_spec.name if args.model else base_info["source"], "command": command})
     if not dist.is_main():
