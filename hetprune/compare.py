@@ -31,7 +31,7 @@ from .errors import HetpruneError
 from .io import write_json_atomic, write_text_atomic
 from . import result_checks  # noqa: F401 - adds the strategy rule: every row's result is checked
 from .pipeline import PruneJob, resolve_adapter
-from .task import classification
+from .task import classification, format_metric
 from .plugins import Registry
 
 DEFAULT_STRATEGIES = ("hetdpt", "attn-only", "act-only", "mix50")
@@ -255,7 +255,7 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         durations.append(row["wall_s"])
         left = len(plans) - len(results)
         eta = f"; about {_fmt_eta(statistics.mean(durations) * left / max(1, jobs))} left" if left else ""
-        log(f"[{len(results)}/{len(plans)}] {row['id']}: {metric_label(row['metric_name'])} {row['metric']:.2f} "
+        log(f"[{len(results)}/{len(plans)}] {row['id']}: {format_metric(row['metric_name'], row['metric'])} "
             f"({row['n_attn']} attn + {row['n_act']} act) in {row['wall_s']:.0f}s{eta}")
 
     if jobs <= 1 or len(todo) <= 1:
@@ -306,8 +306,8 @@ def measure_rows(spec: CompareSpec, dense: nn.Module, rows: list[dict], out: Pat
         if row["timed_as"] == row["id"]:
             models[row["id"]] = load(out / row["model_dir"], allow_kwargs=trusted, adapter=adapter,
                                      model=copy.deepcopy(dense) if user_built else None)
-    log(f"timing {len(models)} distinct models ({len(rows)} rows) interleaved at batch sizes {spec.batch_sizes} "
-        f"on {spec.device} ...")
+    log(f"timing the dense model and {len(models) - 1} distinct pruned models ({len(rows)} rows) interleaved at "
+        f"batch sizes {spec.batch_sizes} on {spec.device} ...")
     return measure(models, input_shape=input_shape, batch_sizes=spec.batch_sizes, device=spec.device,
                    reference="dense", repeats=spec.speed_repeats, spread_target=spec.speed_spread,
                    spread_budget_s=spec.speed_budget_s)
@@ -514,16 +514,18 @@ def attach_speed(rows: list[dict], dense_row: dict, timing: dict) -> None:
 def untrusted_timing(timing: dict | None, rows: list[dict], far: float = 0.5) -> list[str]:
     """Why this comparison's speed columns cannot be trusted, one sentence per reason (none: they can).
 
-    A loaded machine (load average above its core count during timing) times every model under others'
-    noise; a model so small that fixed per-call overheads dominate shows it in every row: the measured
-    speedup is far from the MAC ratio (below ``1 - far`` or above ``1 + far`` of it) on every row."""
+    A loaded machine times every model under others' noise. The timing itself keeps every core busy, so a
+    load average about the core count is the run's own; above it by more than a quarter (at the start and
+    the end of timing alike), other work shared the machine. A model so small that fixed per-call overheads
+    dominate shows it in every row: the measured speedup is far from the MAC ratio (below ``1 - far`` or
+    above ``1 + far`` of it) on every row."""
     reasons = []
     env = (timing or {}).get("environment", {})
     cores = os.cpu_count() or 1
     loads = [v[0] for v in (env.get("load_start"), env.get("load_end")) if v]
-    if loads and max(loads) > cores:
-        reasons.append(f"the load average was {max(loads):.1f} on {cores} cores while the models were timed: other "
-                       "work shared the machine; rerun on a quiet one.")
+    if loads and min(loads) > 1.25 * cores:
+        reasons.append(f"the load average was {min(loads):.1f}-{max(loads):.1f} on {cores} cores while the models "
+                       "were timed: other work shared the machine; rerun on a quiet one.")
     ratios = [r["speedup_large"] / r["mac_ratio_large"] for r in rows
               if r.get("speedup_large") and r.get("mac_ratio_large")]
     if ratios and all(not (1 - far) <= x <= (1 + far) for x in ratios):

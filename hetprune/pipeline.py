@@ -346,8 +346,8 @@ def finetune_and_measure(job: PruneJob, model: nn.Module, after: str) -> tuple[f
     history = finetune(job, model)
     after_ft = job.evaluate(model)
     job.stage_end("finetune", t, metric=after_ft)
-    name = job.task.metric_name
-    job.log(f"[{job.strategy_name}] {name} {before:.2f} after {after}, {after_ft:.2f} after fine-tune")
+    job.log(f"[{job.strategy_name}] {job.task.format(before)} after {after}, {job.task.format(after_ft)} after "
+            "fine-tune")
     return before, history, after_ft
 
 

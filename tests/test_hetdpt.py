@@ -340,7 +340,6 @@ def test_gate_phase_refuses_a_nan_loss_and_skips_an_fp16_overflow(tiny_model, tm
 # -- MAP points: resume --------------------------------------------------------------
 
 def test_interrupted_point_collection_resumes_without_remeasuring(tiny_model, digits_data, tmp_path, monkeypatch):
-    import hetprune_hetdpt.strategy as strat
 
     calls = []
     real_train = hetprune.task.train
@@ -374,7 +373,6 @@ def test_interrupted_point_collection_resumes_without_remeasuring(tiny_model, di
 
 def test_points_are_fine_tuned_with_the_chosen_schedule_and_keyed_by_it(tiny_model, digits_data, tmp_path,
                                                                        monkeypatch):
-    import hetprune_hetdpt.strategy as strat
 
     used = []
     monkeypatch.setattr(hetprune.task, "train", lambda model, data, cfg, **kw: used.append((cfg.epochs, cfg.subset)))
@@ -715,7 +713,6 @@ GRADUAL = {"hetdpt.point_selection": "gradual", "scoring.subset": 64, "short_fin
 
 def test_a_gradual_point_is_what_the_runs_own_selection_makes_of_that_split(tiny_model, digits_data, tmp_path,
                                                                            monkeypatch):
-    import hetprune_hetdpt.strategy as strat
     from hetprune.pipeline import remove_sites, select_sites
     from hetprune.train import evaluate_dataset
 

@@ -143,9 +143,11 @@ def test_a_comparison_says_when_its_timing_cannot_be_trusted(tmp_path):
     fine_rows = [{"speedup_large": 1.8, "mac_ratio_large": 2.0}, {"speedup_large": 1.3, "mac_ratio_large": 1.4}]
     quiet = {"environment": {"load_start": [0.3, 0.3, 0.3], "load_end": [0.4, 0.3, 0.3]}}
     assert untrusted_timing(quiet, fine_rows) == []
-    loaded = {"environment": {"load_start": [cores + 2.5, 1, 1], "load_end": [1.0, 1, 1]}}
+    loaded = {"environment": {"load_start": [cores * 2.0, 1, 1], "load_end": [cores * 1.5, 1, 1]}}
     [why] = untrusted_timing(loaded, fine_rows)
-    assert f"load average was {cores + 2.5:.1f} on {cores} cores" in why
+    assert f"load average was {cores * 1.5:.1f}-{cores * 2.0:.1f} on {cores} cores" in why
+    own = {"environment": {"load_start": [cores * 1.01, 1, 1], "load_end": [cores * 1.1, 1, 1]}}
+    assert untrusted_timing(own, fine_rows) == []   # the timing's own threads keep every core busy
     tiny = [{"speedup_large": 1.05, "mac_ratio_large": 2.3}, {"speedup_large": 0.9, "mac_ratio_large": 2.0}]
     [why] = untrusted_timing(quiet, tiny)
     assert "far from the MAC ratio (45%-46% of it)" in why

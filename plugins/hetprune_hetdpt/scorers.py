@@ -336,10 +336,11 @@ class GateTaylorScorer:
 
 
 def _attn_mode(ctx) -> str:
-    """The attention removal mode of the configured remover, so the gates simulate that removal."""
+    """The attention removal mode of the configured remover, so the gates simulate that removal (the job's
+    registry; a context made by hand, without one, gets the installed plugins')."""
     from hetprune import get_registry
 
-    remover = get_registry().build("remover", ctx.settings.get("attn_remover", "attn-identity"))
+    remover = (ctx.registry or get_registry()).build("remover", ctx.settings.get("attn_remover", "attn-identity"))
     return getattr(remover, "mode", "identity")
 
 

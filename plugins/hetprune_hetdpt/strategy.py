@@ -190,7 +190,7 @@ class HetDPT(DepthStrategy):
             store.append(point)
             have[(a, m)] = point
             job.event("on_point_collected", point=point)
-            job.log(f"[hetdpt] MAP point {i}/{len(mine)}: {a} attn + {m} act -> {job.task.metric_name} {acc:.2f} "
+            job.log(f"[hetdpt] MAP point {i}/{len(mine)}: {a} attn + {m} act -> {job.task.format(acc)} "
                     f"({point['seconds']:.1f}s)")
         if dist.active():
             dist.barrier()
