@@ -314,7 +314,7 @@ def test_compare_and_ablate_run_on_the_users_model_and_task(digits_data, tmp_pat
     task = user_task(digits_data)
     result = hetprune.compare(Wrapped(), task, strategies=["act-only", "attn-only"], budgets=[1], seeds=[0],
                               settings={**TINY_SETTINGS, "scorer": "magnitude"}, out=tmp_path / "cmp",
-                              batch_sizes=[2], progress=False, log=lambda m: None)
+                              batch_sizes=[2], speed_budget_s=0, progress=False, log=lambda m: None)
     assert [(r["strategy"], r["n_attn"], r["n_act"]) for r in result.rows] == [("act-only", 0, 1), ("attn-only", 1, 0)]
     assert all(r["metric_name"] == "acc" and "top1" not in r for r in result.rows)
     assert "| acc before FT | acc |" in result.markdown

@@ -129,7 +129,8 @@ def counting_plugin():
 
 def test_compare_writes_files_holds_settings_equal_and_resumes(trained_tiny, tmp_path, counting_plugin, capsys):
     out = tmp_path / "cmp"
-    args = ["compare", *model_args(trained_tiny), "--strategies", "counting,act-only,hetdpt", "--budget", "2",
+    args = ["compare", *model_args(trained_tiny), "--speed-budget", "0",
+            "--strategies", "counting,act-only,hetdpt", "--budget", "2",
             "--seeds", "0,1", "--batch-sizes", "1,8", "--out", str(out), "--scorer", "magnitude", *FAST, *HETDPT_FAST]
     assert main(args) == 0
     assert len(CountingStrategy.runs) == 2
@@ -167,7 +168,8 @@ def test_compare_writes_files_holds_settings_equal_and_resumes(trained_tiny, tmp
 
 def test_compare_interrupted_loses_only_row_in_progress(trained_tiny, tmp_path, counting_plugin, monkeypatch):
     out = tmp_path / "cmp"
-    args = ["compare", *model_args(trained_tiny), "--strategies", "counting,act-only", "--budget", "2",
+    args = ["compare", *model_args(trained_tiny), "--speed-budget", "0",
+            "--strategies", "counting,act-only", "--budget", "2",
             "--batch-sizes", "1,4", "--out", str(out), "--scorer", "magnitude", *FAST]
     real = hetprune.get_registry().component("strategy", "act-only").factory.run
 
@@ -186,7 +188,7 @@ def test_compare_interrupted_loses_only_row_in_progress(trained_tiny, tmp_path, 
 
 
 def test_compare_bad_input(trained_tiny, tmp_path, capsys):
-    base = ["compare", *model_args(trained_tiny), "--out", str(tmp_path / "o")]
+    base = ["compare", *model_args(trained_tiny), "--speed-budget", "0", "--out", str(tmp_path / "o")]
     assert main(base + ["--strategies", "hetdpt,nope", "--budget", "2"]) == 2
     assert "no strategy named 'nope'" in capsys.readouterr().err
     assert main(base + ["--budgets", "2,x"]) == 2
@@ -196,7 +198,8 @@ def test_compare_bad_input(trained_tiny, tmp_path, capsys):
 
 
 def test_parallel_jobs_give_the_same_rows_as_sequential(trained_tiny, tmp_path):
-    common = ["compare", *model_args(trained_tiny), "--strategies", "act-only,mix50", "--budget", "2",
+    common = ["compare", *model_args(trained_tiny), "--speed-budget", "0",
+              "--strategies", "act-only,mix50", "--budget", "2",
               "--batch-sizes", "1,4", "--scorer", "magnitude", *FAST]
     assert main(common + ["--out", str(tmp_path / "seq")]) == 0
     assert main(common + ["--out", str(tmp_path / "par"), "--jobs", "2"]) == 0

@@ -112,7 +112,8 @@ def test_compare_and_ablate_run_with_auto(trained_tiny, tmp_path, capsys, monkey
         {"n_attn": a, "n_act": m, "accuracy": 90.0 - 2.0 * a - 0.5 * m} for a, m in plan])
     expected = devices.canonical("auto")
     out = tmp_path / "cmp"
-    assert main(["compare", *model_args(trained_tiny), "--strategies", "act-only,mix50", "--budget", "2",
+    assert main(["compare", *model_args(trained_tiny), "--speed-budget", "0",
+                 "--strategies", "act-only,mix50", "--budget", "2",
                  "--batch-sizes", "1,4", "--device", "auto", *FAST, "--out", str(out)]) == 0
     data = json.loads((out / "results.json").read_text())
     assert data["settings"]["device"] == expected and data["timing"]["environment"]["device"] == expected

@@ -234,7 +234,8 @@ def test_prune_apply_and_bench_run_on_every_family(key, checkpoint, tmp_path, ca
 def test_compare_and_ablate_run_on_families_beyond_the_timm_vit(key, checkpoint, tmp_path):
     model_args = checkpoint(key)
     out = tmp_path / "cmp"
-    assert main(["compare", *model_args, "--strategies", "attn-only,act-only", "--budgets", "2", "--seeds", "0",
+    assert main(["compare", *model_args, "--speed-budget", "0",
+                 "--strategies", "attn-only,act-only", "--budgets", "2", "--seeds", "0",
                  "--batch-sizes", "1", "--out", str(out), *FAST]) == 0
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert {(r["strategy"], r["n_attn"], r["n_act"]) for r in rows} == {("attn-only", 2, 0), ("act-only", 0, 2)}
