@@ -117,6 +117,9 @@ class _UnderTest:
         if not isinstance(self.name, str) or not self.name:
             raise ConformanceError(f"{kind} {cls!r} has no 'name': a component needs a non-empty string "
                                    "class attribute 'name'")
+        if not isinstance(cls, type):   # a ready component (an adapter from hetprune.adapters.generic)
+            self.obj = cls
+            return
         try:
             self.obj = cls(**options)
         except Exception as exc:
@@ -368,7 +371,8 @@ def check_strategy(cls, *, budgets: tuple[Budget, ...] | None = None, settings: 
     c.fail("it refused every budget it was given: " + "; ".join(refusals))
 
 
-def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, **options) -> None:
+def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, example: torch.Tensor | None = None,
+                       **options) -> None:
     """An adapter on a tiny model of its family: it recognises the model, removal of every site (one at a
     time, and several together) equals the functional reference in float64, merges are exact, the pruned
     model reloads bit-identically from its recipe, and MAC counts equal FlopCounterMode's count.
@@ -377,11 +381,15 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, *
     ``example_spec`` (a :class:`hetprune.ModelSpec`) is built. The reload is checked either way: with
     ``make_model``, the saved recipe and weights are applied to a fresh ``make_model()`` (what
     :func:`hetprune.apply_recipe` users do); with ``example_spec``, through :func:`hetprune.load`.
+
+    ``cls`` may also be a ready adapter, such as ``hetprune.adapters.generic(blocks=..., layout=...)`` for
+    a transformer you wrote: it is pinned for the check instead of registered. ``example``: an input batch,
+    for a model whose input shape hetprune cannot tell (one it did not build).
     """
     from types import SimpleNamespace
 
     from . import plugins
-    from .adapters import adapter_for
+    from .adapters import adapter_for, serving
     from .hookspecs import hookimpl
 
     c = _UnderTest("architecture", cls, options)
@@ -399,6 +407,14 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, *
         c.fail(f"cannot build its example model: {exc}", exc)
     if not c.obj.matches(base):
         c.fail(f"matches() is False for a {type(base).__name__}, the model it was given as its family's")
+    if not isinstance(cls, type):   # a ready adapter: pinned for the check, as a job pins it
+        try:
+            c.obj.check(base)
+            with serving(c.obj), model_checks.examples_from(example):
+                c.rule(lambda: _architecture_rules(base, spec, rebuild))
+        except HetpruneError as exc:
+            c.fail(f"{type(exc).__name__}: {exc}", exc)
+        return
     name = "hetprune-testing-architecture"
     registry = plugins.get_registry()
     installed = any(registry.component("architecture", n).factory is cls for n in registry.names("architecture"))
@@ -408,7 +424,8 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, *
     try:
         if type(contract.unwrap(adapter_for(base))) is not cls:
             c.fail(f"another adapter ({adapter_for(base).name}) already claims {type(base).__name__}")
-        c.rule(lambda: _architecture_rules(base, spec, rebuild))
+        with model_checks.examples_from(example):
+            c.rule(lambda: _architecture_rules(base, spec, rebuild))
     except HetpruneError as exc:
         c.fail(f"{type(exc).__name__}: {exc}", exc)
     finally:

@@ -326,3 +326,22 @@ def test_compare_and_ablate_run_on_the_users_model_and_task(digits_data, tmp_pat
                           out=tmp_path / "abl", progress=False, log=lambda m: None)
     assert abl["metric_name"] == "acc" and len(abl["splits"]) == 3      # 0+2, 1+1, 2+0
     assert (tmp_path / "abl" / "ablation.md").read_text().count("acc") >= 2
+
+
+def test_the_generic_adapter_passes_the_conformance_kit():
+    from hetprune.testing import ConformanceError, check_architecture
+
+    def make_model():   # norms with their own affine, so that which norm is which matters
+        model = MyTransformer()
+        gen = torch.Generator().manual_seed(3)
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.data = 1 + 0.5 * torch.randn(m.weight.shape, generator=gen)
+                m.bias.data = 0.5 * torch.randn(m.bias.shape, generator=gen)
+        return model
+
+    check_architecture(generic(blocks="encoder.layers", layout=LAYOUT), make_model=make_model, example=X)
+    wrong = BlockLayout(norm1="ln_b", attn="mix", attn_scale=None, norm2="ln_a", mlp="ff", mlp_scale=None,
+                        drop_path2=None, act="act")   # the norms swapped: removal no longer matches the reference
+    with pytest.raises(ConformanceError, match="functional reference"):
+        check_architecture(generic(blocks="encoder.layers", layout=wrong), make_model=make_model, example=X)
