@@ -17,7 +17,7 @@ from scipy import stats
 from .cache import fingerprint
 from .compare import RowPlan, mean_std
 from .errors import HetpruneError
-from .io import write_json_atomic, write_text_atomic
+from .io import no_empty_folder_on_error, write_json_atomic, write_text_atomic
 
 Pair = tuple[int, int]
 
@@ -232,74 +232,75 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     task = as_task(task)
     sign = 1 if task.higher_is_better else -1
     out = Path(out)
-    prepare_out(out, resume, overwrite, "ablation")
-    adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
-    info = dense_info(model, task, spec, base_info, run_settings)
-    log = log if dist.is_main() else (lambda msg: None)
+    with no_empty_folder_on_error(out):   # bad input found after the folder was made leaves none behind
+        prepare_out(out, resume, overwrite, "ablation")
+        adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
+        info = dense_info(model, task, spec, base_info, run_settings)
+        log = log if dist.is_main() else (lambda msg: None)
 
-    # 1. cheap points, exactly as the strategy collects them (one set per seed)
-    points, pairs = [], None
-    for seed in seeds:
-        job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=the_budget,
-                       settings={**run_settings, "seed": seed}, registry=registry,
-                       workdir=out / "work" / f"points-seed{seed}", shared_dir=out / "work" / "shared",
-                       base_info=dict(info), resume=resume, log=log, strategy_name=strat.name, adapter=adapter,
-                       progress=progress)
-        with job.serving():
-            pairs = job.feasible_pairs()
-            log(f"cheap points, seed {seed} ...")
-            points += strat.collect_points(job, strat.point_plan(job, pairs))
-    triples = [(p["n_attn"], p["n_act"], p["accuracy"]) for p in points]
+        # 1. cheap points, exactly as the strategy collects them (one set per seed)
+        points, pairs = [], None
+        for seed in seeds:
+            job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=the_budget,
+                           settings={**run_settings, "seed": seed}, registry=registry,
+                           workdir=out / "work" / f"points-seed{seed}", shared_dir=out / "work" / "shared",
+                           base_info=dict(info), resume=resume, log=log, strategy_name=strat.name, adapter=adapter,
+                           progress=progress)
+            with job.serving():
+                pairs = job.feasible_pairs()
+                log(f"cheap points, seed {seed} ...")
+                points += strat.collect_points(job, strat.point_plan(job, pairs))
+        triples = [(p["n_attn"], p["n_act"], p["accuracy"]) for p in points]
 
-    # 2. every predictor on the same points
-    fitted = {}
-    for name in predictors:
-        options = run_settings[section].get("predictor_options", {}).get(name, {})
-        fitted[name] = registry.build("predictor", name, **options).fit(triples)
-    first_pick = argmax_pair({p: fitted[predictors[0]].predict(*p) for p in pairs}, sign)
+        # 2. every predictor on the same points
+        fitted = {}
+        for name in predictors:
+            options = run_settings[section].get("predictor_options", {}).get(name, {})
+            fitted[name] = registry.build("predictor", name, **options).fit(triples)
+        first_pick = argmax_pair({p: fitted[predictors[0]].predict(*p) for p in pairs}, sign)
 
-    # 3. ground truth (every split, full schedule) and the scorer rows, resumable
-    plans = split_plans(pairs, seeds, run_settings, the_budget, info["hash"], task.fingerprint, kind="truth",
-                        unused=(section,))
-    for name in scorers:
-        plans += split_plans([first_pick], seeds, run_settings, the_budget, info["hash"], task.fingerprint,
-                             scorer=name, kind="scorer", unused=(section,))
-    log(f"fine-tuning {len(plans)} rows: {len(pairs)} splits x {len(seeds)} seeds"
-        + (f" + {len(scorers)} scorers at {first_pick}" if scorers else ""))
-    rows = run_rows(plans, registry, model, spec, task, info, out, resume=resume, jobs=jobs, data_spec=data_spec,
-                    adapter=adapter, log=log, progress=progress)
-    if not dist.is_main():
-        return {}
-    truth_rows = [r for r, p in zip(rows, plans) if p.id.startswith("truth-")]
-    true, true_std = mean_by_pair(truth_rows)
-    cheap, _ = mean_by_pair([{"n_attn": a, "n_act": m, "metric": acc} for a, m, acc in triples])
-    predicted = {name: {p: f.predict(*p) for p in pairs} for name, f in fitted.items()}
-    result = {
-        "budget": the_budget.sites if the_budget.sites is not None else the_budget.describe(), "seeds": seeds,
-        "metric_name": task.metric_name, "higher_is_better": task.higher_is_better, "dense_metric": info["metric"],
-        **({"dense_top1": info["metric"]} if task.metric_name == "top1" else {}),
-        **(meta or {}),
-        "finetune": run_settings["finetune"], "short_finetune": run_settings["short_finetune"], "points": points,
-        "point_finetune": points[0].get("point_finetune", "short_finetune") if points else "short_finetune",
-        "point_selection": run_settings[section].get("point_selection", "oneshot"),
-        "scorer": run_settings["scorer"],
-        "predictors": {name: {**predictor_metrics(predicted[name], true, tolerance, sign),
-                              "fit": f.fit_report() if hasattr(f, "fit_report") else {}}
-                       for name, f in fitted.items()},
-        "splits": [{"n_attn": a, "n_act": m, "true": true[(a, m)], "true_std": true_std[(a, m)],
-                    "cheap": cheap.get((a, m)), "predicted": {n: predicted[n][(a, m)] for n in predictors}}
-                   for a, m in sorted(pairs)],
-        "rows": rows,
-    }
-    if scorers:
-        result["scorer_split"] = list(first_pick)
-        result["scorers"] = {}
+        # 3. ground truth (every split, full schedule) and the scorer rows, resumable
+        plans = split_plans(pairs, seeds, run_settings, the_budget, info["hash"], task.fingerprint, kind="truth",
+                            unused=(section,))
         for name in scorers:
-            mine = [r for r, p in zip(rows, plans) if p.id.startswith("scorer-") and p.settings["scorer"] == name]
-            mean, std = mean_std([r["metric"] for r in mine])
-            result["scorers"][name] = {"metric": mean, "metric_std": std,
-                                       **({"top1": mean, "top1_std": std} if task.metric_name == "top1" else {}),
-                                       "before": mean_std([r["metric_before_finetune"] for r in mine])[0],
-                                       "sites": mine[0]["sites"]}
-    write(out, result)
-    return result
+            plans += split_plans([first_pick], seeds, run_settings, the_budget, info["hash"], task.fingerprint,
+                                 scorer=name, kind="scorer", unused=(section,))
+        log(f"fine-tuning {len(plans)} rows: {len(pairs)} splits x {len(seeds)} seeds"
+            + (f" + {len(scorers)} scorers at {first_pick}" if scorers else ""))
+        rows = run_rows(plans, registry, model, spec, task, info, out, resume=resume, jobs=jobs, data_spec=data_spec,
+                        adapter=adapter, log=log, progress=progress)
+        if not dist.is_main():
+            return {}
+        truth_rows = [r for r, p in zip(rows, plans) if p.id.startswith("truth-")]
+        true, true_std = mean_by_pair(truth_rows)
+        cheap, _ = mean_by_pair([{"n_attn": a, "n_act": m, "metric": acc} for a, m, acc in triples])
+        predicted = {name: {p: f.predict(*p) for p in pairs} for name, f in fitted.items()}
+        result = {
+            "budget": the_budget.sites if the_budget.sites is not None else the_budget.describe(), "seeds": seeds,
+            "metric_name": task.metric_name, "higher_is_better": task.higher_is_better, "dense_metric": info["metric"],
+            **({"dense_top1": info["metric"]} if task.metric_name == "top1" else {}),
+            **(meta or {}),
+            "finetune": run_settings["finetune"], "short_finetune": run_settings["short_finetune"], "points": points,
+            "point_finetune": points[0].get("point_finetune", "short_finetune") if points else "short_finetune",
+            "point_selection": run_settings[section].get("point_selection", "oneshot"),
+            "scorer": run_settings["scorer"],
+            "predictors": {name: {**predictor_metrics(predicted[name], true, tolerance, sign),
+                                  "fit": f.fit_report() if hasattr(f, "fit_report") else {}}
+                           for name, f in fitted.items()},
+            "splits": [{"n_attn": a, "n_act": m, "true": true[(a, m)], "true_std": true_std[(a, m)],
+                        "cheap": cheap.get((a, m)), "predicted": {n: predicted[n][(a, m)] for n in predictors}}
+                       for a, m in sorted(pairs)],
+            "rows": rows,
+        }
+        if scorers:
+            result["scorer_split"] = list(first_pick)
+            result["scorers"] = {}
+            for name in scorers:
+                mine = [r for r, p in zip(rows, plans) if p.id.startswith("scorer-") and p.settings["scorer"] == name]
+                mean, std = mean_std([r["metric"] for r in mine])
+                result["scorers"][name] = {"metric": mean, "metric_std": std,
+                                           **({"top1": mean, "top1_std": std} if task.metric_name == "top1" else {}),
+                                           "before": mean_std([r["metric_before_finetune"] for r in mine])[0],
+                                           "sites": mine[0]["sites"]}
+        write(out, result)
+        return result

@@ -31,7 +31,7 @@ from . import result_checks  # noqa: F401 - adds the strategy rule: every result
 from .adapters import Adapter
 from .budget import Budget
 from .errors import HetpruneError
-from .io import check_writable
+from .io import check_writable, no_empty_folder_on_error
 from .models import ModelSpec, model_hash
 from .pipeline import PruneJob, PruneResult
 from .plugins import Registry, get_registry
@@ -176,13 +176,8 @@ def _workdir(out: Path | None):
     """Where checkpoints go: beside ``out`` (``OUT.work``, kept for resume), else a temporary folder."""
     if out is not None:
         work = out.with_name(out.name + ".work")
-        existed = work.exists()
-        try:
+        with no_empty_folder_on_error(work):   # bad input found during the run leaves no empty work folder
             yield work
-        except HetpruneError:   # bad input found during the run leaves no empty work folder behind
-            if not existed and work.is_dir() and not any(p.is_file() for p in work.rglob("*")):
-                shutil.rmtree(work, ignore_errors=True)
-            raise
         return
     tmp = Path(tempfile.mkdtemp(prefix="hetprune-"))
     try:

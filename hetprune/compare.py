@@ -28,7 +28,7 @@ from . import distributed as dist
 from .budget import Budget
 from .cache import fingerprint
 from .errors import HetpruneError
-from .io import write_json_atomic, write_text_atomic
+from .io import no_empty_folder_on_error, write_json_atomic, write_text_atomic
 from . import result_checks  # noqa: F401 - adds the strategy rule: every row's result is checked
 from .pipeline import PruneJob, resolve_adapter
 from .task import classification, format_metric
@@ -637,32 +637,33 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
             batch_sizes.append(cm.batch_size)
     task = as_task(task)
     out = Path(out)
-    prepare_out(out, resume, overwrite, "compare")
-    if not (isinstance(speed_budget_s, (int, float)) and speed_budget_s >= 0):
-        raise HetpruneError(f"speed_budget_s must be a number of seconds >= 0, got {speed_budget_s!r}")
-    spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
-                        device=run_settings["device"], speed_budget_s=float(speed_budget_s))
-    adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
-    info = dense_info(model, task, spec, base_info, run_settings)
-    plans = plan_rows(spec_, info["hash"], task.fingerprint)
-    rows = run_rows(plans, registry, model, spec, task, info, out, resume=resume, jobs=jobs, data_spec=data_spec,
-                    adapter=adapter, log=log, progress=progress)
-    if not dist.is_main():  # rank 0 times the models and writes the results
-        return CompareResult(rows, [], {}, "", out)
-    from .costs import cost_summary
+    with no_empty_folder_on_error(out):   # bad input found after the folder was made leaves none behind
+        prepare_out(out, resume, overwrite, "compare")
+        if not (isinstance(speed_budget_s, (int, float)) and speed_budget_s >= 0):
+            raise HetpruneError(f"speed_budget_s must be a number of seconds >= 0, got {speed_budget_s!r}")
+        spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
+                            device=run_settings["device"], speed_budget_s=float(speed_budget_s))
+        adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
+        info = dense_info(model, task, spec, base_info, run_settings)
+        plans = plan_rows(spec_, info["hash"], task.fingerprint)
+        rows = run_rows(plans, registry, model, spec, task, info, out, resume=resume, jobs=jobs, data_spec=data_spec,
+                        adapter=adapter, log=log, progress=progress)
+        if not dist.is_main():  # rank 0 times the models and writes the results
+            return CompareResult(rows, [], {}, "", out)
+        from .costs import cost_summary
 
-    example = devices.place(task.example(2), dev)
-    dense_row = {"strategy": "dense", "metric": info["metric"], **cost_summary(model, example)}
-    if task.metric_name == "top1":
-        dense_row["top1"] = info["metric"]
-    timing = measure_rows(spec_, model, rows, out, input_shape=tuple(example.shape[1:]), log=log, model_spec=spec,
-                          adapter=adapter)
-    attach_speed(rows, dense_row, timing)
-    written = write_outputs(out, spec_, dense_row, rows, timing,
-                            {"model": spec.name if spec is not None else info["source"],
-                             "data": task.name, "metric_name": task.metric_name,
-                             "higher_is_better": task.higher_is_better, "base": info, **(meta or {})})
-    return CompareResult(rows, written["aggregates"], dense_row, written["markdown"], out)
+        example = devices.place(task.example(2), dev)
+        dense_row = {"strategy": "dense", "metric": info["metric"], **cost_summary(model, example)}
+        if task.metric_name == "top1":
+            dense_row["top1"] = info["metric"]
+        timing = measure_rows(spec_, model, rows, out, input_shape=tuple(example.shape[1:]), log=log, model_spec=spec,
+                              adapter=adapter)
+        attach_speed(rows, dense_row, timing)
+        written = write_outputs(out, spec_, dense_row, rows, timing,
+                                {"model": spec.name if spec is not None else info["source"],
+                                 "data": task.name, "metric_name": task.metric_name,
+                                 "higher_is_better": task.higher_is_better, "base": info, **(meta or {})})
+        return CompareResult(rows, written["aggregates"], dense_row, written["markdown"], out)
 
 
 def _whole(value, what: str) -> int:

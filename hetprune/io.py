@@ -151,3 +151,18 @@ def atomic_folder(out: str | os.PathLike, overwrite: bool = False, same_result=N
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextmanager
+def no_empty_folder_on_error(out):
+    """Bad input found only after a folder was made (a budget the model cannot meet) leaves no folder
+    behind: one made inside this context is removed if it fails while the folder holds no file. Finished
+    work (any file) is kept, for --resume."""
+    out = Path(out)
+    existed = out.exists()
+    try:
+        yield
+    except HetpruneError:
+        if not existed and out.is_dir() and not any(p.is_file() for p in out.rglob("*")):
+            shutil.rmtree(out, ignore_errors=True)
+        raise

@@ -64,9 +64,6 @@ class Schedule:
     def subset(self) -> int | None:
         return self.config.subset
 
-    def to_dict(self) -> dict:
-        return {"stage": self.stage, **self.config.to_dict()}
-
 
 class Task:
     """A user's task: data, loss, metric, and optionally a training loop (see the module docstring).

@@ -345,3 +345,13 @@ def test_the_generic_adapter_passes_the_conformance_kit():
                         drop_path2=None, act="act")   # the norms swapped: removal no longer matches the reference
     with pytest.raises(ConformanceError, match="functional reference"):
         check_architecture(generic(blocks="encoder.layers", layout=wrong), make_model=make_model, example=X)
+
+
+@pytest.mark.parametrize("harness", ["compare", "ablate"])
+def test_compare_and_ablate_leave_no_folder_for_a_budget_the_model_cannot_meet(harness, digits_data, tmp_path):
+    run = getattr(hetprune, harness)
+    kwargs = {"budgets": [99]} if harness == "compare" else {"budget": 99}
+    with pytest.raises(HetpruneError, match="cannot|at most|more than"):
+        run(Wrapped(), user_task(digits_data), settings={**TINY_SETTINGS, "scorer": "magnitude"},
+            out=tmp_path / "out", progress=False, log=lambda m: None, **kwargs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

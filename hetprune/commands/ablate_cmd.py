@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import (add_model_arguments, apply_data_options, base_model, data_for, no_empty_folder_on_error)
+from .common import add_model_arguments, apply_data_options, base_model, data_for
 from .compare_cmd import int_list
 from .prune_cmd import add_budget_arguments, budget_from, latency_batch_sets
 
@@ -51,6 +51,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from ..io import no_empty_folder_on_error
+
     with no_empty_folder_on_error(args.out):  # a budget the model cannot meet leaves no folder behind
         return _run(args)
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-from contextlib import contextmanager
 
 from ..errors import HetpruneError
 
@@ -123,23 +121,6 @@ def apply_data_options(args, settings: dict, data) -> None:
             raise HetpruneError(f"--workers must be >= 0, got {args.workers}")
         for section in ("finetune", "short_finetune"):
             settings[section]["workers"] = args.workers
-
-
-@contextmanager
-def no_empty_folder_on_error(out):
-    """Bad input found only after the output folder was made (a budget the model cannot meet) leaves no
-    folder behind: one this command created is removed if it fails while the folder holds no file.
-    Finished work (any file) is kept, for --resume."""
-    from pathlib import Path
-
-    out = Path(out)
-    existed = out.exists()
-    try:
-        yield
-    except HetpruneError:
-        if not existed and out.is_dir() and not any(p.is_file() for p in out.rglob("*")):
-            shutil.rmtree(out, ignore_errors=True)
-        raise
 
 
 def command_line(args) -> str | None:
