@@ -162,7 +162,6 @@ def _time_batch(models: dict, input_shape: tuple, batch: int, device: torch.devi
     return {name: {**t, **({"peak_memory_bytes": peak[name]} if name in peak else {})} for name, t in timed.items()}
 
 
-@torch.inference_mode()
 def ratio_spread(reference: list[float], times: list[float]) -> float:
     """The spread of a speed ratio over interleaved rounds: half the interquartile range of the per-round
     ratios ``reference / times``, relative to their median (0.02: the ratio is known to about ±2 %)."""
@@ -171,6 +170,7 @@ def ratio_spread(reference: list[float], times: list[float]) -> float:
     return (q3 - q1) / 2 / statistics.median(ratios)
 
 
+@torch.inference_mode()   # every timed call without autograd: recording a graph doubled a ViT's time at batch 64
 def time_interleaved(runners: dict, repeats: int, warmup: int, min_time_s: float, log=None,
                      label: str = "", warm_long_once: bool = False, budget_s: float | None = None,
                      max_repeats: int = 60, reference: str | None = None, spread_target: float | None = None,
