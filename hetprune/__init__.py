@@ -26,7 +26,7 @@ __version__ = "0.2.0"
 
 # public name -> the submodule that defines it (None: the name is that submodule)
 _EXPORTS = {
-    "Budget": "budget", "HetpruneError": "errors", "PluginError": "errors",
+    "Budget": "budget", "HetpruneError": "errors", "PluginError": "errors", "BudgetUnreachable": "errors",
     "hookimpl": "hookspecs", "hookspec": "hookspecs",
     "ModelSpec": "models", "DepthStrategy": "pipeline", "FixedSplit": "pipeline", "PruneJob": "pipeline",
     "PruneResult": "pipeline", "ScoringContext": "pipeline", "get_registry": "plugins",

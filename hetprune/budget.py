@@ -29,7 +29,7 @@ from torch import nn
 
 from . import surgery
 from .costs import count_macs
-from .errors import HetpruneError
+from .errors import BudgetUnreachable, HetpruneError
 from .adapters import adapter_for
 from .sites import Site, depth
 
@@ -243,7 +243,7 @@ def feasible_pairs(model: nn.Module, budget: Budget, example: torch.Tensor | Non
                 pairs.append((a, m))
     if not pairs:
         best = cost_of(limits["attn"], limits["act"])
-        raise HetpruneError(f"no depth pruning meets {budget.describe()}: removing every allowed site leaves "
+        raise BudgetUnreachable(f"no depth pruning meets {budget.describe()}: removing every allowed site leaves "
                             f"{best / dense:.1%} of the dense model's cost; add width pruning (hetdpt-plus) or "
                             "relax the target")
     return pairs

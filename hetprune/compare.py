@@ -27,7 +27,7 @@ from torch import nn
 from . import distributed as dist
 from .budget import Budget
 from .cache import fingerprint
-from .errors import HetpruneError
+from .errors import BudgetUnreachable, HetpruneError
 from .io import no_empty_folder_on_error, write_json_atomic, write_text_atomic
 from . import result_checks  # noqa: F401 - adds the strategy rule: every row's result is checked
 from .pipeline import PruneJob, resolve_adapter
@@ -161,8 +161,14 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
                    base_info=dict(base_info), resume=resume, progress=progress, log=log,
                    strategy_name=plan.label or plan.strategy, measure_cost=False,  # phase 2 times every model
                    adapter=adapter)
-    with job.serving():
-        result = strategy.run(job)
+    try:
+        with job.serving():
+            result = strategy.run(job)
+    except BudgetUnreachable as exc:   # the row says so, and the comparison goes on
+        log(f"[{plan.label or plan.strategy}] {exc}")
+        return {"key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy,
+                "budget": plan.budget.to_dict(), "seed": plan.seed, "unreachable": str(exc),
+                "wall_s": round(time.time() - started, 1)}
     if dist.is_main():
         save(out / "models" / plan.id, result.model, result.recipe, overwrite=True,
              extra_files={"report.json": result.report})
@@ -172,6 +178,7 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
         "seed": plan.seed, "n_attn": r["n_attn"], "n_act": r["n_act"], "sites": r["sites"],
         **metric_columns(r),
         "params": r["params"], "macs": r["macs"], "dense_macs": r["dense_macs"],
+        **({"budget_met": r["budget_met"]} if "budget_met" in r else {}),
         "wall_s": round(time.time() - started, 1), "model_dir": str(Path("models") / plan.id),
     }
     if plan.split:
@@ -255,8 +262,9 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         durations.append(row["wall_s"])
         left = len(plans) - len(results)
         eta = f"; about {_fmt_eta(statistics.mean(durations) * left / max(1, jobs))} left" if left else ""
-        log(f"[{len(results)}/{len(plans)}] {row['id']}: {format_metric(row['metric_name'], row['metric'])} "
-            f"({row['n_attn']} attn + {row['n_act']} act) in {row['wall_s']:.0f}s{eta}")
+        what = (f"cannot reach the budget" if "unreachable" in row else
+                f"{format_metric(row['metric_name'], row['metric'])} ({row['n_attn']} attn + {row['n_act']} act)")
+        log(f"[{len(results)}/{len(plans)}] {row['id']}: {what} in {row['wall_s']:.0f}s{eta}")
 
     if jobs <= 1 or len(todo) <= 1:
         for i, plan in todo:
@@ -335,6 +343,11 @@ def aggregate(rows: list[dict]) -> list[dict]:
         groups.setdefault((row["strategy"], json.dumps(row["budget"], sort_keys=True)), []).append(row)
     out = []
     for (name, budget), members in groups.items():
+        if any("unreachable" in m for m in members):   # the strategy cannot meet this budget on this model
+            out.append({"strategy": name, "budget": json.loads(budget), "seeds": len(members), "structures": [],
+                        "unreachable": next(m["unreachable"] for m in members if "unreachable" in m)})
+            continue
+
         def stat(key, _m=members):
             vals = [m[key] for m in _m if m.get(key) is not None]
             return mean_std(vals) if vals else (None, None)
@@ -346,6 +359,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
                     "prediction_error"):
             agg[key], agg[f"{key}_std"] = stat(key)
         agg["splits"] = sorted({f"{m['n_attn']}+{m['n_act']}" for m in members})
+        agg["budget_missed"] = sum(m.get("budget_met") is False for m in members)
         agg["structures"] = sorted({m["structure"] for m in members if "structure" in m})
         out.append(agg)
     for agg, note in zip(out, speed_notes(out)):
@@ -404,15 +418,26 @@ def markdown_table(dense_row: dict, aggregates: list[dict], large: int, metric: 
              f"{dense_row['params'] / 1e6:.3f}M | {dense_row.get('throughput_b1', 0):.0f} | "
              f"{dense_row.get('throughput_large', 0):.0f} | 1.00 | 1.00 | |"]
     for a in aggregates:
+        if "unreachable" in a:
+            lines.append(f"| {a['strategy']} | {budget_text(a['budget'])} | {a['seeds']} | - | - | cannot reach the "
+                         f"budget | - | - | - | - | - | - | {a['unreachable']} |")
+            continue
         mac_ratio = dense_row["macs"] / a["macs"] if a["macs"] else float("nan")
         lines.append(
             f"| {a['strategy']} | {budget_text(a['budget'])} | {a['seeds']} | {', '.join(a['splits'])} | "
             f"{_pm(a['metric_before_finetune'], a['metric_before_finetune_std'])} | "
             f"{_pm(a['metric'], a['metric_std'])} | "
-            f"{a['macs'] / 1e6:.2f}M | {a['params'] / 1e6:.3f}M | {_pm(a['throughput_b1'], a['throughput_b1_std'], 0)} | "
+            f"{macs_text(a, dense_row)} | {a['params'] / 1e6:.3f}M | {_pm(a['throughput_b1'], a['throughput_b1_std'], 0)} | "
             f"{_pm(a['throughput_large'], a['throughput_large_std'], 0)} | "
             f"{speed_text(a)} | {mac_ratio:.2f} | {a.get('speed_note', '')} |")
     return head + "\n".join(lines) + "\n"
+
+
+def macs_text(agg: dict, dense_row: dict) -> str:
+    """``2.11M (52%)``: the MACs a row reached and their share of dense, flagged where a seed missed its
+    cost target (no site left saved cost)."""
+    text = f"{agg['macs'] / 1e6:.2f}M ({agg['macs'] / dense_row['macs']:.0%})"
+    return text + (f" ✗ target missed ({agg['budget_missed']} of {agg['seeds']})" if agg.get("budget_missed") else "")
 
 
 def speed_text(agg: dict, tag: str = "large") -> str:
@@ -446,13 +471,13 @@ def rows_csv(rows: list[dict], metric: str = "top1") -> str:
     """One line per row; the metric's columns are named by the metric (``top1``, ``mIoU``, ...)."""
     cols = ["strategy", "budget", "seed", "n_attn", "n_act", "sites", f"{metric}_before_finetune", metric, "params",
             "macs", "throughput_b1", "throughput_large", "speedup_b1", "speedup_b1_spread", "speedup_large",
-            "speedup_large_spread", "timed_as", "wall_s"]
+            "speedup_large_spread", "timed_as", "wall_s", "unreachable"]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow({**r, "budget": budget_text(r["budget"]), "sites": " ".join(r["sites"]),
-                    f"{metric}_before_finetune": r["metric_before_finetune"], metric: r["metric"]})
+        w.writerow({**r, "budget": budget_text(r["budget"]), "sites": " ".join(r.get("sites", [])),
+                    f"{metric}_before_finetune": r.get("metric_before_finetune"), metric: r.get("metric")})
     return buf.getvalue()
 
 
@@ -466,7 +491,7 @@ def pareto_plot(path: Path, dense_row: dict, aggregates: list[dict], title: str,
     markers = "osD^v<>phX*"
     names = sorted({a["strategy"] for a in aggregates})
     for i, name in enumerate(names):
-        pts = [a for a in aggregates if a["strategy"] == name and a["speedup_large"] is not None]
+        pts = [a for a in aggregates if a["strategy"] == name and a.get("speedup_large") is not None]
         if not pts:
             continue
         xerr = [p["speedup_large"] - speed_interval(p)[0] for p in pts]   # timing spread, or over seeds
@@ -656,9 +681,10 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
         dense_row = {"strategy": "dense", "metric": info["metric"], **cost_summary(model, example)}
         if task.metric_name == "top1":
             dense_row["top1"] = info["metric"]
-        timing = measure_rows(spec_, model, rows, out, input_shape=tuple(example.shape[1:]), log=log, model_spec=spec,
-                              adapter=adapter)
-        attach_speed(rows, dense_row, timing)
+        reached = [r for r in rows if "unreachable" not in r]   # a row that cannot meet its budget has no model
+        timing = measure_rows(spec_, model, reached, out, input_shape=tuple(example.shape[1:]), log=log,
+                              model_spec=spec, adapter=adapter)
+        attach_speed(reached, dense_row, timing)
         written = write_outputs(out, spec_, dense_row, rows, timing,
                                 {"model": spec.name if spec is not None else info["source"],
                                  "data": task.name, "metric_name": task.metric_name,

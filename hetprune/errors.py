@@ -23,3 +23,8 @@ class PluginError(HetpruneError):
 
     def __reduce__(self):  # survives the trip back from a ``compare --jobs`` worker process
         return (type(self), (str(self), self.plugin, self.kind, self.component, self.stage))
+
+
+class BudgetUnreachable(HetpruneError):
+    """A strategy cannot meet the budget on this model (attention sites alone cannot reach a MAC target,
+    say). ``prune`` reports it as an error; ``compare`` shows it in that strategy's row and goes on."""

@@ -1,7 +1,8 @@
 """Compare strategies with everything else held equal.
 
-    hetprune compare                      # the embedded default (digits ViT)
-    hetprune compare --strategies hetdpt,attn-only,act-only,mix50 --budgets 8,12 --seeds 0,1,2
+    hetprune compare                      # the embedded digit-pairs ViT at an equal MAC target
+    hetprune compare --target-macs 0.65,0.5 --seeds 0,1,2
+    hetprune compare --data digits --strategies hetdpt,attn-only,act-only,mix50 --budgets 8,12
 
 Every strategy gets the same dense model, train/val split, settings, seeds and
 timer. Writes results.md, results.csv, results.json and pareto.png to --out.
@@ -19,7 +20,8 @@ from .prune_cmd import (add_budget_arguments, add_settings_arguments, budget_fro
                         round_to_sets)
 
 HELP = "run several strategies under one harness and tabulate/plot the results"
-DEFAULT_BUDGETS = (12,)
+DEFAULT_DATA = "digit-pairs"   # where the split between the two kinds is a real question
+DEFAULT_TARGET_MACS = 0.55     # chosen by benchmarks/default_target.py: see benchmarks/results/default-target.md
 
 
 def int_list(text: str, what: str) -> list[int]:
@@ -32,11 +34,32 @@ def int_list(text: str, what: str) -> list[int]:
     return values
 
 
+def compare_budgets(args) -> list:
+    """The rows' budgets: ``--budgets`` (sites), a comma list of ``--target-macs``, one other target, or by
+    default every strategy at the same MAC target, so that rows cost alike and their accuracies compare."""
+    from ..budget import Budget, parse_macs
+
+    if args.budgets:
+        return [budget_from(args, k) for k in int_list(args.budgets, "--budgets")]
+    if args.target_macs is not None:
+        values = [v for v in args.target_macs.split(",") if v.strip()]
+        if not values:
+            raise HetpruneError("--target-macs is empty")
+        return [Budget(target_macs=parse_macs(v)) for v in values]
+    return [budget_from(args) or Budget(target_macs=DEFAULT_TARGET_MACS)]
+
+
+def compare_data(args) -> str | None:
+    """``--data``, or for the embedded default digit pairs, where the split is a real question (on digits
+    the best split is always activation-only)."""
+    return DEFAULT_DATA if args.model is None and args.data is None else args.data
+
+
 def add_arguments(p) -> None:
     add_model_arguments(p)
     p.add_argument("--strategies", default=None, metavar="A,B,...",
                    help="strategies to compare (default hetdpt,attn-only,act-only,mix50)")
-    add_budget_arguments(p, many=True)
+    add_budget_arguments(p, many=True, default=f" (default {DEFAULT_TARGET_MACS:g}: every strategy at the same cost)")
     p.add_argument("--seeds", default="0", metavar="0,1,2", help="seeds; several give mean ± std (default 0)")
     add_settings_arguments(p)
     p.add_argument("--batch-sizes", default="1,256", metavar="1,256",
@@ -68,11 +91,8 @@ def _run(args) -> int:
     if len(set(names)) != len(names):
         raise HetpruneError(f"--strategies lists a strategy twice: {names}")
     strategies = [registry.build("strategy", n) for n in names]
-    if args.budgets:
-        budgets = [budget_from(args, k) for k in int_list(args.budgets, "--budgets")]
-    else:
-        one = budget_from(args)
-        budgets = [one] if one else [budget_from(args, k) for k in DEFAULT_BUDGETS]
+    budgets = compare_budgets(args)
+    args.data = compare_data(args)
     seeds = int_list(args.seeds, "--seeds")
     batch_sizes = int_list(args.batch_sizes, "--batch-sizes")
     defaults = {k: v for s in strategies for k, v in getattr(s, "defaults", {}).items()}

@@ -19,13 +19,18 @@ from .common import add_model_arguments, apply_data_options, base_model, command
 HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
 
 
-def add_budget_arguments(p, many: bool = False) -> None:
+def add_budget_arguments(p, many: bool = False, default: str = "") -> None:
     g = p.add_argument_group("budget (give one)")
     b = g.add_mutually_exclusive_group()
     b.add_argument("--budget", type=int, metavar="K", help="remove K sites (n_attn + n_act = K)")
     if many:
         b.add_argument("--budgets", metavar="K,K,...", help="several site budgets, e.g. 4,8,12")
-    b.add_argument("--target-macs", metavar="F|2.6G", help="MACs at most F of dense (F <= 1) or an absolute amount")
+    if many:
+        b.add_argument("--target-macs", metavar="F,F,...",
+                       help="MACs at most F of dense (F <= 1) or an absolute amount (2.6G); several give several "
+                            f"budgets{default}")
+    else:
+        b.add_argument("--target-macs", metavar="F|2.6G", help="MACs at most F of dense (F <= 1) or an absolute amount")
     b.add_argument("--target-speedup", type=float, metavar="S",
                    help="at least S times faster than dense, by the cost model (--cost-model: MACs, or measured time)")
     b.add_argument("--target-latency", metavar="T", help="at most T per forward pass, e.g. 12ms (measured time, at "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from hetprune import HetpruneError, Site, sites
+from hetprune import BudgetUnreachable, HetpruneError, Site, sites
 from hetprune import surgery
 from hetprune.pipeline import DepthStrategy, PruneJob, scoring_context, select_sites
 
@@ -51,6 +51,11 @@ class Mix(DepthStrategy):
         else:
             note = ""
         if ratio == 1.0 and pick[1] > 0 or ratio == 0.0 and pick[0] > 0:
+            kind = "attention" if ratio == 1.0 else "activation"
+            if job.budget.counts_cost:   # a cost target: the strategy stays what it says, and says it falls short
+                raise BudgetUnreachable(
+                    f"{job.strategy_name or self.name} cannot meet {job.budget.describe()}: removing {kind} sites "
+                    f"alone does not reach it on this model (the nearest split that does is {pick[0]}+{pick[1]})")
             note = f"the budget cannot be met with one kind alone on this model: split {pick}"
         return pick, {"ratio": ratio, **({"note": note} if note else {})}
 
@@ -108,7 +113,7 @@ class BlockDrop(DepthStrategy):
             n = math.ceil(max(0.0, dense - limit) / per_block) if per_block > 0 else most + 1
             note = {}
         if n > most:
-            raise HetpruneError(f"block-drop cannot meet {job.budget.describe()}: at most {most} of "
+            raise BudgetUnreachable(f"block-drop cannot meet {job.budget.describe()}: at most {most} of "
                                 f"{most + 1} blocks may be dropped")
         return (n, n), {"blocks": n, **note}
 
