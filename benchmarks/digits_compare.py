@@ -40,6 +40,7 @@ def main() -> int:
     args = p.parse_args()
 
     from hetprune.cli import main as cli
+    from hetprune.compare import base_text
 
     budget = ["--target-macs", args.target_macs] if args.target_macs else ["--budgets", args.budgets]
     argv = ["compare", "--data", args.data, "--strategies", args.strategies, *budget, "--seeds", args.seeds,
@@ -62,7 +63,8 @@ def main() -> int:
         f"Machine: {env.get('cpu', platform.processor() or '?')}, {env.get('cpu_count', '?')} cores, "
         f"{env.get('threads', '?')} torch threads for timing, torch {env.get('torch', '?')}, "
         f"timm {env.get('timm', '?')}, {env.get('platform', platform.platform())}; "
-        f"load average {env.get('load_start')} at the start of timing.\n\n"
+        f"load average {env.get('load_start')} at the start of timing, {env.get('load_end')} at the end.\n\n"
+        + base_text(data["meta"].get("base") or {})
     )
     (results / f"{args.name}.md").write_text(header + body)
     shutil.copyfile(out / "pareto.png", results / f"{args.name}.png")

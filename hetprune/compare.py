@@ -427,7 +427,8 @@ def markdown_table(dense_row: dict, aggregates: list[dict], large: int, metric: 
             f"| {a['strategy']} | {budget_text(a['budget'])} | {a['seeds']} | {', '.join(a['splits'])} | "
             f"{_pm(a['metric_before_finetune'], a['metric_before_finetune_std'])} | "
             f"{_pm(a['metric'], a['metric_std'])} | "
-            f"{macs_text(a, dense_row)} | {a['params'] / 1e6:.3f}M | {_pm(a['throughput_b1'], a['throughput_b1_std'], 0)} | "
+            f"{macs_text(a, dense_row)} | {a['params'] / 1e6:.3f}M | "
+            f"{_pm(a['throughput_b1'], a['throughput_b1_std'], 0)} | "
             f"{_pm(a['throughput_large'], a['throughput_large_std'], 0)} | "
             f"{speed_text(a)} | {mac_ratio:.2f} | {a.get('speed_note', '')} |")
     return head + "\n".join(lines) + "\n"
@@ -575,6 +576,7 @@ def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict
     header = (f"# hetprune compare\n\n{title}; seeds {spec.seeds}.\n\n{warnings_}"
               f"Machine: {machine.get('device_name', '?')}, torch {machine.get('torch', '?')}, "
               f"{machine.get('threads', '?')} threads. Command: `{meta.get('command', '')}`\n\n"
+              f"{base_text(meta.get('base') or {})}"
               "MACs per image (1 MAC = 2 FLOPs). Speedup = dense time / pruned time, timed interleaved in one "
               f"process at batch {large}; models with the same structure are timed once; ± is the spread (half "
               "the interquartile range of the per-round ratios, or the spread over seeds where larger), and rows "
@@ -587,6 +589,14 @@ def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict
     write_json_atomic(out / "results.json", data)
     pareto_plot(out / "pareto.png", dense_row, aggregates, title, metric)
     return {"markdown": warnings_ + md, "aggregates": aggregates}
+
+
+def base_text(base: dict) -> str:
+    """Where the dense model came from, for the results' header (its weights, where hetprune made them)."""
+    if not base.get("source"):
+        return ""
+    weights = f"; weights {base['weights']}" if base.get("weights") else ""
+    return f"Base model: {base['source']}{weights}.\n\n"
 
 
 @dataclass
