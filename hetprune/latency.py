@@ -23,8 +23,27 @@ on 2 cores), so parts timed in different sessions do not compare. Parts
 needed together are timed in one session (:meth:`LatencyTable.prepare`: a
 depth budget's dense block, its variants and the outside), and a later
 session re-times one part already in the table beside the new ones (the
-*anchor*): each new time is the anchor's stored time times the new part's
-median ratio to the anchor over the session's rounds.
+*anchors*), and maps its times onto the table's. A busy machine does not
+slow every part alike: the compute of a 2-thread matmul takes twice as long
+when another process holds a core, while a forward call's fixed cost (Python
+dispatch, the calls of small layers) barely moves. So a later session re-times
+two known parts, the outside (mostly that fixed cost) and a block timed in
+context (mostly compute), and each round's times are mapped onto the table's
+by the line through those two (stored = a + b x this session's): a drift of
+the compute alone and a drift of everything alike both map back exactly,
+where one ratio to the outside (version 3) read a new block's compute as
+slowed as much as the outside's fixed cost, and over-predicted it by up to
+2x. With one known part only, its ratio scales the session.
+
+A prediction is only as good as the session it was timed in. So
+:meth:`LatencyTable.prepare` also times the first model it is given (the
+model a budget prunes) whole, in the same rounds, and compares that with the
+sum of its parts (the *self-check*). When the two disagree by more than
+``tolerance``, or other processes keep half the CPUs busy, the table says in
+one line that its predictions cannot be trusted here and offers the MAC model
+(``--cost-model macs``), and keeps the reason in :attr:`LatencyTable.untrusted`
+(the run's report shows it) and in the disk cache, so a later run that reads
+those times says so again (and how to time them afresh: delete the file).
 
 The table is cached on disk (``cache_dir()/latency``), keyed by the device's
 name, torch/timm versions, thread count, dtype, batch size and backend: a
@@ -49,8 +68,10 @@ from .costs import hooked_forward
 from .errors import HetpruneError
 from .io import read_json, write_json_atomic
 
-VERSION = 3   # of the table format and of how parts are timed (2: blocks in context; 3: one session, anchored)
+VERSION = 4   # of the table format and of how parts are timed (2: blocks in context; 3: one session, anchored;
+#               4: two anchors, a line; the self-check)
 OUTSIDE = "outside"
+CHECK = "self-check"   # the runner of a model timed whole beside its parts
 
 
 def structure(module: nn.Module, skip: set[int] = frozenset()) -> list:
@@ -111,13 +132,17 @@ class LatencyTable:
     log: Callable[[str], None] = print
     entries: dict = field(default_factory=dict)
     measured_now: int = 0           # parts timed by this process (0: all came from the cache)
-    warned: bool = False            # a busy machine is reported once per table
+    tolerance: float = 0.10         # the self-check's |predicted / measured - 1| past which predictions are untrusted
+    check: dict | None = None       # the last self-check: the checked model's predicted and measured whole time
+    untrusted: str = ""             # why this table's predictions cannot be trusted here ("": they can)
 
     def __post_init__(self):
         self.device = devices.resolve(self.device)
         if not (isinstance(self.budget_s, (int, float)) and not isinstance(self.budget_s, bool) and self.budget_s > 0):
             raise HetpruneError(f"latency budget_s must be a number of seconds > 0, got {self.budget_s!r}")
         bench.check_dtype(self.dtype, self.device)
+        if isinstance(self.tolerance, bool) or not isinstance(self.tolerance, (int, float)) or not self.tolerance > 0:
+            raise HetpruneError(f"latency tolerance must be a fraction > 0 (0.1: 10 %), got {self.tolerance!r}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise HetpruneError(f"latency batch_size must be a whole number >= 1, got {self.batch_size!r}")
         self.key = self._key()   # fixed when the table is made (threads, versions, device)
@@ -129,6 +154,12 @@ class LatencyTable:
                 data = {}
             if isinstance(data, dict) and data.get("key") == self.key and isinstance(data.get("entries"), dict):
                 self.entries = dict(data["entries"])
+                self.check = data.get("check") if isinstance(data.get("check"), dict) else None
+                if isinstance(data.get("untrusted"), str) and data["untrusted"]:
+                    self.untrusted = data["untrusted"]
+                    self.log(f"latency table: warning: the cached times in {self.path} cannot be trusted: "
+                             f"{self.untrusted}; delete that file to time them again on a quiet machine, or count "
+                             "MACs with --cost-model macs")
 
     # -- the cache -------------------------------------------------------------------------------
     def _key(self) -> dict:
@@ -144,8 +175,10 @@ class LatencyTable:
         return cache_dir() / "latency" / f"{fingerprint(self.key)}.json"
 
     def save(self) -> None:
+        """Write the table to the disk cache, with its self-check and why its times cannot be trusted (if so)."""
         if self.cache:
-            write_json_atomic(self.path, {"key": self.key, "entries": self.entries})
+            write_json_atomic(self.path, {"key": self.key, "entries": self.entries, "check": self.check,
+                                          "untrusted": self.untrusted})
 
     # -- prediction ------------------------------------------------------------------------------
     def predict(self, model: nn.Module, example: torch.Tensor) -> float:
@@ -160,13 +193,15 @@ class LatencyTable:
 
     def prepare(self, models: list[nn.Module], example: torch.Tensor) -> None:
         """Time every part of ``models`` the table lacks, all in one session (e.g. a dense model and its
-        depth variants, before a budget compares them)."""
-        self._measure_missing([p for m in models for p in self.parts(m, example)], example)
+        depth variants, before a budget compares them), with the first model timed whole beside them as the
+        self-check of the session's predictions."""
+        parts = [p for m in models for p in self.parts(m, example)]
+        self._measure_missing(parts, example, check=models[0] if models else None)
 
-    def _measure_missing(self, parts: list[Part], example: torch.Tensor) -> None:
+    def _measure_missing(self, parts: list[Part], example: torch.Tensor, check: nn.Module | None = None) -> None:
         missing = {p.key: p for p in parts if p.key not in self.entries}
         if missing:
-            self.measure_parts(example, list(missing.values()), known=parts)
+            self.measure_parts(example, list(missing.values()), known=parts, check=check)
 
     def parts(self, model: nn.Module, example: torch.Tensor) -> list[Part]:
         """The outside part and one part per block, keyed by structure and by input shapes (seen in a
@@ -183,10 +218,12 @@ class LatencyTable:
             parts.append(Part(key, f"block {i}", b, model, outside, in_context=alike))
         return parts
 
-    def measure_parts(self, example: torch.Tensor, parts: list[Part], known: list[Part] = ()) -> None:
+    def measure_parts(self, example: torch.Tensor, parts: list[Part], known: list[Part] = (),
+                      check: nn.Module | None = None) -> None:
         """Time ``parts`` (one per key, each with its model) in one interleaved session at ``batch_size``, and
-        store them. When the table has entries, the cheapest of ``known`` already in it is timed too, as the
-        anchor the new times are scaled to."""
+        store them. When the table has entries, up to two of ``known`` already in it are timed too, as the
+        anchors the new times are mapped by (:func:`_anchors`). ``check``: a model timed whole in the same rounds, whose
+        measured time is compared with the sum of its parts (:meth:`_self_check`)."""
         x = torch.randn(self.batch_size, *example.shape[1:], device=example.device, dtype=example.dtype)
         asked = list(parts)
         solo_inputs: dict[int, tuple] = {}   # per model with a block timed solo: (its blocks, their inputs at x)
@@ -205,37 +242,31 @@ class LatencyTable:
         for p in asked:   # a block timed in context subtracts its model's outside, timed alongside
             if p.in_context and p.outside not in timed_parts:
                 timed_parts[p.outside] = Part(p.outside, OUTSIDE, None, p.model, p.outside)
-        # the anchor: the cheapest part of these models already in the table (often the outside, timed here
-        # anyway when a block needs subtracting): the machine's drift scales every part alike, and a 12-copy
-        # block model as anchor would cost as much again as a new part
-        stored = [p for p in known if p.key in self.entries]
-        anchor = min(stored, key=lambda p: _whole(self.entries[p.key])) if stored else None
-        if anchor is not None:
-            timed_parts.setdefault(anchor.key, anchor)
+        anchors = _anchors([p for p in known if p.key in self.entries], self.entries)
+        for a in anchors:
+            timed_parts.setdefault(a.key, a)
         runners = {key: bench.Runner(None, None, self.device, self.dtype, fn=runner(p))
                    for key, p in timed_parts.items()}
+        if check is not None:   # the model itself, whole: what its parts must add up to
+            check.eval()
+            runners[CHECK] = bench.Runner(check, x, self.device, self.dtype)
         self.log(f"latency table: timing {len(asked)} new part(s) ({', '.join(p.what for p in asked)}) at batch "
                  f"{self.batch_size}, {self.dtype}, on {self.key['device']} ...")
         load = bench.load_average()
-        # the load average counts this process's own threads too: warn when others use half the CPUs
-        others = load[0] - torch.get_num_threads() if load is not None else 0.0
-        if self.device.type == "cpu" and others > 0.5 * (os.cpu_count() or 1) and not self.warned:
-            self.warned = True
-            self.log(f"latency table: warning: load average {load[0]} on {os.cpu_count()} CPUs with "
-                     f"{torch.get_num_threads()} threads of ours; times measured on a busy machine are kept in "
-                     f"{self.path} (delete it to measure again when the machine is quiet)")
+        busy = self._busy(load)
         timed = bench.time_interleaved(runners, self.repeats, self.warmup, self.min_time_s, warm_long_once=True,
                                        budget_s=self.budget_s)
         runs = {key: t["latency_s"]["runs"] for key, t in timed.items()}
-        # each round's times in the anchor's scale (its stored time; in a first session, its median here), so
-        # what the machine's drift does to a whole round cancels
-        if anchor is None:
-            anchor = next((p for p in asked if p.in_context), asked[0])
-            stored_s, anchored = bench.summarize(runs[anchor.key])["median"], f"{anchor.what}, this session"
+        # each round's times in the table's scale, so what the machine's drift does to a round cancels: in a
+        # first session the scale of one part's median here, in a later one the stored times of the anchors
+        if not anchors:
+            first = next((p for p in asked if p.in_context), asked[0])
+            anchors, stored = [first], [bench.summarize(runs[first.key])["median"]]
+            anchored = f"{first.what}, this session"
         else:
-            stored_s, anchored = _whole(self.entries[anchor.key]), f"{anchor.what}, from the table"
-        base = runs[anchor.key]
-        runs = {key: [stored_s * v / a if a > 0 else v for v, a in zip(r, base)] for key, r in runs.items()}
+            stored = [_whole(self.entries[a.key]) for a in anchors]
+            anchored = " and ".join(a.what for a in anchors) + ", from the table"
+        runs = _to_scale(runs, [runs[a.key] for a in anchors], stored)
         for p in asked:
             entry = {"what": p.what, "calls_per_repeat": timed[p.key]["calls_per_repeat"], "load": load,
                      "rounds": len(runs[p.key]), "timed": "solo", "anchor": anchored}
@@ -248,7 +279,59 @@ class LatencyTable:
             entry.update(median_s=lat["median"], q1_s=lat["q1"], q3_s=lat["q3"])
             self.entries[p.key] = entry
         self.measured_now += len(asked)
+        reasons = [busy] if busy else []
+        if check is not None:
+            self.check = self._self_check(check, example, runs[CHECK], load)
+            if abs(self.check["error"]) > self.tolerance:
+                reasons.append(f"the model timed whole took {self.check['measured_s'] * 1e3:.3g} ms, its parts add "
+                               f"up to {self.check['predicted_s'] * 1e3:.3g} ms ({self.check['error']:+.0%}, more "
+                               f"than the {self.tolerance:.0%} allowed)")
+        if reasons and not self.untrusted:
+            self.untrusted = "; ".join(reasons)
+            self.log(f"latency table: warning: predictions cannot be trusted here: {self.untrusted}; "
+                     "--cost-model macs counts MACs instead (device-independent)")
         self.save()
+
+    def _busy(self, load) -> str:
+        """Why this machine is too busy to time on (``""``: it is not): other processes keep half its CPUs
+        busy (the load average counts this process's own threads too)."""
+        others = load[0] - torch.get_num_threads() if load is not None else 0.0
+        if self.device.type != "cpu" or others <= 0.5 * (os.cpu_count() or 1):
+            return ""
+        return (f"load average {load[0]} on {os.cpu_count()} CPUs with {torch.get_num_threads()} threads of ours "
+                "(other work is timed with it)")
+
+    def _self_check(self, model: nn.Module, example: torch.Tensor, runs: list[float], load) -> dict:
+        """The checked model's predicted time (the sum of its parts, all in the table now) against its
+        measured whole time in the same session (in the anchor's scale, as the parts are)."""
+        predicted = sum(self.entries[p.key]["median_s"] for p in self.parts(model, example))
+        measured = bench.summarize(runs)["median"]
+        return {"predicted_s": predicted, "measured_s": measured, "error": predicted / measured - 1 if measured > 0
+                else 0.0, "load": load}
+
+
+def _anchors(stored: list[Part], entries: dict) -> list[Part]:
+    """The known parts a later session re-times to map its times by: the cheapest one (the outside: mostly
+    fixed cost per call) and the cheapest block timed in context (mostly compute), or what there is."""
+    if not stored:
+        return []
+    cheapest = min(stored, key=lambda p: _whole(entries[p.key]))
+    blocks = [p for p in stored if p.in_context and p.block is not None and p.key != cheapest.key]
+    return [cheapest] + ([min(blocks, key=lambda p: _whole(entries[p.key]))] if blocks else [])
+
+
+def _to_scale(runs: dict[str, list[float]], anchor_runs: list[list[float]], stored: list[float]) -> dict:
+    """Each round's times mapped onto the table's scale: by the line through the two anchors' (this round's
+    time, stored time), or with one anchor (or two whose times do not order alike) by its ratio."""
+    def line(i: int):
+        now = [r[i] for r in anchor_runs]
+        if len(now) == 2 and now[1] > now[0] > 0 and stored[1] > stored[0]:
+            slope = (stored[1] - stored[0]) / (now[1] - now[0])
+            return lambda v: stored[0] + slope * (v - now[0])
+        ref, was = (now[-1], stored[-1])
+        return (lambda v: was * v / ref) if ref > 0 else (lambda v: v)
+    maps = [line(i) for i in range(len(anchor_runs[0]))]
+    return {key: [maps[i](v) for i, v in enumerate(r)] for key, r in runs.items()}
 
 
 def _twin_runner(p: Part, x: torch.Tensor) -> Callable[[], object]:

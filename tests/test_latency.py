@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ FAST = ["--scorer", "magnitude", "--set", "finetune.epochs=0"]
 def steady_clock(monkeypatch):
     """Part times from the parts' parameter counts instead of a clock (a shared CPU's noise would decide
     the splits otherwise); everything else of the table (keys, cache, sums) runs as is."""
-    def measure_parts(self, example, parts, known=()):
+    def measure_parts(self, example, parts, known=(), check=None):
         for p in parts:
             params = sum(t.numel() for t in p.block.parameters()) if p.block is not None else 2000
             self.entries[p.key] = {"what": p.what, "median_s": 1e-4 + params * 1e-8}
@@ -269,11 +270,159 @@ def test_prepare_times_a_model_and_its_variants_in_one_session(tiny_model, monke
     t = table(cache=False)
     budget = Budget(target_speedup=1.3, cost_model="latency")
     pairs = feasible_pairs(tiny_model, budget, x, cost=t.predict, prepare=t.prepare)
-    assert sessions == [5]           # outside, dense block, no attention, merged MLP and both: one session
+    # outside, dense block, no attention, merged MLP and both, and the dense model whole (the self-check):
+    # one session
+    assert sessions == [6]
     assert pairs
     for model in (tiny_model, *variants(tiny_model)):
         assert t.predict(model, x) == pytest.approx(clock(model, x), rel=1e-9)
-    assert sessions == [5]           # all were in the table
+    assert sessions == [6]           # all were in the table
+
+
+def busy_clock(monkeypatch, factors, call_s=1e-3):
+    """A machine whose compute slows in some sessions while a forward call's fixed cost does not (another
+    process holding one of two cores): session k reads ``call_s`` + ``factors[k]`` x the linear-layer MACs
+    (1 ns each) of every timed call. Returns the quiet machine's clock (factor 1)."""
+    from torch import nn
+
+    from hetprune import bench
+
+    def macs_of(run) -> int:
+        macs = [0]
+
+        def count(mod, inputs, output):
+            if isinstance(mod, nn.Linear):
+                macs[0] += inputs[0].numel() // mod.in_features * mod.in_features * mod.out_features
+        handle = nn.modules.module.register_module_forward_hook(count)
+        try:
+            with torch.inference_mode():
+                run()
+        finally:
+            handle.remove()
+        return macs[0]
+
+    sessions = []
+
+    def timed(runners, repeats, warmup, min_time_s, **kw):
+        f = factors[min(len(sessions), len(factors) - 1)]
+        sessions.append(len(runners))
+        out = {}
+        for name, run in runners.items():
+            t = call_s + f * macs_of(run) * 1e-9
+            out[name] = {"latency_s": {"median": t, "q1": t, "q3": t, "runs": [t]}, "calls_per_repeat": 1}
+        return out
+    monkeypatch.setattr(bench, "time_interleaved", timed)
+    monkeypatch.setattr(bench, "load_average", lambda: (0.0, 0.0, 0.0))   # a quiet machine, as far as load says
+    return lambda model, x: call_s + macs_of(lambda: model(x)) * 1e-9
+
+
+def test_a_later_session_on_a_busier_machine_maps_back_with_a_per_call_cost_that_did_not_slow(tiny_model,
+                                                                                              monkeypatch):
+    call_s = 1e-3
+    clock = busy_clock(monkeypatch, [1.0, 2.0], call_s=call_s)
+    x = tiny_example(2)
+    t = table(cache=False)
+    t.prepare([tiny_model], x)                 # quiet: outside, the dense block, the dense model whole
+    pruned = copy.deepcopy(tiny_model)
+    surgery.remove_attention(pruned, 1)        # a new kind of block, timed later while compute runs at half speed
+    n = depth(tiny_model)
+    # by hand: the quiet machine's time of every part (the outside part: the model with every block dropped)
+    outside = copy.deepcopy(tiny_model)
+    for b in range(n):
+        surgery.drop_block(outside, b)
+    quiet_outside, quiet_dense = clock(outside, x), clock(tiny_model, x)
+    dense_block = (quiet_dense - quiet_outside) / n
+    twin = copy.deepcopy(tiny_model)           # every slot holding the block without attention
+    for b in range(n):
+        surgery.remove_attention(twin, b)
+    new_block = (clock(twin, x) - quiet_outside) / n
+    expected = quiet_outside + (n - 1) * dense_block + new_block
+    assert expected == pytest.approx(clock(pruned, x), rel=1e-9)    # the quiet machine's time of the pruned model
+    assert t.predict(pruned, x) == pytest.approx(expected, rel=1e-9)
+    # a ratio to one anchor would have read the new block at twice its compute, or the per-call cost at twice
+    # its size: both a prediction more than 10 % too slow here
+    busy_outside = call_s + 2 * (quiet_outside - call_s)
+    busy_new_twin = call_s + 2 * (clock(twin, x) - call_s)
+    by_outside = quiet_outside + (n - 1) * dense_block + (busy_new_twin - busy_outside) * quiet_outside / busy_outside / n
+    assert by_outside / expected - 1 > 0.10
+
+
+def skewed_clock(monkeypatch, whole_factor: float, load=(0.0, 0.0, 0.0)):
+    """:func:`mac_clock` on a machine where a model timed whole reads ``whole_factor`` x the sum of its parts
+    (what a session's noise or a part model that misses some cost would show), at load average ``load``."""
+    from hetprune import bench
+    from hetprune.latency import CHECK
+
+    mac_clock(monkeypatch)
+    parts_clock = bench.time_interleaved
+
+    def timed(runners, *a, **k):
+        out = parts_clock(runners, *a, **k)
+        if CHECK in out:
+            out[CHECK]["latency_s"] = {q: v * whole_factor if q != "runs" else [r * whole_factor for r in v]
+                                       for q, v in out[CHECK]["latency_s"].items()}
+        return out
+    monkeypatch.setattr(bench, "time_interleaved", timed)
+    monkeypatch.setattr(bench, "load_average", lambda: load)
+
+
+def test_the_table_checks_its_parts_against_the_model_timed_whole_beside_them(tiny_model, monkeypatch):
+    x = tiny_example(2)
+    skewed_clock(monkeypatch, 1.0)
+    quiet = table(cache=False)
+    quiet.prepare([tiny_model], x)
+    assert quiet.check["error"] == pytest.approx(0.0, abs=1e-9) and quiet.untrusted == ""
+    skewed_clock(monkeypatch, 1.3)          # the model whole takes 30 % longer than its parts say
+    said = []
+    off = LatencyTable("cpu", batch_size=2, repeats=2, warmup=0, min_time_s=0.0, cache=False, log=said.append)
+    off.prepare([tiny_model], x)
+    assert off.check["error"] == pytest.approx(1 / 1.3 - 1, rel=1e-6)
+    assert "-23%" in off.untrusted                      # the parts add up to 1/1.3 of the whole: said, with the size
+    warned = [s for s in said if "cannot be trusted" in s]
+    assert len(warned) == 1 and "-23%" in warned[0] and "--cost-model macs" in warned[0]
+    skewed_clock(monkeypatch, 1.0, load=(9.0, 9.0, 9.0))   # parts that agree, on a machine others keep busy
+    said.clear()
+    busy = LatencyTable("cpu", batch_size=2, repeats=2, warmup=0, min_time_s=0.0, cache=False, log=said.append)
+    busy.prepare([tiny_model], x)
+    assert "load average 9.0" in busy.untrusted and "--cost-model macs" in said[-1]
+
+
+def test_an_untrusted_table_says_so_in_the_runs_report_and_again_when_read_from_the_cache(tmp_path, capsys,
+                                                                                         monkeypatch):
+    skewed_clock(monkeypatch, 1.3)
+    ckpt = tmp_path / "tiny.safetensors"
+    torch.manual_seed(0)
+    save_weights(ckpt, hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
+    out = tmp_path / "run"
+    assert main(["prune", *TINY, "--checkpoint", str(ckpt), "--strategy", "act-only", *FAST,
+                 "--target-speedup", "1.2", "--cost-model", "latency", "--latency-batch", "4",
+                 "--set", "cost_model_options={latency: {batch_size: 4, repeats: 2, verify_repeats: 2, "
+                 "min_time_s: 0.0}}", "--out", str(out)]) == 0
+    logged = capsys.readouterr().out
+    assert len([line for line in logged.splitlines() if "cannot be trusted" in line]) == 1
+    about = json.loads((out / "report.json").read_text())["cost"]["about"]
+    assert "-23%" in about["untrusted"] and "--cost-model macs" in about["untrusted"]
+    assert about["self_check"]["error"] == pytest.approx(1 / 1.3 - 1, rel=1e-6)
+    said = []
+    again = LatencyTable("cpu", batch_size=4, repeats=2, warmup=0, min_time_s=0.0, log=said.append)
+    assert again.path == Path(about["table"]) and again.untrusted
+    assert any("cannot be trusted" in s and "delete" in s for s in said)
+
+
+def test_timed_calls_run_without_autograd(tiny_model):
+    from hetprune import bench
+
+    seen = []
+    handle = tiny_model.head.register_forward_hook(lambda m, i, o: seen.append(torch.is_inference_mode_enabled()))
+    try:
+        runner = bench.Runner(tiny_model, tiny_example(2), torch.device("cpu"), "fp32")
+        bench.time_interleaved({"m": runner}, repeats=2, warmup=1, min_time_s=0.0)   # what bench and compare run
+        assert seen and all(seen)     # a graph recorded by every timed call doubled a ViT's time at batch 64
+        seen.clear()
+        table(cache=False).prepare([tiny_model], tiny_example(2))
+        assert seen and all(seen)
+    finally:
+        handle.remove()
 
 
 # -- budgets in time --------------------------------------------------------------------------------

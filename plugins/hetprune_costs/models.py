@@ -33,7 +33,7 @@ class LatencyCost:
     description = "measured forward time on the run's device (cached per device, dtype and batch size)"
 
     def __init__(self, batch_size: int = 64, dtype: str = "auto", repeats: int = 5, min_time_s: float = 0.05,
-                 budget_s: float = 1.0, cache: bool = True, verify_repeats: int = 7):
+                 budget_s: float = 1.0, cache: bool = True, verify_repeats: int = 7, tolerance: float = 0.10):
         if dtype != "auto" and dtype not in bench.DTYPES:
             raise HetpruneError(f"latency dtype must be auto or one of {', '.join(bench.DTYPES)}, got {dtype!r}")
         for key, value in (("batch_size", batch_size), ("repeats", repeats), ("verify_repeats", verify_repeats)):
@@ -41,7 +41,7 @@ class LatencyCost:
                 raise HetpruneError(f"latency {key} must be a whole number >= 1, got {value!r}")
         self.batch_size, self.dtype, self.repeats = batch_size, dtype, repeats
         self.min_time_s, self.cache, self.verify_repeats = float(min_time_s), bool(cache), verify_repeats
-        self.budget_s = budget_s
+        self.budget_s, self.tolerance = budget_s, tolerance
         self.tables: dict[str, LatencyTable] = {}
         self.log = print
 
@@ -51,7 +51,7 @@ class LatencyCost:
             dtype = default_dtype(device) if self.dtype == "auto" else self.dtype
             self.tables[key] = LatencyTable(device, batch_size=self.batch_size, dtype=dtype, repeats=self.repeats,
                                             min_time_s=self.min_time_s, budget_s=self.budget_s, cache=self.cache,
-                                            log=self.log)
+                                            tolerance=self.tolerance, log=self.log)
         return self.tables[key]
 
     def cost(self, model: nn.Module, example: torch.Tensor) -> float:
@@ -73,5 +73,8 @@ class LatencyCost:
         out = {"unit": f"seconds per forward pass at batch {self.batch_size}", "batch_size": self.batch_size}
         for device, table in self.tables.items():
             out.update({"device": table.key["device"], "dtype": table.dtype, "table": str(table.path),
-                        "parts_timed_now": table.measured_now, "parts_in_table": len(table.entries)})
+                        "parts_timed_now": table.measured_now, "parts_in_table": len(table.entries),
+                        "self_check": table.check})
+            if table.untrusted:   # the run's report says why, and what to count instead
+                out["untrusted"] = f"{table.untrusted}; --cost-model macs counts MACs instead"
         return out
