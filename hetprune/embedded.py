@@ -1,9 +1,18 @@
 """The embedded base models: a small timm ViT per embedded data set (scikit-learn's
-digits, and digit pairs built from them), trained once, then read from the cache
-(no download anywhere)."""
+digits, and digit pairs built from them).
+
+Their weights ship inside the package (``hetprune/weights/``, made by
+``scripts/train_embedded.py``) and are read after their SHA-256 is checked
+against ``weights/embedded.json``, which also says how they were made: a first
+run trains nothing. A different spec or schedule, or ``retrain=True``, trains
+a model here once and keeps it in the cache; training is deterministic for a
+given thread count, so a retrain with the shipped settings on the thread count
+the index records gives the shipped weights (no download anywhere).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +31,8 @@ from .train import TrainConfig, evaluate, train
 
 DIGITS_TRAINING = dict(epochs=30, lr=1e-3, batch_size=32, weight_decay=0.05, seed=0)
 DIGIT_PAIRS_TRAINING = dict(epochs=30, lr=2e-3, batch_size=64, weight_decay=0.05, seed=0, warmup_epochs=2)
+SHIPPED = Path(__file__).resolve().parent / "weights"
+SHIPPED_INDEX = SHIPPED / "embedded.json"
 
 
 @dataclass(frozen=True)
@@ -51,18 +62,60 @@ def benchmark(name: str) -> EmbeddedBenchmark:
     return BENCHMARKS[name]
 
 
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def shipped_entry(name: str, spec: ModelSpec | None = None, training: dict | None = None) -> dict | None:
+    """The index entry of the shipped weights for this request, or None when the package ships none for
+    it (another spec or schedule than the shipped model's)."""
+    bench = benchmark(name)
+    entry = (read_json(SHIPPED_INDEX) if SHIPPED_INDEX.is_file() else {}).get(name)
+    if entry is None or (spec or bench.spec).to_dict() != entry["spec"]:
+        return None
+    if bench.settings(training) != entry["training"]:
+        return None
+    return entry
+
+
+def shipped_weights(entry: dict) -> Path:
+    """The shipped weights file of an index entry, after checking its SHA-256 (a changed or truncated file
+    is an error, never a silently different base model)."""
+    path = SHIPPED / entry["file"]
+    if not path.is_file():
+        raise HetpruneError(f"the package's weights file {path} is missing (a broken install?); reinstall "
+                            "hetprune, or pass retrain=True (CLI: --retrain-base) to train the model here")
+    digest = file_sha256(path)
+    if digest != entry["sha256"]:
+        raise HetpruneError(f"the package's weights file {path} has SHA-256 {digest[:16]}…, not the "
+                            f"{entry['sha256'][:16]}… that {SHIPPED_INDEX.name} records; reinstall hetprune, or "
+                            "pass retrain=True (CLI: --retrain-base) to train the model here")
+    return path
+
+
 def embedded_model(name: str = DIGITS, spec: ModelSpec | None = None, training: dict | None = None,
-                   progress: bool = True, log=print, device: str = "cpu") -> nn.Module:
-    """The embedded base model of data set ``name``: trained once (on ``device``), then read from the cache."""
+                   progress: bool = True, log=print, device: str = "cpu", retrain: bool = False) -> nn.Module:
+    """The embedded base model of data set ``name``: the shipped weights when the package has them for this
+    spec and schedule (and not ``retrain``), else trained once (on ``device``) and read from the cache."""
     bench = benchmark(name)
     spec = spec or bench.spec
+    entry = None if retrain else shipped_entry(name, spec, training)
+    if entry is not None:
+        model = build(spec)
+        path = shipped_weights(entry)
+        load_state_into(model, load_weights(path), f"shipped base model {path}")
+        return model.eval()
     folder = embedded_model_folder(name, spec, training)
     training = bench.settings(training)
     weights = folder / "model.safetensors"
     if dist.active() and not weights.is_file():
         # rank 0 trains the base model alone; the others wait, then read the cache
         if dist.is_main():
-            embedded_model(name, spec, training, progress, log, device)
+            embedded_model(name, spec, training, progress, log, device, retrain)
         dist.barrier()
     model = build(spec)
     if weights.is_file():
@@ -82,33 +135,27 @@ def embedded_model(name: str = DIGITS, spec: ModelSpec | None = None, training: 
     save_weights(weights, model)
     write_json_atomic(folder / "meta.json", {"data": name, "spec": spec.to_dict(), "training": training,
                                              "val_top1": acc, "seconds": round(time.time() - start, 1),
-                                             "device": str(device)})
+                                             "device": str(device), "threads": torch.get_num_threads(),
+                                             "torch": torch.__version__})
     log(f"base model: val top-1 {acc:.2f}% after {time.time() - start:.0f}s")
     return model.eval()
 
 
 def embedded_model_folder(name: str = DIGITS, spec: ModelSpec | None = None, training: dict | None = None) -> Path:
-    """The cache folder of an embedded base model, keyed by its settings and data pipeline."""
+    """The cache folder of a retrained embedded base model, keyed by its settings and data pipeline."""
     bench = benchmark(name)
     spec = spec or bench.spec
     key = fingerprint({"spec": spec.to_dict(), "training": bench.settings(training), "v": 2, **bench.key_extra})
     return cache_dir() / "base" / f"{name}-{key}"
 
 
-def embedded_model_info(name: str = DIGITS, spec: ModelSpec | None = None, training: dict | None = None) -> dict | None:
+def embedded_model_info(name: str = DIGITS, spec: ModelSpec | None = None, training: dict | None = None,
+                        retrain: bool = False) -> dict | None:
+    """What :func:`embedded_model` returns was made from: the shipped index entry (with ``"shipped": True``)
+    or the cached model's meta.json; None before a retrained model exists."""
+    entry = None if retrain else shipped_entry(name, spec, training)
+    if entry is not None:
+        return {**entry, "shipped": True}
     meta = embedded_model_folder(name, spec, training) / "meta.json"
     return read_json(meta) if meta.is_file() else None
 
-
-def digits_model(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None, progress: bool = True,
-                 log=print, device: str = "cpu") -> nn.Module:
-    """The embedded default base model (digits); see :func:`embedded_model`."""
-    return embedded_model(DIGITS, spec, training, progress, log, device)
-
-
-def digits_model_folder(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None) -> Path:
-    return embedded_model_folder(DIGITS, spec, training)
-
-
-def digits_model_info(spec: ModelSpec = DIGITS_SPEC, training: dict | None = None) -> dict | None:
-    return embedded_model_info(DIGITS, spec, training)

@@ -17,12 +17,15 @@ def add_model_arguments(p, data: bool = True) -> None:
     g.add_argument("--model", metavar="NAME",
                    help="timm model name, or LIBRARY:NAME for an adapter's own models (e.g. "
                         "hf-vit:ViTForImageClassification); default: the embedded ViT of --data (digits or "
-                        "digit-pairs), trained once and cached")
+                        "digit-pairs), whose weights ship with hetprune")
     g.add_argument("--model-kwargs", metavar="JSON", default=None,
                    help='extra timm.create_model arguments as JSON, e.g. \'{"num_classes": 100}\'')
     w = g.add_mutually_exclusive_group()
     w.add_argument("--pretrained", action="store_true", help="load timm's pretrained weights (needs the hub)")
     w.add_argument("--checkpoint", metavar="FILE", help="weights file: .safetensors, or .pth (weights_only)")
+    w.add_argument("--retrain-base", action="store_true",
+                   help="train the embedded base model here instead of reading the shipped weights (once; "
+                        "then cached; the same thread count gives the shipped weights)")
     if data:
         g.add_argument("--data", metavar="digits|digit-pairs|PATH", default=None,
                        help="an embedded data set: 'digits' (the default; scikit-learn's digits) or "
@@ -65,6 +68,8 @@ def model_spec(args):
         if args.model_kwargs or args.pretrained or args.checkpoint:
             raise HetpruneError("--model-kwargs, --pretrained and --checkpoint need --model NAME")
         return benchmark(embedded_name(args)).spec
+    if getattr(args, "retrain_base", False):
+        raise HetpruneError("--retrain-base retrains the embedded base model: it cannot go with --model")
     kwargs = {}
     if args.model_kwargs:
         try:
@@ -85,9 +90,14 @@ def base_model(args, log=print, device: str = "cpu"):
     spec = model_spec(args)
     if not args.model:
         name = embedded_name(args)
-        model = embedded_model(name, log=log, progress=not os.environ.get("HETPRUNE_NO_PROGRESS"), device=device)
-        info = {"source": f"embedded {name} ViT",
-                **({"top1": m["val_top1"]} if (m := embedded_model_info(name)) else {})}
+        retrain = getattr(args, "retrain_base", False)
+        model = embedded_model(name, log=log, progress=not os.environ.get("HETPRUNE_NO_PROGRESS"), device=device,
+                               retrain=retrain)
+        info = {"source": f"embedded {name} ViT"}
+        if made := embedded_model_info(name, retrain=retrain):
+            info["top1"] = made["val_top1"]
+            info["weights"] = (f"shipped, sha256 {made['sha256'][:16]}, made by `{made['made_by']}`"
+                               if made.get("shipped") else f"retrained here on {made.get('threads', '?')} threads")
     else:
         model = build_with_weights(spec, pretrained=args.pretrained, checkpoint=args.checkpoint)
         source = "pretrained" if args.pretrained else (f"checkpoint {args.checkpoint}" if args.checkpoint else "random")
