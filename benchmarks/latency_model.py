@@ -1,7 +1,7 @@
-"""Does the latency cost model predict measured speedups? (issue 17)
+"""Does the latency cost model predict measured speedups? (issues 17 and 28)
 
 For each geometry (DeiT-B, DeiT-S at 224 px with random weights, timing does
-not depend on them; the embedded digits ViT) and batch size it
+not depend on them; the embedded digits and digit-pairs ViTs) and batch size it
 
 1. builds the latency table from an empty cache and reports what that cost;
 2. turns ``--target-speedup S`` (latency model) into the feasible splits every
@@ -22,9 +22,13 @@ not depend on them; the embedded digits ViT) and batch size it
 
     python benchmarks/latency_model.py                      # all geometries, batch 1 and a large batch
     python benchmarks/latency_model.py --configs digits --batches 1,256
+    python benchmarks/latency_model.py --configs digits,digit-pairs --batches 64,256 --no-width \
+        --quiet-load 1.5 --tag embedded          # the embedded models, each measured on a quiet machine
 
 Writes benchmarks/results/latency-model-cpu.{md,json} (``--tag`` changes the
-name). Run it on a quiet machine: it prints the load average at start and end.
+name). Run it on a quiet machine: it prints the load average at start and end;
+with ``--quiet-load L`` each geometry and batch waits (up to ``--quiet-wait``
+seconds) until the 1-minute load average is below L, and says if it never was.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 from hetprune import bench, surgery  # noqa: E402
 from hetprune.budget import Budget, feasible_pairs  # noqa: E402
 from hetprune.latency import LatencyTable  # noqa: E402
-from hetprune.models import DIGITS_SPEC, ModelSpec, build  # noqa: E402
+from hetprune.models import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build  # noqa: E402
 from hetprune.sites import depth  # noqa: E402
 
 AA = "dense again (A/A)"
@@ -55,6 +59,7 @@ CONFIGS = {
     "deit-b": (ModelSpec("deit_base_patch16_224", {}), (3, 224, 224), 8),
     "deit-s": (ModelSpec("deit_small_patch16_224", {}), (3, 224, 224), 32),
     "digits": (DIGITS_SPEC, (1, 16, 16), 256),
+    "digit-pairs": (DIGIT_PAIRS_SPEC, (1, 16, 16), 256),   # the same ViT with two 16x8 patches: 3 tokens
 }
 
 
@@ -131,7 +136,40 @@ def run_config(name: str, batch: int, speedup: float, repeats: int, log, width: 
                      "measured_iqr_ms": [r["latency_s"]["q1"] * 1e3, r["latency_s"]["q3"] * 1e3],
                      "target_met": None if model in ("dense", AA) else both >= speedup * 0.97})
     return {"config": name, "batch": batch, "speedup_target": speedup, "table_parts": len(table.entries),
-            "depth_table_s": depth_table_s, "table_and_predictions_s": build_s, "environment": sessions[0]["environment"], "rows": rows}
+            "depth_table_s": depth_table_s, "table_and_predictions_s": build_s,
+            "self_check": table.check, "untrusted": table.untrusted,
+            "environment": sessions[0]["environment"], "rows": rows}
+
+
+def wait_until_quiet(limit: float | None, wait_s: float, log) -> dict:
+    """Wait until the 1-minute load average is below ``limit`` (checked every 15 s, at most ``wait_s``)."""
+    started = time.time()
+    while True:
+        load = bench.load_average()
+        if limit is None or load is None or load[0] < limit:
+            return {"load": load, "waited_s": round(time.time() - started), "quiet": True}
+        if time.time() - started >= wait_s:
+            log(f"load average {load[0]} never fell below {limit} in {wait_s:.0f} s: measuring anyway, marked")
+            return {"load": load, "waited_s": round(time.time() - started), "quiet": False}
+        time.sleep(15)
+
+
+def _quiet_text(res: dict) -> str:
+    q = res.get("quiet")
+    if not q:
+        return ""
+    return (f" Waited {q['waited_s']} s for a 1-minute load average below {q['limit']}"
+            + ("." if q["quiet"] else ": it never was, so these rows were measured on a busy machine."))
+
+
+def _check_text(res: dict) -> str:
+    c = res.get("self_check")
+    if not c:
+        return ""
+    text = (f" Self-check: the dense model timed whole beside its parts, {c['measured_s'] * 1e3:.2f} ms; its parts "
+            f"add up to {c['predicted_s'] * 1e3:.2f} ms ({c['error']:+.1%}).")
+    return text + (f" The table said its predictions cannot be trusted: {res['untrusted']}." if res.get("untrusted")
+                   else "")
 
 
 def markdown(results: list[dict], command: str) -> str:
@@ -151,7 +189,7 @@ def markdown(results: list[dict], command: str) -> str:
                 f"merged MLP, both, dropped, outside) took {res['depth_table_s']:.1f} s to time from an empty cache; "
                 f"with the width-pruned model's blocks and every prediction, "
                 f"{res['table_and_predictions_s']:.1f} s. Load average {e.get('load_start')} at start, "
-                f"{e.get('load_end')} at end.", "",
+                f"{e.get('load_end')} at end." + _quiet_text(res) + _check_text(res), "",
                 "| model | predicted ms | measured ms (IQR) | predicted speedup | measured speedup | sessions differ | "
                 "error | MAC ratio | target met |", "|---|---|---|---|---|---|---|---|---|"]
         for r in res["rows"]:
@@ -170,6 +208,12 @@ def markdown(results: list[dict], command: str) -> str:
                 f"the row's difference between the two measuring sessions: {within_sessions} of {len(judged)}."
                 + (f" Noise floor: the identical copy of dense measured {noise:.1%} away from dense;" if noise is not None
                    else "") + f" measured speedups moved by up to {moved:.1%} between the two sessions.", ""]
+    judged = [(res, r) for res in results for r in res["rows"] if r["model"] not in ("dense", AA)]
+    res, worst = max(judged, key=lambda t: abs(t[1]["error"]))
+    out += ["## Summary", "",
+            f"Largest |prediction error| over every table: {abs(worst['error']):.1%} ({worst['model']}, "
+            f"{res['config']} batch {res['batch']}); within 5 %: "
+            f"{sum(abs(r['error']) <= 0.05 for _, r in judged)} of {len(judged)} rows.", ""]
     return "\n".join(out)
 
 
@@ -187,6 +231,9 @@ def main() -> int:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="fp32", help="fp32, bf16 (autocast), fp16 (CUDA)")
     p.add_argument("--out", default=None, help="folder for the results (default benchmarks/results)")
+    p.add_argument("--quiet-load", type=float, default=None,
+                   help="wait before each geometry and batch until the 1-minute load average is below this")
+    p.add_argument("--quiet-wait", type=float, default=600.0, help="seconds to wait for that at most")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -197,9 +244,12 @@ def main() -> int:
     for name in args.configs.split(","):
         batches = [int(b) for b in args.batches.split(",")] if args.batches else [1, CONFIGS[name][2]]
         for batch in batches:
+            quiet = wait_until_quiet(args.quiet_load, args.quiet_wait, log=lambda m: print(m, flush=True))
             results.append(run_config(name, batch, args.speedup, args.repeats, log=lambda m: print(m, flush=True),
                                       width=not args.no_width, device=args.device, dtype=args.dtype,
                                       budget_s=args.budget))
+            if args.quiet_load is not None:
+                results[-1]["quiet"] = {**quiet, "limit": args.quiet_load}
     md = markdown(results, command)
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -22,18 +22,18 @@ A shared machine's speed drifts by up to 2x over seconds (digits at batch 1
 on 2 cores), so parts timed in different sessions do not compare. Parts
 needed together are timed in one session (:meth:`LatencyTable.prepare`: a
 depth budget's dense block, its variants and the outside), and a later
-session re-times one part already in the table beside the new ones (the
-*anchors*), and maps its times onto the table's. A busy machine does not
-slow every part alike: the compute of a 2-thread matmul takes twice as long
-when another process holds a core, while a forward call's fixed cost (Python
-dispatch, the calls of small layers) barely moves. So a later session re-times
-two known parts, the outside (mostly that fixed cost) and a block timed in
-context (mostly compute), and each round's times are mapped onto the table's
-by the line through those two (stored = a + b x this session's): a drift of
-the compute alone and a drift of everything alike both map back exactly,
-where one ratio to the outside (version 3) read a new block's compute as
-slowed as much as the outside's fixed cost, and over-predicted it by up to
-2x. With one known part only, its ratio scales the session.
+session re-times known parts beside the new ones (the *anchors*) and maps its
+times onto the table's. A busy machine does not slow every part alike: the
+compute of a 2-thread matmul takes twice as long when another process holds a
+core, while a forward call's fixed cost (Python dispatch, the calls of small
+layers) barely moves. So the anchors are two, the outside (mostly that fixed
+cost) and a block timed in context (mostly compute), and each round's times
+are mapped by the line through them (stored = a + b x this session's): a
+drift of the compute alone and a drift of everything alike both map back
+exactly, where one ratio to the outside (version 3) read a new block's
+compute as slowed as much as the outside's fixed cost and over-predicted it
+(up to 2x where that fixed cost dominates the outside). With one known part
+only, its ratio scales the session.
 
 A prediction is only as good as the session it was timed in. So
 :meth:`LatencyTable.prepare` also times the first model it is given (the
