@@ -387,9 +387,8 @@ def test_the_table_checks_its_parts_against_the_model_timed_whole_beside_them(ti
     assert "load average 9.0" in busy.untrusted and "--cost-model macs" in said[-1]
 
 
-def test_an_untrusted_table_says_so_in_the_runs_report_and_again_when_read_from_the_cache(tmp_path, capsys,
-                                                                                         monkeypatch):
-    skewed_clock(monkeypatch, 1.3)
+def prune_act_only_to_a_latency_budget(tmp_path):
+    """``hetprune prune`` of a tiny random ViT, act-only, to a 1.2x speedup by the latency model; its folder."""
     ckpt = tmp_path / "tiny.safetensors"
     torch.manual_seed(0)
     save_weights(ckpt, hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
@@ -398,6 +397,13 @@ def test_an_untrusted_table_says_so_in_the_runs_report_and_again_when_read_from_
                  "--target-speedup", "1.2", "--cost-model", "latency", "--latency-batch", "4",
                  "--set", "cost_model_options={latency: {batch_size: 4, repeats: 2, verify_repeats: 2, "
                  "min_time_s: 0.0}}", "--out", str(out)]) == 0
+    return out
+
+
+def test_an_untrusted_table_says_so_in_the_runs_report_and_again_when_read_from_the_cache(tmp_path, capsys,
+                                                                                         monkeypatch):
+    skewed_clock(monkeypatch, 1.3)
+    out = prune_act_only_to_a_latency_budget(tmp_path)
     logged = capsys.readouterr().out
     assert len([line for line in logged.splitlines() if "cannot be trusted" in line]) == 1
     about = json.loads((out / "report.json").read_text())["cost"]["about"]
@@ -602,14 +608,7 @@ def test_the_tables_prediction_is_the_real_whole_model_time():
 # -- the real latency model, end to end (the CLI with the fake clock) --------------------------------
 
 def test_prune_with_a_latency_budget_reports_predicted_and_measured(tmp_path, capsys, steady_clock):
-    ckpt = tmp_path / "tiny.safetensors"
-    torch.manual_seed(0)
-    save_weights(ckpt, hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
-    out = tmp_path / "run"
-    assert main(["prune", *TINY, "--checkpoint", str(ckpt), "--strategy", "act-only", *FAST,
-                 "--target-speedup", "1.2", "--cost-model", "latency", "--latency-batch", "4",
-                 "--set", "cost_model_options={latency: {batch_size: 4, repeats: 2, verify_repeats: 2, "
-                 "min_time_s: 0.0}}", "--out", str(out)]) == 0
+    out = prune_act_only_to_a_latency_budget(tmp_path)
     report = json.loads((out / "report.json").read_text())
     c = report["cost"]
     assert c["model"] == "latency" and c["unit"] == "s" and c["about"]["batch_size"] == 4
