@@ -262,7 +262,7 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         durations.append(row["wall_s"])
         left = len(plans) - len(results)
         eta = f"; about {_fmt_eta(statistics.mean(durations) * left / max(1, jobs))} left" if left else ""
-        what = (f"cannot reach the budget" if "unreachable" in row else
+        what = ("cannot reach the budget" if "unreachable" in row else
                 f"{format_metric(row['metric_name'], row['metric'])} ({row['n_attn']} attn + {row['n_act']} act)")
         log(f"[{len(results)}/{len(plans)}] {row['id']}: {what} in {row['wall_s']:.0f}s{eta}")
 

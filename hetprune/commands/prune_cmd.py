@@ -25,7 +25,6 @@ def add_budget_arguments(p, many: bool = False, default: str = "") -> None:
     b.add_argument("--budget", type=int, metavar="K", help="remove K sites (n_attn + n_act = K)")
     if many:
         b.add_argument("--budgets", metavar="K,K,...", help="several site budgets, e.g. 4,8,12")
-    if many:
         b.add_argument("--target-macs", metavar="F,F,...",
                        help="MACs at most F of dense (F <= 1) or an absolute amount (2.6G); several give several "
                             f"budgets{default}")
