@@ -130,28 +130,34 @@ def test_table_settings_are_checked():
         table(dtype="fp16")
 
 
+def linear_macs_of(run) -> int:
+    """The linear-layer MACs of one call of ``run`` (under inference_mode, as the real timing runs): what the
+    fake clocks below read."""
+    from torch import nn
+
+    macs = [0]
+
+    def count(mod, inputs, output):
+        if isinstance(mod, nn.Linear):
+            macs[0] += inputs[0].numel() // mod.in_features * mod.in_features * mod.out_features
+    handle = nn.modules.module.register_module_forward_hook(count)
+    try:
+        with torch.inference_mode():
+            run()
+    finally:
+        handle.remove()
+    return macs[0]
+
+
 def mac_clock(monkeypatch):
     """A clock that reads one call's linear-layer MACs (1 ns each) plus 1 ms of overhead per timed call: what
     a part costs in context differs from what it costs alone by exactly that overhead."""
-    from torch import nn
-
     from hetprune import bench
 
     def timed(runners, repeats, warmup, min_time_s, **kw):
         out = {}
         for name, run in runners.items():
-            macs = [0]
-
-            def count(mod, inputs, output):
-                if isinstance(mod, nn.Linear):
-                    macs[0] += inputs[0].numel() // mod.in_features * mod.in_features * mod.out_features
-            handle = nn.modules.module.register_module_forward_hook(count)
-            try:
-                with torch.inference_mode():   # as the real timing runs
-                    run()
-            finally:
-                handle.remove()
-            t = 1e-3 + macs[0] * 1e-9
+            t = 1e-3 + linear_macs_of(run) * 1e-9
             out[name] = {"latency_s": {"median": t, "q1": t, "q3": t, "runs": [t]}, "calls_per_repeat": 1}
         return out
     monkeypatch.setattr(bench, "time_interleaved", timed)
@@ -283,23 +289,7 @@ def busy_clock(monkeypatch, factors, call_s=1e-3):
     """A machine whose compute slows in some sessions while a forward call's fixed cost does not (another
     process holding one of two cores): session k reads ``call_s`` + ``factors[k]`` x the linear-layer MACs
     (1 ns each) of every timed call. Returns the quiet machine's clock (factor 1)."""
-    from torch import nn
-
     from hetprune import bench
-
-    def macs_of(run) -> int:
-        macs = [0]
-
-        def count(mod, inputs, output):
-            if isinstance(mod, nn.Linear):
-                macs[0] += inputs[0].numel() // mod.in_features * mod.in_features * mod.out_features
-        handle = nn.modules.module.register_module_forward_hook(count)
-        try:
-            with torch.inference_mode():
-                run()
-        finally:
-            handle.remove()
-        return macs[0]
 
     sessions = []
 
@@ -308,12 +298,12 @@ def busy_clock(monkeypatch, factors, call_s=1e-3):
         sessions.append(len(runners))
         out = {}
         for name, run in runners.items():
-            t = call_s + f * macs_of(run) * 1e-9
+            t = call_s + f * linear_macs_of(run) * 1e-9
             out[name] = {"latency_s": {"median": t, "q1": t, "q3": t, "runs": [t]}, "calls_per_repeat": 1}
         return out
     monkeypatch.setattr(bench, "time_interleaved", timed)
     monkeypatch.setattr(bench, "load_average", lambda: (0.0, 0.0, 0.0))   # a quiet machine, as far as load says
-    return lambda model, x: call_s + macs_of(lambda: model(x)) * 1e-9
+    return lambda model, x: call_s + linear_macs_of(lambda: model(x)) * 1e-9
 
 
 def test_a_later_session_on_a_busier_machine_maps_back_with_a_per_call_cost_that_did_not_slow(tiny_model,
