@@ -155,6 +155,8 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
     from .recipe import save
 
     started = time.time()
+    head = {"key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy, "budget": plan.budget.to_dict(),
+            "seed": plan.seed}
     strategy = FixedSplit(*plan.split) if plan.split else registry.build("strategy", plan.strategy)
     job = PruneJob(dense=dense, spec=model_spec, data=None, task=task, budget=plan.budget, settings=plan.settings,
                    registry=registry, workdir=out / "work" / plan.id, shared_dir=out / "work" / "shared",
@@ -166,16 +168,13 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
             result = strategy.run(job)
     except BudgetUnreachable as exc:   # the row says so, and the comparison goes on
         log(f"[{plan.label or plan.strategy}] {exc}")
-        return {"key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy,
-                "budget": plan.budget.to_dict(), "seed": plan.seed, "unreachable": str(exc),
-                "wall_s": round(time.time() - started, 1)}
+        return {**head, "unreachable": str(exc), "wall_s": round(time.time() - started, 1)}
     if dist.is_main():
         save(out / "models" / plan.id, result.model, result.recipe, overwrite=True,
              extra_files={"report.json": result.report})
     r = result.report
     row = {
-        "key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy, "budget": plan.budget.to_dict(),
-        "seed": plan.seed, "n_attn": r["n_attn"], "n_act": r["n_act"], "sites": r["sites"],
+        **head, "n_attn": r["n_attn"], "n_act": r["n_act"], "sites": r["sites"],
         **metric_columns(r),
         "params": r["params"], "macs": r["macs"], "dense_macs": r["dense_macs"],
         **({"budget_met": r["budget_met"]} if "budget_met" in r else {}),
