@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from . import devices
+from . import distributed as dist
 from .cache import fingerprint as fingerprint_of
 from .config import TrainConfig
 from .data import DataBundle, example_batch, loader, subset
@@ -216,7 +217,11 @@ class UserSource:
     The loss is the task's alone: hetprune cannot distil an output it does
     not understand (give the Task a ``finetune`` to distil). Under torchrun
     each rank iterates its own loader (give it a DistributedSampler); every
-    rank must yield the same number of batches.
+    rank must yield the same number of batches, and the ranks check that at
+    every step (one small all-reduce). Unchecked, the extra step's gradient
+    all-reduce pairs with whatever collective the other ranks call next: on
+    gloo it silently summed the wrong tensors and both ranks went on; elsewhere
+    it waits until the timeout. So every rank stops with the same error.
     """
 
     def __init__(self, task: Task):
@@ -234,13 +239,28 @@ class UserSource:
 
     def epoch(self, cfg: TrainConfig, seed: int, rank: int, world: int, device: torch.device, distributed: bool):
         limit, n = self._limit(cfg), 0
-        for i, batch in enumerate(self.task.train):
-            if limit is not None and i >= limit:
+        batches = iter(self.task.train)
+        while limit is None or n < limit:
+            batch = next(batches, _END)
+            if distributed:
+                self._same_step(batch is not _END, n, rank, world, device)
+            if batch is _END:
                 break
             n += 1
             yield devices.place(_as_tuple(batch), device), 1, world   # DDP's mean of the ranks' means
         if n == 0:
             raise HetpruneError(f"the task's train data ({self.task.name}) yields no batch")
+
+    def _same_step(self, has_batch: bool, n: int, rank: int, world: int, device: torch.device) -> None:
+        """Every rank has a batch ``n + 1``, or none has (the epoch ends); else every rank raises the same
+        error."""
+        having = int(dist.sum_tensor(torch.tensor([float(has_batch)], device=device)).item())
+        if 0 < having < world:
+            raise HetpruneError(
+                f"under torchrun every rank must yield the same number of training batches, but at batch {n + 1} "
+                f"{having} of {world} ranks had one and {world - having} had run out (rank {rank} "
+                f"{'had one' if has_batch else 'had run out'}; task {self.task.name}). Give the task's train "
+                "loader a DistributedSampler with drop_last=True, or as many batches on every rank")
 
     def loss(self, net: nn.Module, batch, teacher: nn.Module | None, cfg: TrainConfig, device: torch.device,
              amp: str) -> torch.Tensor:
@@ -348,6 +368,9 @@ def _as_tuple(batch):
 def _batch_items(batch) -> int:
     first = batch[0]
     return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
+
+
+_END = object()   # the end of a rank's training batches
 
 
 def _count(batches) -> int | None:

@@ -149,12 +149,51 @@ def planning_worker(out: Path) -> dict:
             "state": result.model.state_dict(), "error": error}
 
 
+# -- the user-task scenario: ranks whose loaders yield different numbers of batches ----------------------------
+
+class Batches:
+    """Re-iterable batches without a length, so the ranks' check cannot lean on ``len()``."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def task_worker(out: Path) -> dict:
+    from hetprune import distributed as dist
+    from hetprune.errors import HetpruneError
+    from hetprune.task import Task, UserSource
+    from hetprune.train import TrainConfig, train
+
+    gen = torch.Generator().manual_seed(dist.rank())
+
+    def batches(n: int) -> Batches:
+        return Batches([(torch.randn(4, 1, 16, 16, generator=gen), torch.randint(0, 10, (4,), generator=gen))
+                        for _ in range(n)])
+
+    def loss(model, batch):
+        return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+    result = {}
+    for case, n in (("even", 3), ("uneven", 3 + dist.rank())):
+        task = Task(batches(n), batches(1), loss, lambda model, val: 0.0, name=case)
+        try:
+            history = train(tiny(0), UserSource(task), TrainConfig(epochs=1, lr=LR, batch_size=4, warmup_epochs=0),
+                            progress=False)
+            result[case] = f"trained {len(history)} epoch(s)"
+        except HetpruneError as exc:
+            result[case] = f"HetpruneError: {exc}"
+    return result
+
+
 def worker(scenario: str, out: Path) -> int:
     from hetprune import distributed as dist
 
     torch.set_num_threads(1)
     dist.init_from_env("cpu")
-    result = {"train": training_worker, "plan": planning_worker}[scenario](out)
+    result = {"train": training_worker, "plan": planning_worker, "task": task_worker}[scenario](out)
     torch.save(result, out / f"rank{dist.rank()}.pt")
     dist.barrier()
     return 0
@@ -218,6 +257,18 @@ def test_every_rank_plans_from_rank_0s_costs(tmp_path):
     measured = sorted([p["n_attn"], p["n_act"]] for p in map(json.loads, lines))
     assert json.dumps(measured) == ranks[0]["points"]         # the points file holds exactly the plan used
     assert {tuple(p) for p in json.loads(ranks[0]["plan"])} <= {tuple(p) for p in measured}
+
+
+def test_user_task_ranks_that_run_out_unevenly_stop_with_one_error_instead_of_hanging(tmp_path):
+    """Rank 1's loader yields a 4th batch that rank 0's does not. Without the per-step check both ranks
+    'trained 1 epoch' here: gloo paired rank 1's extra gradient all-reduce with rank 0's sum of the epoch's
+    loss, and both went on with wrong numbers (elsewhere such a mismatch waits until the timeout)."""
+    ranks = run_workers("task", 2, tmp_path)
+    for got in ranks:
+        assert got["even"] == "trained 1 epoch(s)"
+        assert got["uneven"].startswith("HetpruneError: under torchrun every rank must yield the same number of "
+                                        "training batches, but at batch 4 1 of 2 ranks had one"), got["uneven"]
+    assert "rank 0 had run out" in ranks[0]["uneven"] and "rank 1 had one" in ranks[1]["uneven"]
 
 
 def test_torchrun_prune_with_uneven_data_matches_single_process(trained_tiny, tmp_path):
