@@ -181,3 +181,36 @@ def test_image_folder_fingerprint_changes_when_an_image_changes(image_folder, tm
     data = target.read_bytes()
     target.write_bytes(data + b"\0")  # same name, other content
     assert load_folder(copy_root, model).fingerprint != before
+
+
+def test_a_hugging_face_vit_on_an_image_folder_is_normalised_as_its_image_processor_does(image_folder):
+    """ViTImageProcessor computes (x - 0.5) / 0.5; an ImageFolder run once used timm's ImageNet mean/std for a
+    wrapped transformers model (which has no timm config), training it on inputs it never sees deployed."""
+    pytest.importorskip("transformers", reason="the hf extra is not installed")
+    from PIL import Image
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+    from hetprune_hf import wrap
+
+    from hetprune.data import image_folder as load_folder
+
+    config = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=2, intermediate_size=64, num_labels=3)
+    inner = ViTForImageClassification(config)
+    data = load_folder(image_folder, wrap(inner))
+    x, _ = data.val[0]
+    path = data.val.samples[0][0]
+    processor = ViTImageProcessor(size={"height": 16, "width": 16})
+    want = processor(Image.open(path).convert("RGB"), return_tensors="pt")["pixel_values"][0]
+    assert x.shape == want.shape
+    assert (x - want).abs().max().item() < 0.05   # resampling differs by a grey level or two; timm's mean: > 0.5
+
+    # a model whose own processor differs says so when wrapped
+    own = load_folder(image_folder, wrap(inner, image_mean=[0.4, 0.45, 0.5], image_std=[0.3, 0.25, 0.2]))
+    y, _ = own.val[0]
+    raw = x * 0.5 + 0.5
+    expected = (raw - torch.tensor([0.4, 0.45, 0.5])[:, None, None]) / torch.tensor([0.3, 0.25, 0.2])[:, None, None]
+    assert torch.allclose(y, expected, atol=1e-5)
+    with pytest.raises(HetpruneError, match=r"image_mean needs one value per input channel \(3\)"):
+        wrap(inner, image_mean=[0.5])
+    with pytest.raises(HetpruneError, match="image_std must be > 0"):
+        wrap(inner, image_std=[0.5, 0.0, 0.5])

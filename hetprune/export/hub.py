@@ -88,8 +88,10 @@ def _image_processor(config):
 
 
 def hf_preprocessor_config(model: nn.Module, inner: nn.Module, recipe) -> dict:
-    """``preprocessor_config.json``: the model type's own image processor and its mean/std (not timm's), at
-    this model's input size; hetprune's embedded data sets are normalised as (x - 0.5) / 0.5."""
+    """``preprocessor_config.json``: the model type's own image processor at this model's input size, with the
+    mean/std the model was run with (a wrapper's ``pretrained_cfg``, e.g. ``hetprune_hf.wrap(model, image_mean,
+    image_std)``; else the processor's own, not timm's); hetprune's embedded data sets are normalised as
+    (x - 0.5) / 0.5."""
     from ..data import EMBEDDED
     from ..models import input_shape_of
 
@@ -98,6 +100,9 @@ def hf_preprocessor_config(model: nn.Module, inner: nn.Module, recipe) -> dict:
     cfg = json.loads(processor.to_json_string())
     data = (recipe.provenance.get("data") or {}) if recipe is not None else {}
     mean, std = list(processor.image_mean), list(processor.image_std)
+    own = getattr(model, "pretrained_cfg", None) or {}
+    if own.get("mean") is not None and own.get("std") is not None:   # what the wrapped model was trained with
+        mean, std = list(own["mean"]), list(own["std"])
     if data.get("name") in EMBEDDED:
         mean, std = [0.5] * channels, [0.5] * channels
     if len(mean) != channels:  # a model built with another number of channels: one value each, averaged

@@ -37,23 +37,49 @@ def _transformers_vit():
     return modeling_vit
 
 
-class HFViTClassifier(nn.Module):
-    """A ``ViTForImageClassification`` that returns logits, as every hetprune model does."""
+# what transformers' ViTImageProcessor does by default: resize to the square input, bilinear, no crop, then
+# (x - 0.5) / 0.5 per channel (its IMAGENET_STANDARD mean and std, not timm's ImageNet ones)
+PROCESSOR_MEAN = PROCESSOR_STD = 0.5
 
-    def __init__(self, model: nn.Module):
+
+class HFViTClassifier(nn.Module):
+    """A ``ViTForImageClassification`` that returns logits, as every hetprune model does.
+
+    Its ``pretrained_cfg`` says how its inputs are normalised, as a timm model's does: an ImageFolder run
+    (``--data``) and an export read it. Without ``image_mean``/``image_std`` that is ViTImageProcessor's
+    default; a model whose own processor differs passes ``processor.image_mean, processor.image_std``.
+    """
+
+    def __init__(self, model: nn.Module, image_mean=None, image_std=None):
         super().__init__()
         self.model = model
         cfg = model.config
-        self.pretrained_cfg = {"input_size": (cfg.num_channels, cfg.image_size, cfg.image_size),
-                               "num_classes": cfg.num_labels}
+        channels = int(cfg.num_channels)
+        mean, std = (_per_channel(v, default, channels, what) for v, default, what in (
+            (image_mean, PROCESSOR_MEAN, "image_mean"), (image_std, PROCESSOR_STD, "image_std")))
+        if any(v <= 0 for v in std):
+            raise HetpruneError(f"image_std must be > 0 for every channel, got {list(std)}")
+        self.pretrained_cfg = {"input_size": (channels, cfg.image_size, cfg.image_size),
+                               "num_classes": cfg.num_labels, "mean": mean, "std": std,
+                               "interpolation": "bilinear", "crop_pct": 1.0}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(pixel_values=x).logits
 
 
-def wrap(model: nn.Module) -> HFViTClassifier:
-    """Wrap a ``ViTForImageClassification`` you built or loaded yourself."""
-    return HFViTClassifier(model)
+def _per_channel(value, default: float, channels: int, what: str) -> tuple[float, ...]:
+    values = (default,) * channels if value is None else tuple(
+        float(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    if len(values) != channels:
+        raise HetpruneError(f"{what} needs one value per input channel ({channels}), got {list(values)}")
+    return values
+
+
+def wrap(model: nn.Module, image_mean=None, image_std=None) -> HFViTClassifier:
+    """Wrap a ``ViTForImageClassification`` you built or loaded yourself. ``image_mean``/``image_std``: its
+    image processor's (``AutoImageProcessor.from_pretrained(...).image_mean``), when they differ from
+    ViTImageProcessor's default 0.5/0.5."""
+    return HFViTClassifier(model, image_mean, image_std)
 
 
 class HFViTAdapter(PreNormAdapter):
