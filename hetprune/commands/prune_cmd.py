@@ -179,4 +179,6 @@ def cost_line(cost: dict) -> str:
     about = cost.get("about", {})
     if "batch_size" in about:
         line += f" (batch {about['batch_size']}, {about.get('dtype', '')}, {about.get('device', '')})"
+    if about.get("untrusted"):   # the table's warning scrolled by during the run: the summary repeats it
+        line += f"; warning: predictions cannot be trusted here: {about['untrusted']}"
     return line
