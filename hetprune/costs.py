@@ -34,6 +34,7 @@ _MATMULS.update({getattr(torch._C.TensorBase, name): i for name, i in (("matmul"
                                                                        ("__rmatmul__", 1), ("bmm", 0), ("mm", 0),
                                                                        ("baddbmm", 1), ("addmm", 1))
                  if hasattr(torch._C.TensorBase, name)})
+MATMUL_FUNCTIONS = frozenset(_MATMULS)   # how a torch function mode sees a matrix product (the ONNX census too)
 # products whose MACs are not sized here: refused outside a counted module, never silently 0
 _UNSIZED = {torch.einsum: "torch.einsum", F.multi_head_attention_forward: "nn.MultiheadAttention's attention",
             torch.bilinear: "torch.bilinear", torch.tensordot: "torch.tensordot"}

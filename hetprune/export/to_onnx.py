@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..costs import MATMUL_FUNCTIONS
 from ..errors import HetpruneError
 from .common import (DEFAULT_OPSET, INPUT_NAME, OUTPUT_NAME, _dynamic_shapes, _example, _prepared, _publish,
                      _quiet_exporter, _temp_path, _verify_batch, check_dtype, compare_outputs, need, verify_input)
@@ -70,20 +71,81 @@ def _linears(model: nn.Module) -> int:
     return sum(isinstance(m, nn.Linear) for m in model.modules()) - constant
 
 
+class _AttentionOps(torch.overrides.TorchFunctionMode):
+    """Counts, inside the modules it is told to watch, the calls that become attention ops (a softmax; a
+    fused attention kernel is a softmax and two products) and products that are not a Linear layer (q·kᵀ,
+    attn·v). The mode is off inside its own handler, so a call counts once, not again for what it calls."""
+
+    SOFTMAX = {torch.softmax, torch.Tensor.softmax, torch.nn.functional.softmax, torch._C.TensorBase.softmax}
+    PRODUCTS = MATMUL_FUNCTIONS | {torch.einsum}
+
+    def __init__(self):
+        super().__init__()
+        self.inside, self.softmax, self.products = 0, 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.inside:
+            if func is torch.nn.functional.scaled_dot_product_attention:
+                self.softmax, self.products = self.softmax + 1, self.products + 2
+            elif func in self.SOFTMAX:
+                self.softmax += 1
+            elif func in self.PRODUCTS:
+                self.products += 1
+        return func(*args, **(kwargs or {}))
+
+
+@torch.no_grad()
+def _attention_ops(base: nn.Module, blocks: list[int]) -> dict[str, int]:
+    """The attention ops and the products outside Linear layers that the attention modules of ``blocks``
+    compute in one forward pass of ``base``: what removing those attention sites takes out of its graph
+    (one softmax and two products for a ViT's attention, two and four for differential attention)."""
+    from ..adapters import adapter_for
+
+    adapter = adapter_for(base)
+    every = adapter.blocks(base)
+    # the attention branch of each block (with its norm: no softmax, no product), else its attention modules
+    watched = [m for i in blocks for m in (adapter.time_parts(base, i).get("attention")
+                                           or [m for m in every[i].modules() if adapter.is_attention(m)])]
+    count = _AttentionOps()
+
+    def enter(*_):
+        count.inside += 1
+
+    def leave(*_):
+        count.inside -= 1
+
+    handles = [h for m in watched for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+    param = next(base.parameters())
+    was_training = base.training
+    base.eval()
+    try:
+        with count:
+            base(_example(base, 2, "fp32", False).to(param.device, param.dtype))
+    finally:
+        for h in handles:
+            h.remove()
+        base.train(was_training)
+    return {"attention": count.softmax, "matmul": count.products}
+
+
 def expected_census(model: nn.Module, base: nn.Module, base_census: dict[str, int]) -> dict[str, int]:
     """What the pruned graph must hold, given the unpruned ``base`` model and its graph's census.
 
-    Every removed site takes exactly one attention (or activation) op out of
-    the base graph, and nothing else changes: matrix products change by the
-    linear layers removed or merged plus two per attention removed. Ops outside
-    the sites (CaiT's class attention, a family's extra heads) stay as they are.
+    Every removed site takes exactly its own ops out of the base graph, and
+    nothing else changes: an activation site one activation op; an attention
+    site the attention ops and products its attention module computes in
+    ``base`` (counted in a forward pass, :func:`_attention_ops`); and matrix
+    products change by the linear layers removed or merged. Ops outside the
+    sites (CaiT's class attention, a family's extra heads) stay as they are.
     """
     from ..sites import sites
 
     removed = {kind: len(sites(base, kind)) - len(sites(model, kind)) for kind in ("attn", "act")}
-    attention = base_census["attention"] - removed["attn"]
-    return {"attention": attention, "activation": base_census["activation"] - removed["act"],
-            "matmul": base_census["matmul"] + _linears(model) - _linears(base) - 2 * removed["attn"]}
+    gone = sorted({s.block for s in sites(base, "attn")} - {s.block for s in sites(model, "attn")})
+    attention = _attention_ops(base, gone) if gone else {"attention": 0, "matmul": 0}
+    return {"attention": base_census["attention"] - attention["attention"],
+            "activation": base_census["activation"] - removed["act"],
+            "matmul": base_census["matmul"] + _linears(model) - _linears(base) - attention["matmul"]}
 
 
 def _to_onnx(model: nn.Module, example: torch.Tensor, opset: int, dynamic_batch: bool):
@@ -113,12 +175,15 @@ def _to_onnx(model: nn.Module, example: torch.Tensor, opset: int, dynamic_batch:
                                     f"{text.splitlines()[0] if text else type(first).__name__}") from first
 
 
-def check_census(onnx_model, model: nn.Module, base: nn.Module | None, opset: int) -> dict:
-    """The graph's census, checked against the base model's graph when there is a base."""
+def check_census(onnx_model, model: nn.Module, base: nn.Module | None, opset: int,
+                 dynamic_batch: bool = False) -> dict:
+    """The graph's census, checked against the base model's graph when there is a base. The base is exported
+    as the model was (``dynamic_batch``): with a free batch the exporter keeps a product of constants that a
+    fixed batch folds away (SigLIP's attention-pool query, expanded to the batch)."""
     got = op_census(onnx_model)
     if base is None:
         return got
-    base_graph = _to_onnx(_prepared(base, "fp32"), _example(base, 2, "fp32", False), opset, False)
+    base_graph = _to_onnx(_prepared(base, "fp32"), _example(base, 2, "fp32", False), opset, dynamic_batch)
     want = expected_census(model, base, op_census(base_graph.model_proto))
     if got != want:
         diff = ", ".join(f"{k}: graph {got[k]}, expected {want[k]}" for k in want if got[k] != want[k])
@@ -170,7 +235,7 @@ def export_onnx(model: nn.Module, out: str | Path, opset: int = DEFAULT_OPSET, d
             onnx.checker.check_model(str(tmp), full_check=True)
         except Exception as exc:
             raise HetpruneError(f"the exported graph fails onnx.checker at opset {opset}: {exc}") from exc
-        census = check_census(onnx.load(str(tmp), load_external_data=False), model, base, opset)
+        census = check_census(onnx.load(str(tmp), load_external_data=False), model, base, opset, dynamic_batch)
         check = verify_onnx(tmp, model, dtype, batch=_verify_batch(batch, dynamic_batch), threads=threads)
         _publish(tmp, out)
     except BaseException:
