@@ -357,8 +357,8 @@ def _cli(trained_tiny, tmp_path, strategy, *extra):
     return out, json.loads((out / "report.json").read_text())
 
 
-REPORT_KEYS = {"top1_before_finetune", "top1", "seconds", "allocation", "removal", "merged", "finetune_history",
-               "macs", "dense_macs", "params", "n_attn", "n_act", "sites", "strategy"}
+REPORT_KEYS = {"metric_before_finetune", "metric", "top1_before_finetune", "top1", "seconds", "allocation", "removal",
+               "merged", "finetune_history", "macs", "dense_macs", "params", "n_attn", "n_act", "sites", "strategy"}
 
 
 @pytest.mark.slow
@@ -392,6 +392,8 @@ def test_hetdpt_plus_strategy_cli(trained_tiny, tmp_path, order):
     # auto: width first with a MAC budget (the order measured best)
     assert report["allocation"]["order"] == ("width-depth" if order == "auto" else order)
     assert report["allocation"]["within_tolerance"]
+    assert report["top1"] == report["metric"] and report["metric_name"] == "top1"
+    assert isinstance(report["allocation"]["depth"]["metric"], float)   # the depth step's own result, by the task
     recipe = hetprune.recipe.load_recipe(out)
     if order == "interleaved":   # two rounds, each removing sites and then pruning widths
         rounds = report["allocation"]["depth_rounds"]
@@ -587,3 +589,34 @@ def test_hetdpt_plus_order_settings_are_checked(trained_tiny, tmp_path, capsys, 
                  json.dumps(spec.kwargs), "--checkpoint", str(ckpt), *budget, *NO_TRAINING,
                  *(a for s in setting for a in ("--set", s)), "--out", str(tmp_path / "x")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_hetdpt_plus_reports_the_tasks_own_metric_for_its_depth_step_and_the_whole(trained_tiny, digits_data):
+    """A user Task's metric (here "acc", not top-1) is what hetdpt-plus reports, for the whole run and for its
+    depth step, and what its log says (a report written under top-1 keys lost the depth step's value)."""
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, Subset
+
+    from hetprune.task import Task
+
+    model, spec, _ = trained_tiny
+
+    @torch.no_grad()
+    def acc(net, val):
+        return 100.0 * sum(int((net(x).argmax(-1) == y).sum()) for x, y in val) / 32
+
+    task = Task(DataLoader(Subset(digits_data.train, range(32)), batch_size=16),
+                DataLoader(Subset(digits_data.val, range(32)), batch_size=16),
+                lambda net, b: F.cross_entropy(net(b[0]), b[1]), acc, metric_name="acc", name="width-task")
+    logged = []
+    settings = {"finetune": {"epochs": 1, "subset": 32, "batch_size": 16},
+                "short_finetune": {"epochs": 1, "subset": 32, "batch_size": 16}, "scoring": {"batches": 1},
+                "hetdpt": {"axis_points": 1, "mixed_points": 1, "predictor": "poly",
+                           "predictor_options": {"poly": {"degree": 1}}}}
+    result = hetprune.prune(model, task, strategy="hetdpt-plus", target_macs=0.5, spec=spec, progress=False,
+                            log=logged.append, settings=settings)
+    report = result.report
+    assert report["metric_name"] == "acc" and not any(k.startswith("top1") for k in report)
+    assert report["metric"] == pytest.approx(acc(result.model.eval(), task.val))
+    assert isinstance(report["allocation"]["depth"]["metric"], float)
+    assert any(line.startswith("[hetdpt-plus] acc ") and "after depth + width pruning" in line for line in logged)

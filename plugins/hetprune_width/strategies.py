@@ -170,7 +170,7 @@ def width_prune(job: PruneJob, model: nn.Module, target: float, stage: str = "wi
 def depth_summary(report: dict, budget: Budget) -> dict:
     """What a hetdpt-plus report keeps of one depth step's report."""
     return {"budget": budget.to_dict(), **{k: report.get(k) for k in (
-        "allocation", "sites", "macs", "top1_before_finetune", "top1", "finetune_history", "seconds")}}
+        "allocation", "sites", "macs", "metric_before_finetune", "metric", "finetune_history", "seconds")}}
 
 
 def within(macs: float, target: float, tol: float) -> bool:
@@ -203,14 +203,13 @@ class Isomorphic:
             info = width_prune(job, model, target)
             allocation = {"target_macs": int(target), "width": info,
                           "within_tolerance": within(info["macs"], target, tolerance_of(job))}
-        top1_pruned, history, top1 = finetune_and_measure(job, model, "width pruning")
+        before, history, after = finetune_and_measure(job, model, "width pruning")
         report = {
             "allocation": allocation,
             "removal": {},
             "merged": [],
-            "top1_dense": job.base_info.get("top1"),
-            "top1_before_finetune": top1_pruned,
-            "top1": top1,
+            "metric_before_finetune": before,
+            "metric": after,
             "finetune_history": history,
             "seconds": round(time.time() - started, 1),
         }
@@ -408,13 +407,7 @@ class HetDPTPlus:
             elif macs < target * (1 - tol):
                 job.log(f"[{job.strategy_name}] note: depth pruning took the model to {human(macs)} MACs, more "
                         f"than {tol:.0%} below the target {human(target)}")
-        top1_pruned = job.val_accuracy(model)
-        t = job.stage_start("finetune")
-        history = finetune(job, model)
-        top1 = job.val_accuracy(model)
-        job.stage_end("finetune", t, top1=top1)
-        job.log(f"[{job.strategy_name}] top-1 {top1_pruned:.2f}% after depth + width pruning, "
-                f"{top1:.2f}% after fine-tune")
+        before, history, after = finetune_and_measure(job, model, "depth + width pruning")
 
         t = job.stage_start("merge")
         merged_now = merge(job, model) if mergers else []
@@ -444,9 +437,8 @@ class HetDPTPlus:
             "merged": merged,
             "not_merged": {str(b): ("merging would not lower MACs at these widths" if mergers
                                     else "no mergers configured") for b in linear},
-            "top1_dense": job.base_info.get("top1"),
-            "top1_before_finetune": top1_pruned,
-            "top1": top1,
+            "metric_before_finetune": before,
+            "metric": after,
             "finetune_history": history,
             "seconds": round(time.time() - started, 1),
         }
