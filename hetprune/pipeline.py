@@ -396,6 +396,8 @@ def metric_entries(job: PruneJob, report: dict) -> dict:
     ``metric_dense``, named by ``metric_name`` (and ``higher_is_better``). A classification task keeps the
     ``top1*`` keys too; a strategy that still writes only ``top1*`` has them read as the metric."""
     out = dict(report)
+    if "metric_dense" not in out and "top1_dense" not in out:   # the base's info has it (the embedded bases':
+        out["metric_dense"] = job.base_info.get("metric", job.base_info.get("top1"))   # under top1)
     for suffix in ("", "_before_finetune", "_dense"):
         if f"metric{suffix}" not in out and f"top1{suffix}" in out:
             out[f"metric{suffix}"] = out[f"top1{suffix}"]
@@ -403,7 +405,6 @@ def metric_entries(job: PruneJob, report: dict) -> dict:
             out[f"top1{suffix}"] = out.get(f"metric{suffix}")
         else:   # another metric is not top-1: no key may say it is
             out.pop(f"top1{suffix}", None)
-    out.setdefault("metric_dense", job.base_info.get("metric"))
     out["metric_name"], out["higher_is_better"] = job.task.metric_name, job.task.higher_is_better
     return out
 
@@ -486,7 +487,6 @@ class DepthStrategy:
             "allocation": alloc_info,
             "removal": removal,
             "merged": merged,
-            "metric_dense": job.base_info.get("metric", job.base_info.get("top1")),
             "metric_before_finetune": metric_pruned,
             "metric": metric,
             "finetune_history": history,

@@ -620,3 +620,16 @@ def test_hetdpt_plus_reports_the_tasks_own_metric_for_its_depth_step_and_the_who
     assert report["metric"] == pytest.approx(acc(result.model.eval(), task.val))
     assert isinstance(report["allocation"]["depth"]["metric"], float)
     assert any(line.startswith("[hetdpt-plus] acc ") and "after depth + width pruning" in line for line in logged)
+
+
+def test_a_report_without_the_dense_metric_takes_it_from_the_base_info():
+    """Width strategies leave ``metric_dense`` to the shared report: the embedded base's info holds its top-1
+    under ``top1`` (what the shipped weights' index records), and the report must still name it."""
+    from types import SimpleNamespace
+
+    from hetprune.pipeline import metric_entries
+
+    job = SimpleNamespace(task=SimpleNamespace(metric_name="top1", higher_is_better=True),
+                          base_info={"top1": 98.89})
+    out = metric_entries(job, {"metric": 90.0, "metric_before_finetune": 80.0})
+    assert out["metric_dense"] == out["top1_dense"] == 98.89 and out["top1"] == 90.0
