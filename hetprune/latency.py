@@ -281,7 +281,7 @@ class LatencyTable:
         self.measured_now += len(asked)
         reasons = [busy] if busy else []
         if check is not None:
-            self.check = self._self_check(check, example, runs[CHECK], load)
+            self.check = self._self_check(check, example, runs[CHECK], load, known)
             if abs(self.check["error"]) > self.tolerance:
                 reasons.append(f"the model timed whole took {self.check['measured_s'] * 1e3:.3g} ms, its parts add "
                                f"up to {self.check['predicted_s'] * 1e3:.3g} ms ({self.check['error']:+.0%}, more "
@@ -301,10 +301,13 @@ class LatencyTable:
         return (f"load average {load[0]} on {os.cpu_count()} CPUs with {torch.get_num_threads()} threads of ours "
                 "(other work is timed with it)")
 
-    def _self_check(self, model: nn.Module, example: torch.Tensor, runs: list[float], load) -> dict:
+    def _self_check(self, model: nn.Module, example: torch.Tensor, runs: list[float], load,
+                    known: list[Part] = ()) -> dict:
         """The checked model's predicted time (the sum of its parts, all in the table now) against its
-        measured whole time in the same session (in the anchor's scale, as the parts are)."""
-        predicted = sum(self.entries[p.key]["median_s"] for p in self.parts(model, example))
+        measured whole time in the same session (in the anchor's scale, as the parts are). Its parts are
+        among ``known`` when the caller found them already (``prepare``), else found here."""
+        mine = [p for p in known if p.model is model] or self.parts(model, example)
+        predicted = sum(self.entries[p.key]["median_s"] for p in mine)
         measured = bench.summarize(runs)["median"]
         return {"predicted_s": predicted, "measured_s": measured, "error": predicted / measured - 1 if measured > 0
                 else 0.0, "load": load}
