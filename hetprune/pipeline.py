@@ -396,8 +396,9 @@ def metric_entries(job: PruneJob, report: dict) -> dict:
     ``metric_dense``, named by ``metric_name`` (and ``higher_is_better``). A classification task keeps the
     ``top1*`` keys too; a strategy that still writes only ``top1*`` has them read as the metric."""
     out = dict(report)
-    if "metric_dense" not in out and "top1_dense" not in out:   # the base's info has it (the embedded bases':
-        out["metric_dense"] = job.base_info.get("metric", job.base_info.get("top1"))   # under top1)
+    # the dense model's metric from the base's info (the embedded bases' info has it under top1)
+    if "metric_dense" not in out and "top1_dense" not in out:
+        out["metric_dense"] = job.base_info.get("metric", job.base_info.get("top1"))
     for suffix in ("", "_before_finetune", "_dense"):
         if f"metric{suffix}" not in out and f"top1{suffix}" in out:
             out[f"metric{suffix}"] = out[f"top1{suffix}"]
