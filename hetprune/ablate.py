@@ -15,9 +15,14 @@ from pathlib import Path
 from scipy import stats
 
 from .cache import fingerprint
-from .compare import RowPlan, mean_std
-from .errors import HetpruneError
-from .io import no_empty_folder_on_error, write_json_atomic, write_text_atomic
+from .compare.report import mean_std
+from .compare.rows import ROWS_FILE, RowPlan, distinct, whole_number
+from .errors import HetpruneError, option
+from .io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic
+
+# what hetprune writes in an ablation's folder
+ABLATION_FOLDER = ResultFolder("ablation", frozenset({ROWS_FILE, "ablation.json", "ablation.md", "splits.png",
+                                                     "scorers.png", "models", "work"}), resumable=True)
 
 Pair = tuple[int, int]
 
@@ -201,7 +206,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     from . import distributed as dist
     from .api import check_names, dense_info, resolve_settings, run_device
     from .budget import Budget
-    from .compare import prepare_out, run_rows
+    from .compare.rows import prepare_out, run_rows
     from .pipeline import PruneJob, resolve_adapter
     from .plugins import get_registry
     from .task import as_task
@@ -228,12 +233,12 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     scorers = list(scorers)
     for name in scorers:
         registry.component("scorer", name)
-    seeds = list(seeds)
+    seeds = distinct([whole_number(s, "a seed") for s in seeds], option("seeds"))
     task = as_task(task)
     sign = 1 if task.higher_is_better else -1
     out = Path(out)
     with no_empty_folder_on_error(out):   # bad input found after the folder was made leaves none behind
-        prepare_out(out, resume, overwrite, "ablation")
+        prepare_out(out, resume, overwrite, ABLATION_FOLDER)
         adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
         info = dense_info(model, task, spec, base_info, run_settings)
         log = log if dist.is_main() else (lambda msg: None)

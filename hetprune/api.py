@@ -31,11 +31,11 @@ from . import result_checks  # noqa: F401 - adds the strategy rule: every result
 from .adapters import Adapter
 from .budget import Budget
 from .errors import HetpruneError
-from .io import check_writable, no_empty_folder_on_error
+from .io import check_result_folder, no_empty_folder_on_error
 from .models import ModelSpec, model_hash
 from .pipeline import PruneJob, PruneResult
 from .plugins import Registry, get_registry
-from .recipe import save
+from .recipe import PRUNED_MODEL, REPORT_FILE, save
 from .task import Task, as_task
 
 
@@ -109,13 +109,9 @@ def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: 
 
 
 def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse an output folder that cannot be written, or that holds another result without ``overwrite``."""
-    if out.exists() and not out.is_dir():
-        raise HetpruneError(f"output path {out} exists and is not a folder")
-    check_writable(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise HetpruneError(f"output folder {out} already holds a result; pass overwrite=True (--overwrite) to "
-                            "replace it")
+    """Refuse an output folder before any work: one that cannot be written, that holds anything hetprune did
+    not write (overwrite or not), or another result without ``overwrite``."""
+    check_result_folder(out, PRUNED_MODEL, overwrite)
 
 
 def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | Budget | None = None, *,
@@ -167,7 +163,7 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
             if out is not None and dist.is_main():   # under torchrun rank 0 writes
                 result.recipe.provenance.update(provenance or {})
                 save(out, result.model, result.recipe, overwrite=overwrite,
-                     extra_files={"report.json": result.report})
+                     extra_files={REPORT_FILE: result.report})
     return result
 
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from . import surgery
 from .costs import count_macs
-from .errors import BudgetUnreachable, HetpruneError
+from .errors import BudgetUnreachable, HetpruneError, on_command_line, option
 from .adapters import adapter_for
 from .sites import Site, depth
 
@@ -42,37 +42,47 @@ class Budget:
     target_latency: float | None = None   # seconds per forward pass (at the latency model's batch size)
     cost_model: str | None = None         # what a speedup or latency target counts (None: MACs, or latency)
 
+    # the smallest absolute MAC count a target can mean: any value between 1 and this is a mistake
+    MIN_ABSOLUTE_MACS = 1000
+
     def __post_init__(self):
         given = [v for v in (self.sites, self.target_macs, self.target_speedup, self.target_latency)
                  if v is not None]
         if len(given) != 1:
-            raise HetpruneError("give exactly one budget: --budget K, --target-macs F, --target-speedup S or "
-                                "--target-latency T")
+            raise HetpruneError(f"give exactly one budget: {option('budget', 'K')}, {option('target-macs', 'F')}, "
+                                f"{option('target-speedup', 'S')} or {option('target-latency', 'T')}")
         if self.sites is not None and (isinstance(self.sites, bool) or not isinstance(self.sites, int)):
-            raise HetpruneError(f"--budget must be a whole number of sites, got {self.sites!r}")
+            raise HetpruneError(f"{option('budget')} must be a whole number of sites, got {self.sites!r}")
         for name in ("target_macs", "target_speedup", "target_latency"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value)):
-                raise HetpruneError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
+                raise HetpruneError(f"{option(name.replace('_', '-'))} must be a finite number, got {value!r}")
         if self.sites is not None and self.sites < 0:
-            raise HetpruneError(f"--budget must be a count of sites >= 0, got {self.sites}")
+            raise HetpruneError(f"{option('budget')} must be a count of sites >= 0, got {self.sites}")
         if self.target_macs is not None and self.target_macs <= 0:
-            raise HetpruneError(f"--target-macs must be > 0 (a fraction of dense, or absolute MACs like 2.6G), "
-                                f"got {self.target_macs}")
+            raise HetpruneError(f"{option('target-macs')} must be > 0 (a fraction of dense, or absolute MACs like "
+                                f"2.6G), got {self.target_macs}")
+        if self.target_macs is not None and 1 < self.target_macs < self.MIN_ABSOLUTE_MACS:
+            raise HetpruneError(
+                f"{option('target-macs', f'{self.target_macs:g}')} can be read two ways and is neither: as a share "
+                f"of the dense model's MACs it must be at most 1 (e.g. 0.6), and as an absolute count of MACs per "
+                f"image it would be {self.target_macs:g} MACs, which no model comes near (give at least "
+                f"{self.MIN_ABSOLUTE_MACS}, e.g. 2.6e9{' or 2.6G' if on_command_line() else ''})")
         if self.target_speedup is not None and self.target_speedup < 1:
-            raise HetpruneError(f"--target-speedup must be >= 1, got {self.target_speedup}")
+            raise HetpruneError(f"{option('target-speedup')} must be >= 1, got {self.target_speedup}")
         if self.target_latency is not None and self.target_latency <= 0:
-            raise HetpruneError(f"--target-latency must be > 0 seconds, got {self.target_latency}")
+            raise HetpruneError(f"{option('target-latency')} must be > 0 seconds, got {self.target_latency}")
         if self.cost_model is not None:
             if not isinstance(self.cost_model, str) or not self.cost_model:
                 raise HetpruneError(f"a budget's cost model must be a name, got {self.cost_model!r}")
             if self.sites is not None or self.target_macs is not None:
-                raise HetpruneError(f"--cost-model {self.cost_model} applies to --target-speedup and "
-                                    "--target-latency; --budget counts sites and --target-macs counts MACs")
+                raise HetpruneError(f"{option('cost-model', self.cost_model, setting='cost_model')} applies to "
+                                    f"{option('target-speedup')} and {option('target-latency')}; "
+                                    f"{option('budget')} counts sites and {option('target-macs')} counts MACs")
             if self.target_latency is not None and self.cost_model == "macs":
-                raise HetpruneError("--target-latency is a time: it needs a time cost model (--cost-model latency), "
-                                    "not macs")
+                raise HetpruneError(f"{option('target-latency')} is a time: it needs a time cost model "
+                                    f"({option('cost-model', 'latency', setting='cost_model')}), not macs")
 
     @property
     def counts_cost(self) -> bool:
@@ -223,7 +233,7 @@ def feasible_pairs(model: nn.Module, budget: Budget, example: torch.Tensor | Non
         k = budget.sites
         pairs = [(a, k - a) for a in range(0, k + 1) if a <= limits["attn"] and k - a <= limits["act"]]
         if not pairs:
-            raise HetpruneError(f"--budget {k} is more than this model can lose: at most {limits['attn']} attention "
+            raise HetpruneError(f"{option('budget', str(k))} is more than this model can lose: at most {limits['attn']} attention "
                                 f"and {limits['act']} activation sites ({limits['attn'] + limits['act']} in all)")
         return pairs
     if example is None:

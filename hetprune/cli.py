@@ -13,7 +13,7 @@ import importlib
 import sys
 
 from . import __version__
-from .errors import HetpruneError
+from .errors import HetpruneError, command_line_messages
 from .plugins import load_module
 
 COMMANDS = ("plugins", "apply", "prune", "compare", "bench", "ablate", "export")
@@ -66,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        for module_name in args.plugin:
-            load_module(module_name)
-        # commands that train resolve --device and join torchrun's process group themselves
-        return int(args._run(args) or 0)
+        with command_line_messages():   # errors name this command's options, not a Python call's arguments
+            for module_name in args.plugin:
+                load_module(module_name)
+            # commands that train resolve --device and join torchrun's process group themselves
+            return int(args._run(args) or 0)
     except HetpruneError as exc:  # a PluginError names the plugin; --debug adds the traceback
         import os
         import traceback
@@ -85,9 +86,20 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
-        print("interrupted: finished work is saved; rerun the same command with --resume to continue",
-              file=sys.stderr)
+        print(interrupted_message(args), file=sys.stderr)
         return 130
+
+
+def interrupted_message(args) -> str:
+    """What Ctrl-C leaves: the finished work that was saved (and how to continue from it), or nothing."""
+    from .resume import saved_work
+
+    saved = saved_work()
+    if not saved:
+        return "interrupted before any work finished: nothing was saved; rerun the command to start again"
+    more = " with --resume to continue" if hasattr(args, "resume") else ""
+    return (f"interrupted: finished work is saved ({len(saved)} piece{'s' if len(saved) > 1 else ''}, the last "
+            f"{saved[-1]}); rerun the same command{more}")
 
 
 if __name__ == "__main__":  # pragma: no cover

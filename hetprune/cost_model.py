@@ -14,7 +14,7 @@ import dataclasses
 
 from . import devices
 from .budget import Budget
-from .errors import HetpruneError
+from .errors import HetpruneError, option
 
 AUTO = "auto"
 
@@ -37,8 +37,9 @@ def bind(budget: Budget | None, settings: dict, registry) -> Budget | None:
         return budget
     if budget.target_macs is not None:
         if chosen not in (AUTO, "macs"):
-            raise HetpruneError(f"--target-macs counts MACs; --cost-model {chosen} applies to --target-speedup "
-                                "and --target-latency")
+            raise HetpruneError(f"{option('target-macs')} counts MACs; "
+                                f"{option('cost-model', chosen, setting='cost_model')} applies to "
+                                f"{option('target-speedup')} and {option('target-latency')}")
         return budget
     name = resolve_name(chosen, settings.get("device", "cpu"))
     if budget.target_latency is not None and chosen == AUTO:
@@ -59,8 +60,8 @@ def refuse_parallel(jobs: int, budgets: list[Budget], settings: dict) -> set[str
     timing the others' noise."""
     timed = {run_model_name(b, settings) for b in budgets} - {"macs"}
     if timed and jobs > 1:
-        raise HetpruneError(f"--jobs {jobs} with a time cost model ({', '.join(sorted(timed))}): rows running at "
-                            "once would time each other's noise; use --jobs 1")
+        raise HetpruneError(f"{option('jobs', str(jobs))} with a time cost model ({', '.join(sorted(timed))}): rows "
+                            f"running at once would time each other's noise; use {option('jobs', '1')}")
     return timed
 
 

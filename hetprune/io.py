@@ -13,13 +13,34 @@ import re
 import shutil
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .errors import HetpruneError
+from .errors import HetpruneError, option, switch
+
+
+def umask() -> int:
+    """The process's file-creation mask (read without changing it where Linux tells it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: str | os.PathLike) -> None:
+    """Give a file or folder made by ``tempfile`` (private: 0600 / 0700) the permissions the user's umask
+    gives anything else they create, as ``open`` and ``mkdir`` would have."""
+    path = Path(path)
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask())
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -31,6 +52,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        follow_umask(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -65,6 +87,7 @@ def save_weights(path: str | os.PathLike, model_or_state, metadata: dict | None 
     os.close(fd)
     try:
         save_file(state, tmp, metadata={k: str(v) for k, v in (metadata or {}).items()})
+        follow_umask(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -119,24 +142,94 @@ def check_writable(out: str | os.PathLike) -> None:
         raise HetpruneError(f"cannot write output folder {out}: {ancestor} is not writable")
 
 
+@dataclass(frozen=True)
+class ResultFolder:
+    """One kind of output folder and the entries hetprune writes at its top level.
+
+    ``--overwrite`` replaces such a result and nothing else: an entry of the
+    folder that is not one of these (a user's ``notes.txt``, their code) is
+    never deleted, and a folder holding any is refused with the entries named.
+    """
+
+    what: str                 # "pruned model", "compare", ...: said in messages
+    entries: frozenset[str]
+    resumable: bool = False   # an interrupted one is continued in place (compare, ablate: --resume)
+
+    def foreign(self, folder: Path) -> list[str]:
+        """The entries of ``folder`` hetprune did not write as this kind of result (its own interrupted
+        temporary files, ``.NAME.*.tmp`` and ``.NAME.partial-*`` of its entries, are not foreign)."""
+        return sorted(p.name for p in Path(folder).iterdir() if not self.owns(p.name))
+
+    def owns(self, name: str) -> bool:
+        """Whether an entry of this name is one hetprune writes in such a folder."""
+        if name in self.entries:
+            return True
+        temp = re.fullmatch(r"\.(.+?)\.(?:partial-.+|[^.]+\.tmp|old-\d+)", name)
+        return bool(temp) and temp.group(1) in self.entries
+
+
+def check_result_folder(out: str | os.PathLike, kind: ResultFolder, overwrite: bool, resume: bool = False,
+                        flags: tuple[str, str] | None = None) -> None:
+    """Refuse an output folder before any work: one with no name of its own (``.``), a file, one that
+    cannot be written, one holding anything hetprune did not write (overwrite or not), and one holding an
+    earlier result of this kind unless ``overwrite`` (or ``resume``: continue it). ``flags`` name the
+    options in messages (the CLI's, or the Python arguments)."""
+    out = Path(out)
+    overwrite_flag, out_flag = flags or (switch("overwrite"), option("out"))
+    if out.name in ("", ".", ".."):
+        raise HetpruneError(f"output folder {str(out)!r} has no name of its own (hetprune writes a folder, and "
+                            f"its checkpoints beside it): give a new folder, e.g. {out_flag} runs/mine")
+    if out.exists() and not out.is_dir():
+        raise HetpruneError(f"output path {out} exists and is not a folder")
+    check_writable(out)
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    foreign = kind.foreign(out)
+    if foreign:
+        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        raise HetpruneError(f"output folder {out} holds {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} "
+                            f"hetprune did not write ({shown}); hetprune never deletes or mixes with files it did "
+                            f"not write, with {overwrite_flag} or without: give another {out_flag}, or move them")
+    if not overwrite and not resume:
+        more = f", or {switch('resume')} to reuse what it finished" if kind.resumable else ""
+        raise HetpruneError(f"output folder {out} already holds a {kind.what} result; pass {overwrite_flag} to "
+                            f"replace it{more}")
+
+
+def clear_result(out: str | os.PathLike, kind: ResultFolder) -> None:
+    """Delete an earlier result of ``kind`` in ``out``: its own entries only, never anything else."""
+    out = Path(out)
+    for entry in sorted(out.iterdir()):
+        if kind.owns(entry.name):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+
+
 @contextmanager
-def atomic_folder(out: str | os.PathLike, overwrite: bool = False, same_result=None):
+def atomic_folder(out: str | os.PathLike, overwrite: bool = False, same_result=None,
+                  kind: ResultFolder | None = None):
     """Write a folder under a temporary name and rename it into place at the end.
 
     An existing ``out`` is refused unless ``overwrite`` (or ``same_result(out)``
-    says it holds the very same result). Interrupted writes leave only a
-    hidden ``.out.partial-*`` folder, never a folder that looks complete.
+    says it holds the very same result); with ``kind``, also when it holds
+    anything hetprune did not write, and whatever reached the folder while the
+    result was being written is moved into the new one, never deleted.
+    Interrupted writes leave only a hidden ``.out.partial-*`` folder, never a
+    folder that looks complete.
     """
     out = Path(out)
     if out.exists():
         if not out.is_dir():
             raise HetpruneError(f"output path {out} exists and is not a folder")
+        if kind is not None and any(out.iterdir()):
+            check_result_folder(out, kind, overwrite=True)   # foreign entries are refused, overwrite or not
         if any(out.iterdir()) and not overwrite and not (same_result and same_result(out)):
-            raise HetpruneError(f"output folder {out} already holds a different result; pass --overwrite to replace it")
+            raise HetpruneError(f"output folder {out} already holds a different result; pass {switch('overwrite')} to "
+                                "replace it")
     check_writable(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        follow_umask(tmp)
     except OSError as exc:
         raise HetpruneError(f"cannot write output folder {out}: {exc.strerror or exc}") from None
     try:
@@ -145,6 +238,9 @@ def atomic_folder(out: str | os.PathLike, overwrite: bool = False, same_result=N
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.replace(out, old)
             os.replace(tmp, out)
+            for entry in old.iterdir():   # what hetprune did not write goes on living in the folder
+                if kind is not None and not kind.owns(entry.name) and not (out / entry.name).exists():
+                    os.replace(entry, out / entry.name)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)

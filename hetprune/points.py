@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from .errors import HetpruneError
+from .resume import note_saved
 
 
 class PointStore:
@@ -58,3 +59,4 @@ class PointStore:
                 os.fsync(fh.fileno())
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+        note_saved(f"a point in {self.path}")

@@ -19,7 +19,7 @@ from torch import nn
 
 from . import surgery
 from .errors import HetpruneError
-from .io import atomic_folder, load_weights, read_json, save_weights, write_json_atomic
+from .io import ResultFolder, atomic_folder, load_weights, read_json, save_weights, write_json_atomic
 from .models import ModelSpec, build, check_kwargs, load_state_into
 from .adapters import adapter_for, serving
 from .sites import Site, depth, sites
@@ -27,6 +27,9 @@ from .sites import Site, depth, sites
 SCHEMA_VERSION = 1
 RECIPE_FILE = "recipe.json"
 WEIGHTS_FILE = "model.safetensors"
+REPORT_FILE = "report.json"
+# a pruned model's folder, as prune, apply and compare's models/ write it
+PRUNED_MODEL = ResultFolder("pruned model", frozenset({RECIPE_FILE, WEIGHTS_FILE, REPORT_FILE}))
 
 
 def arch_of(model: nn.Module) -> dict:
@@ -277,7 +280,7 @@ def save(folder: str | Path, model: nn.Module, recipe: Recipe, overwrite: bool =
     from .io import state_dict_for_saving
 
     state = state_dict_for_saving(model)
-    with atomic_folder(folder, overwrite=overwrite, same_result=_same_result(recipe, state)) as tmp:
+    with atomic_folder(folder, overwrite=overwrite, same_result=_same_result(recipe, state), kind=PRUNED_MODEL) as tmp:
         save_weights(tmp / WEIGHTS_FILE, state, metadata={"format": "hetprune", "schema": SCHEMA_VERSION})
         recipe.write(tmp / RECIPE_FILE)
         for name, data in (extra_files or {}).items():

@@ -32,6 +32,20 @@ def structure_key(model: nn.Module, structure: dict | None = None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+_SAVED: list[str] = []   # resumable work this process has written (what an interrupted command can say)
+
+
+def note_saved(what: str) -> None:
+    """Record that a piece of resumable work was just written (a checkpoint, a MAP point, a compare row), so
+    an interrupted command can say truthfully whether anything is there to resume."""
+    _SAVED.append(what)
+
+
+def saved_work() -> list[str]:
+    """What :func:`note_saved` recorded in this process, oldest first."""
+    return list(_SAVED)
+
+
 def differences(stored: dict | None, current: dict) -> list[str]:
     """The entries of ``current`` that ``stored`` does not have with the same value."""
     stored = stored or {}
@@ -42,5 +56,5 @@ def reusable(stored: dict | None, current: dict, what: str, log: Callable[[str],
     """True when ``stored`` matches ``current``; otherwise say what differs (the caller starts afresh)."""
     changed = differences(stored, current)
     if changed:
-        log(f"--resume: {what} was made with another {', '.join(changed)}; starting it afresh")
+        log(f"resume: {what} was made with another {', '.join(changed)}; starting it afresh")
     return not changed

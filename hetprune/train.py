@@ -22,7 +22,7 @@ from . import distributed as dist
 from .config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.train too
 from .data import DataBundle, loader, subset
 from .errors import HetpruneError
-from .resume import reusable
+from .resume import note_saved, reusable
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
@@ -175,6 +175,7 @@ def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, hist
     try:
         torch.save(state, tmp)
         os.replace(tmp, _checkpoint_path(folder))
+        note_saved(f"a checkpoint in {folder}")
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

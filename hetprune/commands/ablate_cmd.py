@@ -60,7 +60,7 @@ def run(args) -> int:
 def _run(args) -> int:
     """Parse the options, build the model and its Task, and call :func:`hetprune.ablate`."""
     from .. import distributed as dist
-    from ..ablate import ablate, markdown
+    from ..ablate import ABLATION_FOLDER, ablate, markdown
     from ..api import resolve_settings, run_device
     from ..compare import prepare_out
     from ..task import classification
@@ -82,7 +82,7 @@ def _run(args) -> int:
         registry.component("predictor", name)   # unknown names fail before the base model is trained
     for name in scorers:
         registry.component("scorer", name)
-    prepare_out(Path(args.out), args.resume, args.overwrite, "ablation")
+    prepare_out(Path(args.out), args.resume, args.overwrite, ABLATION_FOLDER)
     dense, model_spec, base_info = base_model(args, device=settings["device"])
     data = data_for(args, dense)
     apply_data_options(args, settings, data)

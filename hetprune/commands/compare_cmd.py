@@ -25,19 +25,23 @@ DEFAULT_TARGET_MACS = 0.45     # chosen by benchmarks/default_target.py: see ben
 
 
 def int_list(text: str, what: str) -> list[int]:
+    """A comma list of whole numbers, each given once."""
+    from ..compare import distinct
+
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise HetpruneError(f"{what} must be a comma list of whole numbers, got {text!r}") from None
     if not values:
         raise HetpruneError(f"{what} is empty")
-    return values
+    return distinct(values, what)
 
 
 def compare_budgets(args) -> list:
     """The rows' budgets: ``--budgets`` (sites), a comma list of ``--target-macs``, one other target, or by
     default every strategy at the same MAC target, so that rows cost alike and their accuracies compare."""
     from ..budget import Budget, parse_macs
+    from ..compare import distinct
 
     if args.budgets:
         return [budget_from(args, k) for k in int_list(args.budgets, "--budgets")]
@@ -45,7 +49,7 @@ def compare_budgets(args) -> list:
         values = [v for v in args.target_macs.split(",") if v.strip()]
         if not values:
             raise HetpruneError("--target-macs is empty")
-        return [Budget(target_macs=parse_macs(v)) for v in values]
+        return distinct([Budget(target_macs=parse_macs(v)) for v in values], "--target-macs")
     return [budget_from(args) or Budget(target_macs=DEFAULT_TARGET_MACS)]
 
 
@@ -103,7 +107,7 @@ def _run(args) -> int:
     settings = merged_settings(strategies, config_file=args.config, sets=sets, scorer=args.scorer,
                                device=args.device, amp=args.amp, cost_model=args.cost_model)
     run_device(settings)
-    prepare_out(Path(args.out), args.resume, args.overwrite, "compare")   # before the base model is trained
+    prepare_out(Path(args.out), args.resume, args.overwrite)   # before the base model is trained
     dense, model_spec, base_info = base_model(args, device=settings["device"])
     data = data_for(args, dense)
     apply_data_options(args, settings, data)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import HetpruneError
+from ..io import follow_umask
 
 FORMATS = ("onnx", "pt2", "hub")
 
@@ -115,14 +116,8 @@ def _verify_batch(batch: int, dynamic_batch: bool) -> int:
 
 def _publish(tmp: Path, out: Path) -> None:
     """Give the temporary file ordinary permissions (mkstemp makes it private) and rename it into place."""
-    os.chmod(tmp, 0o666 & ~_umask())
+    follow_umask(tmp)
     os.replace(tmp, out)
-
-
-def _umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
 
 
 def _temp_path(out: Path) -> Path:

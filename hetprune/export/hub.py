@@ -6,7 +6,6 @@ config and image-processor file) and a model card that quotes the commands that 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -14,10 +13,15 @@ import torch
 from torch import nn
 
 from ..errors import HetpruneError
-from .common import _umask, verify_input
+from ..io import ResultFolder
+from ..recipe import RECIPE_FILE, WEIGHTS_FILE
+from .common import verify_input
 
 CONFIG_FILE, CARD_FILE, REPORT_FILE = "config.json", "README.md", "report.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor (a transformers model's folder)
+# what hetprune writes in a hub folder (--overwrite replaces these and never anything else)
+HUB_FOLDER = ResultFolder("hub folder", frozenset({CONFIG_FILE, CARD_FILE, REPORT_FILE, PREPROCESSOR_FILE,
+                                                   RECIPE_FILE, WEIGHTS_FILE}))
 
 
 def pretrained_cfg(model: nn.Module, recipe) -> dict:
@@ -231,7 +235,7 @@ def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Pa
     from ..costs import CONVENTION, count_macs, count_params
     from ..io import atomic_folder, save_weights, state_dict_for_saving, write_json_atomic, write_text_atomic
     from ..models import build, check_kwargs
-    from ..recipe import RECIPE_FILE, SCHEMA_VERSION, WEIGHTS_FILE, load
+    from ..recipe import SCHEMA_VERSION, load
 
     check_kwargs(recipe.base, allow_kwargs, "recipe")
     out = Path(out)
@@ -244,8 +248,7 @@ def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Pa
     del dense
     made = (recipe.provenance or {}).get("command")
     state = state_dict_for_saving(model)
-    with atomic_folder(out, overwrite=overwrite) as tmp:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; a model folder is for sharing
+    with atomic_folder(out, overwrite=overwrite, kind=HUB_FOLDER) as tmp:
         if source is not None and (source / WEIGHTS_FILE).is_file():
             shutil.copyfile(source / WEIGHTS_FILE, tmp / WEIGHTS_FILE)  # the very bytes that were saved
         else:
@@ -257,8 +260,6 @@ def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Pa
             write_json_atomic(tmp / REPORT_FILE, report)
         write_text_atomic(tmp / CARD_FILE, model_card(recipe, report, costs, speed,
                                                       {"made": made, "export": export_command}, label))
-        for f in tmp.iterdir():  # the JSON writers' temporary files are private too
-            os.chmod(f, 0o666 & ~_umask())
         back = load(tmp, allow_kwargs=allow_kwargs)
         got = back.state_dict()
         if got.keys() != state.keys() or not all(torch.equal(got[k], state[k]) for k in state):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hetprune import HetpruneError, devices
 from hetprune import train as training
 from hetprune.adapters import adapter_for
-from hetprune.resume import reusable, weights_key
+from hetprune.resume import note_saved, reusable, weights_key
 
 from . import gates
 
@@ -284,6 +284,7 @@ class GateTaylorScorer:
                 torch.save({"model": model.state_dict(), "opt_w": opt_w.state_dict(), "opt_s": opt_s.state_dict(),
                             "scaler": scaler.state_dict(), "step": i + 1, "key": key}, str(tmp))
                 tmp.replace(ckpt_path)
+                note_saved(f"a gate checkpoint in {ckpt_path.parent}")
         finally:
             self.last_scores = {str(s): bank.score_of(s) for s in candidates}
             gates.uninstall(model, handles)

@@ -1,0 +1,140 @@
+"""The comparison harness: several strategies, budgets and seeds on the same
+dense model, data, settings and timer; one table and one plot.
+
+Work happens in two phases so that timing never competes with training:
+1. prune + fine-tune every (strategy, budget, seed) row, saving each pruned
+   model and its row the moment it finishes (``rows.jsonl``; :mod:`.rows`);
+2. time every pruned model against the dense one, interleaved, in one process
+   (:mod:`.timing`);
+then the results are written (:mod:`.report`). A rerun with ``--resume``
+reuses every finished row whose settings match, so an interrupted run loses
+at most the row in progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from torch import nn
+
+from .. import distributed as dist
+from ..budget import Budget
+from ..errors import HetpruneError, option
+from ..io import no_empty_folder_on_error
+from ..pipeline import resolve_adapter
+from ..plugins import Registry
+# the names other modules, benchmarks and tests import from hetprune.compare
+from .report import aggregate, base_text, budget_text, markdown_table, mean_std, rows_csv, write_outputs  # noqa: F401
+from .rows import (COMPARE_FOLDER, ROWS_FILE, CompareSpec, RowPlan, RowStore, distinct, plan_rows,  # noqa: F401
+                   prepare_out, row_id, row_key, run_one, run_rows, whole_number)
+from .report import untrusted_timing  # noqa: F401
+from .timing import attach_speed, measure_rows, structure_of  # noqa: F401
+
+
+DEFAULT_STRATEGIES = ("hetdpt", "attn-only", "act-only", "mix50")
+
+
+@dataclass
+class CompareResult:
+    """What :func:`compare` returns: one row per (strategy, budget, seed), their mean ± std per (strategy,
+    budget), the dense model's row, and the Markdown table also written to ``out/results.md``."""
+
+    rows: list[dict]
+    aggregates: list[dict]
+    dense: dict
+    markdown: str
+    out: Path
+
+
+def merged_settings(strategies: list, settings: dict | None = None, config_file: str | None = None,
+                    sets: list[str] | None = None, **overrides) -> dict:
+    """One settings dict for every strategy compared: all their sections merged, then the user's values."""
+    from .. import config as config_mod
+
+    defaults: dict = {}
+    types: dict = {}
+    for s in strategies:
+        defaults.update(getattr(s, "defaults", {}))
+        types.update(getattr(s, "setting_types", None) or {})
+    given = {**(settings or {}), **{k: v for k, v in overrides.items() if v is not None}}
+    return config_mod.resolve(defaults, config_file, given, sets, types=types)
+
+
+def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,), seeds=(0,), *,
+            settings: dict | None = None, out: str | Path = "runs/compare", resume: bool = False,
+            overwrite: bool = False, batch_sizes=(1, 256), speed_budget_s: float = CompareSpec.speed_budget_s,
+            jobs: int = 1, spec=None, base_info: dict | None = None,
+            registry: Registry | None = None, device: str | None = None, amp: str | None = None, adapter=None,
+            data_spec: str | None = None, meta: dict | None = None, log: Callable[[str], None] = print,
+            progress: bool = True) -> CompareResult:
+    """Run several strategies on ``model`` for ``task`` under one harness: the same dense model, data,
+    settings, seeds and timer; write ``results.md``, ``results.csv``, ``results.json`` and ``pareto.png``
+    to ``out`` and return the rows.
+
+    ``speed_budget_s``: seconds per batch size the timer may add to know every speedup within ±2 %
+    (models with the same structure are timed once and share their figure).
+    ``budgets`` are site counts or :class:`~hetprune.budget.Budget` objects (``Budget(target_macs=0.5)``);
+    every other argument means what it means for :func:`hetprune.prune`. Finished rows are kept as they
+    finish, so ``resume=True`` continues an interrupted comparison.
+    """
+    from .. import cost_model, devices
+    from ..api import check_names, dense_info, run_device
+    from ..plugins import get_registry
+    from ..task import as_task
+
+    registry = registry or get_registry()
+    names = [strategies] if isinstance(strategies, str) else list(strategies)
+    if not names or len(set(names)) != len(names):
+        raise HetpruneError(f"strategies must name each strategy once, got {names}")
+    built = [registry.build("strategy", n) for n in names]
+    the_budgets = distinct([b if isinstance(b, Budget) else Budget(sites=whole_number(b, "a budget")) for b in budgets],
+                           option("budgets"))
+    seeds = distinct([whole_number(s, "a seed") for s in seeds], option("seeds"))
+    batch_sizes = [whole_number(b, "a batch size") for b in batch_sizes]
+    if not the_budgets or not seeds or not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise HetpruneError(f"compare needs budgets, seeds and batch sizes >= 1; got {list(budgets)}, {seeds}, "
+                            f"{batch_sizes}")
+    if jobs < 1:
+        raise HetpruneError(f"jobs must be >= 1, got {jobs}")
+    if dist.active() and jobs > 1:
+        raise HetpruneError("jobs > 1 runs rows in parallel processes on one machine; under torchrun use jobs=1")
+    run_settings = merged_settings(built, settings, device=device, amp=amp)
+    dev = run_device(run_settings)
+    check_names(registry, run_settings)
+    the_budgets = [cost_model.bind(b, run_settings, registry) for b in the_budgets]
+    for name in sorted(cost_model.refuse_parallel(jobs, the_budgets, run_settings)):
+        cm = cost_model.build(registry, name, run_settings)   # time the models where it predicts, too
+        if isinstance(getattr(cm, "batch_size", None), int) and cm.batch_size not in batch_sizes:
+            batch_sizes.append(cm.batch_size)
+    task = as_task(task)
+    out = Path(out)
+    with no_empty_folder_on_error(out):   # bad input found after the folder was made leaves none behind
+        prepare_out(out, resume, overwrite)
+        if not (isinstance(speed_budget_s, (int, float)) and speed_budget_s >= 0):
+            raise HetpruneError(f"speed_budget_s must be a number of seconds >= 0, got {speed_budget_s!r}")
+        spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
+                            device=run_settings["device"], speed_budget_s=float(speed_budget_s))
+        adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
+        info = dense_info(model, task, spec, base_info, run_settings)
+        plans = plan_rows(spec_, info["hash"], task.fingerprint)
+        rows = run_rows(plans, registry, model, spec, task, info, out, resume=resume, jobs=jobs, data_spec=data_spec,
+                        adapter=adapter, log=log, progress=progress)
+        if not dist.is_main():  # rank 0 times the models and writes the results
+            return CompareResult(rows, [], {}, "", out)
+        from ..costs import cost_summary
+
+        example = devices.place(task.example(2), dev)
+        dense_row = {"strategy": "dense", "metric": info["metric"], **cost_summary(model, example)}
+        if task.metric_name == "top1":
+            dense_row["top1"] = info["metric"]
+        reached = [r for r in rows if "unreachable" not in r]   # a row that cannot meet its budget has no model
+        timing = measure_rows(spec_, model, reached, out, input_shape=tuple(example.shape[1:]), log=log,
+                              model_spec=spec, adapter=adapter)
+        attach_speed(reached, dense_row, timing)
+        written = write_outputs(out, spec_, dense_row, rows, timing,
+                                {"model": spec.name if spec is not None else info["source"],
+                                 "data": task.name, "metric_name": task.metric_name,
+                                 "higher_is_better": task.higher_is_better, "base": info, **(meta or {})})
+        return CompareResult(rows, written["aggregates"], dense_row, written["markdown"], out)

@@ -1,0 +1,296 @@
+"""Phase 1 of a comparison: plan every (strategy, budget, seed) row, prune and fine-tune it (or reuse it,
+finished earlier with the same settings), and save its model and its row the moment it finishes."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from torch import nn
+
+from .. import distributed as dist
+from .. import result_checks  # noqa: F401 - adds the strategy rule: every row's result is checked
+from ..budget import Budget
+from ..cache import fingerprint
+from ..errors import BudgetUnreachable, HetpruneError
+from ..io import ResultFolder, check_result_folder, clear_result
+from ..pipeline import PruneJob
+from ..plugins import Registry
+from ..resume import note_saved
+from ..task import classification, format_metric
+from .report import budget_text
+
+
+ROWS_FILE = "rows.jsonl"
+
+
+@dataclass
+class CompareSpec:
+    strategies: list[str]
+    budgets: list[Budget]
+    seeds: list[int]
+    settings: dict                      # one settings dict for every strategy (all sections merged)
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 256])
+    device: str = "cpu"
+    speed_repeats: int = 7
+    speed_spread: float = 0.02          # time until every speedup is known within ±2 % ...
+    speed_budget_s: float = 15.0        # ... or this many more seconds per batch size have passed
+
+
+def row_id(strategy: str, budget: Budget, seed: int) -> str:
+    b = "-".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in budget.to_dict().items())
+    return f"{strategy}__{b}__seed{seed}"
+
+
+def row_key(spec: CompareSpec, strategy: str, budget: Budget, seed: int, base_hash: str, data_fp: str) -> str:
+    """What a finished row depends on: reuse it only when all of this matches."""
+    return fingerprint({"strategy": strategy, "budget": budget.to_dict(), "seed": seed, "settings": spec.settings,
+                        "base": base_hash, "data": data_fp})
+
+
+class RowStore:
+    """Finished rows, one JSON object per line, appended and fsynced as they finish."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / ROWS_FILE
+
+    def load(self) -> dict[str, dict]:
+        rows: dict[str, dict] = {}
+        if not self.path.is_file():
+            return rows
+        for lineno, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                rows[row["key"]] = row
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise HetpruneError(f"compare rows file {self.path} line {lineno} is corrupt or truncated ({exc}); "
+                                    "delete that line to redo the row") from exc
+        return rows
+
+    def append(self, row: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        note_saved(f"a row in {self.path}")
+
+
+# what hetprune writes in a compare folder (an ablation's is hetprune.ablate.ABLATION_FOLDER)
+COMPARE_FOLDER = ResultFolder("compare", frozenset({ROWS_FILE, "results.md", "results.csv", "results.json",
+                                                    "pareto.png", "models", "work"}), resumable=True)
+
+
+def prepare_out(out: Path, resume: bool, overwrite: bool, kind: ResultFolder = COMPARE_FOLDER) -> None:
+    """Refuse to mix a new run into an earlier one's folder unless told how, and never touch what hetprune
+    did not write: ``resume`` continues the earlier run, ``overwrite`` deletes its entries (only those)."""
+    check_result_folder(out, kind, overwrite, resume=resume)
+    if overwrite and not resume and out.is_dir():
+        clear_result(out, kind)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _fmt_eta(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+@dataclass
+class RowPlan:
+    """One row to run: a strategy (registered name, or a fixed split), budget, seed and full settings."""
+
+    id: str
+    strategy: str
+    budget: Budget
+    seed: int
+    settings: dict
+    key: str
+    split: tuple[int, int] | None = None   # run hetprune.pipeline.FixedSplit instead of a named strategy
+    label: str | None = None               # what the row is called in tables (default: the strategy)
+
+    def to_payload(self) -> dict:
+        return {"id": self.id, "strategy": self.strategy, "budget": self.budget.to_dict(), "seed": self.seed,
+                "settings": self.settings, "key": self.key, "split": self.split, "label": self.label}
+
+    @classmethod
+    def from_payload(cls, d: dict) -> "RowPlan":
+        return cls(**{**d, "budget": Budget(**d["budget"]), "split": tuple(d["split"]) if d["split"] else None})
+
+
+def plan_rows(spec: CompareSpec, base_hash: str, data_fp: str) -> list[RowPlan]:
+    plans = []
+    for budget in spec.budgets:
+        for seed in spec.seeds:
+            for name in spec.strategies:
+                settings = json.loads(json.dumps(spec.settings))
+                settings["seed"] = seed
+                plans.append(RowPlan(row_id(name, budget, seed), name, budget, seed, settings,
+                                     row_key(spec, name, budget, seed, base_hash, data_fp)))
+    return plans
+
+
+def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, task, base_info: dict, out: Path,
+            resume: bool, log: Callable[[str], None], progress: bool, adapter=None) -> dict:
+    """Prune + fine-tune one row, save its model, and return the row."""
+    from ..pipeline import FixedSplit
+    from ..recipe import save
+
+    started = time.time()
+    head = {"key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy, "budget": plan.budget.to_dict(),
+            "seed": plan.seed}
+    strategy = FixedSplit(*plan.split) if plan.split else registry.build("strategy", plan.strategy)
+    job = PruneJob(dense=dense, spec=model_spec, data=None, task=task, budget=plan.budget, settings=plan.settings,
+                   registry=registry, workdir=out / "work" / plan.id, shared_dir=out / "work" / "shared",
+                   base_info=dict(base_info), resume=resume, progress=progress, log=log,
+                   strategy_name=plan.label or plan.strategy, measure_cost=False,  # phase 2 times every model
+                   adapter=adapter)
+    try:
+        with job.serving():
+            result = strategy.run(job)
+    except BudgetUnreachable as exc:   # the row says so, and the comparison goes on
+        log(f"[{plan.label or plan.strategy}] {exc}")
+        return {**head, "unreachable": str(exc), "wall_s": round(time.time() - started, 1)}
+    if dist.is_main():
+        save(out / "models" / plan.id, result.model, result.recipe, overwrite=True,
+             extra_files={"report.json": result.report})
+    r = result.report
+    row = {
+        **head, "n_attn": r["n_attn"], "n_act": r["n_act"], "sites": r["sites"],
+        **metric_columns(r),
+        "params": r["params"], "macs": r["macs"], "dense_macs": r["dense_macs"],
+        **({"budget_met": r["budget_met"]} if "budget_met" in r else {}),
+        "wall_s": round(time.time() - started, 1), "model_dir": str(Path("models") / plan.id),
+    }
+    if plan.split:
+        row["scorer"] = plan.settings["scorer"]
+    alloc = r.get("allocation")
+    if isinstance(alloc, dict) and isinstance(alloc.get("pick"), dict):
+        row["predicted_metric"] = alloc["pick"].get("predicted")
+        if r["metric_name"] == "top1":
+            row["predicted_top1"] = row["predicted_metric"]
+    if "cost" in r:   # a time cost model: its prediction, checked against phase 2's measurement
+        row["predicted_speedup"] = r["cost"]["predicted_speedup"]
+        row["cost_batch"] = r["cost"].get("about", {}).get("batch_size")
+    return row
+
+
+def metric_columns(report: dict) -> dict:
+    """A row's metric entries: ``metric`` and ``metric_before_finetune`` (named by ``metric_name``), and for
+    top-1 the ``top1`` columns too, as rows had them before tasks had other metrics."""
+    cols = {"metric_name": report["metric_name"], "metric_before_finetune": report["metric_before_finetune"],
+            "metric": report["metric"]}
+    if report["metric_name"] == "top1":
+        cols.update(top1_before_finetune=report["metric_before_finetune"], top1=report["metric"])
+    return cols
+
+
+def _worker(payload: dict) -> dict:
+    """Run one row in a fresh single-threaded process (``--jobs N``)."""
+    import torch
+
+    from ..data import load_data
+    from ..io import load_weights
+    from ..models import ModelSpec, build, load_state_into
+    from ..plugins import get_registry, load_module
+
+    torch.set_num_threads(1)
+    for module in payload["plugin_modules"]:
+        load_module(module)
+    model_spec = ModelSpec.from_dict(payload["model_spec"])
+    dense = build(model_spec)
+    load_state_into(dense, load_weights(payload["dense_weights"]), "dense model")
+    data = load_data(payload["data_spec"], dense, seed=payload["data_seed"])
+    plan = RowPlan.from_payload(payload["plan"])
+    return run_one(plan, get_registry(), dense, model_spec, classification(data), payload["base_info"],
+                   Path(payload["out"]),
+                   payload["resume"], log=lambda msg: print(f"  ({plan.id}) {msg}", flush=True), progress=False)
+
+
+def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_spec, task, base_info: dict,
+             out: Path, resume: bool, log: Callable[[str], None] = print, progress: bool = True,
+             jobs: int = 1, data_spec: str | None = None, adapter=None) -> list[dict]:
+    """Phase 1: prune and fine-tune every planned row (or reuse finished ones).
+
+    With ``jobs > 1`` rows run in parallel single-threaded processes (at these
+    model sizes one thread per job is the faster use of the cores), which
+    rebuild the base model from ``model_spec`` and the data from ``data_spec``
+    (an embedded name or an ImageFolder path); each row is saved the moment it
+    finishes either way.
+    """
+    if not dist.is_main():
+        log = lambda msg: None  # noqa: E731 - under torchrun rank 0 alone reports
+    store = RowStore(out)
+    done = store.load() if resume else {}
+    results: dict[int, dict] = {}
+    todo = []
+    for i, plan in enumerate(plans):
+        if plan.key in done:
+            log(f"[{i + 1}/{len(plans)}] {plan.id}: reused (finished earlier)")
+            results[i] = done[plan.key]
+        else:
+            todo.append((i, plan))
+    durations: list[float] = []
+
+    def finished(i: int, row: dict) -> None:
+        if dist.is_main():
+            store.append(row)
+        results[i] = row
+        durations.append(row["wall_s"])
+        left = len(plans) - len(results)
+        eta = f"; about {_fmt_eta(statistics.mean(durations) * left / max(1, jobs))} left" if left else ""
+        what = ("cannot reach the budget" if "unreachable" in row else
+                f"{format_metric(row['metric_name'], row['metric'])} ({row['n_attn']} attn + {row['n_act']} act)")
+        log(f"[{len(results)}/{len(plans)}] {row['id']}: {what} in {row['wall_s']:.0f}s{eta}")
+
+    if jobs <= 1 or len(todo) <= 1:
+        for i, plan in todo:
+            log(f"[{len(results) + 1}/{len(plans)}] {plan.id}: running")
+            finished(i, run_one(plan, registry, dense, model_spec, task, base_info, out, resume, log, progress,
+                                adapter))
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        from ..io import save_weights
+        from ..plugins import extra_modules
+
+        if data_spec is None or model_spec is None or model_spec.is_user_built:
+            raise HetpruneError("jobs > 1 runs rows in fresh processes that rebuild the base model and the data by "
+                                "name; a model or a Task made in code runs with jobs=1")
+
+        dense_path = out / "work" / "dense.safetensors"
+        save_weights(dense_path, dense)
+        common = {"model_spec": model_spec.to_dict(), "dense_weights": str(dense_path), "data_spec": data_spec,
+                  "data_seed": 0, "base_info": base_info, "out": str(out), "resume": resume,
+                  "plugin_modules": extra_modules()}
+        log(f"running {len(todo)} rows in {jobs} parallel processes ...")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(_worker, {**common, "plan": plan.to_payload()}): i for i, plan in todo}
+            for fut in as_completed(futures):
+                finished(futures[fut], fut.result())
+    return [results[i] for i in sorted(results)]
+
+
+def distinct(values: list, what: str) -> list:
+    """``values`` as given, refused when one repeats: a repeated seed or budget would be counted as two
+    (a mean over "2 seeds" with std 0)."""
+    seen, repeated = [], []
+    for v in values:
+        (repeated if v in seen else seen).append(v)
+    if repeated:
+        shown = ", ".join(budget_text(v.to_dict()) if isinstance(v, Budget) else str(v) for v in repeated)
+        raise HetpruneError(f"{what} lists {shown} more than once; give each once")
+    return list(values)
+
+
+def whole_number(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HetpruneError(f"{what} must be a whole number, got {value!r}")
+    return value
