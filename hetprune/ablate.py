@@ -206,6 +206,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     from . import distributed as dist
     from .api import check_names, dense_info, resolve_settings, run_device
     from .budget import Budget
+    from .compare import python_call
     from .compare.rows import prepare_out, run_rows
     from .pipeline import PruneJob, resolve_adapter
     from .plugins import get_registry
@@ -284,6 +285,8 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
             "budget": the_budget.sites if the_budget.sites is not None else the_budget.describe(), "seeds": seeds,
             "metric_name": task.metric_name, "higher_is_better": task.higher_is_better, "dense_metric": info["metric"],
             **({"dense_top1": info["metric"]} if task.metric_name == "top1" else {}),
+            "command": python_call("ablate", strategy=strategy, budget=the_budget.to_dict(), seeds=seeds,
+                                   out=str(out)),
             **(meta or {}),
             "finetune": run_settings["finetune"], "short_finetune": run_settings["short_finetune"], "points": points,
             "point_finetune": points[0].get("point_finetune", "short_finetune") if points else "short_finetune",

@@ -209,3 +209,72 @@ def test_parallel_jobs_give_the_same_rows_as_sequential(trained_tiny, tmp_path):
         return {r["id"]: (r["sites"], r["top1"], r["macs"]) for r in data["rows"]}
 
     assert rows(tmp_path / "seq") == rows(tmp_path / "par")
+
+
+# -- issue 34: rows that keep to their own models, speed columns named by what was timed, any adapter --------
+
+def _quiet_compare(model, task, out, **kw):
+    kw.setdefault("batch_sizes", (2,))
+    return hetprune.compare(model, task, speed_budget_s=0, out=out, progress=False, log=lambda m: None, **kw)
+
+
+def test_a_resumed_row_keeps_its_own_model_when_another_run_changed_the_settings(trained_tiny, digits_data, tmp_path):
+    from hetprune.testing import TINY_SETTINGS
+
+    model = trained_tiny[0]
+    runs = {}
+    for scorer, resume in (("magnitude", False), ("random", True), ("magnitude", True)):
+        result = _quiet_compare(model, digits_data, tmp_path / "c", strategies=["attn-only"], budgets=[1],
+                                settings={**TINY_SETTINGS, "scorer": scorer}, resume=resume)
+        runs.setdefault(scorer, []).append(result.rows[0])
+    first, again = runs["magnitude"]
+    assert again["sites"] == first["sites"] and again["model_dir"] == first["model_dir"]
+    assert runs["random"][0]["model_dir"] != first["model_dir"]   # another run's model went beside it
+    for row in (again, runs["random"][0]):
+        recipe = hetprune.recipe.load_recipe(tmp_path / "c" / row["model_dir"])
+        assert [f"attn{b}" for b in recipe.attn_removed] == row["sites"]
+
+
+def test_speed_columns_are_named_by_the_batch_sizes_that_were_timed(trained_tiny, digits_data, tmp_path):
+    from hetprune.testing import TINY_SETTINGS
+
+    result = _quiet_compare(trained_tiny[0], digits_data, tmp_path / "c", strategies=["act-only"], budgets=[2],
+                            settings=TINY_SETTINGS, batch_sizes=(3,))
+    row = result.rows[0]
+    assert row["throughput_b3"] > 0 and row["speedup_b3"] == row["speedup_large"] and row["large_batch"] == 3
+    assert not any(k.endswith("_b1") for k in row)
+    table = (tmp_path / "c" / "results.md").read_text()
+    assert "img/s b3" in table and "b1" not in table
+    header = (tmp_path / "c" / "results.csv").read_text().splitlines()[0].split(",")
+    assert {"throughput_b3", "speedup_b3", "speedup_b3_spread"} <= set(header) and "speedup_b1" not in header
+    assert "Command: `hetprune.compare(model, task, strategies=['act-only'], budgets=['2'], seeds=[0]," in table
+
+
+def test_seeds_that_made_the_very_same_model_say_so(trained_tiny, digits_data, tmp_path):
+    from hetprune.testing import TINY_SETTINGS
+
+    no_training = {**TINY_SETTINGS, "finetune": {**TINY_SETTINGS["finetune"], "epochs": 0}, "scorer": "magnitude"}
+    result = _quiet_compare(trained_tiny[0], digits_data, tmp_path / "c", strategies=["act-only"], budgets=[2],
+                            seeds=[0, 1], settings=no_training)
+    assert result.aggregates[0]["identical_seeds"] and result.rows[0]["weights"] == result.rows[1]["weights"]
+    assert "every seed made the very same model" in (tmp_path / "c" / "results.md").read_text()
+    trained = _quiet_compare(trained_tiny[0], digits_data, tmp_path / "d", strategies=["act-only"], budgets=[2],
+                             seeds=[0, 1], settings={**TINY_SETTINGS, "scorer": "magnitude"})
+    assert not trained.aggregates[0]["identical_seeds"]
+
+
+def test_compare_and_ablate_run_end_to_end_on_a_model_only_a_generic_adapter_serves(digits_data, tmp_path):
+    from hetprune.adapters import generic
+    from hetprune.testing import TINY_SETTINGS
+    from test_api import LAYOUT, MyTransformer, user_task
+
+    adapter = generic(blocks="encoder.layers", layout=LAYOUT)
+    settings = {**TINY_SETTINGS, "scorer": "magnitude", "hetdpt": {"axis_points": 2, "mixed_points": 1}}
+    result = _quiet_compare(MyTransformer(), user_task(digits_data), tmp_path / "c", strategies=["act-only", "hetdpt"],
+                            budgets=[2], settings=settings, adapter=adapter)
+    assert result.rows[0]["speedup_large"] > 0 and (tmp_path / "c" / "results.md").is_file()
+    assert result.dense["macs"] > result.rows[0]["macs"]
+    ablation = hetprune.ablate(MyTransformer(), user_task(digits_data), budget=2, settings=settings,
+                               adapter=adapter, out=tmp_path / "a", progress=False, log=lambda m: None)
+    assert len(ablation["splits"]) == 3 and (tmp_path / "a" / "ablation.md").is_file()
+    assert "hetprune.ablate(model, task, strategy='hetdpt'" in (tmp_path / "a" / "ablation.md").read_text()

@@ -62,6 +62,12 @@ def merged_settings(strategies: list, settings: dict | None = None, config_file:
     return config_mod.resolve(defaults, config_file, given, sets, types=types)
 
 
+def python_call(function: str, **arguments) -> str:
+    """How a Python call is named in a results file (where a command line would be): ``hetprune.compare(model,
+    task, strategies=[...], ...)``."""
+    return f"hetprune.{function}(model, task, " + ", ".join(f"{k}={v!r}" for k, v in arguments.items()) + ")"
+
+
 def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,), seeds=(0,), *,
             settings: dict | None = None, out: str | Path = "runs/compare", resume: bool = False,
             overwrite: bool = False, batch_sizes=(1, 256), speed_budget_s: float = CompareSpec.speed_budget_s,
@@ -123,18 +129,23 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
                         adapter=adapter, log=log, progress=progress)
         if not dist.is_main():  # rank 0 times the models and writes the results
             return CompareResult(rows, [], {}, "", out)
+        from ..adapters import serving
         from ..costs import cost_summary
 
         example = devices.place(task.example(2), dev)
-        dense_row = {"strategy": "dense", "metric": info["metric"], **cost_summary(model, example)}
-        if task.metric_name == "top1":
-            dense_row["top1"] = info["metric"]
-        reached = [r for r in rows if "unreachable" not in r]   # a row that cannot meet its budget has no model
-        timing = measure_rows(spec_, model, reached, out, input_shape=tuple(example.shape[1:]), log=log,
-                              model_spec=spec, adapter=adapter)
+        with serving(adapter):   # the job's adapter counts and loads every model (a generic one is registered nowhere)
+            dense_row = {"strategy": "dense", "metric": info["metric"], **cost_summary(model, example)}
+            if task.metric_name == "top1":
+                dense_row["top1"] = info["metric"]
+            reached = [r for r in rows if "unreachable" not in r]   # a row that cannot meet its budget has no model
+            timing = measure_rows(spec_, model, reached, out, input_shape=tuple(example.shape[1:]), log=log,
+                                  model_spec=spec, adapter=adapter)
         attach_speed(reached, dense_row, timing)
+        call = python_call("compare", strategies=names, budgets=[budget_text(b.to_dict()) for b in the_budgets],
+                           seeds=seeds, out=str(out))
         written = write_outputs(out, spec_, dense_row, rows, timing,
                                 {"model": spec.name if spec is not None else info["source"],
                                  "data": task.name, "metric_name": task.metric_name,
-                                 "higher_is_better": task.higher_is_better, "base": info, **(meta or {})})
+                                 "higher_is_better": task.higher_is_better, "base": info, "command": call,
+                                 **(meta or {})})
         return CompareResult(rows, written["aggregates"], dense_row, written["markdown"], out)

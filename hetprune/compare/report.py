@@ -39,14 +39,16 @@ def aggregate(rows: list[dict]) -> list[dict]:
             return mean_std(vals) if vals else (None, None)
 
         agg = {"strategy": name, "budget": json.loads(budget), "seeds": len(members)}
+        speed = sorted({k for m in members for k in m if k.startswith(("throughput_", "speedup_", "mac_ratio_"))})
         for key in ("metric", "metric_before_finetune", "top1", "top1_before_finetune", "n_attn", "n_act", "macs",
-                    "params", "speedup_large", "speedup_b1", "speedup_large_spread", "speedup_b1_spread",
-                    "throughput_large", "throughput_b1", "wall_s", "predicted_speedup", "measured_speedup",
-                    "prediction_error"):
+                    "params", *speed, "wall_s", "predicted_speedup", "measured_speedup", "prediction_error"):
             agg[key], agg[f"{key}_std"] = stat(key)
         agg["splits"] = sorted({f"{m['n_attn']}+{m['n_act']}" for m in members})
         agg["budget_missed"] = sum(m.get("budget_met") is False for m in members)
         agg["structures"] = sorted({m["structure"] for m in members if "structure" in m})
+        weights = [m.get("weights") for m in members]
+        # several seeds that made the very same model: their std of 0 is no evidence of stability
+        agg["identical_seeds"] = len(members) > 1 and None not in weights and len(set(weights)) == 1
         out.append(agg)
     for agg, note in zip(out, speed_notes(out)):
         agg["speed_note"] = note
@@ -99,28 +101,33 @@ def metric_label(name: str) -> str:
     return "top-1 %" if name == "top1" else name
 
 
-def markdown_table(dense_row: dict, aggregates: list[dict], large: int, metric: str = "top1") -> str:
+def markdown_table(dense_row: dict, aggregates: list[dict], large: int, metric: str = "top1",
+                   sizes: list[int] | None = None) -> str:
+    """The results table: a throughput column per timed batch size (``sizes``; default the largest only),
+    the speedup at the largest (``large``)."""
     label = metric_label(metric)
+    sizes = list(sizes or [large])
     head = (f"| strategy | budget | seeds | split (attn+act) | {label} before FT | {label} | MACs | params | "
-            f"img/s b1 | img/s b{large} | speedup b{large} (± spread) | MAC ratio | speed note |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            + "".join(f"img/s b{n} | " for n in sizes) + f"speedup b{large} (± spread) | MAC ratio | note |\n"
+            + "|---" * (11 + len(sizes)) + "|\n")
     lines = [f"| dense | - | - | - | - | {dense_row['metric']:.2f} | {dense_row['macs'] / 1e6:.2f}M | "
-             f"{dense_row['params'] / 1e6:.3f}M | {dense_row.get('throughput_b1', 0):.0f} | "
-             f"{dense_row.get('throughput_large', 0):.0f} | 1.00 | 1.00 | |"]
+             f"{dense_row['params'] / 1e6:.3f}M | "
+             + "".join(f"{dense_row.get(f'throughput_b{n}', 0):.0f} | " for n in sizes) + "1.00 | 1.00 | |"]
     for a in aggregates:
         if "unreachable" in a:
             lines.append(f"| {a['strategy']} | {budget_text(a['budget'])} | {a['seeds']} | - | - | cannot reach the "
-                         f"budget | - | - | - | - | - | - | {a['unreachable']} |")
+                         "budget | - | - | " + "- | " * len(sizes) + f"- | - | {a['unreachable']} |")
             continue
         mac_ratio = dense_row["macs"] / a["macs"] if a["macs"] else float("nan")
+        notes = [n for n in (a.get("speed_note", ""), "every seed made the very same model (std 0 says nothing)"
+                             if a.get("identical_seeds") else "") if n]
         lines.append(
             f"| {a['strategy']} | {budget_text(a['budget'])} | {a['seeds']} | {', '.join(a['splits'])} | "
             f"{_pm(a['metric_before_finetune'], a['metric_before_finetune_std'])} | "
             f"{_pm(a['metric'], a['metric_std'])} | "
             f"{macs_text(a, dense_row)} | {a['params'] / 1e6:.3f}M | "
-            f"{_pm(a['throughput_b1'], a['throughput_b1_std'], 0)} | "
-            f"{_pm(a['throughput_large'], a['throughput_large_std'], 0)} | "
-            f"{speed_text(a)} | {mac_ratio:.2f} | {a.get('speed_note', '')} |")
+            + "".join(f"{_pm(a.get(f'throughput_b{n}'), a.get(f'throughput_b{n}_std'), 0)} | " for n in sizes)
+            + f"{speed_text(a)} | {mac_ratio:.2f} | {'; '.join(notes)} |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -158,11 +165,12 @@ def prediction_table(rows: list[dict], aggregates: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rows_csv(rows: list[dict], metric: str = "top1") -> str:
-    """One line per row; the metric's columns are named by the metric (``top1``, ``mIoU``, ...)."""
+def rows_csv(rows: list[dict], metric: str = "top1", sizes: list[int] | None = None) -> str:
+    """One line per row; the metric's columns are named by the metric (``top1``, ``mIoU``, ...), the speed
+    columns by the batch sizes that were timed (``sizes``)."""
+    speed = [c for n in (sizes or []) for c in (f"throughput_b{n}", f"speedup_b{n}", f"speedup_b{n}_spread")]
     cols = ["strategy", "budget", "seed", "n_attn", "n_act", "sites", f"{metric}_before_finetune", metric, "params",
-            "macs", "throughput_b1", "throughput_large", "speedup_b1", "speedup_b1_spread", "speedup_large",
-            "speedup_large_spread", "timed_as", "wall_s", "unreachable"]
+            "macs", *speed, "timed_as", "weights", "wall_s", "unreachable"]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
@@ -210,7 +218,8 @@ def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict
     aggregates = aggregate(rows)
     metric = meta.get("metric_name", "top1")
     large = dense_row.get("large_batch", max(spec.batch_sizes))
-    md = markdown_table(dense_row, aggregates, large, metric) + prediction_table(rows, aggregates)
+    sizes = dense_row.get("batch_sizes", sorted(spec.batch_sizes))
+    md = markdown_table(dense_row, aggregates, large, metric, sizes) + prediction_table(rows, aggregates)
     machine = (timing or {}).get("environment", {})
     budgets = sorted({json.dumps(a["budget"], sort_keys=True) for a in aggregates},
                      key=lambda b: sorted(v for v in json.loads(b).values() if isinstance(v, (int, float))))
@@ -226,7 +235,7 @@ def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict
               "the interquartile range of the per-round ratios, or the spread over seeds where larger), and rows "
               "whose ranges overlap are a tie on speed.\n\n")
     write_text_atomic(out / "results.md", header + md)
-    write_text_atomic(out / "results.csv", rows_csv(rows, metric))
+    write_text_atomic(out / "results.csv", rows_csv(rows, metric, sizes))
     data = {"meta": meta, "dense": dense_row, "rows": rows, "aggregates": aggregates, "timing": timing,
             "untrusted_timing": untrusted_timing(timing, rows),
             "settings": spec.settings}

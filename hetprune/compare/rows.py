@@ -19,6 +19,7 @@ from ..budget import Budget
 from ..cache import fingerprint
 from ..errors import BudgetUnreachable, HetpruneError
 from ..io import ResultFolder, check_result_folder, clear_result
+from ..models import model_hash
 from ..pipeline import PruneJob
 from ..plugins import Registry
 from ..resume import note_saved
@@ -45,6 +46,12 @@ class CompareSpec:
 def row_id(strategy: str, budget: Budget, seed: int) -> str:
     b = "-".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in budget.to_dict().items())
     return f"{strategy}__{b}__seed{seed}"
+
+
+def model_folder(plan: "RowPlan") -> str:
+    """A row's model folder under ``models/``: its id and its key, so a run with other settings (another
+    scorer, schedule, base or data) saves its models beside those of an earlier run, never over them."""
+    return f"{plan.id}__{plan.key[:12]}"
 
 
 def row_key(spec: CompareSpec, strategy: str, budget: Budget, seed: int, base_hash: str, data_fp: str) -> str:
@@ -157,8 +164,9 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
     except BudgetUnreachable as exc:   # the row says so, and the comparison goes on
         log(f"[{plan.label or plan.strategy}] {exc}")
         return {**head, "unreachable": str(exc), "wall_s": round(time.time() - started, 1)}
+    model_dir = Path("models") / model_folder(plan)
     if dist.is_main():
-        save(out / "models" / plan.id, result.model, result.recipe, overwrite=True,
+        save(out / model_dir, result.model, result.recipe, overwrite=True,
              extra_files={"report.json": result.report})
     r = result.report
     row = {
@@ -166,7 +174,8 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
         **metric_columns(r),
         "params": r["params"], "macs": r["macs"], "dense_macs": r["dense_macs"],
         **({"budget_met": r["budget_met"]} if "budget_met" in r else {}),
-        "wall_s": round(time.time() - started, 1), "model_dir": str(Path("models") / plan.id),
+        "wall_s": round(time.time() - started, 1), "model_dir": str(model_dir),
+        "weights": model_hash(result.model),   # rows of several seeds that made the very same model say so
     }
     if plan.split:
         row["scorer"] = plan.settings["scorer"]

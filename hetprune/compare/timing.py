@@ -50,14 +50,16 @@ def structure_of(folder: Path) -> str:
 
 
 def attach_speed(rows: list[dict], dense_row: dict, timing: dict) -> None:
-    """Copy throughput and speedup per row out of a bench.measure result."""
+    """Copy throughput and speedup per row out of a bench.measure result: ``throughput_bN``, ``speedup_bN``,
+    ``speedup_bN_spread`` and ``mac_ratio_bN`` for every batch size N that was timed (named by it), and the
+    same under ``*_large`` for the largest (``large_batch``), the one the table's speed column and the plot
+    show."""
     results = timing["results"]
     sizes = sorted({r["batch_size"] for r in results})
-    small, large = sizes[0], sizes[-1]
     by = {(r["model"], r["batch_size"]): r for r in results}
     for row in [dense_row, *rows]:
         name = "dense" if row is dense_row else row.get("timed_as", row["id"])
-        for tag, size in (("b1", small), ("large", large)):
+        for tag, size in [*((f"b{n}", n) for n in sizes), ("large", sizes[-1])]:
             r = by.get((name, size))
             if r is None:
                 continue
@@ -65,7 +67,7 @@ def attach_speed(rows: list[dict], dense_row: dict, timing: dict) -> None:
             row[f"speedup_{tag}"] = r.get("speedup", 1.0)
             row[f"speedup_{tag}_spread"] = r.get("speedup_spread", 0.0)
             row[f"mac_ratio_{tag}"] = r.get("mac_ratio", 1.0)
-        row["large_batch"] = large
+        row["batch_sizes"], row["large_batch"] = sizes, sizes[-1]
         if row.get("cost_batch") is not None and (name, row["cost_batch"]) in by:
             row["measured_speedup"] = by[(name, row["cost_batch"])].get("speedup", 1.0)
             row["prediction_error"] = row["predicted_speedup"] / row["measured_speedup"] - 1
