@@ -14,7 +14,9 @@ CUDA context, so resolving a device never initialises CUDA by itself.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
+from collections.abc import Mapping, MutableMapping
 
 import torch
 from torch import nn
@@ -86,7 +88,8 @@ def resolve(name: str | torch.device | None) -> torch.device:
 
 
 def place(obj, device: torch.device):
-    """Move a model (in place; returned) or a tensor, or a tuple/list of them, to ``device``.
+    """Move a model (in place; returned) or a tensor, or tuples, lists, namedtuples and dicts of them (nested;
+    each of its own type), to ``device``.
 
     The one way models and batches reach a run's device. Host-to-GPU copies
     are non-blocking (from pinned memory they overlap with compute).
@@ -95,8 +98,17 @@ def place(obj, device: torch.device):
         return obj.to(device)
     if isinstance(obj, torch.Tensor):
         return obj.to(device, non_blocking=device.type == "cuda")
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):   # a namedtuple: rebuilt field by field
+        return type(obj)(*(place(o, device) for o in obj))
     if isinstance(obj, (tuple, list)):
         return type(obj)(place(o, device) for o in obj)
+    if isinstance(obj, MutableMapping):   # a dict batch ({"pixel_values": ..., "labels": ...}), of its own type
+        out = copy.copy(obj)
+        for key, value in obj.items():
+            out[key] = place(value, device)
+        return out
+    if isinstance(obj, Mapping):
+        return {key: place(value, device) for key, value in obj.items()}
     return obj
 
 

@@ -97,6 +97,11 @@ class PruneJob:
         if not dist.is_main():  # under torchrun only rank 0 talks
             self.log = lambda msg: None
             self.progress = False
+        if not self.task.fingerprinted and not getattr(self.task, "_said_unhashed", False):
+            self.task._said_unhashed = True
+            self.log(f"note: the task's batches ({self.task.name}) hold no tensor hetprune can hash, so nothing this "
+                     "run saves (MAP points, checkpoints, compare rows) will be reused by a later run; give "
+                     "Task(fingerprint=...) a value that changes when the data changes to make it resumable")
         self.place(self.dense)  # the teacher, and the source of every copy a strategy makes
 
     @property
@@ -232,7 +237,7 @@ class ScoringContext:
 
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         """The task's loss of ``model`` on one of :meth:`batches` (what scorers differentiate)."""
-        return self.task.loss(model, batch if len(batch) > 1 else batch[0])
+        return self.task.loss(model, batch)
 
     def train_config(self, section: str = "short_finetune", **changes) -> TrainConfig:
         return train_config(self.settings, section, **changes)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -173,7 +174,7 @@ class Task:
         for i, batch in enumerate(self.train):
             if i >= n_batches:
                 break
-            yield _as_tuple(batch)
+            yield batch
 
     def example(self, n: int = 2) -> torch.Tensor:
         """A model input for cost counting and exactness checks (at most ``n`` items)."""
@@ -184,8 +185,9 @@ class Task:
             raise HetpruneError(f"the task's val data ({self.name}) yields no batch")
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         if not isinstance(x, torch.Tensor):
-            raise HetpruneError("cannot take an example input from the task's val batches (the first item of a "
-                                "batch is not a tensor): pass Task(example=...)")
+            raise HetpruneError("cannot take an example input from the task's val batches (a batch is not a tensor "
+                                "and its first item is not one: a dict batch, say): pass Task(example=INPUT), the "
+                                "tensor the model is called with")
         return x[:n]
 
     @property
@@ -196,10 +198,27 @@ class Task:
 
     @property
     def fingerprint(self) -> str:
+        """What keys this task's resumable state: the ``fingerprint`` given, else a hash of the data's batches
+        (every tensor in them, nested in tuples, lists, namedtuples or dicts, of the first batch of a loader
+        and of every batch of a list). Where the batches hold no tensor to hash, a fresh value per Task
+        object: nothing is ever reused across runs for it (:attr:`fingerprinted` says which)."""
         if self._fingerprint is None:
-            self._fingerprint = fingerprint_of({"name": self.name, "train": _batches_digest(self.train),
-                                                "val": _batches_digest(self.val), "metric": self.metric_name})
+            train, val = _batches_digest(self.train), _batches_digest(self.val)
+            if train.get("tensors") or val.get("tensors"):
+                self._fingerprint = fingerprint_of({"name": self.name, "train": train, "val": val,
+                                                    "metric": self.metric_name, "v": 2})
+            else:
+                import uuid
+
+                self._fingerprint, self._unhashable = f"unhashed-{uuid.uuid4().hex}", True
         return self._fingerprint
+
+    @property
+    def fingerprinted(self) -> bool:
+        """False when the data could not be hashed (and no ``fingerprint`` was given): this task's points,
+        checkpoints and compare rows are then never reused by a later run."""
+        self.fingerprint
+        return not getattr(self, "_unhashable", False)
 
     def describe(self) -> dict:
         return {"name": self.name, "metric": self.metric_name, "higher_is_better": self.higher_is_better,
@@ -228,8 +247,21 @@ class UserSource:
         self.task = task
 
     def _limit(self, cfg: TrainConfig) -> int | None:
-        size = getattr(self.task.train, "batch_size", None) or 1
-        return None if cfg.subset is None else max(1, math.ceil(cfg.subset / size))
+        """Batches of the loader's own batch size that hold ``subset`` items (None: every batch). Counted
+        in items as a DataLoader's are, also for a list of batches, which has no batch size."""
+        if cfg.subset is None:
+            return None
+        size = getattr(self.task.train, "batch_size", None)
+        if size:
+            return max(1, math.ceil(cfg.subset / size))
+        if isinstance(self.task.train, (list, tuple)):
+            seen = 0
+            for n, batch in enumerate(self.task.train, 1):
+                seen += _batch_items(batch)
+                if seen >= cfg.subset:
+                    return n
+            return None
+        return max(1, cfg.subset)   # an unsized iterable of unknown batch size: each batch counts as one item
 
     def steps_per_epoch(self, cfg: TrainConfig) -> int:
         n, limit = _count(self.task.train), self._limit(cfg)
@@ -237,9 +269,18 @@ class UserSource:
             return limit or 1
         return max(1, n if limit is None else min(n, limit))
 
+    def _ordered(self, seed: int):
+        """The training batches of one epoch: a list's (or tuple's) in an order seeded by the epoch's seed, as
+        a shuffling DataLoader's are (which shuffles itself: hetprune seeds torch's generator per epoch)."""
+        train = self.task.train
+        if isinstance(train, (list, tuple)) and len(train) > 1:
+            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed)).tolist()
+            return (train[i] for i in order)
+        return iter(train)
+
     def epoch(self, cfg: TrainConfig, seed: int, rank: int, world: int, device: torch.device, distributed: bool):
         limit, n = self._limit(cfg), 0
-        batches = iter(self.task.train)
+        batches = self._ordered(seed)
         while limit is None or n < limit:
             batch = next(batches, _END)
             if distributed:
@@ -247,7 +288,7 @@ class UserSource:
             if batch is _END:
                 break
             n += 1
-            yield devices.place(_as_tuple(batch), device), 1, world   # DDP's mean of the ranks' means
+            yield devices.place(batch, device), 1, world   # DDP's mean of the ranks' means
         if n == 0:
             raise HetpruneError(f"the task's train data ({self.task.name}) yields no batch")
 
@@ -265,7 +306,7 @@ class UserSource:
     def loss(self, net: nn.Module, batch, teacher: nn.Module | None, cfg: TrainConfig, device: torch.device,
              amp: str) -> torch.Tensor:
         with devices.autocast(device, amp):
-            loss = self.task.loss(net, batch if len(batch) > 1 else batch[0])
+            loss = self.task.loss(net, batch)   # the batch as the user built it
         return loss.float() if loss.element_size() < 4 else loss
 
 
@@ -361,13 +402,26 @@ def _describe(value) -> str:
     return f"{type(value).__name__} {value!r}"[:80]
 
 
-def _as_tuple(batch):
-    return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+def _tensors(obj, path: str = ""):
+    """Every tensor in a batch, with where it sits (``[0]``, ``.pixel_values``, ``["labels"]``): tuples, lists,
+    namedtuples and dicts, nested, in a fixed order (a dict's by key)."""
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        for name, value in zip(obj._fields, obj):
+            yield from _tensors(value, f"{path}.{name}")
+    elif isinstance(obj, (tuple, list)):
+        for i, value in enumerate(obj):
+            yield from _tensors(value, f"{path}[{i}]")
+    elif isinstance(obj, Mapping):
+        for key in sorted(obj, key=str):
+            yield from _tensors(obj[key], f"{path}[{key!r}]")
 
 
 def _batch_items(batch) -> int:
-    first = batch[0]
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
+    """How many items a batch holds: the leading size of its first tensor (1 where it has none)."""
+    first = next((t for _, t in _tensors(batch) if t.dim()), None)
+    return int(first.shape[0]) if first is not None else 1
 
 
 _END = object()   # the end of a rank's training batches
@@ -392,16 +446,27 @@ class _OnDevice:
 
     def __iter__(self):
         for batch in self._batches:
-            yield devices.place(batch, self._device) if isinstance(batch, (torch.Tensor, tuple, list)) else batch
+            yield devices.place(batch, self._device)   # of the user's own type (namedtuple, dict, ...)
 
     def __len__(self):
         return len(self._batches)
 
 
 def _batches_digest(batches) -> dict:
-    first = next(iter(batches), None)
-    if first is None:
-        return {"empty": True}
-    tensors = [t for t in (first if isinstance(first, (tuple, list)) else [first]) if isinstance(t, torch.Tensor)]
-    digest = [fingerprint_of(t.detach().cpu().double().flatten()[:4096].tolist()) for t in tensors]
-    return {"batches": _count(batches), "first": digest}
+    """A content hash of a loader's first batch (a list's: every batch) and how many batches there are: every
+    tensor in them whole, with its place, shape and dtype; ``tensors`` says how many were hashed."""
+    import hashlib
+
+    whole = isinstance(batches, (list, tuple))
+    sample = list(batches) if whole else [b for b in [next(iter(batches), None)] if b is not None]
+    if not sample:
+        return {"empty": True, "tensors": 0}
+    h, count = hashlib.sha256(), 0
+    for i, batch in enumerate(sample):
+        for where, t in _tensors(batch, f"[{i}]"):
+            t = t.detach().cpu().contiguous()
+            h.update(f"{where}:{tuple(t.shape)}:{t.dtype};".encode())
+            h.update((t.float() if t.dtype in (torch.float16, torch.bfloat16) else t).numpy().tobytes())
+            count += 1
+    return {"batches": _count(batches), "hashed": "all" if whole else "first", "digest": h.hexdigest(),
+            "tensors": count}

@@ -143,8 +143,8 @@ class BlockInfluenceScorer:
         was_training = model.training
         model.eval()
         try:
-            for x, *_ in ctx.batches():
-                model(x)
+            for batch in ctx.batches():
+                ctx.loss(model, batch)   # the task's own forward: a batch may be a dict, a namedtuple, ...
         finally:
             for h in handles:
                 h.remove()
