@@ -204,7 +204,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
 
     from . import cost_model
     from . import distributed as dist
-    from .api import check_names, dense_info, resolve_settings, run_device
+    from .api import as_given, check_names, dense_info, resolve_settings, run_device
     from .budget import Budget
     from .compare import python_call
     from .compare.rows import prepare_out, run_rows
@@ -238,7 +238,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     task = as_task(task)
     sign = 1 if task.higher_is_better else -1
     out = Path(out)
-    with no_empty_folder_on_error(out):   # bad input found after the folder was made leaves none behind
+    with no_empty_folder_on_error(out), as_given(model):   # bad input found after the folder was made leaves none behind
         prepare_out(out, resume, overwrite, ABLATION_FOLDER)
         adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
         info = dense_info(model, task, spec, base_info, run_settings)

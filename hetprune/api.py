@@ -124,7 +124,8 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     """Prune ``model`` for ``task`` with one strategy; returns the pruned model, its recipe and its report.
 
     ``model`` is not changed: the strategy prunes a copy, and the dense model
-    is the teacher. Give one budget: ``budget`` (sites), ``target_macs``,
+    is the teacher (it is evaluated and moved to the run's device meanwhile;
+    its modules' train/eval modes and its device are restored at the end). Give one budget: ``budget`` (sites), ``target_macs``,
     ``target_speedup`` or ``target_latency``. ``settings`` is a nested dict
     over the strategy's defaults (e.g. ``{"finetune": {"epochs": 10}}``;
     ``hetprune prune --help`` and the docs list them). With ``out`` the
@@ -153,7 +154,7 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     if out is not None:
         check_out(out, overwrite)
     torch.manual_seed(run_settings["seed"])
-    with _workdir(out) as workdir:
+    with _workdir(out) as workdir, as_given(model):
         job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=the_budget, settings=run_settings,
                        registry=registry, workdir=workdir, resume=resume, progress=progress, log=log,
                        strategy_name=name, adapter=adapter, base_info=dict(base_info or {}))
@@ -165,6 +166,22 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
                 save(out, result.model, result.recipe, overwrite=overwrite,
                      extra_files={REPORT_FILE: result.report})
     return result
+
+
+@contextlib.contextmanager
+def as_given(model: nn.Module):
+    """Give the caller's model back as it came: the run evaluates it (eval mode) and moves it to the run's
+    device as the teacher; afterwards every module's train/eval mode and the model's device are restored.
+    Its weights are never changed (strategies prune a copy)."""
+    modes = [(m, m.training) for m in model.modules()]
+    devices_ = {t.device for t in [*model.parameters(), *model.buffers()]}
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.train(training)
+        if len(devices_) == 1:
+            model.to(next(iter(devices_)))
 
 
 @contextlib.contextmanager

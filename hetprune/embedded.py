@@ -110,18 +110,24 @@ def embedded_model(name: str = DIGITS, spec: ModelSpec | None = None, training: 
         load_state_into(model, load_weights(path), f"shipped base model {path}")
         return model.eval()
     folder = embedded_model_folder(name, spec, training)
-    training = bench.settings(training)
     weights = folder / "model.safetensors"
-    if dist.active() and not weights.is_file():
-        # rank 0 trains the base model alone; the others wait, then read the cache
-        if dist.is_main():
-            embedded_model(name, spec, training, progress, log, device, retrain)
+    if not weights.is_file():
+        if not dist.active():
+            return train_embedded(bench, spec, training, folder, progress, log, device)
+        if dist.is_main():   # rank 0 trains the base model alone; the others wait, then read the cache
+            train_embedded(bench, spec, training, folder, progress, log, device)
         dist.barrier()
     model = build(spec)
-    if weights.is_file():
-        load_state_into(model, load_weights(weights), f"cached base model {weights}")
-        return model.eval()
-    log(f"training the embedded base model ({name}, {training['epochs']} epochs; cached in {folder}) ...")
+    load_state_into(model, load_weights(weights), f"cached base model {weights}")
+    return model.eval()
+
+
+def train_embedded(bench: EmbeddedBenchmark, spec: ModelSpec, training: dict | None, folder: Path,
+                   progress: bool = True, log=print, device: str = "cpu") -> nn.Module:
+    """Train an embedded base model in this process and keep it in ``folder`` (the cache)."""
+    training = bench.settings(training)
+    weights = folder / "model.safetensors"
+    log(f"training the embedded base model ({bench.name}, {training['epochs']} epochs; cached in {folder}) ...")
     torch.manual_seed(training["seed"])
     model = build(spec)
     data = bench.data()
@@ -133,7 +139,7 @@ def embedded_model(name: str = DIGITS, spec: ModelSpec | None = None, training: 
     acc = evaluate(model, loader(data.val, 256, shuffle=False), device)
     model.cpu()  # the cached weights, and the model returned, are the same wherever it was trained
     save_weights(weights, model)
-    write_json_atomic(folder / "meta.json", {"data": name, "spec": spec.to_dict(), "training": training,
+    write_json_atomic(folder / "meta.json", {"data": bench.name, "spec": spec.to_dict(), "training": training,
                                              "val_top1": acc, "seconds": round(time.time() - start, 1),
                                              "device": str(device), "threads": torch.get_num_threads(),
                                              "torch": torch.__version__})

@@ -355,3 +355,15 @@ def test_compare_and_ablate_leave_no_folder_for_a_budget_the_model_cannot_meet(h
         run(Wrapped(), user_task(digits_data), settings={**TINY_SETTINGS, "scorer": "magnitude"},
             out=tmp_path / "out", progress=False, log=lambda m: None, **kwargs)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_prune_gives_the_callers_model_back_in_its_own_modes(digits_data, tmp_path):
+    """Issue 34, item 11: prune() evaluates the dense model; it left it in eval mode."""
+    model = Wrapped().train()
+    model.head.eval()   # a mix of modes, as a user freezing a part would have
+    modes = {name: m.training for name, m in model.named_modules()}
+    before = copy.deepcopy(model.state_dict())
+    hetprune.prune(model, user_task(digits_data), strategy="act-only", budget=1, settings=TINY_SETTINGS,
+                   progress=False, log=lambda m: None)
+    assert {name: m.training for name, m in model.named_modules()} == modes
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

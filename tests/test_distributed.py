@@ -188,12 +188,23 @@ def task_worker(out: Path) -> dict:
     return result
 
 
+def retrain_worker(out: Path) -> dict:
+    """An embedded base model the package does not ship (another schedule): rank 0 trains it, every rank
+    reads it (rank 0 used to call itself again, forever, while the others waited)."""
+    from hetprune.embedded import embedded_model
+
+    os.environ["HETPRUNE_CACHE"] = str(out / "cache")
+    model = embedded_model("digits", spec=TINY_SPEC, training={"epochs": 1}, progress=False, log=lambda m: None)
+    return {"weights": hetprune.models.model_hash(model)}
+
+
 def worker(scenario: str, out: Path) -> int:
     from hetprune import distributed as dist
 
     torch.set_num_threads(1)
     dist.init_from_env("cpu")
-    result = {"train": training_worker, "plan": planning_worker, "task": task_worker}[scenario](out)
+    result = {"train": training_worker, "plan": planning_worker, "task": task_worker,
+              "retrain": retrain_worker}[scenario](out)
     torch.save(result, out / f"rank{dist.rank()}.pt")
     dist.barrier()
     return 0
@@ -297,6 +308,12 @@ def test_torchrun_spreads_map_points_and_keeps_points_file_whole(trained_tiny, t
     assert len(pairs) == len(set(pairs)) >= 5
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert sorted((p["n_attn"], p["n_act"]) for p in report["allocation"]["points"]) == sorted(pairs)
+
+
+def test_an_embedded_model_that_is_not_shipped_is_trained_once_under_torchrun(tmp_path):
+    ranks = run_workers("retrain", 2, tmp_path)
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+    assert len(list((tmp_path / "cache" / "base").iterdir())) == 1
 
 
 if __name__ == "__main__":   # a torchrun rank of run_workers

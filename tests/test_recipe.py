@@ -605,3 +605,26 @@ def test_apply_command_refuses_a_recipe_that_reads_a_file_but_takes_typed_kwargs
     # the same recipe with the base model typed on the command line: its kwargs are what the user gave
     assert main(apply_args("o", recipe_path, None)) == 0
     assert hetprune.recipe.load_recipe(tmp_path / "o").base == tiny_spec
+
+
+@pytest.mark.parametrize("mergers", [["linear-merge"], ["ln-fold"]])
+def test_a_float64_model_round_trips_prune_save_load(digits_data, tmp_path, mergers):
+    """Issue 34, item 9: merged layers take the base's dtype when a recipe is replayed (they were float32)."""
+    from hetprune.testing import TINY_SETTINGS
+
+    def make():
+        torch.manual_seed(0)
+        return build(ModelSpec(MODEL, TINY_KWARGS)).double()
+
+    x = torch.stack([digits_data.train[i][0] for i in range(64)]).double()
+    y = torch.tensor([int(digits_data.train[i][1]) for i in range(64)])
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
+    task = hetprune.Task(train=batches, val=batches[:2], metric=lambda m, v: 1.0,
+                         loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]))
+    result = hetprune.prune(make(), task, strategy="act-only", budget=3, out=tmp_path / "r", progress=False,
+                            log=lambda m: None, settings={**TINY_SETTINGS, "scorer": "magnitude", "mergers": mergers})
+    assert result.recipe.merged and next(result.model.parameters()).dtype == torch.float64
+    back = hetprune.load(tmp_path / "r", model=make())
+    assert {p.dtype for p in back.parameters()} == {torch.float64}
+    with torch.no_grad():
+        assert torch.equal(back(x[:4]), result.model(x[:4]))

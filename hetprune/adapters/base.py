@@ -337,7 +337,9 @@ class PreNormAdapter(Adapter):
             weight, bias = layers.merged_weights(mlp.fc1, mlp.fc2, gamma, norm if fold else None)
             merged = layers.merged_mlp(weight, bias, mlp.fc1)
         else:
-            merged = MergedMlp(mlp.fc1.in_features, mlp.fc2.out_features)
+            # shaped for the saved weights, on the base's device and in its dtype (float64 models reload too)
+            merged = MergedMlp(mlp.fc1.in_features, mlp.fc2.out_features).to(device=mlp.fc1.weight.device,
+                                                                               dtype=mlp.fc1.weight.dtype)
         if gamma is not None:  # a LayerScale module is folded in; a bare gamma parameter stays (it is cheap)
             setattr(b, L.mlp_scale, nn.Identity())
         if fold:

@@ -86,7 +86,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     finish, so ``resume=True`` continues an interrupted comparison.
     """
     from .. import cost_model, devices
-    from ..api import check_names, dense_info, run_device
+    from ..api import as_given, check_names, dense_info, run_device
     from ..plugins import get_registry
     from ..task import as_task
 
@@ -116,7 +116,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
             batch_sizes.append(cm.batch_size)
     task = as_task(task)
     out = Path(out)
-    with no_empty_folder_on_error(out):   # bad input found after the folder was made leaves none behind
+    with no_empty_folder_on_error(out), as_given(model):   # bad input found after the folder was made leaves none behind
         prepare_out(out, resume, overwrite)
         if not (isinstance(speed_budget_s, (int, float)) and speed_budget_s >= 0):
             raise HetpruneError(f"speed_budget_s must be a number of seconds >= 0, got {speed_budget_s!r}")
