@@ -30,6 +30,7 @@ from . import distributed as dist
 from . import result_checks  # noqa: F401 - adds the strategy rule: every result is checked and reloaded
 from .adapters import Adapter
 from .budget import Budget
+from .data import seed_everything
 from .errors import HetpruneError
 from .io import check_result_folder, no_empty_folder_on_error
 from .models import ModelSpec, model_hash
@@ -153,7 +154,7 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
         raise HetpruneError("resume=True needs out=FOLDER: checkpoints live beside the result")
     if out is not None:
         check_out(out, overwrite)
-    torch.manual_seed(run_settings["seed"])
+    seed_everything(run_settings["seed"])
     with _workdir(out) as workdir, as_given(model):
         job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=the_budget, settings=run_settings,
                        registry=registry, workdir=workdir, resume=resume, progress=progress, log=log,

@@ -34,6 +34,7 @@ class DataBundle:
     in_chans: int
     img_size: int
     fingerprint: str
+    augment: str | None = None   # an ImageFolder's training augmentation (the embedded sets have their own)
 
     def describe(self) -> dict:
         return {
@@ -42,6 +43,7 @@ class DataBundle:
             "val": len(self.val),
             "num_classes": self.num_classes,
             "fingerprint": self.fingerprint,
+            **({"augment": self.augment} if self.augment else {}),
         }
 
 
@@ -198,8 +200,68 @@ def read_image(path: str):
         raise HetpruneError(f"cannot read image {path}: {exc}") from None
 
 
-def image_folder(path: str | Path, model: torch.nn.Module) -> DataBundle:
-    """``PATH/train/<class>/*`` and ``PATH/val/<class>/*`` with timm's transforms for ``model``."""
+AUGMENTS = ("light", "imagenet", "none")   # training augmentation of an ImageFolder (--augment); light: the default
+
+
+def train_transform(cfg: dict, augment: str):
+    """The training transform of an ImageFolder: ``light`` (the default: a random crop of 60-100 % of the
+    image, flips; what a fine-tune that recovers a pruned model from its teacher needs), ``imagenet``
+    (timm's full training recipe: crops down to 8 %, flips, colour jitter, as for training from scratch) or
+    ``none`` (the validation transform: resize and centre crop)."""
+    from timm.data import create_transform
+
+    if augment not in AUGMENTS:
+        raise HetpruneError(f"augment {augment!r} is not one of {', '.join(AUGMENTS)} (light: crops of 60-100 % "
+                            "and flips, the default; imagenet: timm's full recipe; none: no augmentation)")
+    if augment == "none":
+        return create_transform(**cfg, is_training=False)
+    if augment == "imagenet":
+        return create_transform(**cfg, is_training=True)
+    return create_transform(**cfg, is_training=True, scale=(0.6, 1.0), hflip=0.5, color_jitter=None)
+
+
+class SeededItems(Dataset):
+    """A data set whose random transforms are seeded per item by ``(epoch seed, index)``.
+
+    timm's and torchvision's transforms draw from Python's ``random`` and
+    torch's generator, which nothing seeds per item: the same run gave other
+    crops, other sites and another top-1. Here every draw an item's transform
+    makes comes from generators seeded for that item (their states are put
+    back afterwards), so a run is the same in one process, with DataLoader
+    workers, or split over ranks, as :class:`ShiftedImages` is.
+    """
+
+    def __init__(self, dataset: Dataset):
+        self.dataset, self.seed = dataset, 0
+
+    def set_epoch(self, seed: int) -> None:
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        item_seed = (self.seed * 1_000_003 + i) % (2 ** 31)
+        state = random.getstate(), np.random.get_state()
+        random.seed(item_seed)
+        np.random.seed(item_seed)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(item_seed)
+                return self.dataset[i]
+        finally:
+            random.setstate(state[0])
+            np.random.set_state(state[1])
+
+    def __getattr__(self, name):   # classes, samples, targets: the ImageFolder's own
+        if name in ("dataset", "seed"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def image_folder(path: str | Path, model: torch.nn.Module, augment: str = "light") -> DataBundle:
+    """``PATH/train/<class>/*`` and ``PATH/val/<class>/*`` with timm's transforms for ``model``; the training
+    images augmented as ``augment`` says (:func:`train_transform`), seeded per item."""
     from timm.data import create_transform, resolve_data_config
     from torchvision.datasets import ImageFolder
 
@@ -207,7 +269,7 @@ def image_folder(path: str | Path, model: torch.nn.Module) -> DataBundle:
     for split in ("train", "val"):
         if not (root / split).is_dir():
             raise HetpruneError(
-                f"--data {root}: no {split}/ folder; expected {root}/train/<class>/*.jpg and {root}/val/<class>/*"
+                f"data folder {root}: no {split}/ folder; expected {root}/train/<class>/*.jpg and {root}/val/<class>/*"
             )
     from .models import input_shape_of
 
@@ -215,28 +277,30 @@ def image_folder(path: str | Path, model: torch.nn.Module) -> DataBundle:
     # the model's actual input size wins over its pretrained config (models built with img_size=...)
     cfg["input_size"] = input_shape_of(model)
     try:
-        train = ImageFolder(str(root / "train"), transform=create_transform(**cfg, is_training=True),
-                            loader=read_image)
+        train = ImageFolder(str(root / "train"), transform=train_transform(cfg, augment), loader=read_image)
         val = ImageFolder(str(root / "val"), transform=create_transform(**cfg, is_training=False), loader=read_image)
     except (FileNotFoundError, OSError) as exc:  # e.g. a class folder with no image in it
-        raise HetpruneError(f"--data {root}: {exc}") from None
+        raise HetpruneError(f"data folder {root}: {exc}") from None
     if train.classes != val.classes:
-        raise HetpruneError(f"--data {root}: train/ and val/ have different class folders")
+        raise HetpruneError(f"data folder {root}: train/ and val/ have different class folders")
     # names, sizes and modification times: a changed image changes the fingerprint (and so every resume key)
     files = sorted((str(Path(p).relative_to(root)), os.stat(p).st_size, os.stat(p).st_mtime_ns)
                    for p, _ in train.samples + val.samples)
-    fp = fingerprint({"data": str(root.resolve()), "files": files, "cfg": cfg})
-    return DataBundle(str(root), train, val, len(train.classes), cfg["input_size"][0], cfg["input_size"][1], fp)
+    fp = fingerprint({"data": str(root.resolve()), "files": files, "cfg": cfg, "augment": augment, "seeded": 1})
+    return DataBundle(str(root), SeededItems(train), val, len(train.classes), cfg["input_size"][0],
+                      cfg["input_size"][1], fp, augment=augment)
 
 
-def load_data(spec: str, model: torch.nn.Module | None = None, seed: int = 0) -> DataBundle:
+def load_data(spec: str, model: torch.nn.Module | None = None, seed: int = 0, augment: str = "light") -> DataBundle:
+    """An embedded data set by name (its own fixed augmentation: shifts of a pixel or two), or an ImageFolder
+    root (``augment``: see :func:`train_transform`)."""
     if spec == DIGITS:
         return digits(seed=seed)
     if spec == DIGIT_PAIRS:
         return digit_pairs(seed=seed)
     if model is None:
         raise HetpruneError("an ImageFolder data set needs the model to resolve its transforms")
-    return image_folder(spec, model)
+    return image_folder(spec, model, augment=augment)
 
 
 def subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
@@ -263,7 +327,23 @@ def loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0, work
     sampler = GlobalBatchSampler(len(dataset), batch_size, seed, shuffle=shuffle, rank=rank, world=world,
                                  pad_empty=pad_empty)
     return DataLoader(dataset, batch_sampler=sampler, num_workers=workers, persistent_workers=False,
-                      pin_memory=pin_memory)
+                      pin_memory=pin_memory, worker_init_fn=seed_worker if workers else None)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's ``random``, numpy's global generator and torch's (what a run starts with): whatever a
+    user's transform or code draws from is the same from one run to the next."""
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+def seed_worker(worker_id: int) -> None:
+    """A DataLoader worker's ``random`` and numpy seeded from the torch seed the loader gave it (torch seeds
+    only its own generator per worker)."""
+    seed = torch.initial_seed() % (2 ** 32)
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 def example_batch(data: DataBundle, n: int = 8) -> torch.Tensor:

@@ -353,6 +353,14 @@ def finetune_and_measure(job: PruneJob, model: nn.Module, after: str) -> tuple[f
     job.stage_end("finetune", t, metric=after_ft)
     job.log(f"[{job.strategy_name}] {job.task.format(before)} after {after}, {job.task.format(after_ft)} after "
             "fine-tune")
+    worse = after_ft < before if job.task.higher_is_better else after_ft > before
+    if worse:
+        augment = getattr(job.data, "augment", None)
+        hint = (f" (the training images are augmented as '{augment}': try --augment none or light)"
+                if augment == "imagenet" else "")
+        job.log(f"[{job.strategy_name}] warning: the fine-tune made the model worse ({job.task.format(before)} -> "
+                f"{job.task.format(after_ft)}): its schedule does not suit this model and data; try a lower "
+                f"finetune.lr, more epochs or more images{hint}")
     return before, history, after_ft
 
 

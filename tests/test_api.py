@@ -367,3 +367,22 @@ def test_prune_gives_the_callers_model_back_in_its_own_modes(digits_data, tmp_pa
                    progress=False, log=lambda m: None)
     assert {name: m.training for name, m in model.named_modules()} == modes
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_fine_tune_that_makes_the_model_worse_is_said(digits_data, trained_tiny):
+    """Issue 34, item 12: a fine-tune that ends below where it started was silent."""
+    def ruin(model, teacher, schedule):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.0)   # whatever it was, it is now constant
+        return []
+
+    logged = []
+    hetprune.prune(copy.deepcopy(trained_tiny[0]), user_task(digits_data, finetune=ruin), strategy="act-only",
+                   budget=1, settings={**TINY_SETTINGS, "scorer": "magnitude"}, progress=False, log=logged.append)
+    assert any("warning: the fine-tune made the model worse" in line for line in logged)
+    logged.clear()
+    hetprune.prune(copy.deepcopy(trained_tiny[0]), user_task(digits_data), strategy="act-only", budget=1,
+                   settings={**TINY_SETTINGS, "scorer": "magnitude", "finetune": {"epochs": 0}}, progress=False,
+                   log=logged.append)
+    assert not any("made the model worse" in line for line in logged)

@@ -214,3 +214,32 @@ def test_a_hugging_face_vit_on_an_image_folder_is_normalised_as_its_image_proces
         wrap(inner, image_mean=[0.5])
     with pytest.raises(HetpruneError, match="image_std must be > 0"):
         wrap(inner, image_std=[0.5, 0.0, 0.5])
+
+
+def test_the_same_image_folder_prune_twice_gives_the_same_weights_with_or_without_workers(image_folder, tmp_path):
+    """Issue 34, item 10: timm's random crops draw from Python's random, which nothing seeded: one command run
+    twice gave other sites, weights and top-1. Every item's transform is now seeded by (epoch, index)."""
+    outs = []
+    for i, workers in enumerate(("0", "2")):
+        outs.append(tmp_path / f"out{i}")
+        assert main(["prune", *rgb_args(), "--data", str(image_folder), "--strategy", "act-only", "--budget", "1",
+                     "--scorer", "taylor", "--augment", "imagenet", "--workers", workers, "--out", str(outs[-1]),
+                     *FAST]) == 0
+    a, b = (load_weights(o / "model.safetensors") for o in outs)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    report = json.loads((outs[0] / "report.json").read_text())
+    assert report["settings"]["finetune"]["epochs"] == 1
+    assert json.loads((outs[0] / "recipe.json").read_text())["provenance"]["data"]["augment"] == "imagenet"
+
+
+def test_the_augmentation_is_an_option_and_light_by_default(image_folder):
+    from hetprune.data import image_folder as load_folder
+
+    model = build(ModelSpec("vit_tiny_patch16_224", RGB_KWARGS))
+    assert load_folder(image_folder, model).augment == "light"
+    kinds = {a: [type(t).__name__ for t in load_folder(image_folder, model, augment=a).train.dataset.transform.transforms]
+             for a in ("light", "imagenet", "none")}
+    assert "ColorJitter" in kinds["imagenet"] and "ColorJitter" not in kinds["light"]
+    assert "RandomHorizontalFlip" in kinds["light"] and "RandomHorizontalFlip" not in kinds["none"]
+    with pytest.raises(HetpruneError, match="augment 'heavy' is not one of light, imagenet, none"):
+        load_folder(image_folder, model, augment="heavy")

@@ -31,6 +31,11 @@ def add_model_arguments(p, data: bool = True) -> None:
                        help="an embedded data set: 'digits' (the default; scikit-learn's digits) or "
                             "'digit-pairs' (two digits side by side, labelled by their sum), or an ImageFolder "
                             "root with train/ and val/")
+        g.add_argument("--augment", default="light", choices=("light", "imagenet", "none"),
+                       help="training augmentation of an ImageFolder --data (default light: random crops of 60-100 %% "
+                            "of the image and flips; imagenet: timm's full training recipe, crops down to 8 %% and "
+                            "colour jitter; none: the validation transform). The embedded data sets shift by a "
+                            "pixel or two, always")
         s = g.add_mutually_exclusive_group()
         s.add_argument("--subset", type=int, metavar="N",
                        help="training images for the short fine-tunes (sets short_finetune.subset; hetdpt's MAP "
@@ -113,7 +118,7 @@ def data_for(args, model, seed: int = 0):
     embedded_name(args)  # a bad value: one error listing the allowed names
     if args.model and spec in EMBEDDED and not args.checkpoint:
         raise HetpruneError(f"--model NAME needs --data PATH (an ImageFolder) or a --checkpoint trained on {spec}")
-    return load_data(spec, model, seed=seed)
+    return load_data(spec, model, seed=seed, augment=getattr(args, "augment", "light"))
 
 
 def apply_data_options(args, settings: dict, data) -> None:

@@ -19,6 +19,7 @@ from ..budget import Budget
 from ..cache import fingerprint
 from ..errors import BudgetUnreachable, HetpruneError
 from ..io import ResultFolder, check_result_folder, clear_result
+from ..data import seed_everything
 from ..models import model_hash
 from ..pipeline import PruneJob
 from ..plugins import Registry
@@ -153,6 +154,7 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
     head = {"key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy, "budget": plan.budget.to_dict(),
             "seed": plan.seed}
     strategy = FixedSplit(*plan.split) if plan.split else registry.build("strategy", plan.strategy)
+    seed_everything(plan.seed)   # a row is the same whichever rows ran before it, in this process or another
     job = PruneJob(dense=dense, spec=model_spec, data=None, task=task, budget=plan.budget, settings=plan.settings,
                    registry=registry, workdir=out / "work" / plan.id, shared_dir=out / "work" / "shared",
                    base_info=dict(base_info), resume=resume, progress=progress, log=log,
@@ -215,7 +217,7 @@ def _worker(payload: dict) -> dict:
     model_spec = ModelSpec.from_dict(payload["model_spec"])
     dense = build(model_spec)
     load_state_into(dense, load_weights(payload["dense_weights"]), "dense model")
-    data = load_data(payload["data_spec"], dense, seed=payload["data_seed"])
+    data = load_data(payload["data_spec"], dense, seed=payload["data_seed"], augment=payload["augment"] or "light")
     plan = RowPlan.from_payload(payload["plan"])
     return run_one(plan, get_registry(), dense, model_spec, classification(data), payload["base_info"],
                    Path(payload["out"]),
@@ -277,7 +279,7 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         dense_path = out / "work" / "dense.safetensors"
         save_weights(dense_path, dense)
         common = {"model_spec": model_spec.to_dict(), "dense_weights": str(dense_path), "data_spec": data_spec,
-                  "data_seed": 0, "base_info": base_info, "out": str(out), "resume": resume,
+                  "data_seed": 0, "augment": getattr(getattr(task, "data", None), "augment", None), "base_info": base_info, "out": str(out), "resume": resume,
                   "plugin_modules": extra_modules()}
         log(f"running {len(todo)} rows in {jobs} parallel processes ...")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
