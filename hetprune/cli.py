@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def interrupted_message(args) -> str:
     """What Ctrl-C leaves: the finished work that was saved (and how to continue from it), or nothing."""
-    from .resume import saved_work
+    from .io import saved_work
 
     saved = saved_work()
     if not saved:

@@ -23,6 +23,20 @@ from safetensors.torch import load_file, save_file
 from .errors import HetpruneError, option, switch
 
 
+_SAVED: list[str] = []   # resumable work this process has written (what an interrupted command can say)
+
+
+def note_saved(what: str) -> None:
+    """Record that a piece of resumable work was just written (a checkpoint, a MAP point, a compare row), so
+    an interrupted command can say truthfully whether anything is there to resume."""
+    _SAVED.append(what)
+
+
+def saved_work() -> list[str]:
+    """What :func:`note_saved` recorded in this process, oldest first."""
+    return list(_SAVED)
+
+
 def umask() -> int:
     """The process's file-creation mask (read without changing it where Linux tells it)."""
     try:

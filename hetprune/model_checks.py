@@ -12,6 +12,7 @@ import copy
 import math
 from typing import TYPE_CHECKING
 
+from . import tensors
 from .contract import Violation, add_rules, is_number, jsonable, type_name
 from .costs import count_macs
 from .errors import HetpruneError
@@ -69,25 +70,30 @@ def outputs(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         model.train(was_training)
 
 
-def relative_error(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    """max |reference - candidate| / max |reference|: the scale-free error a tolerance bounds."""
-    scale = reference.abs().max().clamp_min(1e-12)
-    return float(((reference - candidate).abs().max() / scale).item())
+def relative_error(reference, candidate) -> float:
+    """max |reference - candidate| / max |reference|, the largest over the outputs (a model may return
+    several: tuples, lists, dicts of tensors): the scale-free error a tolerance bounds."""
+    try:
+        return tensors.relative_error(reference, candidate)
+    except ValueError as exc:
+        raise Violation(str(exc)) from None
 
 
-def runs(model: nn.Module, x: torch.Tensor, after: str, shape: torch.Size | None = None) -> torch.Tensor:
-    """The outputs of ``model`` on ``x``, or a :class:`Violation` saying it no longer runs."""
-    import torch
-
+def runs(model: nn.Module, x: torch.Tensor, after: str, shape: dict | None = None):
+    """The outputs of ``model`` on ``x`` (a tensor, or tuples, lists and dicts of them), or a
+    :class:`Violation` saying it no longer runs; ``shape``: the outputs' :func:`hetprune.tensors.shapes`
+    before the call, which must not change."""
     try:
         y = outputs(model, x)
     except Exception as exc:  # whatever the broken model raises is the finding
         raise Violation(f"the model no longer runs after {after}: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(y, torch.Tensor):
-        raise Violation(f"the model returns a {type_name(y)} after {after}, not a tensor")
-    if shape is not None and y.shape != shape:
-        raise Violation(f"the model's output shape changed from {tuple(shape)} to {tuple(y.shape)} after {after}")
-    if not torch.isfinite(y).all():
+    now = tensors.shapes(y)
+    if not now:
+        raise Violation(f"the model returns a {type_name(y)} after {after}, which holds no tensor")
+    if shape is not None and now != shape:
+        raise Violation(f"the model's output shape changed from {tensors.describe(shape)} to "
+                        f"{tensors.describe(now)} after {after}")
+    if not tensors.all_finite(y):
         raise Violation(f"the model's outputs are not finite after {after}")
     return y
 
@@ -153,7 +159,7 @@ def scorer_select(component, call, model, counts, ctx, *args, **kwargs):
 def remover_remove(component, call, model, site, *args, **kwargs):
     before = sites_of(model)
     x = example_input(model, n=1)
-    shape = outputs(model, x).shape
+    shape = tensors.shapes(outputs(model, x))
     record = call(model, site, *args, **kwargs)
     if record is not None and not isinstance(record, dict):
         raise Violation(f"remove() returned a {type_name(record)}; it must return a dict for the recipe (or None)")
@@ -190,7 +196,7 @@ def merger_merge(component, call, model, *args, **kwargs):
 
 def width_pruner_prune(component, call, model, target_macs, example_inputs, ctx=None, *args, **kwargs):
     x = example_inputs[:1]
-    shape = outputs(model, x).shape
+    shape = tensors.shapes(outputs(model, x))
     result = call(model, target_macs, example_inputs, ctx, *args, **kwargs)
     runs(model, x, "prune()", shape)
     macs_fn = getattr(ctx, "macs_fn", None) or (lambda m: count_macs(m, x))

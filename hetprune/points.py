@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from .errors import HetpruneError
-from .resume import note_saved
+from .io import note_saved
 
 
 class PointStore:

@@ -8,6 +8,8 @@ from typing import Callable
 
 from torch import nn
 
+from .io import note_saved, saved_work  # noqa: F401 - public here too: what plugins that checkpoint call
+
 
 def weights_key(model: nn.Module) -> str:
     """A content hash of every weight of the model, each at its own precision: what a stage starts from.
@@ -30,20 +32,6 @@ def structure_key(model: nn.Module, structure: dict | None = None) -> str:
     tensors = [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()]
     text = json.dumps({"modules": modules, "tensors": tensors, "structure": structure}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-_SAVED: list[str] = []   # resumable work this process has written (what an interrupted command can say)
-
-
-def note_saved(what: str) -> None:
-    """Record that a piece of resumable work was just written (a checkpoint, a MAP point, a compare row), so
-    an interrupted command can say truthfully whether anything is there to resume."""
-    _SAVED.append(what)
-
-
-def saved_work() -> list[str]:
-    """What :func:`note_saved` recorded in this process, oldest first."""
-    return list(_SAVED)
 
 
 def differences(stored: dict | None, current: dict) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from . import tensors
 from .adapters import adapter_for
 from .errors import HetpruneError
 from .layers import ATTN_MODES, DroppedBlock, merge_pays
@@ -120,8 +121,8 @@ def max_abs_error(
     candidate: Callable[[torch.Tensor], torch.Tensor],
     inputs: torch.Tensor,
 ) -> float:
-    """Largest absolute difference between two models' outputs on ``inputs``."""
-    return (reference(inputs) - candidate(inputs)).abs().max().item()
+    """Largest absolute difference between two models' outputs on ``inputs`` (over every output tensor)."""
+    return tensors.max_abs_diff(reference(inputs), candidate(inputs))
 
 
 def check_exact(reference, candidate, inputs: torch.Tensor, tol: float) -> float:

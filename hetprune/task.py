@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 
-from . import devices
+from . import devices, tensors
 from . import distributed as dist
 from .cache import fingerprint as fingerprint_of
 from .config import TrainConfig
@@ -402,25 +401,9 @@ def _describe(value) -> str:
     return f"{type(value).__name__} {value!r}"[:80]
 
 
-def _tensors(obj, path: str = ""):
-    """Every tensor in a batch, with where it sits (``[0]``, ``.pixel_values``, ``["labels"]``): tuples, lists,
-    namedtuples and dicts, nested, in a fixed order (a dict's by key)."""
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        for name, value in zip(obj._fields, obj):
-            yield from _tensors(value, f"{path}.{name}")
-    elif isinstance(obj, (tuple, list)):
-        for i, value in enumerate(obj):
-            yield from _tensors(value, f"{path}[{i}]")
-    elif isinstance(obj, Mapping):
-        for key in sorted(obj, key=str):
-            yield from _tensors(obj[key], f"{path}[{key!r}]")
-
-
 def _batch_items(batch) -> int:
     """How many items a batch holds: the leading size of its first tensor (1 where it has none)."""
-    first = next((t for _, t in _tensors(batch) if t.dim()), None)
+    first = next((t for _, t in tensors.leaves(batch) if t.dim()), None)
     return int(first.shape[0]) if first is not None else 1
 
 
@@ -463,7 +446,7 @@ def _batches_digest(batches) -> dict:
         return {"empty": True, "tensors": 0}
     h, count = hashlib.sha256(), 0
     for i, batch in enumerate(sample):
-        for where, t in _tensors(batch, f"[{i}]"):
+        for where, t in tensors.leaves(batch, f"[{i}]"):
             t = t.detach().cpu().contiguous()
             h.update(f"{where}:{tuple(t.shape)}:{t.dtype};".encode())
             h.update((t.float() if t.dtype in (torch.float16, torch.bfloat16) else t).numpy().tobytes())

@@ -22,7 +22,8 @@ from . import distributed as dist
 from .config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.train too
 from .data import DataBundle, loader, subset
 from .errors import HetpruneError
-from .resume import note_saved, reusable
+from .io import note_saved
+from .resume import reusable
 
 
 def resolve_device(name: str | torch.device) -> torch.device:

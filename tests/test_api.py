@@ -386,3 +386,51 @@ def test_a_fine_tune_that_makes_the_model_worse_is_said(digits_data, trained_tin
                    settings={**TINY_SETTINGS, "scorer": "magnitude", "finetune": {"epochs": 0}}, progress=False,
                    log=logged.append)
     assert not any("made the model worse" in line for line in logged)
+
+
+class TwoHeads(nn.Module):
+    """A timm ViT backbone under two heads: the class token's logits and per-token logits (as a detection
+    or segmentation model has several outputs)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224",
+                                                                 {**TINY_KWARGS, "num_classes": 0}))
+        self.cls_head, self.token_head = nn.Linear(32, 10), nn.Linear(32, 3)
+
+    def forward(self, x):
+        tokens = self.backbone.forward_features(x)
+        return self.cls_head(tokens[:, 0]), {"tokens": self.token_head(tokens[:, 1:])}
+
+
+def test_a_model_with_several_outputs_is_pruned_merged_checked_and_reloaded(digits_data, tmp_path):
+    """Issue 34, item 15: the contract's checks read a model's output as one tensor ('tuple' object has no
+    attribute 'shape')."""
+    def loss(model, batch):
+        cls, extra = model(batch[0])
+        return F.cross_entropy(cls, batch[1]) + extra["tokens"].pow(2).mean()
+
+    def metric(model, val):
+        return accuracy(lambda x: model(x)[0], val)
+
+    task = user_task(digits_data, loss=loss, metric=metric)
+    for strategy in ("act-only", "mix50"):   # act-only merges every MLP it linearised
+        result = hetprune.prune(TwoHeads(), task, strategy=strategy, budget=2, out=tmp_path / strategy,
+                                settings={**TINY_SETTINGS, "scorer": "taylor"}, progress=False, log=lambda m: None)
+        back = hetprune.load(tmp_path / strategy, model=TwoHeads())
+        got, want = outputs(back, X), outputs(result.model, X)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1]["tokens"], want[1]["tokens"])
+    assert result.recipe.n_attn == 1 and hetprune.tensors.shapes(want) == {"[0]": (3, 10),
+                                                                          "[1]['tokens']": (3, 16, 3)}
+
+
+def test_the_contract_names_a_changed_output_of_a_model_with_several():
+    from hetprune.model_checks import runs
+
+    model = TwoHeads()
+    shape = hetprune.tensors.shapes(outputs(model, X))
+    model.token_head = nn.Linear(32, 4)
+    with pytest.raises(hetprune.contract.Violation, match=r"\[1\]\['tokens'\] \(3, 16, 3\).*\[1\]\['tokens'\] "
+                                                          r"\(3, 16, 4\)"):
+        runs(model, X, "remove(act1)", shape)

@@ -13,13 +13,13 @@ ROOT = Path(__file__).resolve().parent.parent / "hetprune"
 # bottom to top; README.md, "Layout", says the same
 LAYERS = {
     "foundation": ["errors", "hookspecs", "config", "io", "cache", "contract", "plugins", "devices", "distributed",
-                   "points"],
+                   "points", "tensors"],
     "model": ["layers", "adapters", "adapters.base", "adapters.generic", "adapters.lookup", "adapters.nested",
               "sites", "surgery", "widths", "costs", "models", "recipe", "model_checks"],
     "training": ["data", "train", "resume", "task", "embedded"],
     "pruning": ["budget", "cost_model", "pipeline", "result_checks"],
     "measuring": ["bench", "bench.*", "latency", "export", "export.*"],
-    "harness": ["api", "compare", "ablate", "testing"],
+    "harness": ["api", "compare", "compare.*", "ablate", "testing"],
     "cli": ["cli", "__main__", "commands", "commands.*"],
 }
 

@@ -8,6 +8,7 @@ import pytest
 
 import hetprune
 from hetprune import Budget, HetpruneError
+import hetprune.io
 from hetprune import resume as resume_mod
 from hetprune.cli import main
 from hetprune.commands import prune_cmd
@@ -34,7 +35,7 @@ def test_a_mac_target_that_is_neither_a_share_nor_a_count_is_refused_with_both_r
 
 
 def test_ctrl_c_before_anything_finished_does_not_claim_saved_work(monkeypatch, capsys):
-    monkeypatch.setattr(resume_mod, "_SAVED", [])
+    monkeypatch.setattr(hetprune.io, "_SAVED", [])
 
     def interrupted(args):
         raise KeyboardInterrupt
@@ -58,7 +59,7 @@ def test_ctrl_c_before_anything_finished_does_not_claim_saved_work(monkeypatch, 
 def test_a_fine_tune_checkpoint_counts_as_saved_work(tmp_path, monkeypatch, tiny_model, digits_data):
     from hetprune.train import TrainConfig, train
 
-    monkeypatch.setattr(resume_mod, "_SAVED", [])
+    monkeypatch.setattr(hetprune.io, "_SAVED", [])
     train(tiny_model, digits_data, TrainConfig(epochs=1, subset=32, kd="none"), checkpoint_dir=tmp_path / "ft",
           progress=False)
     assert resume_mod.saved_work() == [f"a checkpoint in {tmp_path / 'ft'}"]
