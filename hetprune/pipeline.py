@@ -43,11 +43,30 @@ def resolve_adapter(model: nn.Module, adapter: Adapter | None = None) -> Adapter
     """The adapter a job on ``model`` uses: the registry's choice, or the one the caller chose (a generic
     adapter for their own transformer), which must serve the model. One clear error otherwise."""
     if adapter is None:
-        return adapter_for(model)
-    adapter.check(model)
-    if not adapter.matches(model):
-        raise HetpruneError(f"the adapter {adapter.name!r} does not serve {type(model).__name__}")
+        adapter = adapter_for(model)
+    else:
+        adapter.check(model)
+        if not adapter.matches(model):
+            raise HetpruneError(f"the adapter {adapter.name!r} does not serve {type(model).__name__}")
+    check_untied(adapter, model)
     return adapter
+
+
+def check_untied(adapter: Adapter, model: nn.Module) -> None:
+    """Refuse a model whose blocks share a module (``nn.Sequential(*[block] * 4)`` puts one block object at
+    every depth): removing a site at one depth would remove it at all of them."""
+    owner: dict[int, tuple[int, str]] = {}
+    for i, block in enumerate(adapter.blocks(model)):
+        for name, module in block.named_modules():
+            j, where = owner.setdefault(id(module), (i, name))
+            if j == i:
+                continue
+            depths = [k for k, b in enumerate(adapter.blocks(model)) if b is block] if not name else [j, i]
+            what = (f"one block object sits at depths {', '.join(map(str, depths))}" if not name else
+                    f"blocks {j} and {i} share one module ({where or 'the block'} of block {j} is {name} of block {i})")
+            raise HetpruneError(f"{type(model).__name__}: {what}; hetprune removes a site at one depth at a time, "
+                                "so every depth needs modules of its own: build each block separately (e.g. "
+                                "copy.deepcopy of one block per depth), not [block] * depth")
 
 
 @dataclass

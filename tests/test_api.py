@@ -434,3 +434,21 @@ def test_the_contract_names_a_changed_output_of_a_model_with_several():
     with pytest.raises(hetprune.contract.Violation, match=r"\[1\]\['tokens'\] \(3, 16, 3\).*\[1\]\['tokens'\] "
                                                           r"\(3, 16, 4\)"):
         runs(model, X, "remove(act1)", shape)
+
+
+def test_tied_blocks_are_refused_up_front_saying_why(digits_data, tmp_path):
+    """Issue 34, item 18: nn.Sequential(*[block] * 4) ended in a contract violation blaming hetprune."""
+    model = MyTransformer(depth=1)
+    model.encoder.layers = nn.ModuleList([model.encoder.layers[0]] * 4)
+    with pytest.raises(HetpruneError, match=r"MyTransformer: one block object sits at depths 0, 1, 2, 3; .*build each "
+                                            r"block separately"):
+        hetprune.prune(model, user_task(digits_data), strategy="act-only", budget=1, out=tmp_path / "out",
+                       adapter=generic(blocks="encoder.layers", layout=LAYOUT), settings=TINY_SETTINGS,
+                       progress=False)
+    shared = MyTransformer(depth=2)
+    shared.encoder.layers[1].ff = shared.encoder.layers[0].ff
+    with pytest.raises(HetpruneError, match=r"blocks 0 and 1 share one module \(ff of block 0 is ff of block 1\)"):
+        hetprune.prune(shared, user_task(digits_data), strategy="act-only", budget=1, out=tmp_path / "out",
+                       adapter=generic(blocks="encoder.layers", layout=LAYOUT), settings=TINY_SETTINGS,
+                       progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -633,3 +633,34 @@ def test_a_report_without_the_dense_metric_takes_it_from_the_base_info():
                           base_info={"top1": 98.89})
     out = metric_entries(job, {"metric": 90.0, "metric_before_finetune": 80.0})
     assert out["metric_dense"] == out["top1_dense"] == 98.89 and out["top1"] == 90.0
+
+
+def test_share_search_picks_the_lowest_predicted_split_when_the_metric_is_better_lower(trained_tiny, digits_data,
+                                                                                      monkeypatch):
+    """Issue 34, item 3: the search took max(...) whatever the metric's direction: the worst split of a loss."""
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, Subset
+
+    from hetprune_width import share_search
+    from hetprune.testing import TINY_SETTINGS
+
+    def fake_measure(job, depth_strategy, plan, target, width_prune):
+        return [{"n_attn": a, "n_act": m, "accuracy": 0.5 + 0.3 * (a - 1) ** 2 + 0.2 * (m - 1) ** 2}
+                for a, m in plan]
+
+    monkeypatch.setattr(share_search, "measure", fake_measure)
+
+    def loss(model, batch):
+        return F.cross_entropy(model(batch[0]), batch[1])
+
+    def mean_loss(model, val):
+        return sum(float(loss(model, b)) for b in val) / len(val)
+
+    batches = DataLoader(Subset(digits_data.train, range(32)), batch_size=16)
+    task = hetprune.Task(train=batches, val=batches, loss=loss, metric=mean_loss, higher_is_better=False)
+    result = hetprune.prune(trained_tiny[0], task, strategy="hetdpt-plus", target_macs=0.5, progress=False,
+                            log=lambda m: None, settings={**TINY_SETTINGS, "scorer": "magnitude", "hetdpt": {
+                                "predictor": "poly"}, "hetdpt_plus": {"depth_share": "search"},
+                                "finetune": {"epochs": 0}, "short_finetune": {"epochs": 0}})
+    pick = result.report["allocation"]["share_search"]["pick"]
+    assert (pick["n_attn"], pick["n_act"]) == (1, 1)

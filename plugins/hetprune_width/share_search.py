@@ -87,12 +87,13 @@ def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: 
         have[(a, m)] = point
         job.event("on_point_collected", point=point)
         job.log(f"[{job.strategy_name}] share point {i}/{len(todo)}: {a} attn + {m} act, width to the target -> "
-                f"{acc:.2f}% ({point['seconds']:.1f}s)")
+                f"{job.task.format(acc)} ({point['seconds']:.1f}s)")
     return [have[p] for p in plan]
 
 
 def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tuple[tuple[int, int], dict]:
-    """The depth split (width taking the rest of the cut to ``target``) with the best predicted accuracy."""
+    """The depth split (width taking the rest of the cut to ``target``) with the best predicted metric (the
+    highest, or the lowest where the task's metric is better lower)."""
     o = job.settings["hetdpt_plus"]
     depth_strategy = job.registry.build("strategy", o["depth_strategy"])
     missing = [m for m in ("removal_orders", "point_plan", "predictor_for", "refine_rounds", "fit")
@@ -101,6 +102,7 @@ def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tupl
         raise HetpruneError(f"hetdpt_plus.depth_share search needs a depth strategy with cheap points and a "
                             f"fitted predictor, e.g. hetdpt; {o['depth_strategy']!r} lacks {', '.join(missing)}")
     refine = depth_strategy.refine_rounds(job.settings, "hetdpt_plus.refine")
+    sign = 1 if job.task.higher_is_better else -1   # the best split: the highest metric, or the lowest loss
     macs = depth_macs(job)
     cands = candidates(job, target, macs)
     plan = point_plan(depth_strategy, job, cands)
@@ -110,7 +112,7 @@ def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tupl
     rounds = []
     for _ in range(refine):
         measured = {(p["n_attn"], p["n_act"]) for p in points}
-        best = max((c for c in cands if c not in measured), key=lambda c: (predicted[c], -c[0]), default=None)
+        best = max((c for c in cands if c not in measured), key=lambda c: (sign * predicted[c], -c[0]), default=None)
         if best is None:
             break
         job.log(f"[{job.strategy_name}] share refinement: measuring {best[0]}+{best[1]}")
@@ -120,10 +122,10 @@ def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tupl
         rounds.append({"measured": list(best)})
     measured = {(p["n_attn"], p["n_act"]): p["accuracy"] for p in points}
     value = {c: measured.get(c, predicted[c]) if refine else predicted[c] for c in cands}
-    pick = max(cands, key=lambda c: (value[c], -c[0] - c[1]))   # ties: less depth
+    pick = max(cands, key=lambda c: (sign * value[c], -c[0] - c[1]))   # ties: less depth
     share = (dense_macs - macs(*pick)) / (dense_macs - target) if dense_macs > target else 0.0
     job.log(f"[{job.strategy_name}] share search ({predictor.name}): {pick[0]} attn + {pick[1]} act, depth takes "
-            f"{share:.0%} of the MAC cut (predicted {predicted[pick]:.2f}%)")
+            f"{share:.0%} of the MAC cut (predicted {job.task.format(predicted[pick])})")
     return pick, {"predictor": predictor.name, "points": points, "candidates": [list(c) for c in cands],
                   "fit": predictor.fit_report() if hasattr(predictor, "fit_report") else {},
                   "surface": [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)],
