@@ -1,7 +1,7 @@
 """hetprune: structured pruning of Vision Transformers, extensible with plugins.
 
-For users: :func:`prune` (and :func:`compare`, :func:`ablate`) prune their own
-model for their own :class:`Task`; :func:`load` and :func:`apply_recipe` bring
+For users: [`prune`][hetprune.api.prune] (and [`compare`][hetprune.compare.compare], [`ablate`][hetprune.ablate.ablate]) prune their own
+model for their own [`Task`][hetprune.task.Task]; [`load`][hetprune.recipe.load] and [`apply_recipe`][hetprune.recipe.apply_recipe] bring
 a pruned model back. The public API for users and plugin authors is what this
 module exports, plus
 the modules ``hetprune.surgery`` (exact removal/merge primitives),

@@ -197,7 +197,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
 
     Cheap points are collected exactly as the strategy collects them, one set per seed; every feasible
     split is then fine-tuned with the full schedule (the ground truth, saved as it finishes: ``resume=True``
-    continues). ``budget`` is a site count or a :class:`~hetprune.budget.Budget`. Writes ablation.json,
+    continues). ``budget`` is a site count or a [`Budget`][hetprune.budget.Budget]. Writes ablation.json,
     ablation.md and splits.png (scorers.png) to ``out`` and returns the result dict.
     """
     import math

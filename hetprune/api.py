@@ -1,4 +1,4 @@
-"""hetprune as a library: :func:`prune` a model for a task, from Python.
+"""hetprune as a library: [`prune`][hetprune.api.prune] a model for a task, from Python.
 
     result = hetprune.prune(model, task, strategy="hetdpt", budget=12)      # or target_macs=0.5, ...
     result.model, result.recipe, result.report
@@ -6,10 +6,10 @@
 ``model`` is any ``nn.Module`` an adapter knows: a timm or Hugging Face ViT,
 one inside the user's own module (a backbone under a head), or the user's own
 transformer with ``adapter=hetprune.adapters.generic(...)``. ``task`` is a
-:class:`hetprune.Task` (the user's data, loss, metric and training loop) or a
-classification :class:`~hetprune.data.DataBundle`. The CLI's ``hetprune
+[`hetprune.Task`][hetprune.task.Task] (the user's data, loss, metric and training loop) or a
+classification `DataBundle`. The CLI's ``hetprune
 prune`` parses its options, builds the model and the Task, and calls
-:func:`prune`; ``hetprune.compare`` and ``hetprune.ablate`` run the same
+[`prune`][hetprune.api.prune]; ``hetprune.compare`` and ``hetprune.ablate`` run the same
 jobs for several strategies, splits and seeds.
 """
 
@@ -42,7 +42,7 @@ from .task import Task, as_task
 
 def make_budget(budget: int | Budget | None = None, target_macs: float | None = None,
                 target_speedup: float | None = None, target_latency: float | None = None) -> Budget:
-    """Exactly one budget: a site count (or a :class:`Budget`), a MAC target (a share of dense <= 1, or an
+    """Exactly one budget: a site count (or a [`Budget`][hetprune.budget.Budget]), a MAC target (a share of dense <= 1, or an
     absolute count), a speedup or a latency in seconds."""
     given = {k: v for k, v in (("budget", budget), ("target_macs", target_macs), ("target_speedup", target_speedup),
                                ("target_latency", target_latency)) if v is not None}
@@ -134,7 +134,7 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     ``report.json``) and checkpoints go beside it (``OUT.work``), so
     ``resume=True`` continues an interrupted run; without it the run works in
     a temporary folder. ``adapter`` pins the architecture adapter (a user's
-    own transformer: :func:`hetprune.adapters.generic`); ``spec`` says how
+    own transformer: `hetprune.adapters.generic`); ``spec`` says how
     hetprune can build the base again (a timm name), else the recipe records
     a user-built base.
     """

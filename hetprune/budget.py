@@ -12,8 +12,8 @@ the target and would miss it with one removal fewer of either kind.
 
 Mean savings assume identical blocks (not so for Swin stages or width-pruned
 models), so the pipeline checks the pruned model's own cost after selection
-(:func:`reached_cost`) and removes more sites, the kind that saves more first
-(:func:`kinds_by_saving`), until the target is met or no site left saves any.
+(`reached_cost`) and removes more sites, the kind that saves more first
+(`kinds_by_saving`), until the target is met or no site left saves any.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def site_savings(model: nn.Module, example: torch.Tensor, merge: bool = True) ->
 
 
 def pair_cost(save: dict[str, float], n_blocks: int) -> Callable[[int, int], float]:
-    """The most ``(n_attn, n_act)`` removals may cost, from :func:`kind_savings`: where both sites of one
+    """The most ``(n_attn, n_act)`` removals may cost, from `kind_savings`: where both sites of one
     block save less than the two apart, as many blocks as possible are assumed to lose both."""
     interaction = save["attn"] + save["act"] - save["both"]
     if abs(interaction) <= 1e-9 * abs(save["dense"]):
@@ -227,7 +227,7 @@ def feasible_pairs(model: nn.Module, budget: Budget, example: torch.Tensor | Non
                    merge: bool = True, cost: CostFn | None = None,
                    prepare: PrepareFn | None = None) -> list[tuple[int, int]]:
     """All (n_attn, n_act) the budget allows, for this model (``cost``: the budget's cost model's ``cost``;
-    default MACs; ``prepare``: see :func:`kind_savings`)."""
+    default MACs; ``prepare``: see `kind_savings`)."""
     limits = max_per_kind(model)
     if budget.sites is not None:
         k = budget.sites

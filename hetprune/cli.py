@@ -1,7 +1,7 @@
 """The ``hetprune`` command line: one sub-command per module in
 ``hetprune/commands``. Every command takes ``--plugin MODULE`` (repeatable).
 
-User mistakes (:class:`HetpruneError`) and plugin faults (:class:`PluginError`,
+User mistakes ([`HetpruneError`][hetprune.errors.HetpruneError]) and plugin faults ([`PluginError`][hetprune.errors.PluginError],
 naming the plugin) print one ``error:`` line and exit 2; ``--debug`` or
 ``HETPRUNE_DEBUG=1`` also prints the traceback. hetprune's own bugs keep theirs.
 """

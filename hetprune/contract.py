@@ -1,13 +1,13 @@
 """The plugin contract, enforced: every component the registry builds is
-wrapped in :class:`Checked`, which validates what the contract methods return
+wrapped in `Checked`, which validates what the contract methods return
 and turns a broken promise or an exception from plugin code into a
-:class:`~hetprune.errors.PluginError` naming the plugin, the component, the
+[`PluginError`][hetprune.errors.PluginError] naming the plugin, the component, the
 stage and what was wrong.
 
-The rules live once, as functions per kind and method in :data:`RULES`: here
+The rules live once, as functions per kind and method in `RULES`: here
 those that need no model surgery (predictors, cost models, adapters), in
-:mod:`hetprune.model_checks` those that run a model (scorers, removers,
-mergers, width pruners) and in :mod:`hetprune.result_checks` the strategy's;
+`hetprune.model_checks` those that run a model (scorers, removers,
+mergers, width pruners) and in `hetprune.result_checks` the strategy's;
 those two add themselves from above, so this module and the registry stay at
 the bottom of the import layers. ``hetprune.testing`` runs the same rules,
 plus deeper ones, on tiny models.
@@ -325,7 +325,7 @@ def architecture_arch(component, call, model, *args, **kwargs):
 
 # kind -> method -> rule. The rules that run a model (scorers, removers, mergers, width pruners) and check a
 # strategy's result live above the modules they need (hetprune.model_checks, hetprune.result_checks) and
-# add themselves here with :func:`add_rules`, so this module, and the registry on top of it, import nothing
+# add themselves here with `add_rules`, so this module, and the registry on top of it, import nothing
 # of hetprune's but errors and config.
 RULES: dict[str, dict[str, Callable]] = {
     "predictor": {"fit": predictor_fit, "predict": predictor_predict, "fit_report": predictor_fit_report},
@@ -347,7 +347,7 @@ def add_rules(kind: str, rules: dict[str, Callable]) -> None:
 class Checked:
     """A component as hetprune uses it: the contract methods are checked, everything else passes through.
 
-    ``origin`` is called (once, when needed) for the component's :class:`Origin`.
+    ``origin`` is called (once, when needed) for the component's `Origin`.
     """
 
     __slots__ = ("_target", "_kind", "_name", "_origin_fn", "_origin", "_ours_fn")
@@ -417,7 +417,7 @@ class Checked:
 
 
 class _Call:
-    """What a rule calls: the checked method, and (:meth:`other`) another method of the same component,
+    """What a rule calls: the checked method, and (`other`) another method of the same component,
     each with the fault attribution of a direct call through the proxy."""
 
     def __init__(self, proxy: Checked, method: str, function: Callable):

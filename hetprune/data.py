@@ -1,6 +1,6 @@
 """Data: the embedded data sets (built from scikit-learn's digits) and ImageFolder trees.
 
-Every data set comes as a :class:`DataBundle` with a train and a val split and
+Every data set comes as a `DataBundle` with a train and a val split and
 a fingerprint, so resumable state (MAP points, compare rows) is keyed by the
 data it was measured on.
 """
@@ -52,7 +52,7 @@ class ShiftedImages(Dataset):
 
     The shift of item ``i`` depends only on ``(epoch seed, i)``, not on batch
     position or process, so a run split over ranks sees the very same images
-    as a single-process run (see :class:`GlobalBatchSampler`).
+    as a single-process run (see `GlobalBatchSampler`).
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, pixels: int):
@@ -92,7 +92,7 @@ class GlobalBatchSampler(Sampler):
     ``pad_empty`` (training under DDP): every rank yields one batch per global
     batch, so the ranks' collectives line up. A rank whose share is empty (a
     short last batch, or fewer items than ranks) gets the global batch's first
-    item as a stand-in, which :meth:`shares` gives zero weight. Without it
+    item as a stand-in, which `shares` gives zero weight. Without it
     (evaluation, which counts items) a rank yields its real shares only.
     """
 
@@ -156,10 +156,10 @@ def digit_pairs(train_pairs: int = 4000, val_pairs: int = 1000, val_size: int = 
     """Two scikit-learn digits side by side, labelled by their sum (19 classes, 0..18).
 
     Each 8x8 digit is stretched to 16 rows x 8 columns, so a pair fills one 16x16
-    image, the input size of :func:`digits` (the embedded model reads it as two
+    image, the input size of `digits` (the embedded model reads it as two
     16x8 patches, one per digit). Train pairs are drawn (seeded, with
     replacement) from the training images of the same stratified split as
-    :func:`digits`, val pairs from its val images only, so no val digit is ever
+    `digits`, val pairs from its val images only, so no val digit is ever
     seen in training. A share ``singles`` of the training images shows one digit
     with the other half blank (a blank adds 0 to the sum): it teaches the digits
     themselves and makes the sum learnable in a few minutes; val images are all
@@ -228,7 +228,7 @@ class SeededItems(Dataset):
     crops, other sites and another top-1. Here every draw an item's transform
     makes comes from generators seeded for that item (their states are put
     back afterwards), so a run is the same in one process, with DataLoader
-    workers, or split over ranks, as :class:`ShiftedImages` is.
+    workers, or split over ranks, as `ShiftedImages` is.
     """
 
     def __init__(self, dataset: Dataset):
@@ -261,7 +261,7 @@ class SeededItems(Dataset):
 
 def image_folder(path: str | Path, model: torch.nn.Module, augment: str = "light") -> DataBundle:
     """``PATH/train/<class>/*`` and ``PATH/val/<class>/*`` with timm's transforms for ``model``; the training
-    images augmented as ``augment`` says (:func:`train_transform`), seeded per item."""
+    images augmented as ``augment`` says (`train_transform`), seeded per item."""
     from timm.data import create_transform, resolve_data_config
     from torchvision.datasets import ImageFolder
 
@@ -293,7 +293,7 @@ def image_folder(path: str | Path, model: torch.nn.Module, augment: str = "light
 
 def load_data(spec: str, model: torch.nn.Module | None = None, seed: int = 0, augment: str = "light") -> DataBundle:
     """An embedded data set by name (its own fixed augmentation: shifts of a pixel or two), or an ImageFolder
-    root (``augment``: see :func:`train_transform`)."""
+    root (``augment``: see `train_transform`)."""
     if spec == DIGITS:
         return digits(seed=seed)
     if spec == DIGIT_PAIRS:
@@ -320,7 +320,7 @@ def loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0, work
 
     ``pin_memory`` (for a CUDA run) puts batches in page-locked memory, so the
     copy to the GPU can be non-blocking. ``pad_empty``: every rank gets a batch
-    at every step (see :class:`GlobalBatchSampler`; the weights are
+    at every step (see `GlobalBatchSampler`; the weights are
     ``loader.batch_sampler.shares()``).
     """
     set_epoch(dataset, seed)

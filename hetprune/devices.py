@@ -1,10 +1,10 @@
 """One device policy for every command.
 
 ``--device cpu|cuda|cuda:N|auto`` is resolved once, when a command starts, by
-:func:`canonical` (the rank-independent name stored in the run's settings) and
-:func:`resolve` (the ``torch.device`` this process uses: under torchrun a bare
+`canonical` (the rank-independent name stored in the run's settings) and
+`resolve` (the ``torch.device`` this process uses: under torchrun a bare
 ``cuda`` is the rank's ``LOCAL_RANK`` GPU). Every model and batch of a run
-reaches that device through :func:`place`, the one door, so a test can watch
+reaches that device through `place`, the one door, so a test can watch
 it. Mixed precision (``--amp``) is resolved here too.
 
 CUDA is counted with ``torch.cuda.device_count()``, which does not create a

@@ -4,7 +4,7 @@ the single-process path has no distributed code in its way.
 
 Conventions: rank 0 alone writes files and prints progress; a decision made
 on one rank (chosen sites, a fitted allocation) is broadcast from rank 0, and
-so is every plan computed from measured costs (:func:`on_main`), so noisy
+so is every plan computed from measured costs (`on_main`), so noisy
 timings cannot give the ranks different plans.
 """
 

@@ -157,7 +157,7 @@ def embedded_model_folder(name: str = DIGITS, spec: ModelSpec | None = None, tra
 
 def embedded_model_info(name: str = DIGITS, spec: ModelSpec | None = None, training: dict | None = None,
                         retrain: bool = False) -> dict | None:
-    """What :func:`embedded_model` returns was made from: the shipped index entry (with ``"shipped": True``)
+    """What `embedded_model` returns was made from: the shipped index entry (with ``"shipped": True``)
     or the cached model's meta.json; None before a retrained model exists."""
     entry = None if retrain else shipped_entry(name, spec, training)
     if entry is not None:

@@ -7,7 +7,7 @@ any callable returning an object) with a ``name`` attribute; hetprune builds
 it with keyword options when a run asks for it by name.
 
 Every call hetprune makes into a component is checked against the contract
-below (:mod:`hetprune.contract`): a broken promise, or an exception from plugin
+below (`hetprune.contract`): a broken promise, or an exception from plugin
 code, is one error naming the plugin, the component and the stage.
 ``hetprune.testing`` checks a component against the same contract in a test.
 
@@ -53,7 +53,7 @@ def register_scorers(register: Register) -> None:
     A scorer class has a ``name`` and, once built, the method
     ``score(model, sites, ctx) -> dict[Site, float]`` giving every candidate
     site (all of one kind) a score: higher means more important, keep it.
-    ``ctx`` is a :class:`hetprune.ScoringContext` (data, loss, device, seed).
+    ``ctx`` is a [`hetprune.ScoringContext`][hetprune.pipeline.ScoringContext] (data, loss, device, seed).
 
     A scorer that learns while it removes (the paper's gates) may instead
     provide ``select(model, counts, ctx) -> list[Site]``, where ``counts`` is
@@ -90,9 +90,9 @@ def register_strategies(register: Register) -> None:
 
     A strategy class has a ``name``, a one-line ``description`` and
     ``run(job) -> hetprune.PruneResult`` where ``job`` is a
-    :class:`hetprune.PruneJob` (dense model, data, budget, settings,
+    [`hetprune.PruneJob`][hetprune.pipeline.PruneJob] (dense model, data, budget, settings,
     registry, events, a work folder for resumable state). Most depth
-    strategies subclass :class:`hetprune.DepthStrategy` and only override
+    strategies subclass [`hetprune.DepthStrategy`][hetprune.pipeline.DepthStrategy] and only override
     ``allocate``.
     """
 
@@ -114,10 +114,10 @@ def register_architectures(register: Register) -> None:
 
     An adapter class has a ``name``, a one-line ``description`` and, once
     built, ``matches(model) -> bool`` (by module types, never by model name)
-    plus the operations of :class:`hetprune.adapters.Adapter`: where the
+    plus the operations of `hetprune.adapters.Adapter`: where the
     blocks are, how to remove a site, whether and how an MLP merges, where
     scorers hook, how attention is counted in MACs. Most families subclass
-    :class:`hetprune.adapters.PreNormAdapter` and only name their types and
+    `hetprune.adapters.PreNormAdapter` and only name their types and
     child names. The first registered adapter that matches a model serves it.
     """
 

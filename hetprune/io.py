@@ -33,7 +33,7 @@ def note_saved(what: str) -> None:
 
 
 def saved_work() -> list[str]:
-    """What :func:`note_saved` recorded in this process, oldest first."""
+    """What `note_saved` recorded in this process, oldest first."""
     return list(_SAVED)
 
 

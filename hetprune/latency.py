@@ -20,7 +20,7 @@ are in the table.
 
 A shared machine's speed drifts by up to 2x over seconds (digits at batch 1
 on 2 cores), so parts timed in different sessions do not compare. Parts
-needed together are timed in one session (:meth:`LatencyTable.prepare`: a
+needed together are timed in one session (`LatencyTable.prepare`: a
 depth budget's dense block, its variants and the outside), and a later
 session re-times known parts beside the new ones (the *anchors*) and maps its
 times onto the table's. A busy machine does not slow every part alike: the
@@ -36,12 +36,12 @@ compute as slowed as much as the outside's fixed cost and over-predicted it
 only, its ratio scales the session.
 
 A prediction is only as good as the session it was timed in. So
-:meth:`LatencyTable.prepare` also times the first model it is given (the
+`LatencyTable.prepare` also times the first model it is given (the
 model a budget prunes) whole, in the same rounds, and compares that with the
 sum of its parts (the *self-check*). When the two disagree by more than
 ``tolerance``, or other processes keep half the CPUs busy, the table says in
 one line that its predictions cannot be trusted here and offers the MAC model
-(``--cost-model macs``), and keeps the reason in :attr:`LatencyTable.untrusted`
+(``--cost-model macs``), and keeps the reason in `LatencyTable.untrusted`
 (the run's report shows it) and in the disk cache, so a later run that reads
 those times says so again (and how to time them afresh: delete the file).
 
@@ -222,8 +222,8 @@ class LatencyTable:
                       check: nn.Module | None = None) -> None:
         """Time ``parts`` (one per key, each with its model) in one interleaved session at ``batch_size``, and
         store them. When the table has entries, up to two of ``known`` already in it are timed too, as the
-        anchors the new times are mapped by (:func:`_anchors`). ``check``: a model timed whole in the same rounds, whose
-        measured time is compared with the sum of its parts (:meth:`_self_check`)."""
+        anchors the new times are mapped by (`_anchors`). ``check``: a model timed whole in the same rounds, whose
+        measured time is compared with the sum of its parts (`_self_check`)."""
         x = torch.randn(self.batch_size, *example.shape[1:], device=example.device, dtype=example.dtype)
         asked = list(parts)
         solo_inputs: dict[int, tuple] = {}   # per model with a block timed solo: (its blocks, their inputs at x)

@@ -1,6 +1,6 @@
 """The modules surgery puts into a model, and the arithmetic of a merge.
 
-These know nothing about any model family: a :class:`BlockLayout` (given by
+These know nothing about any model family: a [`BlockLayout`][hetprune.layers.BlockLayout] (given by
 the family's adapter) names the children of a pre-norm block, and everything
 here works through those names, so the state-dict keys of what is kept never
 change and a recipe replayed on a fresh base model loads the saved weights.
@@ -99,7 +99,7 @@ class RemovedActivation(nn.Identity):
 class LinearMlp(nn.Module):
     """``fc2(norm(fc1(x)))``: what a gated MLP becomes when its gate is removed.
 
-    ``act`` is a :class:`RemovedActivation`, so it reads like any MLP whose
+    ``act`` is a `RemovedActivation`, so it reads like any MLP whose
     activation was removed and merges the same way (when ``norm`` is the
     identity).
     """

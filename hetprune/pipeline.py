@@ -3,8 +3,8 @@
     allocate (n_attn, n_act) -> select sites per kind -> remove -> fine-tune
     (KD from the dense model) -> merge -> recipe + report
 
-A strategy usually subclasses :class:`DepthStrategy` and overrides
-:meth:`DepthStrategy.allocate` only; everything else is held equal across
+A strategy usually subclasses [`DepthStrategy`][hetprune.pipeline.DepthStrategy] and overrides
+[`DepthStrategy.allocate`][hetprune.pipeline.DepthStrategy.allocate] only; everything else is held equal across
 strategies, which is what makes ``hetprune compare`` fair.
 """
 
@@ -75,8 +75,8 @@ class PruneJob:
 
     The model's adapter, the device, the mixed precision and the task are
     resolved here and carried down; nothing below the job looks them up again.
-    ``task`` is what the model is pruned for (:class:`hetprune.Task`); a
-    classification :class:`~hetprune.data.DataBundle` given as ``data`` is
+    ``task`` is what the model is pruned for ([`hetprune.Task`][hetprune.task.Task]); a
+    classification `DataBundle` given as ``data`` is
     today's default task. ``spec`` says how to build the base model again, or
     None for a model the user built (its recipe then records that). A
     strategy must not modify ``dense``.
@@ -146,7 +146,7 @@ class PruneJob:
         return int(self.settings.get("finetune", {}).get("workers", 0))
 
     def place(self, obj):
-        """Move a model or batch to the run's device (:func:`hetprune.devices.place`)."""
+        """Move a model or batch to the run's device (`hetprune.devices.place`)."""
         return devices.place(obj, self.device)
 
     @property
@@ -176,7 +176,7 @@ class PruneJob:
     @contextlib.contextmanager
     def serving(self):
         """A context in which this job's adapter serves its models, and the contract checks a model whose
-        input shape hetprune cannot tell on the task's example (what :func:`hetprune.prune` runs in)."""
+        input shape hetprune cannot tell on the task's example (what [`hetprune.prune`][hetprune.api.prune] runs in)."""
         with serving(self.adapter), model_checks.examples_from(self.example):
             yield self
 
@@ -242,7 +242,7 @@ class ScoringContext:
         self.task = as_task(self.task if self.task is not None else self.data)
 
     def place(self, obj):
-        """Move a model or batch to the run's device (:func:`hetprune.devices.place`)."""
+        """Move a model or batch to the run's device (`hetprune.devices.place`)."""
         return devices.place(obj, devices.resolve(self.device))
 
     def batches(self):
@@ -255,7 +255,7 @@ class ScoringContext:
             yield self.place(batch)
 
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
-        """The task's loss of ``model`` on one of :meth:`batches` (what scorers differentiate)."""
+        """The task's loss of ``model`` on one of `batches` (what scorers differentiate)."""
         return self.task.loss(model, batch)
 
     def train_config(self, section: str = "short_finetune", **changes) -> TrainConfig:
@@ -470,7 +470,7 @@ def cost_report(job: PruneJob, model: nn.Module, example: torch.Tensor) -> dict:
 class DepthStrategy:
     """Depth pruning with a rule for splitting the budget between kinds.
 
-    Subclasses set ``name``/``description`` and override :meth:`allocate`;
+    Subclasses set ``name``/``description`` and override `allocate`;
     ``defaults`` adds a settings section of their own.
     """
 

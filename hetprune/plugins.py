@@ -5,8 +5,8 @@ Plugins come from three places, and from nowhere else:
 * entry points in group ``hetprune`` (built-ins are declared this way too),
   optionally restricted by the environment variable ``HETPRUNE_PLUGINS``
   (a comma-separated allow-list of entry-point names);
-* ``--plugin pkg.module`` on the command line (:func:`load_module`);
-* objects registered in code with :func:`register_plugin` (tests, notebooks).
+* ``--plugin pkg.module`` on the command line (`load_module`);
+* objects registered in code with [`register_plugin`][hetprune.plugins.register_plugin] (tests, notebooks).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class Registry:
 
     def adapters(self) -> list:
         """One instance of every registered architecture adapter, in registration order, each checked against
-        the plugin contract like every other component (:meth:`build`)."""
+        the plugin contract like every other component (`build`)."""
         if self._adapters is None:
             self._adapters = [self.build("architecture", name) for name in self._by_kind["architecture"]]
         return self._adapters
@@ -135,7 +135,7 @@ class Registry:
 
     def build(self, kind: str, name: str, **options):
         """Build a component by name, wrapped so that every call is checked against the plugin contract
-        (:mod:`hetprune.contract`); its faults are errors naming the plugin."""
+        (`hetprune.contract`); its faults are errors naming the plugin."""
         comp = self.component(kind, name)
         origin = lambda: self.origin(comp.plugin, comp.factory)  # noqa: E731 - only needed for a message
         try:
@@ -324,7 +324,7 @@ def unregister_plugin(name: str) -> None:
 
 
 def reset() -> None:
-    """Forget the loaded registry; the next :func:`get_registry` reloads."""
+    """Forget the loaded registry; the next [`get_registry`][hetprune.plugins.get_registry] reloads."""
     global _registry
     _registry = None
 

@@ -1,6 +1,6 @@
 """The plugin contract's rule for strategies: what ``run`` returns is a complete PruneResult whose model
 runs, whose report is JSON, which left the dense model alone, and which reloads from its recipe. It needs the
-pipeline and the recipe, so it sits above them and adds itself to :data:`hetprune.contract.RULES`; the
+pipeline and the recipe, so it sits above them and adds itself to `hetprune.contract.RULES`; the
 harnesses that run strategies (``hetprune.prune``, compare, ablate, the conformance kit) import it.
 """
 

@@ -15,7 +15,7 @@ def weights_key(model: nn.Module) -> str:
     """A content hash of every weight of the model, each at its own precision: what a stage starts from.
 
     The state dict alone does not say which sites are gone (a removed activation holds no weight): key the
-    structure too, with :func:`structure_key`."""
+    structure too, with `structure_key`."""
     from .models import model_hash
 
     return model_hash(model)

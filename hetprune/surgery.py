@@ -1,15 +1,15 @@
 """Exact, in-place surgery: the primitives every remover and merger is built
 from, and what a recipe replays. Each asks the model's adapter
-(:mod:`hetprune.adapters`), so it works for every supported family.
+([`hetprune.adapters`][hetprune.adapters]), so it works for every supported family.
 
-* Attention removal swaps the block for a :class:`HetBlock` that skips the
+* Attention removal swaps the block for a `HetBlock` that skips the
   attention branch: ``identity`` (default: norm1, attn and its scale are gone)
   or ``ln-residual`` (the reference release: ``x + norm1(x)``).
 * Activation removal makes the MLP linear: a plain MLP's activation becomes a
-  :class:`RemovedActivation` (``fc2(fc1(x))``); a gated MLP
+  `RemovedActivation` (``fc2(fc1(x))``); a gated MLP
   ``fc2(act(g(x)) * u(x))`` loses its gate and becomes ``fc2(u(x))``
-  (:class:`LinearMlp`).
-* Merging replaces such an MLP with :class:`MergedMlp`, one ``D x D`` linear
+  (`LinearMlp`).
+* Merging replaces such an MLP with `MergedMlp`, one ``D x D`` linear
   ``(W2 W1, W2 b1 + b2)``, where that lowers MACs for the layer's actual widths;
   a LayerScale module is folded in, and optionally norm2's affine too.
 """

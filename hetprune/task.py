@@ -1,17 +1,17 @@
 """What a model is pruned for: its data, loss, metric and, optionally, its owner's training loop.
 
-Every strategy talks to a :class:`Task` and never to a data set, a loss or a
+Every strategy talks to a [`Task`][hetprune.task.Task] and never to a data set, a loss or a
 training loop directly, so the same strategy prunes a classifier for top-1
 with hetprune's KD trainer or a segmentation backbone for mIoU with the
 user's own loop.
 
-* :class:`Task` is the user's: ``train``/``val`` are anything re-iterable
+* [`Task`][hetprune.task.Task] is the user's: ``train``/``val`` are anything re-iterable
   that yields batches (a DataLoader), ``loss(model, batch)`` returns a scalar
   tensor, ``metric(model, val)`` a number (``higher_is_better`` says which way
   is good), and ``finetune(model, teacher, schedule)``, if given, is called
-  for every fine-tune hetprune would run, with the :class:`Schedule` its own
+  for every fine-tune hetprune would run, with the [`Schedule`][hetprune.task.Schedule] its own
   trainer would have used.
-* :func:`classification` is today's default: a :class:`~hetprune.data.DataBundle`
+* `classification` is today's default: a `DataBundle`
   (embedded digits, an ImageFolder), cross-entropy + KD, top-1, hetprune's
   trainer with per-epoch checkpoints and torchrun.
 """
@@ -164,7 +164,7 @@ class Task:
         return list(history) if isinstance(history, (list, tuple)) else []
 
     def source(self):
-        """What hetprune's trainer iterates (see :class:`hetprune.train.BatchSource`)."""
+        """What hetprune's trainer iterates (see `hetprune.train.BatchSource`)."""
         return UserSource(self)
 
     def scoring_batches(self, items: int, batch_size: int, n_batches: int, seed: int, workers: int = 0,
@@ -200,7 +200,7 @@ class Task:
         """What keys this task's resumable state: the ``fingerprint`` given, else a hash of the data's batches
         (every tensor in them, nested in tuples, lists, namedtuples or dicts, of the first batch of a loader
         and of every batch of a list). Where the batches hold no tensor to hash, a fresh value per Task
-        object: nothing is ever reused across runs for it (:attr:`fingerprinted` says which)."""
+        object: nothing is ever reused across runs for it (`fingerprinted` says which)."""
         if self._fingerprint is None:
             train, val = _batches_digest(self.train), _batches_digest(self.val)
             if train.get("tensors") or val.get("tensors"):
@@ -229,7 +229,7 @@ class Task:
 
 
 class UserSource:
-    """hetprune's trainer (:func:`hetprune.train.train`) over a user Task: its batches and its loss.
+    """hetprune's trainer (`hetprune.train.train`) over a user Task: its batches and its loss.
 
     ``subset`` (training items) is rounded up to whole batches of the loader.
     The loss is the task's alone: hetprune cannot distil an output it does
@@ -363,8 +363,9 @@ def as_task(value) -> Task:
 
 
 def format_metric(name: str, value: float) -> str:
-    """``top-1 97.78%`` for top-1, else ``NAME 83.39``: how logs show a metric."""
-    return f"top-1 {value:.2f}%" if name == "top1" else f"{name} {value:.2f}"
+    """``top-1 97.78%`` for top-1, else ``NAME 83.388`` or ``mse 0.11342``: five significant digits, whatever
+    the metric's scale (two decimals made every point of an MSE task read 0.11)."""
+    return f"top-1 {value:.2f}%" if name == "top1" else f"{name} {value:.5g}"
 
 
 def checked_metric(value, name: str = "metric") -> float:
@@ -387,7 +388,7 @@ def _cross_entropy(model, batch):
 
 def _top1(model, val) -> float:
     """Top-1 in percent over batches ``(x, y)`` (the classification task batches and counts across ranks
-    itself, in :meth:`ClassificationTask.evaluate`; this is the same metric on ready-made batches)."""
+    itself, in `ClassificationTask.evaluate`; this is the same metric on ready-made batches)."""
     hits = total = 0
     for x, y in val:
         hits += int((model(x).argmax(dim=-1) == y).sum())

@@ -2,7 +2,7 @@
 
 One function per component kind runs the contract against tiny models and
 data it builds itself (a depth-4, width-32 ViT; a few dozen digits images),
-in seconds, and raises :class:`ConformanceError` (an ``AssertionError``, so
+in seconds, and raises `ConformanceError` (an ``AssertionError``, so
 pytest shows it as a failure) saying which rule was broken::
 
     from hetprune.testing import check_predictor
@@ -10,10 +10,10 @@ pytest shows it as a failure) saying which rule was broken::
     def test_my_predictor_keeps_the_contract():
         check_predictor(MyPredictor, k=2)     # options go to the constructor
 
-The rules are those hetprune enforces at run time (:mod:`hetprune.contract`)
+The rules are those hetprune enforces at run time (`hetprune.contract`)
 plus deeper ones only a test can afford (the model is left as it was, exact in
-float64, the result reloads, the budget is kept). :data:`CHECKS` maps each
-component kind to its check; :func:`check` dispatches on it, and
+float64, the result reloads, the budget is kept). `CHECKS` maps each
+component kind to its check; `check` dispatches on it, and
 ``hetprune plugins --check`` runs it on installed components. A new kind of
 component adds its check function to that table.
 """
@@ -65,7 +65,7 @@ def tiny_model(seed: int = 0) -> nn.Module:
 
 @functools.lru_cache(maxsize=1)
 def tiny_data():
-    """scikit-learn's digits at 16x16 (the settings of :func:`tiny_settings` use a few dozen of them)."""
+    """scikit-learn's digits at 16x16 (the settings of `tiny_settings` use a few dozen of them)."""
     from .data import digits
 
     return digits()
@@ -87,7 +87,7 @@ def _merged(base: dict, update: dict) -> dict:
 
 def tiny_job(budget: Budget, workdir: str | Path, strategy_defaults: dict | None = None,
              settings: dict | None = None, model: nn.Module | None = None, name: str = "under-test"):
-    """A :class:`hetprune.PruneJob` on :func:`tiny_model` and :func:`tiny_data`, with the installed plugins."""
+    """A [`hetprune.PruneJob`][hetprune.pipeline.PruneJob] on `tiny_model` and `tiny_data`, with the installed plugins."""
     from .pipeline import PruneJob
     from .plugins import get_registry
 
@@ -99,7 +99,7 @@ def tiny_job(budget: Budget, workdir: str | Path, strategy_defaults: dict | None
 
 
 def scoring_context(model: nn.Module, workdir: str | Path, settings: dict | None = None):
-    """A :class:`hetprune.ScoringContext` on :func:`tiny_data` with ``model`` as the teacher."""
+    """A [`hetprune.ScoringContext`][hetprune.pipeline.ScoringContext] on `tiny_data` with ``model`` as the teacher."""
     from .pipeline import ScoringContext
 
     return ScoringContext(data=tiny_data(), teacher=copy.deepcopy(model).eval(), settings=tiny_settings(None, settings),
@@ -378,9 +378,9 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, e
     model reloads bit-identically from its recipe, and MAC counts equal FlopCounterMode's count.
 
     ``make_model`` builds a tiny model of the family (random weights); without it the adapter's
-    ``example_spec`` (a :class:`hetprune.ModelSpec`) is built. The reload is checked either way: with
+    ``example_spec`` (a [`hetprune.ModelSpec`][hetprune.models.ModelSpec]) is built. The reload is checked either way: with
     ``make_model``, the saved recipe and weights are applied to a fresh ``make_model()`` (what
-    :func:`hetprune.apply_recipe` users do); with ``example_spec``, through :func:`hetprune.load`.
+    [`hetprune.apply_recipe`][hetprune.recipe.apply_recipe] users do); with ``example_spec``, through [`hetprune.load`][hetprune.recipe.load].
 
     ``cls`` may also be a ready adapter, such as ``hetprune.adapters.generic(blocks=..., layout=...)`` for
     a transformer you wrote: it is pinned for the check instead of registered. ``example``: an input batch,
@@ -435,8 +435,8 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, e
 
 def _reloaded(model: nn.Module, base: nn.Module, spec: ModelSpec | None,
               rebuild: Callable[[], nn.Module] | None) -> nn.Module:
-    """``model`` saved with its recipe and loaded back: by :func:`hetprune.load` (``rebuild`` None), or by
-    applying the saved recipe and weights to a fresh ``rebuild()`` base, as :func:`hetprune.apply_recipe`
+    """``model`` saved with its recipe and loaded back: by [`hetprune.load`][hetprune.recipe.load] (``rebuild`` None), or by
+    applying the saved recipe and weights to a fresh ``rebuild()`` base, as [`hetprune.apply_recipe`][hetprune.recipe.apply_recipe]
     users do for a model hetprune cannot build by name."""
     from .recipe import WEIGHTS_FILE, apply_recipe, arch_of, load, load_recipe, recipe_from_model, save
     from .io import load_weights
@@ -516,7 +516,7 @@ CHECKS: dict[str, Callable[..., None]] = {
 
 
 def check(kind: str, cls, **options) -> None:
-    """Run the check of component kind ``kind`` on ``cls`` (see :data:`CHECKS`)."""
+    """Run the check of component kind ``kind`` on ``cls`` (see `CHECKS`)."""
     try:
         run = CHECKS[kind]
     except KeyError:

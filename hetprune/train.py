@@ -27,7 +27,7 @@ from .resume import reusable
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
-    """Kept for callers of the old name: :func:`hetprune.devices.resolve`."""
+    """Kept for callers of the old name: `hetprune.devices.resolve`."""
     return devices.resolve(name)
 
 
@@ -86,7 +86,7 @@ def optimisation_step(loss: torch.Tensor, optimizers: list, scaler, device: torc
     The one step every training loop takes, so AMP is handled alike everywhere.
     An inf loss under fp16 is the overflow a GradScaler exists for: the step
     is skipped and the scale backed off. A NaN loss (or an inf one without
-    fp16) raises :class:`NonFiniteLoss`. Under DDP the ranks' flags are summed,
+    fp16) raises `NonFiniteLoss`. Under DDP the ranks' flags are summed,
     so all skip or stop together (or the others would wait forever).
     """
     flags = torch.stack([torch.isnan(loss.detach()), torch.isinf(loss.detach())]).double()
@@ -194,11 +194,11 @@ def _load_checkpoint(folder: Path) -> dict | None:
 
 
 class ClassificationSource:
-    """What :func:`train` iterates for a classification :class:`DataBundle` (the default Task).
+    """What `train` iterates for a classification `DataBundle` (the default Task).
 
     A training source says how many steps an epoch has, yields each step's
     ``(batch, share, whole)`` (this rank's items of a global batch of
-    ``whole``), and computes a batch's loss; :class:`hetprune.task.Task`
+    ``whole``), and computes a batch's loss; [`hetprune.task.Task`][hetprune.task.Task]
     gives one for a user's own loader and loss. This one takes a seeded
     subset, splits every global batch across ranks (a rank with no item gets
     a zero-weight stand-in, so every rank takes every step), and trains on
@@ -245,8 +245,8 @@ def train(
     resume_key: dict | None = None,
     log: Callable[[str], None] = print,
 ) -> list[dict]:
-    """Train ``model`` in place on ``data`` (a :class:`DataBundle`, or a training source such as
-    :class:`ClassificationSource` or a Task's); returns the per-epoch history.
+    """Train ``model`` in place on ``data`` (a `DataBundle`, or a training source such as
+    `ClassificationSource` or a Task's); returns the per-epoch history.
 
     With ``checkpoint_dir``, a checkpoint is written after every epoch and
     ``resume=True`` continues from it. Each epoch's data order and
@@ -265,14 +265,14 @@ def train(
     batch of ``cfg.batch_size`` items is split across ranks (any batch size:
     shares may differ by one item). Every rank takes every step, and each
     rank's loss is weighted by its share of the global batch
-    (:func:`share_weighted`; a rank with no item takes part with weight 0), so
+    (`share_weighted`; a rank with no item takes part with weight 0), so
     the run follows the single-process one up to rounding;
     ``distributed=False`` trains this rank's model alone (e.g. one MAP point
     per rank).
 
     ``cfg.amp`` runs the forward passes under autocast (bf16, or fp16 with a
     GradScaler); the loss, KD term included, is computed in fp32 (or wider).
-    Each step is :func:`forward_loss` and :func:`optimisation_step`, which
+    Each step is `forward_loss` and `optimisation_step`, which
     other training loops (gate-taylor's gate phase) share.
     """
     from timm.optim import create_optimizer_v2

@@ -29,7 +29,7 @@ KEPT_ATTR = "_hetprune_kept_channels"   # set on a model by track_kept (plain da
 
 def read_widths(model: nn.Module) -> dict:
     """The widths of every layer of a (width-)pruned model, as plain JSON data, with the channels
-    it kept of its base model when :func:`track_kept` followed its width pruning."""
+    it kept of its base model when `track_kept` followed its width pruning."""
     widths = _width_adapter(model).read_widths(model)
     kept = getattr(model, KEPT_ATTR, None)
     return {**widths, "kept": kept} if kept is not None else widths

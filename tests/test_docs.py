@@ -234,3 +234,37 @@ def test_runnable_blocks_run(page, tmp_path, tiny_model_args):
     work = tmp_path / "work"
     work.mkdir()
     run_page(blocks, work, example_env(tmp_path / "cache"), tiny_model_args)
+
+
+# -- docstrings render on the site: Markdown cross-references, never reST roles ---------------------------------
+RAW_ROLE = re.compile(r":(func|class|meth|mod|data|attr|exc|obj|ref):`")
+
+
+def docstrings(path: Path):
+    """``(line, text)`` of every module, class and function docstring in ``path``."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            text = ast.get_docstring(node, clean=False)
+            if text:
+                yield getattr(node, "lineno", 1), text
+
+
+def raw_roles(paths, root: Path = ROOT) -> list[str]:
+    return [f"{p.relative_to(root)}:{line}: {m.group(0)}" for p in paths for line, text in docstrings(p)
+            for m in RAW_ROLE.finditer(text)]
+
+
+def test_no_docstring_holds_a_raw_rest_role():
+    """mkdocstrings renders docstrings as Markdown: a reST role (:func:`x`) shows on the site as typed. Write
+    [`x`][hetprune.module.x] (a link where x is documented) or `x`."""
+    paths = sorted([*(ROOT / "hetprune").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")])
+    assert not raw_roles(paths), "\n".join(raw_roles(paths))
+
+
+def test_the_role_check_sees_a_raw_role(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('def f():\n    """See :func:`hetprune.prune`."""\n')
+    assert raw_roles([bad], tmp_path) == ["bad.py:1: :func:`"]

@@ -80,3 +80,11 @@ def test_repeated_seeds_and_budgets_are_refused_from_python(tiny_model, digits_d
     with pytest.raises(HetpruneError, match=r"^seeds lists 1 more than once"):
         hetprune.ablate(tiny_model, digits_data, budget=2, seeds=[1, 1], out=tmp_path / "a")
     assert not (tmp_path / "c").exists() and not (tmp_path / "a").exists()
+
+
+def test_a_metric_is_printed_with_the_digits_its_scale_needs():
+    """Issue 34, item 22: two decimals made every point of an MSE task read 0.11."""
+    from hetprune.task import format_metric
+
+    assert format_metric("mse", 0.113423) == "mse 0.11342" and format_metric("mse", 0.114481) == "mse 0.11448"
+    assert format_metric("mIoU", 83.3871) == "mIoU 83.387" and format_metric("top1", 97.7777) == "top-1 97.78%"

@@ -3,14 +3,14 @@
 The rest of hetprune asks the adapter of a model and never names a block
 attribute itself. Built-in and outside adapters are components registered
 through the ``register_architectures`` hook (built-ins: the ``timm`` and
-``hf`` plugins); a user's own transformer gets one from :func:`generic`, and a
-known model inside a larger module is found as a submodule (:class:`Nested`).
+``hf`` plugins); a user's own transformer gets one from `generic`, and a
+known model inside a larger module is found as a submodule (`Nested`).
 
-* :mod:`.base`: the :class:`Adapter` contract and :class:`PreNormAdapter`, which implements
-  every operation for pre-norm blocks from a :class:`~hetprune.layers.BlockLayout`;
-* :mod:`.generic`: :func:`generic`, an adapter from a block path and a layout;
-* :mod:`.nested`: :class:`Nested`, an adapter's operations on a submodule;
-* :mod:`.lookup`: :func:`adapter_for` and :func:`serving`, which model gets which adapter.
+* `base`: the `Adapter` contract and `PreNormAdapter`, which implements
+  every operation for pre-norm blocks from a [`BlockLayout`][hetprune.layers.BlockLayout];
+* `generic`: `generic`, an adapter from a block path and a layout;
+* `nested`: `Nested`, an adapter's operations on a submodule;
+* `lookup`: `adapter_for` and `serving`, which model gets which adapter.
 """
 
 from .base import DOCS, Adapter, PreNormAdapter, WidthInfo, attention_matmul_macs

@@ -1,12 +1,12 @@
-"""The adapter contract (:class:`Adapter`) and its implementation for pre-norm blocks.
+"""The adapter contract (`Adapter`) and its implementation for pre-norm blocks.
 
-Of the adapters whose :meth:`Adapter.matches` accepts a model, the most
+Of the adapters whose `Adapter.matches` accepts a model, the most
 specific serves it, whatever the order they were registered in
-(:func:`hetprune.adapters.adapter_for` says how specificity is judged).
+(`hetprune.adapters.adapter_for` says how specificity is judged).
 
 Most ViT families are pre-norm: ``x + s1·attn(norm1(x))`` then
-``x + s2·mlp(norm2(x))``. :class:`PreNormAdapter` implements every operation
-for them from a :class:`~hetprune.layers.BlockLayout` (the child names), so a
+``x + s2·mlp(norm2(x))``. `PreNormAdapter` implements every operation
+for them from a [`BlockLayout`][hetprune.layers.BlockLayout] (the child names), so a
 new pre-norm family is a subclass that says which model and block types it
 accepts, where its blocks are and what its children are called. A family of
 another shape (Hugging Face's ViT layer, say) overrides the operations.
@@ -30,7 +30,7 @@ DOCS = "docs/plugins.md#writing-an-architecture-adapter"
 
 @dataclass
 class WidthInfo:
-    """What a width pruner needs to know about a model (from :meth:`Adapter.width_info`).
+    """What a width pruner needs to know about a model (from `Adapter.width_info`).
 
     ``attentions``: ``(attention module, its fused qkv linear, heads)``;
     ``ignored_layers``: layers whose outputs are never pruned (classifier
@@ -55,7 +55,7 @@ class WidthInfo:
 
 
 class Adapter:
-    """The adapter contract (see docs/plugins.md). Subclass :class:`PreNormAdapter` where you can."""
+    """The adapter contract (see docs/plugins.md). Subclass `PreNormAdapter` where you can."""
 
     name = "adapter"
     description = ""
@@ -68,7 +68,7 @@ class Adapter:
 
     def specificity(self, model: nn.Module) -> tuple:
         """How specifically this adapter serves ``model``, compared as a tuple (larger wins; see
-        :func:`adapter_for`): its ``priority``, then how near the model's class is to the nearest of its
+        `adapter_for`): its ``priority``, then how near the model's class is to the nearest of its
         ``model_types``, then how near the farthest block's class is to the nearest of its ``block_types``
         (0: the class itself, -1: its parent, ...; no types declared: farthest of all)."""
         model_types = tuple(getattr(self, "model_types", ()) or ())
@@ -82,7 +82,7 @@ class Adapter:
         raise NotImplementedError
 
     def check(self, model: nn.Module) -> None:
-        """Raise :class:`HetpruneError` for a model of the family that hetprune cannot prune (e.g. post-norm)."""
+        """Raise [`HetpruneError`][hetprune.errors.HetpruneError] for a model of the family that hetprune cannot prune (e.g. post-norm)."""
 
     # -- blocks and sites -------------------------------------------------------------
     def block_slots(self, model: nn.Module) -> list[tuple[nn.Module, str]]:
@@ -157,7 +157,7 @@ class Adapter:
 
     # -- cost and facts -------------------------------------------------------------------
     def is_attention(self, module: nn.Module) -> bool:
-        """Whether ``module`` is an attention module whose matmuls :meth:`attention_macs` counts."""
+        """Whether ``module`` is an attention module whose matmuls `attention_macs` counts."""
         return False
 
     def attention_macs(self, module: nn.Module, inputs: tuple) -> int:
@@ -188,7 +188,7 @@ class Adapter:
         raise HetpruneError(f"the {self.name} adapter has no width-pruning support yet")
 
     def compose_kept(self, first: dict, then: dict) -> dict:
-        """:meth:`kept_channels` of two width prunings in a row, relative to the model before the first."""
+        """`kept_channels` of two width prunings in a row, relative to the model before the first."""
         raise HetpruneError(f"the {self.name} adapter has no width-pruning support yet")
 
     def build(self, name: str, kwargs: dict) -> nn.Module:
@@ -226,11 +226,11 @@ def attention_matmul_macs(batch: int, heads: int, q_tokens: int, k_tokens: int, 
 
 
 class PreNormAdapter(Adapter):
-    """Every operation for pre-norm blocks, through a :class:`BlockLayout`.
+    """Every operation for pre-norm blocks, through a [`BlockLayout`][hetprune.layers.BlockLayout].
 
     Subclasses set ``model_types`` (the model classes), ``block_types`` (the
     block classes that are sites), ``attention_types`` and ``layout`` (or
-    override :meth:`layout_of`), and :meth:`block_slots` where the blocks are
+    override `layout_of`), and `block_slots` where the blocks are
     not ``model.blocks``.
     """
 

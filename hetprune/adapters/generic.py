@@ -1,7 +1,7 @@
-"""An adapter a user gets without writing a plugin: :func:`generic` serves a
+"""An adapter a user gets without writing a plugin: `generic` serves a
 pre-norm transformer the user wrote. Say where its blocks are (a dotted path
 to a ModuleList) and what a block's children are called (a
-:class:`~hetprune.layers.BlockLayout`); hetprune checks the rest (every block
+[`BlockLayout`][hetprune.layers.BlockLayout]); hetprune checks the rest (every block
 has them, the attention says its geometry) and refuses the model otherwise.
 """
 

@@ -1,4 +1,4 @@
-"""Finding a model's adapter: the one a job serves (:func:`serving`), else the most specific registered
+"""Finding a model's adapter: the one a job serves (`serving`), else the most specific registered
 adapter that matches the model or, failing that, a submodule of it (a backbone inside the user's model)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def adapters() -> list[Adapter]:
 def adapter_for(model: nn.Module) -> Adapter:
     """The adapter that serves ``model``: the most specific of those whose ``matches`` accepts it.
 
-    Specificity (:meth:`Adapter.specificity`) is compared in order: a higher declared ``priority`` wins;
+    Specificity (`Adapter.specificity`) is compared in order: a higher declared ``priority`` wins;
     then the adapter whose ``model_types`` holds the nearest ancestor of the model's class (the class
     itself beats its parent: an adapter for a subclass of ``VisionTransformer`` beats the one for
     ``VisionTransformer``); then the one whose ``block_types`` is nearest to the blocks' classes (an adapter

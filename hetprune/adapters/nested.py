@@ -1,6 +1,6 @@
 """A model an adapter knows, inside a larger module: a ViT backbone under the user's own
-detection or segmentation head. :class:`Nested` gives every operation of the inner adapter on the
-submodule at ``path``; :func:`find_nested` finds the outermost such submodule."""
+detection or segmentation head. `Nested` gives every operation of the inner adapter on the
+submodule at ``path``; `find_nested` finds the outermost such submodule."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class Nested(Adapter):
 
 
 def find_nested(model: nn.Module, candidates: list[Adapter]) -> Adapter | None:
-    """A :class:`Nested` adapter for the outermost submodule of ``model`` that one of ``candidates`` matches."""
+    """A `Nested` adapter for the outermost submodule of ``model`` that one of ``candidates`` matches."""
     for path, module in model.named_modules():
         if not path:
             continue

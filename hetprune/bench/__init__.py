@@ -1,7 +1,7 @@
 """Speed measurement: one harness for GPU and CPU.
 
-:func:`measure` times several models on random input and returns plain data
-(JSON-ready); :func:`format_table` renders it. Choices, and why:
+`measure` times several models on random input and returns plain data
+(JSON-ready); `format_table` renders it. Choices, and why:
 
 * The models of one comparison are timed **interleaved** in one process
   (warm-up and repeats go round-robin A, B, A, B, ...), so a noisy neighbour,
@@ -31,8 +31,8 @@
 
 Models are put in eval mode and moved to the device in place (torch backend).
 
-The package's files, one job each: :mod:`.environment` (what a timing ran
-on), :mod:`.timing` (the timers and :func:`measure`), :mod:`.report` (the
+The package's files, one job each: `environment` (what a timing ran
+on), `timing` (the timers and `measure`), `report` (the
 tables people read).
 """
 

@@ -7,7 +7,7 @@ from ..costs import human
 
 
 def format_per_block(label: str, result: dict) -> str:
-    """A table of :func:`per_block`: one row per block, then the totals."""
+    """A table of `per_block`: one row per block, then the totals."""
     lines = [f"{label}: where the time goes at batch {result['batch_size']} on {result['device']} "
              f"(median of {result['repeats']} forward passes, ms)",
              f"  {'block':>5}  {'attention':>9}  {'mlp':>9}  {'other':>9}  {'total':>9}"]

@@ -1,6 +1,6 @@
 """Timing: models timed interleaved in one process (warm-up and repeats round-robin), each repeat
 calibrated to last ``min_time_s``, summarised by the median and quartiles; torch and ONNX Runtime
-runners; :func:`measure` (whole models) and :func:`per_block` (each block's parts).
+runners; `measure` (whole models) and `per_block` (each block's parts).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Runner:
 
 
 class OrtRunner:
-    """Runs one ONNX Runtime session on a fixed input; the same interface as :class:`Runner`.
+    """Runs one ONNX Runtime session on a fixed input; the same interface as `Runner`.
 
     On CUDA the input is bound on the GPU once (io binding), so the timed
     calls do not include a host-to-device copy, as with the torch path.
@@ -191,7 +191,7 @@ def time_interleaved(runners: dict, repeats: int, warmup: int, min_time_s: float
     instead of 8.
 
     With ``reference`` and ``spread_target``, rounds go on after ``repeats`` until every runner's speed ratio
-    to the reference is known within the target (:func:`ratio_spread`), or ``spread_budget_s`` more seconds
+    to the reference is known within the target (`ratio_spread`), or ``spread_budget_s`` more seconds
     have passed, or ``max_repeats`` rounds were run; each runner's result says its ratio's spread."""
     warm: dict[str, list[float]] = {name: [] for name in runners}
     for w in range(warmup):
@@ -248,7 +248,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
     the measurement (restored afterwards; ONNX Runtime sessions get the same
     count). ``backend``: ``torch`` or ``onnxruntime``. ``budget_s``: seconds per
     model and batch size; the rounds are as many as fit (at least ``repeats``;
-    see :func:`time_interleaved`). ``spread_target`` (e.g. 0.02): more rounds, up to ``spread_budget_s``
+    see `time_interleaved`). ``spread_target`` (e.g. 0.02): more rounds, up to ``spread_budget_s``
     seconds per batch size, until every speedup over the reference is known within it; each row says its
     speedup's spread either way (``speedup_spread``: half the per-round IQR, relative). Returns a JSON-ready
     dict:

@@ -58,7 +58,7 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    """Parse the options, build the model and its Task, and call :func:`hetprune.ablate`."""
+    """Parse the options, build the model and its Task, and call [`hetprune.ablate`][hetprune.ablate.ablate]."""
     from .. import distributed as dist
     from ..ablate import ABLATION_FOLDER, ablate, markdown
     from ..api import resolve_settings, run_device

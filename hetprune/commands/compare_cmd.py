@@ -84,7 +84,7 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    """Parse the options, build the model and its Task, and call :func:`hetprune.compare`."""
+    """Parse the options, build the model and its Task, and call [`hetprune.compare`][hetprune.compare.compare]."""
     from .. import distributed as dist
     from ..api import run_device
     from ..compare import DEFAULT_STRATEGIES, compare, merged_settings, prepare_out

@@ -129,7 +129,7 @@ def settings_for(args, strategy) -> dict:
 
 
 def run(args) -> int:
-    """Parse the options, build the model and its Task, and call :func:`hetprune.prune`."""
+    """Parse the options, build the model and its Task, and call [`hetprune.prune`][hetprune.api.prune]."""
     from .. import distributed as dist
     from .. import cost_model
     from ..api import check_names, check_out, prune, run_device

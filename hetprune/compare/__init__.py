@@ -3,10 +3,10 @@ dense model, data, settings and timer; one table and one plot.
 
 Work happens in two phases so that timing never competes with training:
 1. prune + fine-tune every (strategy, budget, seed) row, saving each pruned
-   model and its row the moment it finishes (``rows.jsonl``; :mod:`.rows`);
+   model and its row the moment it finishes (``rows.jsonl``; `rows`);
 2. time every pruned model against the dense one, interleaved, in one process
-   (:mod:`.timing`);
-then the results are written (:mod:`.report`). A rerun with ``--resume``
+   (`timing`);
+then the results are written (`report`). A rerun with ``--resume``
 reuses every finished row whose settings match, so an interrupted run loses
 at most the row in progress.
 """
@@ -38,7 +38,7 @@ DEFAULT_STRATEGIES = ("hetdpt", "attn-only", "act-only", "mix50")
 
 @dataclass
 class CompareResult:
-    """What :func:`compare` returns: one row per (strategy, budget, seed), their mean ± std per (strategy,
+    """What [`compare`][hetprune.compare.compare] returns: one row per (strategy, budget, seed), their mean ± std per (strategy,
     budget), the dense model's row, and the Markdown table also written to ``out/results.md``."""
 
     rows: list[dict]
@@ -81,8 +81,8 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
 
     ``speed_budget_s``: seconds per batch size the timer may add to know every speedup within ±2 %
     (models with the same structure are timed once and share their figure).
-    ``budgets`` are site counts or :class:`~hetprune.budget.Budget` objects (``Budget(target_macs=0.5)``);
-    every other argument means what it means for :func:`hetprune.prune`. Finished rows are kept as they
+    ``budgets`` are site counts or [`Budget`][hetprune.budget.Budget] objects (``Budget(target_macs=0.5)``);
+    every other argument means what it means for [`hetprune.prune`][hetprune.api.prune]. Finished rows are kept as they
     finish, so ``resume=True`` continues an interrupted comparison.
     """
     from .. import cost_model, devices

@@ -14,19 +14,19 @@ Why each choice:
   changes: a removed site leaves no trace, and ops outside the sites, such as
   CaiT's class attention, need no family knowledge); and a run in the target
   runtime on a seeded batch compared with the PyTorch model. Anything wrong
-  raises :class:`HetpruneError` and leaves no file.
+  raises [`HetpruneError`][hetprune.errors.HetpruneError] and leaves no file.
 * The exporter silently falls back to another opset when it cannot convert;
   we check the opset it wrote and refuse instead.
 * A hub folder is a saved model folder (``recipe.json`` +
-  ``model.safetensors``, so :func:`hetprune.load` reads it as is) plus what a
+  ``model.safetensors``, so [`hetprune.load`][hetprune.recipe.load] reads it as is) plus what a
   model hub expects: a ``README.md`` card and a ``config.json`` shaped for the
   model's library: timm-style for a timm model; for a Hugging Face transformers
   model its own config (``architectures``, ``model_type``) and a
   ``preprocessor_config.json`` with its image processor's mean/std.
 
-One file per format: :mod:`.to_onnx`, :mod:`.to_pt2`, :mod:`.hub`; what they
+One file per format: `to_onnx`, `to_pt2`, `hub`; what they
 share (request checks, the verification input and comparison, atomic writes)
-is :mod:`.common`.
+is `common`.
 """
 
 from .common import (DEFAULT_OPSET, DTYPES, FORMATS, INPUT_NAME, OUTPUT_NAME, TOLERANCE, check_dtype, check_output,

@@ -1,4 +1,4 @@
-"""Hub folders: a saved model folder (recipe + weights, so :func:`hetprune.load` reads it) plus what a
+"""Hub folders: a saved model folder (recipe + weights, so [`hetprune.load`][hetprune.recipe.load] reads it) plus what a
 model hub expects, shaped for the model's library (a timm ``config.json``; a transformers model's own
 config and image-processor file) and a model card that quotes the commands that made it.
 """
@@ -119,7 +119,7 @@ def hf_preprocessor_config(model: nn.Module, inner: nn.Module, recipe) -> dict:
 
 def hf_hub_config(inner: nn.Module, recipe) -> dict:
     """transformers-style ``config.json``: the model's own config, its class under ``architectures``, and the
-    recipe (the pruned architecture is rebuilt by :func:`hetprune.load`, not by transformers)."""
+    recipe (the pruned architecture is rebuilt by [`hetprune.load`][hetprune.recipe.load], not by transformers)."""
     config = json.loads(inner.config.to_json_string(use_diff=False))
     return {**config, "architectures": [type(inner).__name__], "hetprune": _hetprune_section(recipe)}
 
@@ -225,11 +225,11 @@ def _speed_rows(bench_json: str | Path | None) -> list[dict] | None:
 def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Path | None = None,
                report: dict | None = None, overwrite: bool = False, bench_json: str | None = None,
                export_command: str = "", allow_kwargs=()) -> dict:
-    """Write a hub-style folder and check that :func:`hetprune.load` reads it back bit-identically.
+    """Write a hub-style folder and check that [`hetprune.load`][hetprune.recipe.load] reads it back bit-identically.
 
     The folder is shaped for the model's library: timm's ``config.json``, or for a transformers model its own
     ``config.json`` and ``preprocessor_config.json``. The recipe's base is built (for the dense costs) and
-    read back, so its kwargs are checked as :func:`hetprune.load` checks them (``allow_kwargs``: the names
+    read back, so its kwargs are checked as [`hetprune.load`][hetprune.recipe.load] checks them (``allow_kwargs``: the names
     the caller passes itself).
     """
     from ..costs import CONVENTION, count_macs, count_params

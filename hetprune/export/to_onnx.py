@@ -134,7 +134,7 @@ def expected_census(model: nn.Module, base: nn.Module, base_census: dict[str, in
     Every removed site takes exactly its own ops out of the base graph, and
     nothing else changes: an activation site one activation op; an attention
     site the attention ops and products its attention module computes in
-    ``base`` (counted in a forward pass, :func:`_attention_ops`); and matrix
+    ``base`` (counted in a forward pass, `_attention_ops`); and matrix
     products change by the linear layers removed or merged. Ops outside the
     sites (CaiT's class attention, a family's extra heads) stay as they are.
     """

@@ -8,7 +8,7 @@ layer, ``o_proj``, instead. The classifier reads the class token: one
 attention site must stay.
 
 hetprune's models return logits; an HF model returns an output object, so it
-is wrapped: :func:`wrap` (or ``ModelSpec("ViTForImageClassification",
+is wrapped: `wrap` (or ``ModelSpec("ViTForImageClassification",
 config_kwargs, library="hf-vit")``, which builds it from a ``ViTConfig``).
 """
 

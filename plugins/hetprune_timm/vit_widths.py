@@ -15,7 +15,7 @@ form a person can read and diff::
   every projection into and out of the residual stream, the head's input);
 * per block: ``attn`` is ``{"heads", "head_dim"}`` (the qkv layer then has
   ``3 * heads * head_dim`` outputs, proj ``heads * head_dim`` inputs) or
-  ``"removed"`` (a :class:`~hetprune.layers.HetBlock`); ``mlp`` is
+  ``"removed"`` (a `HetBlock`); ``mlp`` is
   ``{"hidden"}`` (fc2 inputs: fc1 outputs of a plain MLP, also when the
   activation is removed but the MLP is not merged; for a gated MLP the width
   of each of its two halves, so a packed ``GluMlp``/``SwiGLUPacked`` fc1 has
@@ -23,7 +23,7 @@ form a person can read and diff::
   ``fc1_g``) or ``"merged"`` (one ``embed_dim x embed_dim`` linear); a whole
   dropped block is ``"dropped"``.
 
-:func:`apply_widths` runs after the depth surgery of a recipe (removals and
+`apply_widths` runs after the depth surgery of a recipe (removals and
 merges) on a fresh base model and gives every layer the recorded shape, with
 timm's ``Attention`` attributes (``num_heads``, ``head_dim``, ``attn_dim``,
 ``scale``) made consistent, so the saved state dict loads strictly.
@@ -219,7 +219,7 @@ class UnpackedGlu(nn.Module):
     its ``2 x hidden`` rows as if each were a channel and fails on fc2, which
     has only ``hidden`` inputs (Torch-Pruning issue 366). Split in two, the
     halves are coupled through the product like in ``SwiGLU``, which it prunes
-    correctly; :func:`repack_glu` puts the pruned halves back into one fc1.
+    correctly; `repack_glu` puts the pruned halves back into one fc1.
     """
 
     def __init__(self, glu: GluMlp):
@@ -237,7 +237,7 @@ class UnpackedGlu(nn.Module):
 
 
 def unpack_glus(model: nn.Module) -> None:
-    """Every packed gated MLP of ``model``'s blocks as an :class:`UnpackedGlu`, in place."""
+    """Every packed gated MLP of ``model``'s blocks as an `UnpackedGlu`, in place."""
     for i, block in enumerate(model.blocks):
         mlp = getattr(block, "mlp", None)
         if mlp is not None and not isinstance(block, DroppedBlock) and mlp_form(mlp, f"blocks.{i}.mlp") == "packed":
@@ -245,7 +245,7 @@ def unpack_glus(model: nn.Module) -> None:
 
 
 def repack_glu(model: nn.Module) -> None:
-    """Undo :func:`unpack_glus`: the (pruned) halves back in one packed fc1 of the original ``GluMlp``."""
+    """Undo `unpack_glus`: the (pruned) halves back in one packed fc1 of the original ``GluMlp``."""
     for block in model.blocks:
         u = getattr(block, "mlp", None)
         if isinstance(u, UnpackedGlu):
@@ -400,7 +400,7 @@ def apply_widths(model: nn.Module, widths: dict, compute: bool = False, merge_pe
     ``compute=False`` (loading saved weights next): only the shapes matter.
     ``compute=True``: the current weights are cut to the leading channels of
     every layer; that keeps a random model random, but does not reproduce a
-    width-pruned trained model (use :func:`hetprune.load` on its folder).
+    width-pruned trained model (use [`hetprune.load`][hetprune.recipe.load] on its folder).
     """
     blocks = model.blocks
     _check_widths(widths, len(blocks))
@@ -543,9 +543,9 @@ def compose_kept(first: dict, then: dict) -> dict:
 
 
 def check_width_support(model: nn.Module) -> None:
-    """Refuse, before any pruning, a model whose widths :func:`apply_widths` could not replay.
+    """Refuse, before any pruning, a model whose widths `apply_widths` could not replay.
 
-    The same checks :func:`apply_widths` makes, run up front, so an unsupported
+    The same checks `apply_widths` makes, run up front, so an unsupported
     layer stops a run at its start, not at the reload check after pruning and
     fine-tuning.
     """

@@ -24,8 +24,8 @@ MLP hidden channels only, the finest step there is. (Torch-Pruning applies
 ``steps > 1`` prunes progressively: ``steps`` searches to geometrically
 spaced targets, importance re-estimated (Taylor: fresh gradients) in between.
 
-Works on depth-pruned models: a :class:`~hetprune.surgery.HetBlock` has no
-attention to prune; a :class:`~hetprune.surgery.MergedMlp` is one
+Works on depth-pruned models: a `HetBlock` has no
+attention to prune; a `MergedMlp` is one
 ``D x D`` linear whose both sides are the residual width, so it is pruned
 with the embedding; an MLP whose activation was removed but which is not
 merged keeps a prunable hidden width.
@@ -232,7 +232,7 @@ class IsomorphicWidthPruner:
 
         ``ctx`` (optional) may give ``batches()`` (training batches: needed for
         Taylor importance), ``macs_fn(model)`` (the cost to meet, default
-        :func:`hetprune.costs.count_macs` on ``example_inputs``) and ``log``.
+        [`hetprune.costs.count_macs`][hetprune.costs.count_macs] on ``example_inputs``) and ``log``.
         Returns a report (also kept as ``last_report``).
         """
         log = getattr(ctx, "log", None) or (lambda msg: None)

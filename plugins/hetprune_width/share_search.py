@@ -34,7 +34,7 @@ def depth_macs(job: PruneJob):
 
 
 def candidates(job: PruneJob, target: float, macs) -> list[tuple[int, int]]:
-    """Every split whose depth pruning alone (``macs``, from :func:`depth_macs`) stays at or above ``target``."""
+    """Every split whose depth pruning alone (``macs``, from `depth_macs`) stays at or above ``target``."""
     limits = max_per_kind(job.dense)
     return [(a, m) for a in range(limits["attn"] + 1) for m in range(limits["act"] + 1) if macs(a, m) >= target]
 
