@@ -88,3 +88,21 @@ def test_a_metric_is_printed_with_the_digits_its_scale_needs():
 
     assert format_metric("mse", 0.113423) == "mse 0.11342" and format_metric("mse", 0.114481) == "mse 0.11448"
     assert format_metric("mIoU", 83.3871) == "mIoU 83.387" and format_metric("top1", 97.7777) == "top-1 97.78%"
+
+
+@pytest.mark.parametrize("command,data", [("prune", "digits"), ("compare", "digit-pairs"), ("ablate", "digits")])
+def test_each_command_names_its_data_in_its_first_line(monkeypatch, capsys, tmp_path, command, data):
+    """Issue 34, item 27: prune and compare default to different embedded data sets; each says which."""
+    import importlib
+
+    module = importlib.import_module(f"hetprune.commands.{command}_cmd")
+
+    def stop(*args, **kwargs):
+        raise HetpruneError("stopped after the first line")
+
+    monkeypatch.setattr(module, "base_model", stop)
+    budget = ["--budgets", "2"] if command == "compare" else ["--budget", "2"]
+    assert main([command, *budget, "--out", str(tmp_path / "o")]) == 2
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"hetprune {command}: data {data} (embedded, the default of hetprune {command};")
+    assert "--data digit" in first

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, data_for
+from .common import add_model_arguments, apply_data_options, base_model, data_for, data_line
 from .compare_cmd import int_list
 from .prune_cmd import add_budget_arguments, budget_from, latency_batch_sets
 
@@ -83,6 +83,8 @@ def _run(args) -> int:
     for name in scorers:
         registry.component("scorer", name)
     prepare_out(Path(args.out), args.resume, args.overwrite, ABLATION_FOLDER)
+    if dist.is_main():
+        print(data_line(args, "ablate"), flush=True)
     dense, model_spec, base_info = base_model(args, device=settings["device"])
     data = data_for(args, dense)
     apply_data_options(args, settings, data)

@@ -111,6 +111,23 @@ def base_model(args, log=print, device: str = "cpu"):
     return model, spec, info
 
 
+def data_line(args, command: str, defaulted: bool | None = None) -> str:
+    """The first line a command prints: which data it runs on, and how to pick another. The embedded
+    defaults differ: ``prune`` and ``ablate`` take digits, ``compare`` digit pairs (where the split between
+    the kinds is a real question), so a row of the default compare is rerun with ``--data digit-pairs``."""
+    from ..data import DIGIT_PAIRS, DIGITS, EMBEDDED
+
+    data = args.data or DIGITS
+    if data not in EMBEDDED:
+        return f"hetprune {command}: data {data} (ImageFolder, --augment {getattr(args, 'augment', 'light')})"
+    other = DIGIT_PAIRS if data == DIGITS else DIGITS
+    defaulted = not args.data if defaulted is None else defaulted
+    why = f", the default of hetprune {command}" if defaulted else ""
+    where = "the checkpoint's" if getattr(args, "checkpoint", None) else f"embedded {data} ViT"
+    return (f"hetprune {command}: data {data} (embedded{why}; base model: {where}); "
+            f"--data {other} or --data PATH for another")
+
+
 def data_for(args, model, seed: int = 0):
     from ..data import DIGITS, EMBEDDED, load_data
 

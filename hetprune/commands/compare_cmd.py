@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, data_for
+from .common import add_model_arguments, apply_data_options, base_model, data_for, data_line
 from .prune_cmd import (add_budget_arguments, add_settings_arguments, budget_from, latency_batch_sets, predictor_sets,
                         round_to_sets)
 
@@ -96,7 +96,7 @@ def _run(args) -> int:
         raise HetpruneError(f"--strategies lists a strategy twice: {names}")
     strategies = [registry.build("strategy", n) for n in names]
     budgets = compare_budgets(args)
-    args.data = compare_data(args)
+    defaulted, args.data = args.data is None and args.model is None, compare_data(args)
     seeds = int_list(args.seeds, "--seeds")
     batch_sizes = int_list(args.batch_sizes, "--batch-sizes")
     defaults = {k: v for s in strategies for k, v in getattr(s, "defaults", {}).items()}
@@ -108,6 +108,8 @@ def _run(args) -> int:
                                device=args.device, amp=args.amp, cost_model=args.cost_model)
     run_device(settings)
     prepare_out(Path(args.out), args.resume, args.overwrite)   # before the base model is trained
+    if dist.is_main():
+        print(data_line(args, "compare", defaulted), flush=True)
     dense, model_spec, base_info = base_model(args, device=settings["device"])
     data = data_for(args, dense)
     apply_data_options(args, settings, data)

@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, command_line, data_for
+from .common import add_model_arguments, apply_data_options, base_model, command_line, data_for, data_line
 
 HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
 
@@ -148,6 +148,8 @@ def run(args) -> int:
     tag = budget.to_dict()
     out = Path(args.out or f"runs/prune-{strategy.name}-{'-'.join(f'{k}{v}' for k, v in tag.items())}")
     check_out(out, args.overwrite)
+    if dist.is_main():
+        print(data_line(args, "prune"), flush=True)
     import torch
 
     torch.manual_seed(settings["seed"])   # a --model without weights is built from this seed
