@@ -77,12 +77,12 @@ class Budget:
             if not isinstance(self.cost_model, str) or not self.cost_model:
                 raise HetpruneError(f"a budget's cost model must be a name, got {self.cost_model!r}")
             if self.sites is not None or self.target_macs is not None:
-                raise HetpruneError(f"{option('cost-model', self.cost_model, setting='cost_model')} applies to "
-                                    f"{option('target-speedup')} and {option('target-latency')}; "
-                                    f"{option('budget')} counts sites and {option('target-macs')} counts MACs")
+                raise HetpruneError(f"{option('target-macs')} counts MACs and {option('budget')} counts sites; "
+                                    f"{option('cost-model', self.cost_model)} applies to {option('target-speedup')} "
+                                    f"and {option('target-latency')}")
             if self.target_latency is not None and self.cost_model == "macs":
                 raise HetpruneError(f"{option('target-latency')} is a time: it needs a time cost model "
-                                    f"({option('cost-model', 'latency', setting='cost_model')}), not macs")
+                                    f"({option('cost-model', 'latency')}), not macs")
 
     @property
     def counts_cost(self) -> bool:

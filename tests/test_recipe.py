@@ -274,7 +274,7 @@ def test_output_folder_holding_a_different_result_is_refused_unless_overwrite(ti
     hetprune.save(out, model_a, a)
     hetprune.save(out, model_a, make_recipe(tiny_spec, provenance={"note": "same result, new provenance"}))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(HetpruneError, match="already holds a different result; pass --overwrite"):
+    with pytest.raises(HetpruneError, match="already holds a different result; pass overwrite=True"):
         hetprune.save(out, model_b, b)
     assert hetprune.recipe.load_recipe(out).attn_removed == [1]
     with pytest.raises(HetpruneError, match="already holds a different result"):  # same recipe, other weights

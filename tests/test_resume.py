@@ -48,7 +48,7 @@ def same_state(a, b) -> bool:
 
 
 def resume_notes(logs: list[str]) -> list[str]:
-    return [m for m in logs if m.startswith("--resume:")]
+    return [m for m in logs if m.startswith("resume:")]
 
 
 def pruned(job, act: int = 1):

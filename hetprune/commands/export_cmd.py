@@ -100,12 +100,12 @@ def run(args) -> int:
         for module in ("onnx", "onnxscript", "onnxruntime"):
             need(module, "--format onnx")
     out = Path(args.out) if args.out else _default_out(args.target, args.format)
-    if args.format == "hub":   # a folder: refused when it holds anything hetprune did not write
+    check_output(out, args.overwrite, folder=args.format == "hub")
+    if args.format == "hub":   # a folder: refused when it holds anything hetprune did not write, overwrite or not
         from ..export.hub import HUB_FOLDER
         from ..io import check_result_folder
 
-        check_result_folder(out, HUB_FOLDER, args.overwrite)
-    check_output(out, args.overwrite, folder=args.format == "hub")
+        check_result_folder(out, HUB_FOLDER, overwrite=True)
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
