@@ -168,7 +168,12 @@ def input_shape_of(model) -> tuple[int, int, int]:
         channels, height, width = cfg["input_size"]
         own = getattr(model, "in_chans", None)  # a model timm built outside build() still knows its channels
         return (own if isinstance(own, int) else channels, height, width)
-    raise HetpruneError("cannot tell this model's input size (no patch_embed.img_size or pretrained_cfg)")
+    for name, inner in model.named_modules():   # a backbone inside the user's module: its input is the model's
+        if name and (getattr(inner, "patch_embed", None) is not None or "input_size" in (
+                getattr(inner, "pretrained_cfg", None) or {})):
+            return input_shape_of(inner)
+    raise HetpruneError("cannot tell this model's input size (no patch_embed.img_size or pretrained_cfg, in it or "
+                        "in a module inside it)")
 
 
 def _record_input_size(model: nn.Module, kwargs: dict) -> nn.Module:

@@ -452,3 +452,23 @@ def test_tied_blocks_are_refused_up_front_saying_why(digits_data, tmp_path):
                        adapter=generic(blocks="encoder.layers", layout=LAYOUT), settings=TINY_SETTINGS,
                        progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_model_with_several_outputs_exports_and_each_output_is_verified(digits_data, tmp_path):
+    """Issue 34, item 15, the export's check: ONNX Runtime and the reloaded .pt2 give every output, each
+    compared with PyTorch (only the first was)."""
+    from hetprune.export import export_onnx, export_pt2
+
+    model = TwoHeads().eval()
+    hetprune.surgery.remove_activation(model.backbone, 1)
+    hetprune.surgery.merge_all(model.backbone)
+    onnx_check = export_onnx(model, tmp_path / "m.onnx", dynamic_batch=True)
+    assert onnx_check["outputs"] == 2 and onnx_check["relative_error"] < 1e-4
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["output_0", "output_1"]
+    got = session.run(None, {"pixel_values": X.numpy()})
+    want = outputs(model, X)
+    assert torch.allclose(torch.from_numpy(got[1]), want[1]["tokens"], atol=1e-4)
+    assert export_pt2(model, tmp_path / "m.pt2")["outputs"] == 2

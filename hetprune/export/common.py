@@ -62,18 +62,47 @@ def verify_input(model: nn.Module, batch: int) -> torch.Tensor:
     return torch.randn(batch, *input_shape_of(model), generator=gen)
 
 
-def compare_outputs(got, reference: torch.Tensor, dtype: str, where: str) -> dict:
-    """Max abs error of ``got`` against the fp32 torch ``reference``; raise above the tolerance."""
-    got = torch.as_tensor(got).float()
-    if tuple(got.shape) != tuple(reference.shape):
-        raise HetpruneError(f"{where} gives output shape {tuple(got.shape)}, torch gives {tuple(reference.shape)}")
-    err = (got - reference).abs().max().item()
-    scale = max(reference.abs().max().item(), 1e-12)
-    result = {"max_abs_error": err, "relative_error": err / scale, "tolerance": TOLERANCE[dtype], "dtype": dtype}
-    if not result["relative_error"] <= TOLERANCE[dtype]:  # also catches NaN
-        raise HetpruneError(f"{where} does not match the PyTorch model: max abs error {err:.3g} is "
-                            f"{result['relative_error']:.3g} of the largest output, above the {dtype} tolerance "
-                            f"{TOLERANCE[dtype]:g}; no file was written")
+def flat_outputs(outputs) -> list:
+    """A model's outputs in the order an exporter writes them (torch's pytree order: a tuple's, a dict's
+    insertion order): one tensor, or every tensor of nested tuples, lists and dicts."""
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+
+
+def output_names(model: nn.Module, example: torch.Tensor) -> list[str]:
+    """``logits`` for a model with one output; ``output_0``, ``output_1``, ... for one with several."""
+    with torch.inference_mode():
+        n = len(flat_outputs(model(example)))
+    return [OUTPUT_NAME] if n == 1 else [f"output_{i}" for i in range(n)]
+
+
+def compare_outputs(got, reference, dtype: str, where: str) -> dict:
+    """Max abs error of ``got`` against the fp32 torch ``reference``, output by output (a model may have
+    several: ``got`` is then the runtime's list and ``reference`` the torch outputs, nested as the model
+    returns them); raise above the tolerance. The figures are the worst output's."""
+    from torch.utils._pytree import tree_leaves
+
+    gots = [torch.as_tensor(g).float() for g in tree_leaves(got)]   # the runtime's arrays, or torch's nesting
+    refs = flat_outputs(reference)
+    if len(gots) != len(refs):
+        raise HetpruneError(f"{where} has {len(gots)} outputs, torch gives {len(refs)}")
+    result = None
+    for i, (g, ref) in enumerate(zip(gots, refs)):
+        which = f" {i}" if len(refs) > 1 else ""
+        if tuple(g.shape) != tuple(ref.shape):
+            raise HetpruneError(f"{where}{which} has shape {tuple(g.shape)}, torch gives {tuple(ref.shape)}")
+        err = (g - ref.float()).abs().max().item() if ref.numel() else 0.0
+        scale = max(ref.abs().max().item(), 1e-12) if ref.numel() else 1.0
+        mine = {"max_abs_error": err, "relative_error": err / scale, "tolerance": TOLERANCE[dtype], "dtype": dtype}
+        if not mine["relative_error"] <= TOLERANCE[dtype]:  # also catches NaN
+            raise HetpruneError(f"{where}{which} does not match the PyTorch model: max abs error {err:.3g} is "
+                                f"{mine['relative_error']:.3g} of the largest output, above the {dtype} tolerance "
+                                f"{TOLERANCE[dtype]:g}; no file was written")
+        if result is None or mine["relative_error"] > result["relative_error"]:
+            result = mine
+    if len(refs) > 1:
+        result["outputs"] = len(refs)
     return result
 
 

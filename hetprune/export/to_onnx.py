@@ -14,8 +14,8 @@ from torch import nn
 
 from ..costs import MATMUL_FUNCTIONS
 from ..errors import HetpruneError
-from .common import (DEFAULT_OPSET, INPUT_NAME, OUTPUT_NAME, _dynamic_shapes, _example, _prepared, _publish,
-                     _quiet_exporter, _temp_path, _verify_batch, check_dtype, compare_outputs, need, verify_input)
+from .common import (DEFAULT_OPSET, INPUT_NAME, _dynamic_shapes, _example, _prepared, _publish, _quiet_exporter,
+                     _temp_path, _verify_batch, check_dtype, compare_outputs, need, output_names, verify_input)
 
 # ONNX ops that stand for one piece of a ViT (the exporter spells GELU as Erf before opset 20, and
 # attention as MatMul/Softmax/MatMul before opset 23, as one fused Attention op from 23 on)
@@ -157,9 +157,11 @@ def _to_onnx(model: nn.Module, example: torch.Tensor, opset: int, dynamic_batch:
     """
     from ..adapters import adapter_for
 
+    names = output_names(model, example)   # logits, or output_0, output_1, ... for a model with several
+
     def run():
         return torch.onnx.export(model, (example,), None, dynamo=True, opset_version=opset,
-                                 input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                                 input_names=[INPUT_NAME], output_names=names,
                                  dynamic_shapes=_dynamic_shapes(dynamic_batch), verbose=False)
 
     with _quiet_exporter():
@@ -256,7 +258,7 @@ def verify_onnx(path: str | Path, model: nn.Module, dtype: str = "fp32", batch: 
         raise HetpruneError(f"ONNX Runtime cannot load the exported graph: {str(exc).splitlines()[0]}") from exc
     x = verify_input(model, batch)
     feed = x.half().numpy() if dtype == "fp16" else x.numpy()
-    got = session.run(None, {session.get_inputs()[0].name: feed})[0]
+    got = session.run(None, {session.get_inputs()[0].name: feed})   # every output, in the exporter's order
     with torch.inference_mode():
         reference = _prepared(model, "fp32")(x)
     return {"verified_batch": batch, **compare_outputs(got, reference, dtype, "ONNX Runtime's output")}
