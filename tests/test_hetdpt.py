@@ -734,15 +734,16 @@ def test_a_gradual_point_is_what_the_runs_own_selection_makes_of_that_split(tiny
 
 
 def test_gradual_points_have_their_own_key_and_a_bad_choice_is_refused(tiny_model, digits_data, tmp_path):
-    oneshot = make_job(tiny_model, digits_data, tmp_path)
-    gradual = make_job(tiny_model, digits_data, tmp_path, **{"hetdpt.point_selection": "gradual"})
     strategy = HetDPT()
-    assert strategy.points_key(oneshot) != strategy.points_key(gradual)
+
+    def key(**changes):
+        return strategy.points_key(make_job(tiny_model, digits_data, tmp_path, **changes))
+
+    gradual = {"hetdpt.point_selection": "gradual"}
+    assert key() != key(**gradual)
     # one-shot points do not depend on the run's scorer; gradual ones do, options included
-    for job in (oneshot, gradual):
-        before = strategy.points_key(job)
-        job.settings["scorer_options"] = {"gate-taylor": {"score_decay": 0.5}}
-        assert (strategy.points_key(job) != before) == (job is gradual)
+    decay = {"scorer_options": "{gate-taylor: {score_decay: 0.5}}"}
+    assert key(**decay) == key() and key(**gradual, **decay) != key(**gradual)
     bad = make_job(tiny_model, digits_data, tmp_path, **{"hetdpt.point_selection": "greedy"})
-    with pytest.raises(HetpruneError, match="point_selection must be one of oneshot, gradual, got 'greedy'"):
+    with pytest.raises(HetpruneError, match="point_selection must be one of oneshot, progressive, gradual, got 'greedy'"):
         strategy.collect_points(bad, [(0, 1)])
