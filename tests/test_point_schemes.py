@@ -101,6 +101,32 @@ def test_an_interrupted_path_resumes_at_its_third_point_from_the_seconds_weights
     assert path_points(points, "attn")[:2] == first_two             # reused, identical
 
 
+def test_verify_checks_the_best_predicted_splits_from_the_nearest_path_point_they_contain(
+        tiny_model, digits_data, tmp_path, monkeypatch):
+    stub = MarkingFinetune(tiny_model)
+    monkeypatch.setattr(hetprune.task, "train", stub)
+    job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=3), **PROGRESSIVE,
+                   **{"hetdpt.verify": 2, "hetdpt.predictor": "gp"})
+    pick, info = HetDPT().allocate(job)
+    points = {(p["n_attn"], p["n_act"]): p for p in info["points"]}
+    checked = info["verified"]
+    assert len(checked) == 2
+    for c in checked:
+        a, m = c["n_attn"], c["n_act"]
+        base = tuple(c["verified_from"])
+        assert base[0] <= a and base[1] <= m and (base == (0, 0) or base in points)
+        # the deepest path point it contains: none on the paths holds more of its removals
+        assert not [p for p in points if p[0] <= a and p[1] <= m and sum(p) > sum(base)]
+        assert c["sites"][:sum(base)] == points[base]["sites"] and len(c["sites"]) == a + m   # inherited order
+        assert c["images"] == c["extra_steps"] * 150 * 2 + 300 * 3     # the steps, then the final schedule
+    best = max(checked, key=lambda c: (c["accuracy"], -c["n_attn"]))
+    assert pick == (best["n_attn"], best["n_act"]) and info["pick"]["verified"] == best["accuracy"]
+    # as many fine-tunes as the paths' steps, each check's extra steps and one final fine-tune per check
+    assert len(stub.seen) == 3 + 3 + 3 + sum(c["extra_steps"] + 1 for c in checked)
+    with pytest.raises(hetprune.HetpruneError, match="hetdpt.verify measures the best predicted splits"):
+        HetDPT().allocate(make_job(tiny_model, digits_data, tmp_path / "oneshot", **{"hetdpt.verify": 1}))
+
+
 def test_a_points_key_changes_with_everything_that_shapes_the_points(tiny_model, digits_data, tmp_path):
     def keys(**changes) -> dict:
         job = make_job(tiny_model, digits_data, tmp_path, **changes)

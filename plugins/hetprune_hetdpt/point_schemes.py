@@ -1,4 +1,5 @@
-"""How MAP's cheap points are made: one class per scheme (``hetdpt.point_selection``).
+"""How MAP's cheap points are made: one class per scheme (``hetdpt.point_selection``); the base class, and
+the schemes that make each point from the dense model (``oneshot``, ``gradual``).
 
 A scheme decides which points a budget gets (:meth:`PointScheme.plan`), how
 each one is measured, and what keys it (:attr:`PointScheme.key`: everything
@@ -16,8 +17,8 @@ never again from settings.
 * ``gradual``: the run's own selector makes each point from the dense model,
   as the final run will for that split; no fine-tune after it.
 
-A new scheme is one subclass registered in :data:`SCHEMES` (a strategy built
-on ``hetdpt`` may pass its own table to :func:`scheme_for`).
+The progressive scheme is in :mod:`.progressive`; :mod:`.schemes` names them
+all. A new scheme is one subclass listed in a strategy's ``point_schemes``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from hetprune.cache import fingerprint
 from hetprune.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context, select_sites
 from hetprune.points import PointStore
 
-from .paths import Path as PointPath, paths_for
 
 FINETUNES = ("auto", "finetune", "short_finetune")
 AFFORDABLE = 4   # oneshot's auto: the final schedule for points when it sees at most this many short ones' images
@@ -276,168 +276,3 @@ class GradualPoints(PointScheme):
             remove_sites(job, model, chosen)
             made = {"selection": "gradual", "scorer": self.selector, "images": self.images(a + m)}
             self.record(store, have, model, a, m, chosen, t0, made, f"{i}/{len(mine)}")
-
-
-class ProgressivePoints(PointScheme):
-    """The paper's points: paths from the dense model, one more site off per step, each step fine-tuned from
-    the previous point's weights (see :mod:`.paths`)."""
-
-    name = "progressive"
-    description = "the paper's: paths from the dense model, one more site per point, weights inherited"
-    ORDERS = ("act", "attn")
-    refinable = False   # a path makes its own splits only
-
-    def __init__(self, job: PruneJob, strategy):
-        super().__init__(job, strategy)
-        self.section = resolve_finetune(job.settings, job.task.train_size, "progressive")
-        first = self.options.get("interleave_first", "act")
-        if first not in self.ORDERS:
-            raise HetpruneError(f"hetdpt.interleave_first must be one of {', '.join(self.ORDERS)} (the kind the "
-                                f"interleaved path of progressive points removes first), got {first!r}")
-        self.first = first
-        s = job.settings
-        self.step_images = images_of(s[self.section], job.task.train_size)
-        self._paths: list[PointPath] = []
-
-    def path_key(self, path: PointPath) -> str:
-        """What shapes the points of one path: the scheme, the path (the interleaved path's order), the
-        schedule, the point scorer and its data, and the common fields; not its length (a longer path
-        extends a shorter one with the same key)."""
-        s = self.job.settings
-        return fingerprint({**self.common, "point_selection": "progressive", "path": path.name,
-                            "point_finetune": self.section, "schedule": s[self.section],
-                            "point_scorer": self.options["point_scorer"], "scoring": s["scoring"]})
-
-    @property
-    def key(self) -> str:
-        """The dense point's key: the dense model evaluated, no fine-tune."""
-        return fingerprint({**self.common, "point_selection": "progressive", "path": "dense"})
-
-    def plan(self, pairs):
-        self._paths = paths_for(pairs, self.first)
-        plan = {(0, 0)} if self.options["dense_point"] else set()
-        for path in self._paths:
-            plan |= set(path.recorded)
-        return sorted(plan, key=lambda p: (p[0] + p[1], p))
-
-    def collect(self, plan):
-        if not self._paths:   # a plan made elsewhere: the paths that reach its points
-            self._paths = paths_for_plan(plan, self.first)
-        job = self.job
-        stores = {path.name: self.store(self.path_key(path)) for path in self._paths}
-        dense_store = self.store()
-        have = {}
-        for path in self._paths:
-            have.update(stores[path.name].load())
-        have.update(dense_store.load())
-        wanted = set(plan)
-        todo_paths = dist.on_main(lambda: [p for p in self._paths if any(q in wanted and q not in have
-                                                                          for q in p.recorded)])
-        dense_todo = (0, 0) in wanted and (0, 0) not in have
-        reused = len([p for p in plan if p in have])
-        if reused and len(todo_paths) + dense_todo:
-            job.log(f"[hetdpt] reusing {reused} measured MAP points from {dense_store.path}")
-        world = dist.world()
-        if world > len(todo_paths) >= 1 and dist.is_main() and world > 1:
-            job.log(f"[hetdpt] progressive points: {len(todo_paths)} path(s) on {world} ranks; ranks "
-                    f"{len(todo_paths)}-{world - 1} wait (a path is a chain of fine-tunes, each from the last)")
-        if dense_todo and dist.is_main():
-            t0 = time.time()
-            self.record(dense_store, have, job.place(copy.deepcopy(job.dense)), 0, 0, [], t0,
-                        {"path": "dense", "images": 0}, "dense")
-        for i, path in enumerate(todo_paths):
-            if i % world == dist.rank():
-                self.walk(path, stores[path.name], have, max(q[0] + q[1] for q in path.steps if q in wanted)
-                          if any(q in wanted for q in path.steps) else len(path.steps))
-        if dist.active():
-            dist.barrier()
-            have = {}
-            for path in self._paths:
-                have.update(stores[path.name].load())
-            have.update(dense_store.load())
-        missing = [p for p in plan if p not in have]
-        if missing:
-            raise HetpruneError(f"progressive points: no path reaches {missing}")
-        return [have[p] for p in plan]
-
-    # -- one path ----------------------------------------------------------------------------------
-    def checkpoint(self, path: PointPath, step: int):
-        return self.job.shared_dir / "map-paths" / f"{self.path_key(path)}-step{step}.pt"
-
-    def start(self, path: PointPath, stored: dict):
-        """The model to continue ``path`` from and the steps it has done: the last finished step whose
-        weights are kept and whose point (if it records one) is stored; else the dense model, step 0."""
-        import torch
-
-        job = self.job
-        for step in range(len(path.steps), 0, -1):
-            file = self.checkpoint(path, step)
-            pair = path.steps[step - 1]
-            if not file.is_file() or (pair in path.recorded and pair not in stored):
-                continue
-            try:
-                state = torch.load(str(file), map_location="cpu", weights_only=True)
-            except Exception as exc:
-                raise HetpruneError(f"progressive points: checkpoint {file} cannot be read ({exc}); delete it to "
-                                    "walk that path again") from exc
-            model = job.place(copy.deepcopy(job.dense))
-            remove_sites(job, model, [Site.parse(s) for s in state["sites"]])
-            model.load_state_dict(state["model"])
-            job.place(model)
-            job.log(f"[hetdpt] progressive points: path {path.name} continues after step {step} ({file.name})")
-            return model, [Site.parse(s) for s in state["sites"]], step
-        return job.place(copy.deepcopy(job.dense)), [], 0
-
-    def walk(self, path: PointPath, store: PointStore, have: dict, reach: int) -> None:
-        """Walk ``path`` until its steps reach ``reach`` sites removed, resuming from its last kept step."""
-        import torch
-
-        job = self.job
-        stored = store.load()
-        model, removed, done = self.start(path, stored)
-        scorer = self.scorer()
-        ctx = scoring_context(job, job.workdir / "points-scoring" / path.name)
-        ctx.progress, ctx.on_epoch_end = False, None
-        for step in range(done, len(path.steps)):
-            a, m = path.steps[step]
-            if a + m > reach:
-                break
-            t0 = time.time()
-            kind = path.kinds[step]
-            victim = rank_lowest(scorer.score(model, sites(model, kind), ctx), 1)[0]
-            remove_sites(job, model, [victim])
-            removed = removed + [victim]
-            self.finetune(model, self.section)
-            file = self.checkpoint(path, step + 1)
-            file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = file.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "sites": [str(s) for s in removed], "step": step + 1}, str(tmp))
-            tmp.replace(file)
-            if (a, m) in path.recorded:   # its images: its own fine-tune and those of unrecorded steps before
-                fine_tunes = path.since_recorded(step + 1)
-                images = None if self.step_images is None else self.step_images * fine_tunes
-                self.record(store, have, model, a, m, removed, t0,
-                            {"path": path.name, "step": step + 1, "fine_tunes": fine_tunes,
-                             "point_finetune": self.section, "schedule": job.settings[self.section],
-                             "images": images}, f"{path.name} {step + 1}/{len(path.steps)}")
-            if step:   # the previous step's weights are no longer needed once this one is kept
-                self.checkpoint(path, step).unlink(missing_ok=True)
-
-
-def paths_for_plan(plan: list[tuple[int, int]], first: str) -> list[PointPath]:
-    """The paths whose points cover ``plan`` (a plan made by another scheme's plan, e.g. a refinement's)."""
-    max_a = max((a for a, _ in plan), default=0)
-    max_m = max((m for _, m in plan), default=0)
-    return paths_for([(max_a, max_m)], first)
-
-
-SCHEMES = {cls.name: cls for cls in (OneShotPoints, ProgressivePoints, GradualPoints)}
-
-
-def scheme_for(job: PruneJob, strategy, schemes: dict | None = None) -> PointScheme:
-    """The job's point scheme (``hetdpt.point_selection``), built once per job with its settings resolved."""
-    table = schemes or SCHEMES
-    name = job.settings["hetdpt"].get("point_selection", "oneshot")
-    if name not in table:
-        raise HetpruneError(f"hetdpt.point_selection must be one of {', '.join(table)}, got {name!r}")
-    return job.once(("point scheme", name), lambda: table[name](job, strategy))

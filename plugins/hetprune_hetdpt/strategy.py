@@ -7,7 +7,8 @@ from hetprune import HetpruneError, Site
 from hetprune.pipeline import DepthStrategy, PruneJob
 from hetprune import distributed as dist
 
-from .point_schemes import SCHEMES, OneShotPoints, grid_plan, resolve_finetune, scheme_for
+from .point_schemes import OneShotPoints, grid_plan, resolve_finetune
+from .schemes import SCHEMES, scheme_for
 
 
 class HetDPT(DepthStrategy):
@@ -45,10 +46,14 @@ class HetDPT(DepthStrategy):
             # (and its unmeasured neighbours on the budget line) with the same cheap fine-tune, then refits;
             # the pick prefers measured values. 0 = the paper's one-shot fit.
             "refine": 0,
+            # past the paper (progressive points only): the K best predicted splits, each reached from the
+            # nearest path point its removals contain (inherited weights) and fine-tuned on the final schedule;
+            # the pick is the best of them. 0 = the predictor's argmax
+            "verify": 0,
         }
     }
 
-    # -- stage 1: points (one scheme object per job: hetdpt_hetdpt.point_schemes) -------------------
+    # -- stage 1: points (one scheme object per job: point_schemes.py, progressive.py) -------------
     point_schemes = SCHEMES   # name -> PointScheme class; a strategy built on this one may add its own
 
     def scheme(self, job: PruneJob):
@@ -102,12 +107,12 @@ class HetDPT(DepthStrategy):
         return predictor
 
     @staticmethod
-    def refine_rounds(settings: dict, key: str = "hetdpt.refine") -> int:
-        """A refinement round count from settings (``section.refine``), checked."""
+    def refine_rounds(settings: dict, key: str = "hetdpt.refine", what: str = "a count of rounds") -> int:
+        """A refinement round count (or another count) from settings (``section.name``), checked."""
         section, name = key.split(".")
         refine = settings[section].get(name, 0)
         if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
-            raise HetpruneError(f"{key} must be a count of rounds >= 0, got {refine!r}")
+            raise HetpruneError(f"{key} must be {what} >= 0, got {refine!r}")
         return refine
 
     def allocate(self, job: PruneJob):
@@ -117,7 +122,12 @@ class HetDPT(DepthStrategy):
             return pairs[0], {"predictor": None, "points": [], "fit": {}, "surface": [], "refinement": [],
                               "single_split": True, "pick": {"n_attn": pairs[0][0], "n_act": pairs[0][1]}}
         refine = self.refine_rounds(job.settings)
+        verify = self.refine_rounds(job.settings, "hetdpt.verify", "a count of splits")
         scheme = self.scheme(job)
+        if verify and not hasattr(scheme, "verify"):
+            raise HetpruneError(f"hetdpt.verify measures the best predicted splits from the nearest progressive "
+                                f"point; {scheme.name} points have none: use point_selection progressive, or "
+                                "verify 0")
         if refine and not scheme.refinable:
             raise HetpruneError(f"hetdpt.refine measures splits on the budget line, which {scheme.name} points "
                                 "cannot reach (a path only makes its own splits); use refine 0, or "
@@ -143,6 +153,14 @@ class HetDPT(DepthStrategy):
         # Ties go to fewer attention removals.
         value = {pair: measured.get(pair, predicted[pair]) if refine else predicted[pair] for pair in pairs}
         pick = max(pairs, key=lambda p: (sign * value[p], -p[0]))
+        checked = []
+        if verify:   # past the paper: the best predicted splits measured on the final schedule, the best kept
+            best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:verify]
+            found = scheme.verify(best)
+            pick = max(best, key=lambda p: (sign * found[p]["accuracy"], -p[0]))
+            checked = [found[p] for p in best]
+            job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(found[(a, m)]['accuracy'])}"
+                                                       for a, m in best))
         surface = [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)],
                     **({"std": predictor.uncertainty(a, m)} if hasattr(predictor, "uncertainty") else {}),
                     **({"measured": measured[(a, m)]} if (a, m) in measured else {})} for a, m in pairs]
@@ -150,9 +168,11 @@ class HetDPT(DepthStrategy):
         job.log(f"[hetdpt] predictor {predictor.name}: " + ", ".join(
             f"({d['n_attn']},{d['n_act']})={d['predicted']:.1f}" for d in surface))
         return pick, {"predictor": predictor.name, "points": points, "fit": fit, "surface": surface,
-                      "refinement": rounds, "point_selection": scheme.name, "points_cost": points_cost(points),
+                      "refinement": rounds, "verified": checked, "point_selection": scheme.name,
+                      "points_cost": points_cost(points + checked),
                       "pick": {"n_attn": pick[0], "n_act": pick[1], "predicted": predicted[pick],
-                               **({"measured": measured[pick]} if refine and pick in measured else {})}}
+                               **({"measured": measured[pick]} if refine and pick in measured else {}),
+                               **({"verified": found[pick]["accuracy"]} if verify else {})}}
 
     @staticmethod
     def fit(predictor, points: list[dict], pairs: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
