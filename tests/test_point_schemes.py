@@ -175,6 +175,9 @@ def test_progressive_paths_reach_what_the_feasible_splits_need():
     *_, inter = paths_for(macs, "attn")
     assert inter.steps[:3] == [(1, 0), (1, 1), (2, 1)] and inter.steps[-1] == (8, 7)   # stops on the budget line
     assert [p.name for p in paths_for([(0, 3)], "act")] == ["act"]                     # one kind: one path
+    attn, act, inter = paths_for(macs, "act", stride=3)          # three sites per step, one fine-tune each
+    assert attn.steps == [(3, 0), (6, 0), (9, 0), (10, 0)] and act.steps[-1] == (0, 12)
+    assert inter.steps == [(1, 2), (3, 3), (4, 5), (6, 6), (7, 8)] and inter.recorded == inter.steps
 
 
 @pytest.mark.parametrize("degree", [2, 3])

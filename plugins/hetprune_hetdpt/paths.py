@@ -20,18 +20,18 @@ OTHER = {"attn": "act", "act": "attn"}
 
 @dataclass
 class Path:
-    """One path: its name (part of its points' key), the kind removed at each step, the split after each
-    step, and the splits that record a point."""
+    """One path: its name (part of its points' key), the kinds removed at each step (one fine-tune per
+    step), the split after each step, and the splits that record a point."""
 
     name: str
-    kinds: list[str] = field(default_factory=list)
+    kinds: list[list[str]] = field(default_factory=list)
     steps: list[Pair] = field(default_factory=list)
     recorded: list[Pair] = field(default_factory=list)
 
-    def take(self, kind: str) -> Pair:
+    def take(self, kinds: list[str]) -> Pair:
         a, m = self.steps[-1] if self.steps else (0, 0)
-        pair = (a + 1, m) if kind == "attn" else (a, m + 1)
-        self.kinds.append(kind)
+        pair = (a + kinds.count("attn"), m + kinds.count("act"))
+        self.kinds.append(list(kinds))
         self.steps.append(pair)
         return pair
 
@@ -47,31 +47,38 @@ def reaches(pair: Pair, feasible: list[Pair]) -> bool:
     return any(pair[0] >= a and pair[1] >= m for a, m in feasible)
 
 
-def paths_for(feasible: list[Pair], first: str = "act") -> list[Path]:
-    """The three paths a budget with these feasible splits needs (fewer where a kind is never removed)."""
+def removal_order(feasible: list[Pair], first: str) -> list[str]:
+    """The interleaved path's removals one by one: alternating kinds, ``first`` first, each kind while any
+    feasible split needs more of it, until the removals reach the budget line."""
+    room = {"attn": max((a for a, _ in feasible), default=0), "act": max((m for _, m in feasible), default=0)}
+    order, pair, due = [], (0, 0), first
+    while not (order and reaches(pair, feasible)):
+        kind = next((k for k in (due, OTHER[due]) if room[k]), None)
+        if kind is None:
+            break
+        room[kind] -= 1
+        order.append(kind)
+        pair = (pair[0] + (kind == "attn"), pair[1] + (kind == "act"))
+        due = OTHER[kind]
+    return order
+
+
+def paths_for(feasible: list[Pair], first: str = "act", stride: int = 1) -> list[Path]:
+    """The three paths a budget with these feasible splits needs (fewer where a kind is never removed);
+    ``stride`` removals per step (the last step of a path may take fewer)."""
     if first not in OTHER:
         raise ValueError(f"first must be attn or act, got {first!r}")
     max_a = max((a for a, _ in feasible), default=0)
     max_m = max((m for _, m in feasible), default=0)
-    out = []
-    for kind, count in (("attn", max_a), ("act", max_m)):
-        if count:
-            path = Path(kind)
-            for _ in range(count):
-                path.recorded.append(path.take(kind))
-            out.append(path)
+    orders = [(kind, [kind] * count) for kind, count in (("attn", max_a), ("act", max_m)) if count]
     if max_a and max_m:
-        path = Path(f"interleaved-{first}-first")
-        room = {"attn": max_a, "act": max_m}
-        due = first
-        while not (path.steps and reaches(path.steps[-1], feasible)):
-            kind = next((k for k in (due, OTHER[due]) if room[k]), None)
-            if kind is None:
-                break
-            room[kind] -= 1
-            pair = path.take(kind)
-            if pair[0] and pair[1]:   # one kind alone is an axis path's point, made there
+        orders.append((f"interleaved-{first}-first", removal_order(feasible, first)))
+    out = []
+    for name, order in orders:
+        path = Path(name)
+        for i in range(0, len(order), stride):
+            pair = path.take(order[i:i + stride])
+            if pair[0] and pair[1] or name in OTHER:   # one kind alone on the interleaved path: an axis point
                 path.recorded.append(pair)
-            due = OTHER[kind]
         out.append(path)
     return out

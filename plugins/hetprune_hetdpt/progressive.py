@@ -15,7 +15,7 @@ from hetprune.cache import fingerprint
 from hetprune.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context
 from hetprune.points import PointStore
 
-from .paths import Path as PointPath, paths_for
+from .paths import OTHER, Path as PointPath, paths_for
 from .point_schemes import PointScheme, images_of, resolve_finetune
 
 
@@ -36,6 +36,11 @@ class ProgressivePoints(PointScheme):
             raise HetpruneError(f"hetdpt.interleave_first must be one of {', '.join(self.ORDERS)} (the kind the "
                                 f"interleaved path of progressive points removes first), got {first!r}")
         self.first = first
+        stride = self.options.get("path_stride", 1)
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+            raise HetpruneError(f"hetdpt.path_stride must be a whole number >= 1 (the sites a progressive "
+                                f"step removes before its fine-tune), got {stride!r}")
+        self.stride = stride
         s = job.settings
         self.step_images = images_of(s[self.section], job.task.train_size)
         self.final_images = images_of(s["finetune"], job.task.train_size)
@@ -49,7 +54,8 @@ class ProgressivePoints(PointScheme):
         s = self.job.settings
         return fingerprint({**self.common, "point_selection": "progressive", "path": path.name,
                             "point_finetune": self.section, "schedule": s[self.section],
-                            "point_scorer": self.options["point_scorer"], "scoring": s["scoring"]})
+                            "point_scorer": self.options["point_scorer"], "scoring": s["scoring"],
+                            **({"stride": self.stride} if self.stride != 1 else {})})   # stride 1 keeps its key
 
     @property
     def key(self) -> str:
@@ -57,7 +63,7 @@ class ProgressivePoints(PointScheme):
         return fingerprint({**self.common, "point_selection": "progressive", "path": "dense"})
 
     def plan(self, pairs):
-        self._paths = paths_for(pairs, self.first)
+        self._paths = paths_for(pairs, self.first, self.stride)
         plan = {(0, 0)} if self.options["dense_point"] else set()
         for path in self._paths:
             plan |= set(path.recorded)
@@ -66,7 +72,7 @@ class ProgressivePoints(PointScheme):
     def collect(self, plan):
         # rank 0's paths on every rank (under torchrun only rank 0 may have made the plan); a plan made
         # elsewhere gets the paths that reach its points
-        self._paths = dist.on_main(lambda: self._paths or paths_for_plan(plan, self.first))
+        self._paths = dist.on_main(lambda: self._paths or paths_for_plan(plan, self.first, self.stride))
         job = self.job
         stores = {path.name: self.store(self.path_key(path)) for path in self._paths}
         dense_store = self.store()
@@ -138,12 +144,16 @@ class ProgressivePoints(PointScheme):
             return model, removed, step
         return job.place(copy.deepcopy(job.dense)), [], 0
 
-    def step(self, model, kind: str, ctx) -> Site:
-        """One step: the point scorer's lowest site of ``kind`` on ``model`` off, one point fine-tune."""
-        victim = rank_lowest(self.scorer().score(model, sites(model, kind), ctx), 1)[0]
-        remove_sites(self.job, model, [victim])
+    def step(self, model, kinds: list[str], ctx) -> list[Site]:
+        """One step: for each of ``kinds`` in turn, the point scorer's lowest site of that kind on ``model``
+        off (scored again after each); then one point fine-tune."""
+        removed = []
+        for kind in kinds:
+            victim = rank_lowest(self.scorer().score(model, sites(model, kind), ctx), 1)[0]
+            remove_sites(self.job, model, [victim])
+            removed.append(victim)
         self.finetune(model, self.section)
-        return victim
+        return removed
 
     def scoring(self, name: str):
         ctx = scoring_context(self.job, self.job.workdir / "points-scoring" / name)
@@ -161,7 +171,7 @@ class ProgressivePoints(PointScheme):
             if a + m > reach:
                 break
             t0 = time.time()
-            removed = removed + [self.step(model, path.kinds[step], ctx)]
+            removed = removed + self.step(model, path.kinds[step], ctx)
             self.keep(model, removed, self.checkpoint(path, step + 1))
             if (a, m) in path.recorded:   # its images: its own fine-tune and those of unrecorded steps before
                 fine_tunes = path.since_recorded(step + 1)
@@ -179,7 +189,8 @@ class ProgressivePoints(PointScheme):
         s = self.job.settings
         return fingerprint({**self.common, "point_selection": "progressive", "verify": self.first,
                             "point_finetune": self.section, "schedule": s[self.section], "final": s["finetune"],
-                            "point_scorer": self.options["point_scorer"], "scoring": s["scoring"]})
+                            "point_scorer": self.options["point_scorer"], "scoring": s["scoring"],
+                            "stride": self.stride})
 
     def base_for(self, pair: tuple[int, int]) -> tuple[PointPath, int]:
         """The path step nearest ``pair`` whose removals it contains (most sites off; the paths' order breaks
@@ -204,7 +215,7 @@ class ProgressivePoints(PointScheme):
             done, model, removed = 0, job.place(copy.deepcopy(job.dense)), []
         ctx = self.scoring(path.name)
         for i in range(done, step):
-            removed = removed + [self.step(model, path.kinds[i], ctx)]
+            removed = removed + self.step(model, path.kinds[i], ctx)
             self.keep(model, removed, self.checkpoint(path, i + 1))
         return model, removed
 
@@ -234,18 +245,20 @@ class ProgressivePoints(PointScheme):
             base = path.steps[step - 1] if step else (0, 0)
             left = {"attn": a - base[0], "act": m - base[1]}
             ctx = self.scoring(f"verify-{a}+{m}")
-            kind = self.first
-            while any(left.values()):
-                kind = kind if left[kind] else ("attn" if kind == "act" else "act")
-                removed = removed + [self.step(model, kind, ctx)]
+            order, kind = [], self.first
+            while any(left.values()):   # the missing sites alternating, ``interleave_first`` first
+                kind = kind if left[kind] else OTHER[kind]
+                order.append(kind)
                 left[kind] -= 1
-                kind = "attn" if kind == "act" else "act"
+                kind = OTHER[kind]
+            steps = [order[j:j + self.stride] for j in range(0, len(order), self.stride)]
+            for kinds in steps:
+                removed = removed + self.step(model, kinds, ctx)
             self.finetune(model, "finetune")
-            extra = a + m - base[0] - base[1]
             images = (None if self.step_images is None or self.final_images is None
-                      else extra * self.step_images + self.final_images)
+                      else len(steps) * self.step_images + self.final_images)
             self.record(store, have, model, a, m, removed, t0,
-                        {"verified_from": [base[0], base[1]], "path": path.name, "extra_steps": extra,
+                        {"verified_from": [base[0], base[1]], "path": path.name, "extra_steps": len(steps),
                          "images": images}, f"check {i + 1}/{len(todo)}")
         if dist.active():
             dist.barrier()
@@ -253,8 +266,8 @@ class ProgressivePoints(PointScheme):
         return {p: have[p] for p in pairs}
 
 
-def paths_for_plan(plan: list[tuple[int, int]], first: str) -> list[PointPath]:
+def paths_for_plan(plan: list[tuple[int, int]], first: str, stride: int = 1) -> list[PointPath]:
     """The paths whose points cover ``plan`` (a plan made by another scheme's plan, e.g. a refinement's)."""
     max_a = max((a for a, _ in plan), default=0)
     max_m = max((m for _, m in plan), default=0)
-    return paths_for([(max_a, max_m)], first)
+    return paths_for([(max_a, max_m)], first, stride)

@@ -38,6 +38,7 @@ class HetDPT(DepthStrategy):
             # short_finetune (its paths hold about three times as many points)
             "point_finetune": "auto",
             "interleave_first": "act",   # the kind the progressive interleaved path removes first (act: 1+1, 1+2, ...)
+            "path_stride": 1,            # sites a progressive step removes before its fine-tune (1: the paper's)
             "point_scorer": "taylor",
             "axis_points": 4,
             "mixed_points": 3,
