@@ -123,8 +123,14 @@ def test_verify_checks_the_best_predicted_splits_from_the_nearest_path_point_the
     assert pick == (best["n_attn"], best["n_act"]) and info["pick"]["verified"] == best["accuracy"]
     # as many fine-tunes as the paths' steps, each check's extra steps and one final fine-tune per check
     assert len(stub.seen) == 3 + 3 + 3 + sum(c["extra_steps"] + 1 for c in checked)
-    with pytest.raises(hetprune.HetpruneError, match="hetdpt.verify measures the best predicted splits"):
-        HetDPT().allocate(make_job(tiny_model, digits_data, tmp_path / "oneshot", **{"hetdpt.verify": 1}))
+    # one-shot points: a check is a point of that split, reused where the plan measured it
+    oneshot = make_job(tiny_model, digits_data, tmp_path / "oneshot", budget=Budget(sites=3),
+                       **{"hetdpt.verify": 2, "hetdpt.point_selection": "oneshot", "hetdpt.predictor": "gp"})
+    stub.seen.clear()
+    pick, info = HetDPT().allocate(oneshot)
+    plan = {(p["n_attn"], p["n_act"]) for p in info["points"]}
+    extra = {(c["n_attn"], c["n_act"]) for c in info["verified"]} - plan
+    assert len(stub.seen) == len(plan) + len(extra) and pick in {(c["n_attn"], c["n_act"]) for c in info["verified"]}
 
 
 def test_a_points_key_changes_with_everything_that_shapes_the_points(tiny_model, digits_data, tmp_path):

@@ -94,9 +94,14 @@ class PointScheme:
         """Measure the points ``todo`` (this rank's share), appending each to ``store`` and ``have``."""
         raise NotImplementedError
 
+    def verify(self, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
+        """Past the paper (``hetdpt.verify``): each split of ``pairs`` measured. Here: as this scheme measures
+        any split, a point of it (reused where measured); progressive points override it."""
+        return {(p["n_attn"], p["n_act"]): p for p in self.collect(list(pairs))}
+
     # -- shared ------------------------------------------------------------------------------------
-    def store(self, key: str | None = None) -> PointStore:
-        return PointStore(self.job.shared_dir / "map-points.jsonl", key or self.key)
+    def store(self, key: str | None = None, name: str = "map-points.jsonl") -> PointStore:
+        return PointStore(self.job.shared_dir / name, key or self.key)
 
     def collect(self, plan: list[tuple[int, int]]) -> list[dict]:
         """Measure every planned point not already stored; every rank returns the plan's points.

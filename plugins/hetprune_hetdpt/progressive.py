@@ -43,7 +43,11 @@ class ProgressivePoints(PointScheme):
         self.stride = stride
         s = job.settings
         self.step_images = images_of(s[self.section], job.task.train_size)
-        self.final_images = images_of(s["finetune"], job.task.train_size)
+        # a check's fine-tune (hetdpt.verify): the final schedule where it costs at most 4 short ones (the
+        # embedded benchmarks), else short_finetune (a real run's final fine-tune is far too long to repeat)
+        self.check_section = resolve_finetune({**s, "hetdpt": {**s["hetdpt"], "point_finetune": "auto"}},
+                                              job.task.train_size, "oneshot")
+        self.final_images = images_of(s[self.check_section], job.task.train_size)
         self.keep_steps = bool(self.options.get("verify", 0))   # verification branches off any step
         self._paths: list[PointPath] = []
 
@@ -188,7 +192,9 @@ class ProgressivePoints(PointScheme):
     def verify_key(self) -> str:
         s = self.job.settings
         return fingerprint({**self.common, "point_selection": "progressive", "verify": self.first,
-                            "point_finetune": self.section, "schedule": s[self.section], "final": s["finetune"],
+                            "point_finetune": self.section, "schedule": s[self.section],
+                            "final": s[self.check_section], **({"check": self.check_section}
+                                                                if self.check_section != "finetune" else {}),
                             "point_scorer": self.options["point_scorer"], "scoring": s["scoring"],
                             "stride": self.stride})
 
@@ -230,10 +236,10 @@ class ProgressivePoints(PointScheme):
 
     def verify(self, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
         """Each split of ``pairs`` measured past the paper: from the nearest path step its removals contain
-        (inherited weights), the missing sites removed one at a time as on a path (interleaved, the
-        ``interleave_first`` kind first), then one fine-tune on the final schedule, evaluated. Stored and
-        reused like points; under torchrun split across ranks."""
-        store = self.store(self.verify_key)
+        (inherited weights), the missing sites removed as on a path (``path_stride`` per step, interleaved,
+        the ``interleave_first`` kind first), then one check fine-tune (the final schedule where affordable),
+        evaluated. Stored in ``map-checks.jsonl`` and reused like points; under torchrun split across ranks."""
+        store = self.store(self.verify_key, "map-checks.jsonl")
         have = store.load()
         todo = dist.on_main(lambda: [p for p in pairs if p not in have])
         for i, (a, m) in enumerate(todo):
@@ -254,12 +260,12 @@ class ProgressivePoints(PointScheme):
             steps = [order[j:j + self.stride] for j in range(0, len(order), self.stride)]
             for kinds in steps:
                 removed = removed + self.step(model, kinds, ctx)
-            self.finetune(model, "finetune")
+            self.finetune(model, self.check_section)
             images = (None if self.step_images is None or self.final_images is None
                       else len(steps) * self.step_images + self.final_images)
             self.record(store, have, model, a, m, removed, t0,
                         {"verified_from": [base[0], base[1]], "path": path.name, "extra_steps": len(steps),
-                         "images": images}, f"check {i + 1}/{len(todo)}")
+                         "check_finetune": self.check_section, "images": images}, f"check {i + 1}/{len(todo)}")
         if dist.active():
             dist.barrier()
             have = store.load()

@@ -18,10 +18,11 @@ class HetDPT(DepthStrategy):
     description = "HetDPT: split the budget with a fitted accuracy predictor (MAP), learned gates within each kind"
     defaults = {
         "hetdpt": {
-            # local: the lowest regret on digit-pairs at budgets 8 and 12, 3 seeds each (README, "What MAP makes
-            # of it"); poly is the paper's degree-2 fit
-            "predictor": "local",
-            "predictor_options": {"poly": {"degree": 2}},   # per predictor name
+            # gp with progressive points and verify 3: the lowest worst-target mean regret within 1.5x the cost
+            # of the one-shot points, over 8 targets of both embedded benchmarks, 3 seeds
+            # (benchmarks/results/map-points.md); poly is the paper's fit, its degree chosen by leave-2-out CV
+            "predictor": "gp",
+            "predictor_options": {"poly": {"degree": "auto"}},   # per predictor name
             # how MAP points are made (point_schemes.py, one class each). progressive (the paper's): paths
             # from the dense model, attention only, activation only and interleaved, each step one more site
             # off (the point scorer's lowest on the current model) and fine-tuned from the previous point's
@@ -29,7 +30,7 @@ class HetDPT(DepthStrategy):
             # scorer's order), one fine-tune. gradual: the run's own selector (``scorer``, e.g. gate-taylor's
             # removal-by-removal gate training) makes the split from the dense model as the final run will,
             # and the point is its metric (no further fine-tune)
-            "point_selection": "oneshot",
+            "point_selection": "progressive",
             # the schedule that fine-tunes a point: finetune (the final fine-tune's), short_finetune (the
             # paper's short one) or auto: for oneshot, finetune where it costs at most 4 short ones in images
             # (the embedded benchmarks: there short_finetune's 2 epochs on 150 images ranked digit-pairs'
@@ -47,10 +48,11 @@ class HetDPT(DepthStrategy):
             # (and its unmeasured neighbours on the budget line) with the same cheap fine-tune, then refits;
             # the pick prefers measured values. 0 = the paper's one-shot fit.
             "refine": 0,
-            # past the paper (progressive points only): the K best predicted splits, each reached from the
-            # nearest path point its removals contain (inherited weights) and fine-tuned on the final schedule;
-            # the pick is the best of them. 0 = the predictor's argmax
-            "verify": 0,
+            # past the paper: the K best predicted splits measured, the best of them picked (0 = the
+            # predictor's argmax). Progressive: each reached from the nearest path point its removals contain
+            # (inherited weights), then one fine-tune on the final schedule where that is affordable (auto's
+            # rule), else short_finetune. Oneshot and gradual: a point of that split
+            "verify": 3,
         }
     }
 
@@ -125,10 +127,6 @@ class HetDPT(DepthStrategy):
         refine = self.refine_rounds(job.settings)
         verify = self.refine_rounds(job.settings, "hetdpt.verify", "a count of splits")
         scheme = self.scheme(job)
-        if verify and not hasattr(scheme, "verify"):
-            raise HetpruneError(f"hetdpt.verify measures the best predicted splits from the nearest progressive "
-                                f"point; {scheme.name} points have none: use point_selection progressive, or "
-                                "verify 0")
         if refine and not scheme.refinable:
             raise HetpruneError(f"hetdpt.refine measures splits on the budget line, which {scheme.name} points "
                                 "cannot reach (a path only makes its own splits); use refine 0, or "
@@ -155,7 +153,7 @@ class HetDPT(DepthStrategy):
         value = {pair: measured.get(pair, predicted[pair]) if refine else predicted[pair] for pair in pairs}
         pick = max(pairs, key=lambda p: (sign * value[p], -p[0]))
         checked = []
-        if verify:   # past the paper: the best predicted splits measured on the final schedule, the best kept
+        if verify:   # past the paper: the best predicted splits measured (progressive: checked), the best kept
             best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:verify]
             found = scheme.verify(best)
             pick = max(best, key=lambda p: (sign * found[p]["accuracy"], -p[0]))
