@@ -218,6 +218,7 @@ def truth(ctx, target: str, seeds: list[int], out: Path, jobs: int, log) -> dict
                      "seeds": len(values), "per_seed": {str(k): v for k, v in sorted(per_seed.get(p, {}).items())}}
     walls = [r["wall_s"] for r in rows if "wall_s" in r]
     return {"target": target, "pairs": [list(p) for p in pairs], "splits": splits, "note": note,
+            "row_seconds_total": round(sum(walls), 1),
             "seeds": sorted(set(todo_seeds) | set(REUSED[(ctx.bench, target)][1] if reused is not None else ())),
             "row_seconds": statistics.median(walls) if walls else None}
 
@@ -453,8 +454,10 @@ def markdown(result: dict) -> str:
     lines = ["# MAP points and predictors against full fine-tunes", "",
              f"Produced by `{result['command']}`.", "",
              f"Machine: {result['machine']}; load average {result['load_start']} at the start, {result['load_end']} "
-             f"at the end; {result['seconds']:.0f} s for this pass (a rerun reuses every finished truth row, point "
-             "and unit under --out; other work shared the machine: accuracy does not depend on load, seconds do).",
+             f"at the end; {result['seconds']:.0f} s for this pass, which reused what earlier passes of the same "
+             f"command made under --out: {result['work']['truth_rows_s']} s of truth rows and "
+             f"{result['work']['points_s']} s of points and checks (summed over the 2 processes; other work shared "
+             "the machine: accuracy does not depend on load, seconds do).",
              "", "Base models: " + "; ".join(f"{b}: {i}" for b, i in result["bases"].items()) + ".", "",
              "Ground truth per target: every feasible split pruned (gate-taylor) and fine-tuned on the final "
              "schedule, mean top-1 over the seeds; regret = the best split's true top-1 minus the pick's (points); "
@@ -465,6 +468,23 @@ def markdown(result: dict) -> str:
              + ", ".join(f"{b}: {s:.1f} s" for b, s in result["final"]["seconds"].items() if s) + ").", "",
              "Truth: " + "; ".join(f"{b} {target_words(t)}: {n}" for (b, t), n in
                                   ((tuple(k.split("|")), v["note"]) for k, v in result["truth"].items())) + ".", ""]
+    by = {(r["scheme"], r["predictor"], r["bench"], r["target"]): r for r in rows}
+    ranked = {(c["scheme"], c["predictor"]): c for c in result["choice"]["ranking"]}
+    cols = [(b, t) for b in TARGETS for t in TARGETS[b]]
+    lines += ["## Headline", "", "Mean regret per target (points, 3 seeds) and the points' cost against today's "
+              "(the worst target's ratio of images):", "",
+              "| row | scheme / predictor | " + " | ".join(f"{b} {target_words(t)}" for b, t in cols)
+              + " | worst | cost |", "|---|---|" + "---|" * (len(cols) + 2)]
+    for label, scheme, predictor in highlights(result):
+        c = ranked[(scheme, predictor)]
+        cells = ["-" if (scheme, predictor, b, t) not in by else f"{by[(scheme, predictor, b, t)]['mean_regret']:.2f}"
+                 for b, t in cols]
+        lines.append(f"| {label} | {scheme} / {predictor} | " + " | ".join(cells)
+                     + f" | {c['worst_mean_regret']:.2f} | {c['cost_ratio']:.2f}x |")
+    oracle = {(o["bench"], o["target"]): o["mean_regret"] for o in result["oracle"]}
+    lines += ["| seed noise alone | each seed's own best split | "
+              + " | ".join(f"{oracle[k]:.2f}" if k in oracle else "-" for k in cols)
+              + f" | {max(oracle.values()):.2f} | (every split fine-tuned) |", ""]
     lines += ["## The schemes", "", "| scheme | its points | settings |", "|---|---|---|"]
     for name, sets in result["schemes"].items():
         lines.append(f"| {name} | {WORDS.get(name, '')} | {' '.join(f'`--set {x}`' for x in sets)} |")
@@ -534,28 +554,42 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def highlights(result: dict) -> list[tuple[str, str, str]]:
+    """The rows the plot and the docs show: (label, scheme, predictor) of the chosen default, today's (one-shot
+    points, local), the paper's (progressive points, poly with CV's degree) and the best at any cost."""
+    ranking = result["choice"]["ranking"]
+    pick = result["choice"]["chosen"]
+    best_any = min(ranking, key=lambda c: (c["worst_mean_regret"], c["mean_regret"]))
+    rows = [("chosen default", pick["scheme"], pick["predictor"])] if pick else []
+    rows += [("before: one-shot points, local", "oneshot", "local"),
+             ("the paper's: progressive, poly (CV degree)", "progressive", "poly (auto)"),
+             (f"best at any cost ({best_any['cost_ratio']:.1f}x)", best_any["scheme"], best_any["predictor"])]
+    return rows
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result["rows"]
-    combos = [(c["scheme"], c["predictor"]) for c in result["choice"]["ranking"]]
+    by = {(r["scheme"], r["predictor"], r["bench"], r["target"]): r["mean_regret"] for r in result["rows"]}
+    oracle = {(o["bench"], o["target"]): o["mean_regret"] for o in result["oracle"]}
     targets = [(b, t) for b in TARGETS for t in TARGETS[b]]
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    width = 0.8 / max(1, len(combos))
-    by = {(r["scheme"], r["predictor"], r["bench"], r["target"]): r for r in rows}
-    for i, (scheme, predictor) in enumerate(combos):
-        ys = [by[(scheme, predictor, b, t)]["mean_regret"] if (scheme, predictor, b, t) in by else float("nan")
-              for b, t in targets]
-        ax.bar([j + i * width for j in range(len(targets))], ys, width, label=f"{scheme} / {predictor}")
+    series = [(f"{label}: {scheme} / {predictor}", [by.get((scheme, predictor, b, t), float("nan"))
+                                                    for b, t in targets]) for label, scheme, predictor in
+              highlights(result)]
+    series.append(("each seed's own best split (seed noise alone)", [oracle.get(k, float("nan")) for k in targets]))
+    fig, ax = plt.subplots(figsize=(10, 4.6))
+    width = 0.8 / len(series)
+    for i, (label, ys) in enumerate(series):
+        ax.bar([j + i * width for j in range(len(targets))], ys, width, label=label)
     ax.axhline(GOAL, color="black", linestyle=":", linewidth=1, label=f"goal ({GOAL} point)")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(targets))])
     ax.set_xticklabels([f"{b}\n{target_words(t)}" for b, t in targets], fontsize=7)
     ax.set_ylabel("mean regret over seeds (top-1 points)")
-    ax.set_title("MAP's pick against every split fully fine-tuned", fontsize=9)
-    ax.legend(fontsize=6, ncol=3)
+    ax.set_title("MAP's pick against every split fully fine-tuned (3 seeds; every row: map-points.md)", fontsize=9)
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -626,11 +660,16 @@ def main() -> int:
         return 0
 
     rows = score(done, truths, final)
+    work = {"truth_rows_s": round(sum(t["row_seconds_total"] for t in truths.values())),
+            "points_s": round(sum(json.loads(line).get("seconds", 0) for b in benches
+                                  for name in ("map-points.jsonl", "map-checks.jsonl")
+                                  if (out / b / "points" / name).is_file()
+                                  for line in (out / b / "points" / name).read_text().splitlines() if line))}
     result = {
-        "command": "python benchmarks/map_points.py " + shlex.join(sys.argv[1:]),
+        "command": ("python benchmarks/map_points.py " + shlex.join(sys.argv[1:])).strip(),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         "load_start": load_start, "load_end": [round(v, 2) for v in os.getloadavg()],
-        "seconds": time.time() - started, "bases": bases, "final": final,
+        "seconds": time.time() - started, "work": work, "bases": bases, "final": final,
         "truth": {f"{b}|{t}": {**v, "splits": {f"{a}+{m}": s for (a, m), s in v["splits"].items()}}
                   for (b, t), v in truths.items()},
         "schemes": {s: SCHEMES[s] for s in schemes}, "predictors": PREDICTORS, "rows": rows,
