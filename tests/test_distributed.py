@@ -112,6 +112,7 @@ class RankSkewed:
 PLAN_SETS = ["finetune.epochs=1", "finetune.subset=33", "finetune.batch_size=16", "short_finetune.epochs=1",
              "short_finetune.subset=16", "short_finetune.batch_size=8", "scoring.subset=16", "scoring.batches=1",
              "scorer=magnitude", "hetdpt.point_scorer=magnitude", "hetdpt.point_finetune=short_finetune",
+             "hetdpt.point_selection=oneshot", "hetdpt.verify=0",   # refinement measures any split: one-shot
              "hetdpt.axis_points=2", "hetdpt.mixed_points=1", "hetdpt.refine=1"]
 PLAN_BUDGET = dict(target_speedup=1.3, cost_model=RankSkewed.name)
 

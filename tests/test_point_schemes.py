@@ -227,3 +227,21 @@ def test_compare_with_a_budget_of_zero_does_not_stop_at_hetdpt(trained_tiny, tmp
     assert main(args) == 0
     [row] = json.loads((out / "results.json").read_text())["rows"]
     assert (row["n_attn"], row["n_act"]) == (0, 0) and "unreachable" not in row
+
+
+def test_a_points_trip_reads_its_device_and_removers_from_the_job(tiny_model, digits_data, tmp_path, monkeypatch):
+    """Issue 35: a point's route once resolved the device name again in every fine-tune and evaluation and built
+    the removers at every removal; the job carries both, resolved once."""
+    from hetprune import devices
+
+    job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=2),
+                   **{**PROGRESSIVE, "short_finetune.epochs": 1, "short_finetune.subset": 16,
+                      "short_finetune.batch_size": 8, "hetdpt.verify": 0})
+    resolved, built = [], []
+    real_canonical, real_build = devices.canonical, job.registry.build
+    monkeypatch.setattr(devices, "canonical", lambda name: resolved.append(name) or real_canonical(name))
+    monkeypatch.setattr(job.registry, "build", lambda kind, name, **o: built.append(kind) or real_build(kind, name, **o))
+    strategy = HetDPT()
+    points = strategy.collect_points(job, strategy.point_plan(job, job.feasible_pairs()))
+    assert len(points) == 6 and resolved == []                       # every fine-tune and evaluation: job.device
+    assert built.count("remover") == 2 and built.count("scorer") == 1   # built once per job
