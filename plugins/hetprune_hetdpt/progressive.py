@@ -1,7 +1,7 @@
 """Progressive MAP points, the paper's: paths from the dense model, one more site off per step, each step
 fine-tuned from the previous step's weights (:mod:`.paths` says which steps), and, past the paper, a check of
 the best predicted splits (``hetdpt.verify``): each reached from the nearest step its removals contain and
-fine-tuned on the final schedule."""
+fine-tuned once more (on the final schedule where that is affordable)."""
 
 from __future__ import annotations
 
@@ -80,10 +80,7 @@ class ProgressivePoints(PointScheme):
         job = self.job
         stores = {path.name: self.store(self.path_key(path)) for path in self._paths}
         dense_store = self.store()
-        have = {}
-        for path in self._paths:
-            have.update(stores[path.name].load())
-        have.update(dense_store.load())
+        have = self.load_all([*stores.values(), dense_store])
         wanted = set(plan)
         todo_paths = dist.on_main(lambda: [p for p in self._paths if any(q in wanted and q not in have
                                                                           for q in p.recorded)])
@@ -99,20 +96,25 @@ class ProgressivePoints(PointScheme):
             t0 = time.time()
             self.record(dense_store, have, job.place(copy.deepcopy(job.dense)), 0, 0, [], t0,
                         {"path": "dense", "images": 0}, "dense")
-        for i, path in enumerate(todo_paths):
+        for i, path in enumerate(todo_paths):   # each path on its own rank (round robin when fewer ranks)
             if i % world == dist.rank():
-                self.walk(path, stores[path.name], have, max(q[0] + q[1] for q in path.steps if q in wanted)
-                          if any(q in wanted for q in path.steps) else len(path.steps))
+                reach = max(sum(q) for q in path.recorded if q in wanted)   # the last wanted point of the path
+                self.walk(path, stores[path.name], have, reach)
         if dist.active():
             dist.barrier()
-            have = {}
-            for path in self._paths:
-                have.update(stores[path.name].load())
-            have.update(dense_store.load())
+            have = self.load_all([*stores.values(), dense_store])
         missing = [p for p in plan if p not in have]
         if missing:
             raise HetpruneError(f"progressive points: no path reaches {missing}")
         return [have[p] for p in plan]
+
+    @staticmethod
+    def load_all(stores: list[PointStore]) -> dict:
+        """Every stored point of these stores (the paths' and the dense point's), by split."""
+        have: dict = {}
+        for store in stores:
+            have.update(store.load())
+        return have
 
     # -- one path ----------------------------------------------------------------------------------
     def checkpoint(self, path: PointPath, step: int):
