@@ -101,6 +101,17 @@ def _unit(result: dict) -> str:
     return "%" if name == "top1" else f"({name})"
 
 
+def cheap_points_words(result: dict, schedule: str) -> str:
+    """How an ablation's cheap points were made, in a sentence (its point scheme)."""
+    how = result.get("point_selection", "oneshot")
+    if how == "gradual":
+        return f"(chosen gradually by the run's scorer `{result.get('scorer')}`, no further fine-tune)."
+    if how == "progressive":
+        return (f"(progressive paths: one more site per point, each fine-tuned with `{schedule}`: "
+                f"{result[schedule]} from the previous point's weights).")
+    return f"(one-shot: each point's sites off the dense model at once, `{schedule}`: {result[schedule]})."
+
+
 def markdown(result: dict) -> str:
     schedule = result.get("point_finetune", "short_finetune")   # the section that fine-tuned the cheap points
     u = _unit(result)
@@ -109,9 +120,7 @@ def markdown(result: dict) -> str:
              f"Command: `{result.get('command', '')}`", "",
              "Ground truth: every feasible split fine-tuned with the full schedule "
              f"(`finetune`: {result['finetune']}); predictors fitted on the cheap points "
-             + (f"(`{schedule}`: {result[schedule]})."
-                if result.get("point_selection", "oneshot") == "oneshot" else
-                f"(chosen gradually by the run's scorer `{result.get('scorer')}`, no further fine-tune)."), "",
+             + cheap_points_words(result, schedule), "",
              "## Predictors", "",
              f"| predictor | pick (attn+act) | predicted {u} | true {u} of pick | best split | best true {u} | regret "
              "| Spearman | Kendall | within tolerance |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -289,7 +298,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
                                    out=str(out)),
             **(meta or {}),
             "finetune": run_settings["finetune"], "short_finetune": run_settings["short_finetune"], "points": points,
-            "point_finetune": points[0].get("point_finetune", "short_finetune") if points else "short_finetune",
+            "point_finetune": next((p["point_finetune"] for p in points if "point_finetune" in p), "short_finetune"),
             "point_selection": run_settings[section].get("point_selection", "oneshot"),
             "scorer": run_settings["scorer"],
             "predictors": {name: {**predictor_metrics(predicted[name], true, tolerance, sign),

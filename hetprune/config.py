@@ -37,7 +37,7 @@ class TrainConfig:
     kd_alpha: float = 0.5       # weight of the distillation term; (1 - alpha) on the labels
     subset: int | None = None   # train on this many training images (seeded), None = all
     seed: int = 0
-    device: str = "cpu"
+    device: str = "cpu"         # a device name, or a torch.device already resolved (a job's)
     workers: int = 0            # data-loading worker processes (ImageFolder data)
     amp: str = "none"           # bf16 | fp16 | none | auto (hetprune.devices.resolve_amp)
 
@@ -63,7 +63,9 @@ class TrainConfig:
             raise HetpruneError(f"workers must be >= 0, got {self.workers}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["device"] = str(d["device"])   # a resolved torch.device reads as its name
+        return d
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "training settings") -> "TrainConfig":
@@ -264,14 +266,15 @@ def resolve(strategy_defaults: dict | None, config_file: str | None = None, over
     return settings
 
 
-def train_config(settings: dict, section: str, **changes) -> TrainConfig:
-    """The TrainConfig of a settings section; seed, device and amp are the run's."""
+def train_config(settings: dict, section: str, device=None, amp: str | None = None, **changes) -> TrainConfig:
+    """The TrainConfig of a settings section; seed, device and amp are the run's (``device``/``amp``: the
+    run's already resolved, e.g. a job's ``torch.device``, instead of the settings' names)."""
     d = {**settings[section], **changes}
     for key in RUN_KEYS:
         if key in settings[section]:
             raise HetpruneError(f"{section}.{key} is not a setting: the run's top-level {key!r} applies to every "
                                 "fine-tune")
     d["seed"] = int(settings.get("seed", 0))
-    d["device"] = settings.get("device", "cpu")
-    d["amp"] = settings.get("amp", "none")
+    d["device"] = settings.get("device", "cpu") if device is None else device
+    d["amp"] = settings.get("amp", "none") if amp is None else amp
     return TrainConfig.from_dict(d, where=f"settings section {section!r}")

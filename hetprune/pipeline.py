@@ -98,6 +98,7 @@ class PruneJob:
     measure_cost: bool = True        # time the result against the dense model when the cost model can
     task: Task | None = None         # what the model is pruned for (default: classification of ``data``)
     adapter: Adapter | None = None   # the dense model's adapter (default: the registry's choice)
+    _built: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.task is None and self.data is None:
@@ -148,6 +149,24 @@ class PruneJob:
     def place(self, obj):
         """Move a model or batch to the run's device (`hetprune.devices.place`)."""
         return devices.place(obj, self.device)
+
+    def once(self, name, build: Callable[[], object]):
+        """What ``build()`` returns, built the first time ``name`` is asked for in this job: the parts a
+        strategy resolves once and reuses (a point scheme with its settings, the removers)."""
+        if name not in self._built:
+            self._built[name] = build()
+        return self._built[name]
+
+    @property
+    def removers(self) -> dict:
+        """The configured removers by kind (``attn_remover``, ``act_remover``), built once per job."""
+        return self.once("removers", lambda: {
+            "attn": self.registry.build("remover", self.settings["attn_remover"]),
+            "act": self.registry.build("remover", self.settings["act_remover"])})
+
+    def train_config(self, section: str, **changes) -> TrainConfig:
+        """The schedule of settings section ``section`` on this job's resolved device and precision."""
+        return train_config(self.settings, section, **changes, device=self.device, amp=self.amp)
 
     @property
     def example(self) -> torch.Tensor:
@@ -331,10 +350,7 @@ def _select_sites(job: PruneJob, model: nn.Module, counts: dict[str, int], score
 
 def remove_sites(job: PruneJob, model: nn.Module, chosen: list[Site]) -> dict:
     """Turn the chosen sites off with the configured removers; returns what they recorded."""
-    removers = {
-        "attn": job.registry.build("remover", job.settings["attn_remover"]),
-        "act": job.registry.build("remover", job.settings["act_remover"]),
-    }
+    removers = job.removers
     records: dict = {}
     for site in chosen:
         remover = removers[site.kind]

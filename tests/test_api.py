@@ -200,10 +200,18 @@ def test_the_users_training_loop_runs_every_fine_tune_hetprune_plans(digits_data
     result = hetprune.prune(Wrapped(), user_task(digits_data, finetune=finetune), strategy="hetdpt", budget=2,
                             settings=settings, out=tmp_path / "out", progress=False, log=lambda m: None)
     s = result.report["settings"]
-    points = result.report["allocation"]["points"]
-    section = points[0]["point_finetune"]
-    assert [c for c in calls if c[0] == "point"] == [("point", s[section]["epochs"], s[section]["subset"],
-                                                      s[section]["lr"])] * len(points)
+    points, checks = result.report["allocation"]["points"], result.report["allocation"]["verified"]
+
+    def planned(section):
+        return ("point", s[section]["epochs"], s[section]["subset"], s[section]["lr"])
+
+    # the default progressive points: one fine-tune per path step (the dense point has none), then each check's
+    # extra steps and its check fine-tune (hetdpt.verify)
+    step = planned(next(p["point_finetune"] for p in points if "point_finetune" in p))
+    n_steps = sum(p.get("fine_tunes", 0) for p in points) + sum(c["extra_steps"] for c in checks)
+    assert len(checks) == 3 and n_steps >= len(points) - 1
+    assert sorted(c for c in calls if c[0] == "point") == sorted(
+        [step] * n_steps + [planned(c["check_finetune"]) for c in checks])
     gate = [c for c in calls if c[0] == "gate"]
     n_removals = result.report["n_attn"] + result.report["n_act"]
     opts = {"epochs_per_removal": 1, "warmup_epochs": 1}   # gate-taylor's defaults
@@ -211,7 +219,7 @@ def test_the_users_training_loop_runs_every_fine_tune_hetprune_plans(digits_data
         [opts["epochs_per_removal"]] * (n_removals - 1)
     assert all(c[2] == s["scoring"]["subset"] and c[3] == s["short_finetune"]["lr"] for c in gate)
     assert calls[-1] == ("finetune", s["finetune"]["epochs"], s["finetune"]["subset"], s["finetune"]["lr"])
-    assert len(calls) == len(points) + n_removals + 1
+    assert len(calls) == n_steps + len(checks) + n_removals + 1
 
 
 def test_a_lower_is_better_metric_is_minimised_by_the_predictors_pick(digits_data, tmp_path, monkeypatch):
@@ -226,7 +234,7 @@ def test_a_lower_is_better_metric_is_minimised_by_the_predictors_pick(digits_dat
         {"n_attn": a, "n_act": m, "accuracy": truth(a, m)} for a, m in plan])
     val_loss = lambda model, val: float(sum(ce(model, b) for b in val) / len(val))   # noqa: E731
     task = user_task(digits_data, metric=val_loss, higher_is_better=False, metric_name="val loss")
-    settings = hetprune.testing.tiny_settings(HetDPT.defaults, {"hetdpt": {"predictor": "poly"}})
+    settings = hetprune.testing.tiny_settings(HetDPT.defaults, {"hetdpt": {"predictor": "poly", "verify": 0}})
     job = PruneJob(dense=Wrapped(), spec=None, data=None, task=task, budget=Budget(sites=3), settings=settings,
                    registry=get_registry(), workdir=tmp_path, progress=False, log=lambda m: None)
     (a, m), info = HetDPT().allocate(job)

@@ -112,6 +112,7 @@ class RankSkewed:
 PLAN_SETS = ["finetune.epochs=1", "finetune.subset=33", "finetune.batch_size=16", "short_finetune.epochs=1",
              "short_finetune.subset=16", "short_finetune.batch_size=8", "scoring.subset=16", "scoring.batches=1",
              "scorer=magnitude", "hetdpt.point_scorer=magnitude", "hetdpt.point_finetune=short_finetune",
+             "hetdpt.point_selection=oneshot", "hetdpt.verify=0",   # refinement measures any split: one-shot
              "hetdpt.axis_points=2", "hetdpt.mixed_points=1", "hetdpt.refine=1"]
 PLAN_BUDGET = dict(target_speedup=1.3, cost_model=RankSkewed.name)
 
@@ -197,6 +198,36 @@ def retrain_worker(out: Path) -> dict:
     model = embedded_model("digits", spec=TINY_SPEC, training={"epochs": 1}, progress=False, log=lambda m: None)
     return {"weights": hetprune.models.model_hash(model)}
 
+# -- the progressive-points scenario: one path per rank ------------------------------------------------------
+
+PATH_SETS = ["hetdpt.point_selection=progressive", "short_finetune.epochs=1", "short_finetune.subset=16",
+             "short_finetune.batch_size=8", "scoring.subset=16", "scoring.batches=1"]
+
+
+def paths_worker(out: Path) -> dict:
+    import hetprune.task
+    from hetprune.budget import Budget
+    from hetprune.data import digits
+    from hetprune.pipeline import PruneJob
+    from hetprune.plugins import get_registry
+
+    fine_tunes = []
+    real = hetprune.task.train
+
+    def counted(*args, **kwargs):
+        fine_tunes.append(1)
+        return real(*args, **kwargs)
+
+    hetprune.task.train = counted
+    registry = get_registry()
+    strategy = registry.build("strategy", "hetdpt")
+    settings = hetprune.config.resolve(strategy.defaults, overrides=None, sets=PATH_SETS)
+    job = PruneJob(dense=tiny(0), spec=TINY_SPEC, data=digits(), budget=Budget(sites=4), settings=settings,
+                   registry=registry, workdir=out / "work", progress=False, strategy_name="hetdpt")
+    plan = strategy.point_plan(job, job.feasible_pairs())
+    points = strategy.collect_points(job, plan)
+    return {"points": json.dumps(points, sort_keys=True), "fine_tunes": len(fine_tunes)}
+
 
 def worker(scenario: str, out: Path) -> int:
     from hetprune import distributed as dist
@@ -204,7 +235,7 @@ def worker(scenario: str, out: Path) -> int:
     torch.set_num_threads(1)
     dist.init_from_env("cpu")
     result = {"train": training_worker, "plan": planning_worker, "task": task_worker,
-              "retrain": retrain_worker}[scenario](out)
+              "retrain": retrain_worker, "paths": paths_worker}[scenario](out)
     torch.save(result, out / f"rank{dist.rank()}.pt")
     dist.barrier()
     return 0
@@ -314,6 +345,15 @@ def test_an_embedded_model_that_is_not_shipped_is_trained_once_under_torchrun(tm
     ranks = run_workers("retrain", 2, tmp_path)
     assert ranks[0]["weights"] == ranks[1]["weights"]
     assert len(list((tmp_path / "cache" / "base").iterdir())) == 1
+
+def test_torchrun_walks_each_progressive_path_once_on_its_own_rank(tmp_path):
+    ranks = run_workers("paths", 3, tmp_path)
+    assert all(got["points"] == ranks[0]["points"] for got in ranks[1:])   # every rank reads the same points
+    lines = [json.loads(line) for line in (tmp_path / "work" / "map-points.jsonl").read_text().splitlines()]
+    pairs = [(p["n_attn"], p["n_act"]) for p in lines]
+    assert len(pairs) == len(set(pairs)) == len(json.loads(ranks[0]["points"]))   # each point measured once
+    # one path per rank (attention: 3 steps, activation: 4, interleaved: 4), each fine-tune on its rank alone
+    assert [got["fine_tunes"] for got in ranks] == [3, 4, 4]
 
 
 if __name__ == "__main__":   # a torchrun rank of run_workers

@@ -27,9 +27,16 @@ from hetprune_hetdpt.strategy import HetDPT
 from hetprune.points import PointStore
 
 
+# the one-shot machinery these tests check (the defaults are progressive points, gp and hetdpt.verify:
+# tests/test_point_schemes.py)
+ONESHOT = {"hetdpt.point_selection": "oneshot", "hetdpt.verify": 0, "hetdpt.predictor": "local",
+           "hetdpt.predictor_options": "{poly: {degree: 2}}"}
+
+
 def make_job(model, data, tmp_path, budget=Budget(sites=3), **settings_changes):
     strategy = HetDPT()
-    settings = hetprune.config.resolve(strategy.defaults, overrides=None, sets=[f"{k}={v}" for k, v in settings_changes.items()])
+    changes = {**ONESHOT, **settings_changes}
+    settings = hetprune.config.resolve(strategy.defaults, overrides=None, sets=[f"{k}={v}" for k, v in changes.items()])
     return PruneJob(dense=model, spec=None, data=data, budget=budget, settings=settings, registry=get_registry(),
                     workdir=tmp_path / "work", base_info={"hash": "test"}, progress=False, log=lambda s: None,
                     strategy_name="hetdpt")
@@ -517,14 +524,18 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
     assert report["n_attn"] + report["n_act"] == 3
     assert {"points", "fit", "surface", "pick"} <= set(report["allocation"])
     alloc = report["allocation"]
-    # the reported fit is the predictor's fit of the reported points, and the pick its argmax over the surface
+    # the reported fit is the predictor's fit of the reported points; the pick is the best of the checks of the
+    # best predicted splits (hetdpt.verify)
     name = alloc["predictor"]
-    assert name == report["settings"]["hetdpt"]["predictor"] == "local"    # the default
+    assert name == report["settings"]["hetdpt"]["predictor"] == "gp"    # the default
     refit = get_registry().build("predictor", name,
                                  **report["settings"]["hetdpt"]["predictor_options"].get(name, {})).fit(
         [(p["n_attn"], p["n_act"], p["accuracy"]) for p in alloc["points"]])
     assert alloc["fit"]["rmse"] == pytest.approx(refit.fit_report()["rmse"], abs=1e-9)
-    best = max(alloc["surface"], key=lambda d: (d["predicted"], -d["n_attn"]))
+    ranked = sorted(alloc["surface"], key=lambda d: (-d["predicted"], d["n_attn"]))
+    checked = alloc["verified"]
+    assert [(c["n_attn"], c["n_act"]) for c in checked] == [(d["n_attn"], d["n_act"]) for d in ranked[:3]]
+    best = max(checked, key=lambda c: (c["accuracy"], -c["n_attn"]))
     assert (alloc["pick"]["n_attn"], alloc["pick"]["n_act"]) == (best["n_attn"], best["n_act"])
     # the saved model reloads to the model whose accuracy the report gives
     from hetprune.data import digits
@@ -734,15 +745,16 @@ def test_a_gradual_point_is_what_the_runs_own_selection_makes_of_that_split(tiny
 
 
 def test_gradual_points_have_their_own_key_and_a_bad_choice_is_refused(tiny_model, digits_data, tmp_path):
-    oneshot = make_job(tiny_model, digits_data, tmp_path)
-    gradual = make_job(tiny_model, digits_data, tmp_path, **{"hetdpt.point_selection": "gradual"})
     strategy = HetDPT()
-    assert strategy.points_key(oneshot) != strategy.points_key(gradual)
+
+    def key(**changes):
+        return strategy.points_key(make_job(tiny_model, digits_data, tmp_path, **changes))
+
+    gradual = {"hetdpt.point_selection": "gradual"}
+    assert key() != key(**gradual)
     # one-shot points do not depend on the run's scorer; gradual ones do, options included
-    for job in (oneshot, gradual):
-        before = strategy.points_key(job)
-        job.settings["scorer_options"] = {"gate-taylor": {"score_decay": 0.5}}
-        assert (strategy.points_key(job) != before) == (job is gradual)
+    decay = {"scorer_options": "{gate-taylor: {score_decay: 0.5}}"}
+    assert key(**decay) == key() and key(**gradual, **decay) != key(**gradual)
     bad = make_job(tiny_model, digits_data, tmp_path, **{"hetdpt.point_selection": "greedy"})
-    with pytest.raises(HetpruneError, match="point_selection must be one of oneshot, gradual, got 'greedy'"):
+    with pytest.raises(HetpruneError, match="point_selection must be one of oneshot, progressive, gradual, got 'greedy'"):
         strategy.collect_points(bad, [(0, 1)])

@@ -16,38 +16,90 @@ def as_points(points) -> tuple[np.ndarray, int]:
     return pts, (len({(a, m) for a, m, _ in pts.tolist()}) if len(pts) else 0)
 
 
+def poly_terms(degree: int) -> list[tuple[int, int]]:
+    """The monomials a^i m^j of total degree at most ``degree``."""
+    return [(i, j) for i, j in itertools.product(range(degree + 1), repeat=2) if i + j <= degree]
+
+
+def poly_design(terms, a, m) -> np.ndarray:
+    a, m = np.asarray(a, dtype=float), np.asarray(m, dtype=float)
+    return np.stack([a ** i * m ** j for i, j in terms], axis=-1)
+
+
+def poly_lstsq(terms, pts: np.ndarray) -> np.ndarray:
+    coef, *_ = np.linalg.lstsq(poly_design(terms, pts[:, 0], pts[:, 1]), pts[:, 2], rcond=None)
+    return coef
+
+
+def distinct(pts: np.ndarray) -> int:
+    return len({(a, m) for a, m, _ in pts.tolist()})
+
+
+def leave_two_out_rmse(pts: np.ndarray, degree: int) -> float | None:
+    """The RMSE of a degree-``degree`` fit predicting every pair of points left out of it (each pair once),
+    or None where no pair can be left out with enough points kept for the fit."""
+    terms = poly_terms(degree)
+    errors = []
+    for i, j in itertools.combinations(range(len(pts)), 2):
+        rest = np.delete(pts, [i, j], axis=0)
+        if distinct(rest) < len(terms):
+            continue
+        coef = poly_lstsq(terms, rest)
+        errors += list(poly_design(terms, pts[[i, j], 0], pts[[i, j], 1]) @ coef - pts[[i, j], 2])
+    return float(np.sqrt(np.mean(np.square(errors)))) if errors else None
+
+
 class PolyPredictor:
-    """Bivariate polynomial acc ~ P(n_attn, n_act) of total degree `degree`, least squares."""
+    """Bivariate polynomial acc ~ P(n_attn, n_act) of total degree ``degree``, least squares.
+
+    ``degree="auto"`` (the paper's choice): each degree of ``DEGREES`` that the points support is scored by
+    leave-2-out cross-validation and the lowest CV RMSE wins (ties: the lower degree); the fit report lists
+    every degree's CV RMSE and the chosen one.
+    """
 
     name = "poly"
+    DEGREES = (1, 2, 3, 4)
 
-    def __init__(self, degree: int = 2):
-        if not isinstance(degree, int) or degree < 1:
-            raise HetpruneError(f"poly predictor degree must be an integer >= 1, got {degree!r}")
-        self.degree = degree
-        self.terms = [(i, j) for i, j in itertools.product(range(degree + 1), repeat=2) if i + j <= degree]
+    def __init__(self, degree: int | str = 2):
+        if degree != "auto" and (isinstance(degree, bool) or not isinstance(degree, int) or degree < 1):
+            raise HetpruneError(f"poly predictor degree must be an integer >= 1 or 'auto' (chosen by leave-2-out "
+                                f"cross-validation over {', '.join(map(str, self.DEGREES))}), got {degree!r}")
+        self.auto = degree == "auto"
+        self.degree = self.DEGREES[0] if self.auto else degree
+        self.terms = poly_terms(self.degree)
         self.coef: np.ndarray | None = None
         self._report: dict = {}
 
     @property
     def min_points(self) -> int:
-        """Distinct (n_attn, n_act) points the fit needs: one per coefficient."""
-        return len(self.terms)
+        """Distinct (n_attn, n_act) points the fit needs: one per coefficient (``auto``: the lowest degree's,
+        plus the two a fold leaves out)."""
+        return len(poly_terms(self.DEGREES[0])) + 2 if self.auto else len(self.terms)
 
     def _design(self, a, m) -> np.ndarray:
-        a, m = np.asarray(a, dtype=float), np.asarray(m, dtype=float)
-        return np.stack([a ** i * m ** j for i, j in self.terms], axis=-1)
+        return poly_design(self.terms, a, m)
 
     def _lstsq(self, pts: np.ndarray) -> np.ndarray:
-        coef, *_ = np.linalg.lstsq(self._design(pts[:, 0], pts[:, 1]), pts[:, 2], rcond=None)
-        return coef
+        return poly_lstsq(self.terms, pts)
+
+    def choose_degree(self, pts: np.ndarray) -> dict[int, float | None]:
+        """Every candidate degree's leave-2-out CV RMSE; sets the degree to the lowest's."""
+        cv = {d: leave_two_out_rmse(pts, d) for d in self.DEGREES}
+        scored = {d: r for d, r in cv.items() if r is not None}
+        if not scored:
+            raise HetpruneError(f"poly with degree 'auto' needs at least {self.min_points} distinct "
+                                f"(n_attn, n_act) points for leave-2-out cross-validation; got {distinct(pts)}")
+        self.degree = min(scored, key=lambda d: (scored[d], d))
+        self.terms = poly_terms(self.degree)
+        return cv
 
     def fit(self, points):
-        pts, distinct = as_points(points)
+        pts, n_distinct = as_points(points)
+        cv = self.choose_degree(pts) if self.auto else None
         need = len(self.terms)
-        if distinct < need:
+        if n_distinct < need:
             raise HetpruneError(f"a degree-{self.degree} poly predictor has {need} coefficients and needs at least "
-                                f"{need} distinct (n_attn, n_act) points; got {distinct}. Collect more points or "
+                                f"{need} distinct (n_attn, n_act) points; got {n_distinct}. Collect more points or "
                                 "lower the degree")
         self.coef = self._lstsq(pts)
         resid = self._design(pts[:, 0], pts[:, 1]) @ self.coef - pts[:, 2]
@@ -55,12 +107,14 @@ class PolyPredictor:
         if len(pts) > need:
             for i in range(len(pts)):
                 rest = np.delete(pts, i, axis=0)
-                if len({(a, m) for a, m, _ in rest.tolist()}) < need:
+                if distinct(rest) < need:
                     continue
                 c = self._lstsq(rest)
                 loo.append(float(self._design(pts[i, 0], pts[i, 1]) @ c - pts[i, 2]))
         self._report = {
             "degree": self.degree,
+            **({"degree_choice": "auto (leave-2-out cross-validation)",
+                "cv_rmse": {str(d): r for d, r in cv.items()}} if cv is not None else {}),
             "points": len(pts),
             "mae": float(np.mean(np.abs(resid))),
             "rmse": float(np.sqrt(np.mean(resid ** 2))),

@@ -3,33 +3,12 @@
 
 from __future__ import annotations
 
-import copy
-import time
-
-import numpy as np
-
-from hetprune import HetpruneError, Site, sites
-from hetprune.cache import fingerprint
-from hetprune.points import PointStore
-from hetprune.pipeline import DepthStrategy, PruneJob, rank_lowest, remove_sites, scoring_context, select_sites
+from hetprune import HetpruneError, Site
+from hetprune.pipeline import DepthStrategy, PruneJob
 from hetprune import distributed as dist
-from hetprune.config import train_config
 
-
-def axis_values(maximum: int, count: int) -> list[int]:
-    """``count`` evenly spaced integers in 1..maximum (fewer when the range is short)."""
-    if maximum <= 0 or count <= 0:
-        return []
-    return sorted({int(round(v)) for v in np.linspace(maximum / count, maximum, count)} - {0})
-
-
-def spread(pairs: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
-    """``count`` pairs evenly spread along a list of feasible pairs, ends excluded."""
-    inner = pairs[1:-1] if len(pairs) > 2 else []
-    if count <= 0 or not inner:
-        return []
-    idx = np.linspace(0, len(inner) - 1, min(count, len(inner)))
-    return sorted({inner[int(round(i))] for i in idx})
+from .point_schemes import OneShotPoints, grid_plan, resolve_finetune
+from .schemes import SCHEMES, scheme_for
 
 
 class HetDPT(DepthStrategy):
@@ -39,21 +18,28 @@ class HetDPT(DepthStrategy):
     description = "HetDPT: split the budget with a fitted accuracy predictor (MAP), learned gates within each kind"
     defaults = {
         "hetdpt": {
-            # local: the lowest regret on digit-pairs at budgets 8 and 12, 3 seeds each (README, "What MAP makes
-            # of it"); poly is the paper's degree-2 fit
-            "predictor": "local",
-            "predictor_options": {"poly": {"degree": 2}},   # per predictor name
-            # how a MAP point's sites are chosen. oneshot (the paper): the point scorer's removal order, all
-            # sites off at once, then the short fine-tune. gradual: the run's own selector (``scorer``, e.g.
-            # gate-taylor's removal-by-removal gate training) chooses and adapts, exactly as the final run will
-            # for that split, and the point is its accuracy (no further fine-tune)
-            "point_selection": "oneshot",
-            # the schedule that fine-tunes a one-shot point: finetune (the final fine-tune's), short_finetune (the
-            # paper's short one) or auto: finetune where it costs at most AFFORDABLE short ones in images seen
+            # gp with progressive points and verify 3: the lowest worst-target mean regret within 1.5x the cost
+            # of the one-shot points, over 8 targets of both embedded benchmarks, 3 seeds
+            # (benchmarks/results/map-points.md); poly is the paper's fit, its degree chosen by leave-2-out CV
+            "predictor": "gp",
+            "predictor_options": {"poly": {"degree": "auto"}},   # per predictor name
+            # how MAP points are made (point_schemes.py, one class each). progressive (the paper's): paths
+            # from the dense model, attention only, activation only and interleaved, each step one more site
+            # off (the point scorer's lowest on the current model) and fine-tuned from the previous point's
+            # weights. oneshot (not the paper's): each point's sites off the dense model at once (the point
+            # scorer's order), one fine-tune. gradual: the run's own selector (``scorer``, e.g. gate-taylor's
+            # removal-by-removal gate training) makes the split from the dense model as the final run will,
+            # and the point is its metric (no further fine-tune)
+            "point_selection": "progressive",
+            # the schedule that fine-tunes a point: finetune (the final fine-tune's), short_finetune (the
+            # paper's short one) or auto: for oneshot, finetune where it costs at most 4 short ones in images
             # (the embedded benchmarks: there short_finetune's 2 epochs on 150 images ranked digit-pairs'
             # budget-8 splits at Spearman 0.20 and one seed in three picked a split 3.7 points worse), else
-            # short_finetune (a real run's final fine-tune is far too long for a dozen points)
+            # short_finetune (a real run's final fine-tune is far too long for a dozen points); for progressive,
+            # short_finetune (its paths hold about three times as many points)
             "point_finetune": "auto",
+            "interleave_first": "act",   # the kind the progressive interleaved path removes first (act: 1+1, 1+2, ...)
+            "path_stride": 1,            # sites a progressive step removes before its fine-tune (1: the paper's)
             "point_scorer": "taylor",
             "axis_points": 4,
             "mixed_points": 3,
@@ -62,140 +48,49 @@ class HetDPT(DepthStrategy):
             # (and its unmeasured neighbours on the budget line) with the same cheap fine-tune, then refits;
             # the pick prefers measured values. 0 = the paper's one-shot fit.
             "refine": 0,
+            # past the paper: the K best predicted splits measured, the best of them picked (0 = the
+            # predictor's argmax). Progressive: each reached from the nearest path point its removals contain
+            # (inherited weights), then one fine-tune on the final schedule where that is affordable (auto's
+            # rule), else short_finetune. Oneshot and gradual: a point of that split
+            "verify": 3,
         }
     }
 
-    # -- stage 1: points ------------------------------------------------------
-    def removal_orders(self, job: PruneJob, limits: dict[str, int]) -> dict[str, list[Site]]:
-        """Per kind, the order in which the point scorer removes sites, one at a time, re-scoring after each."""
-        opts = job.settings["hetdpt"]
-        scorer = job.registry.build("scorer", opts["point_scorer"])
-        if hasattr(scorer, "select") and not hasattr(scorer, "score"):
-            raise HetpruneError(f"hetdpt.point_scorer {opts['point_scorer']!r} has no one-shot score(); pick e.g. taylor")
-        ctx = scoring_context(job, job.workdir / "points-scoring")
-        orders = {}
-        for kind in ("attn", "act"):
-            model = job.place(copy.deepcopy(job.dense))
-            order: list[Site] = []
-            for _ in range(limits[kind]):
-                victim = rank_lowest(scorer.score(model, sites(model, kind), ctx), 1)[0]
-                remove_sites(job, model, [victim])
-                order.append(victim)
-            orders[kind] = order
-        return orders
+    # -- stage 1: points (one scheme object per job: point_schemes.py, progressive.py) -------------
+    point_schemes = SCHEMES   # name -> PointScheme class; a strategy built on this one may add its own
+
+    def scheme(self, job: PruneJob):
+        """The job's point scheme (``hetdpt.point_selection``), built once per job with its settings resolved."""
+        return scheme_for(job, self, self.point_schemes)
 
     def point_plan(self, job: PruneJob, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        opts = job.settings["hetdpt"]
-        max_a = max(a for a, _ in pairs)
-        max_m = max(m for _, m in pairs)
-        plan = {(0, 0)} if opts["dense_point"] else set()
-        plan |= {(a, 0) for a in axis_values(max_a, opts["axis_points"])}
-        plan |= {(0, m) for m in axis_values(max_m, opts["axis_points"])}
-        plan |= set(spread(sorted(pairs), opts["mixed_points"]))
-        return sorted(plan, key=lambda p: (p[0] + p[1], p))
+        """The points the job's scheme measures for a budget whose feasible splits are ``pairs``."""
+        return self.scheme(job).plan(pairs)
 
-    POINT_SELECTIONS = ("oneshot", "gradual")
-    POINT_FINETUNES = ("auto", "finetune", "short_finetune")
-    AFFORDABLE = 4   # auto: the final schedule for points when it sees at most this many short ones' images
-
-    @classmethod
-    def point_finetune(cls, settings: dict, train_size: int | None = None) -> str:
-        """The settings section whose schedule fine-tunes a one-shot point (``auto`` resolved with the
-        training set's size), checked."""
-        section = settings["hetdpt"].get("point_finetune", "short_finetune")
-        if section not in cls.POINT_FINETUNES:
-            raise HetpruneError(f"hetdpt.point_finetune must be one of {', '.join(cls.POINT_FINETUNES)} (the "
-                                f"settings section whose schedule fine-tunes a MAP point), got {section!r}")
-        if section != "auto":
-            return section
-
-        def images(name: str) -> float:
-            sched = settings[name]
-            n = sched.get("subset") or train_size or float("inf")
-            return sched["epochs"] * (min(n, train_size) if train_size else n)
-        return "finetune" if images("finetune") <= cls.AFFORDABLE * images("short_finetune") else "short_finetune"
-
-    def point_schedule(self, job: PruneJob) -> str:
-        return self.point_finetune(job.settings, job.task.train_size)
-
-    @classmethod
-    def point_selection(cls, settings: dict) -> str:
-        how = settings["hetdpt"].get("point_selection", "oneshot")
-        if how not in cls.POINT_SELECTIONS:
-            raise HetpruneError(f"hetdpt.point_selection must be one of {', '.join(cls.POINT_SELECTIONS)}, got {how!r}")
-        return how
-
-    def points_key(self, job: PruneJob) -> str:
-        s = job.settings
-        how = self.point_selection(s)
-        # a gradual point is what the run's selector makes of the split: its name and options shape it
-        gradual = {"point_selection": how, "scorer": s["scorer"],
-                   "scorer_options": s.get("scorer_options", {}).get(s["scorer"], {})} if how != "oneshot" else {}
-        section = self.point_schedule(job)
-        return fingerprint({
-            "base": job.base_hash, "data": job.task.fingerprint, "short": s[section],
-            **({"point_finetune": section} if section != "short_finetune" else {}),  # short ones keep their key
-            "point_scorer": s["hetdpt"]["point_scorer"], "attn_remover": s["attn_remover"],
-            "act_remover": s["act_remover"], "scoring": s["scoring"], "seed": job.seed,
-            **({"amp": s["amp"]} if s.get("amp", "none") != "none" else {}),  # fp32 points keep their old key
-            **gradual,                                                        # oneshot points keep theirs too
-        })
-
-    def measure_point(self, job: PruneJob, a: int, m: int, orders: dict | None) -> tuple[object, list]:
-        """The model of point ``(a, m)`` and its removed sites, ready to evaluate."""
-        model = job.place(copy.deepcopy(job.dense))
-        if self.point_selection(job.settings) == "gradual":
-            ctx = scoring_context(job, job.workdir / "points-gradual" / f"{a}+{m}")
-            ctx.progress, ctx.on_epoch_end = False, None   # a point's steps are not the run's selection stage
-            chosen = select_sites(job, model, {"attn": a, "act": m}, ctx=ctx, shared=False) if a + m else []
-            remove_sites(job, model, chosen)
-            return model, chosen
-        chosen = orders["attn"][:a] + orders["act"][:m]
-        remove_sites(job, model, chosen)
-        job.task.fit(model, job.dense, train_config(job.settings, self.point_schedule(job)), "point",
-                     progress=False, desc="MAP point", distributed=False)
-        return model, chosen
+    def grid_plan(self, job: PruneJob, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Axis and budget-line points (``axis_points``, ``mixed_points``, ``dense_point``), whatever the
+        scheme: the candidates HetDPT+'s share search measures its own way."""
+        return grid_plan(job.settings["hetdpt"], pairs)
 
     def collect_points(self, job: PruneJob, plan: list[tuple[int, int]]) -> list[dict]:
-        """Measure every planned point not already in the points file.
+        """Measure every planned point not already in the points file (see :meth:`PointScheme.collect`)."""
+        return self.scheme(job).collect(plan)
 
-        Under torchrun each rank measures its share (point i goes to rank
-        i mod world) with its own single-process fine-tune, appends it to the
-        shared file under a lock, and all ranks read the whole file at the end.
-        """
-        store = PointStore(job.shared_dir / "map-points.jsonl", self.points_key(job))
-        have = store.load()
-        todo = dist.on_main(lambda: [p for p in plan if p not in have])
-        if have and todo != plan:
-            job.log(f"[hetdpt] reusing {len(plan) - len(todo)} measured MAP points from {store.path}")
-        mine = todo[dist.rank()::dist.world()]
-        gradual = self.point_selection(job.settings) == "gradual"
-        if gradual:
-            made = {"selection": "gradual", "scorer": job.settings["scorer"]}
-        else:
-            section = self.point_schedule(job)
-            made = {"point_finetune": section, "schedule": job.settings[section]}
-        orders = None
-        if todo and not gradual:   # scored on rank 0 (scores may differ between ranks), used by every rank
-            limits = {"attn": max(p[0] for p in plan), "act": max(p[1] for p in plan)}
-            orders = dist.on_main(lambda: self.removal_orders(job, limits))
-        for i, (a, m) in enumerate(mine, 1):
-            t0 = time.time()
-            model, chosen = self.measure_point(job, a, m, orders)
-            # this rank's own model: evaluated on the whole val set here, not shared across ranks. A point's
-            # "accuracy" is the task's metric (top-1 by default), whichever it is
-            acc = job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers, distributed=False)
-            point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen],
-                     "seconds": round(time.time() - t0, 2), **made}
-            store.append(point)
-            have[(a, m)] = point
-            job.event("on_point_collected", point=point)
-            job.log(f"[hetdpt] MAP point {i}/{len(mine)}: {a} attn + {m} act -> {job.task.format(acc)} "
-                    f"({point['seconds']:.1f}s)")
-        if dist.active():
-            dist.barrier()
-            have = store.load()
-        return [have[p] for p in plan]
+    def points_key(self, job: PruneJob) -> str:
+        """The key of the job's points (of its dense point, for progressive points, whose paths have theirs)."""
+        return self.scheme(job).key
+
+    def removal_orders(self, job: PruneJob, limits: dict[str, int]) -> dict[str, list[Site]]:
+        """Per kind, the point scorer's removal order on the dense model (one-shot points; HetDPT+'s share
+        search)."""
+        return OneShotPoints(job, self).orders(limits)
+
+    POINT_SELECTIONS = tuple(SCHEMES)
+
+    @staticmethod
+    def point_finetune(settings: dict, train_size: int | None = None) -> str:
+        """The settings section whose schedule fine-tunes a one-shot point, ``auto`` resolved."""
+        return resolve_finetune(settings, train_size, "oneshot")
 
     # -- stage 1: allocation ---------------------------------------------------
     def predictor_for(self, job: PruneJob, plan: list[tuple[int, int]], what: str = "this budget and model"):
@@ -215,19 +110,29 @@ class HetDPT(DepthStrategy):
         return predictor
 
     @staticmethod
-    def refine_rounds(settings: dict, key: str = "hetdpt.refine") -> int:
-        """A refinement round count from settings (``section.refine``), checked."""
+    def refine_rounds(settings: dict, key: str = "hetdpt.refine", what: str = "a count of rounds") -> int:
+        """A refinement round count (or another count) from settings (``section.name``), checked."""
         section, name = key.split(".")
         refine = settings[section].get(name, 0)
         if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
-            raise HetpruneError(f"{key} must be a count of rounds >= 0, got {refine!r}")
+            raise HetpruneError(f"{key} must be {what} >= 0, got {refine!r}")
         return refine
 
     def allocate(self, job: PruneJob):
         pairs = job.feasible_pairs()   # rank 0's, like every plan below: each rank measures its share of one plan
+        if len(pairs) == 1:   # nothing to choose: no point could change the answer
+            job.log(f"[hetdpt] the budget allows one split, {pairs[0][0]}+{pairs[0][1]}: taken without MAP points")
+            return pairs[0], {"predictor": None, "points": [], "fit": {}, "surface": [], "refinement": [],
+                              "single_split": True, "pick": {"n_attn": pairs[0][0], "n_act": pairs[0][1]}}
+        refine = self.refine_rounds(job.settings)
+        verify = self.refine_rounds(job.settings, "hetdpt.verify", "a count of splits")
+        scheme = self.scheme(job)
+        if refine and not scheme.refinable:
+            raise HetpruneError(f"hetdpt.refine measures splits on the budget line, which {scheme.name} points "
+                                "cannot reach (a path only makes its own splits); use refine 0, or "
+                                "point_selection oneshot or gradual")
         plan = dist.on_main(lambda: self.point_plan(job, pairs))
         predictor = self.predictor_for(job, plan)
-        refine = self.refine_rounds(job.settings)
         points = self.collect_points(job, plan)
         predicted = self.fit(predictor, points, pairs)
         sign = 1 if job.task.higher_is_better else -1   # the best split: the highest metric, or the lowest loss
@@ -247,6 +152,14 @@ class HetDPT(DepthStrategy):
         # Ties go to fewer attention removals.
         value = {pair: measured.get(pair, predicted[pair]) if refine else predicted[pair] for pair in pairs}
         pick = max(pairs, key=lambda p: (sign * value[p], -p[0]))
+        checked = []
+        if verify:   # past the paper: the best predicted splits measured (progressive: checked), the best kept
+            best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:verify]
+            found = scheme.verify(best)
+            pick = max(best, key=lambda p: (sign * found[p]["accuracy"], -p[0]))
+            checked = [found[p] for p in best]
+            job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(found[(a, m)]['accuracy'])}"
+                                                       for a, m in best))
         surface = [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)],
                     **({"std": predictor.uncertainty(a, m)} if hasattr(predictor, "uncertainty") else {}),
                     **({"measured": measured[(a, m)]} if (a, m) in measured else {})} for a, m in pairs]
@@ -254,9 +167,11 @@ class HetDPT(DepthStrategy):
         job.log(f"[hetdpt] predictor {predictor.name}: " + ", ".join(
             f"({d['n_attn']},{d['n_act']})={d['predicted']:.1f}" for d in surface))
         return pick, {"predictor": predictor.name, "points": points, "fit": fit, "surface": surface,
-                      "refinement": rounds,
+                      "refinement": rounds, "verified": checked, "point_selection": scheme.name,
+                      "points_cost": points_cost(points + checked),
                       "pick": {"n_attn": pick[0], "n_act": pick[1], "predicted": predicted[pick],
-                               **({"measured": measured[pick]} if refine and pick in measured else {})}}
+                               **({"measured": measured[pick]} if refine and pick in measured else {}),
+                               **({"verified": found[pick]["accuracy"]} if verify else {})}}
 
     @staticmethod
     def fit(predictor, points: list[dict], pairs: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
@@ -274,3 +189,11 @@ class HetDPT(DepthStrategy):
             return []
         i = line.index(best)
         return [p for p in line[max(0, i - 1):i + 2] if p not in measured]
+
+
+def points_cost(points: list[dict]) -> dict:
+    """What the points cost: images through their fine-tunes (None where a point could not count them) and
+    seconds."""
+    images = [p.get("images") for p in points]
+    return {"points": len(points), "images": None if None in images else sum(images),
+            "seconds": round(sum(p.get("seconds", 0) for p in points), 1)}

@@ -46,9 +46,10 @@ def frontier(cands: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def point_plan(depth_strategy, job: PruneJob, cands: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Width only, the depth strategy's MAP plan over the frontier (axes and mixed points), all candidates."""
+    """Width only, the depth strategy's axis and budget-line points over the frontier (its ``grid_plan``,
+    whatever its own MAP points are; else its ``point_plan``), all candidates."""
     edge = frontier(cands)
-    plan = set(depth_strategy.point_plan(job, edge))
+    plan = set(getattr(depth_strategy, "grid_plan", depth_strategy.point_plan)(job, edge))
     plan = {p for p in plan if p in set(cands)} | {(0, 0)}
     return sorted(plan, key=lambda p: (p[0] + p[1], p))
 

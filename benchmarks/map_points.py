@@ -1,0 +1,688 @@
+"""Which MAP points and predictor pick the split full fine-tuning finds best? (issue 35)
+
+For every studied target of both embedded benchmarks, the ground truth is
+every feasible split (n_attn, n_act) pruned and fine-tuned on the final
+schedule (``hetprune ablate``'s truth rows: the fixed split's gate-taylor
+selection, then the final fine-tune), mean over seeds. Then, per seed, each
+point scheme measures its points as ``hetprune prune --strategy hetdpt``
+would for that target (``collect_points`` of the ``hetdpt`` strategy, the
+same code), each predictor is fitted on them, and its pick is looked up in
+the truth. Per (scheme, predictor, target): the pick per seed, its true
+top-1, the regret (best true split minus the pick's, mean truth), Kendall's
+tau between predicted and true values over the feasible splits, and the
+points' cost: images through their fine-tunes and seconds, as a share of one
+final fine-tune (``finetune``: epochs x subset images; seconds: the truth
+rows' median wall time, selection and final fine-tune together).
+
+Everything is saved as it finishes and reused by a rerun of the same command:
+the truth rows (``rows.jsonl`` per target, keyed like ``hetprune ablate``'s),
+the points (one keyed points file per benchmark, shared by targets: a point
+depends on its scheme's settings, never on the target, so the targets of one
+seed share their points and progressive paths are extended, not redone), and
+each finished (benchmark, seed, scheme) unit's fits (``units/*.json``).
+
+Reused: the truth of digit pairs at MACs 0.7, 0.55 and 0.45, seeds 0 and 1,
+from benchmarks/results/default-target.json (made on the shipped base model);
+before it is used, one split per target is fine-tuned again on both seeds and
+must reproduce the committed mean and std, else every seed is fine-tuned here.
+
+    python benchmarks/map_points.py                      # everything: truth, points, report
+    python benchmarks/map_points.py --phase truth        # only the ground truth
+    python benchmarks/map_points.py --benchmarks digit-pairs --targets macs0.45 --seeds 0 --out runs/quick
+
+Writes benchmarks/results/map-points.{md,json,png} (``--results`` changes the folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+# the targets of issue 35: every target whose true landscape is committed (digit pairs), budget 12 and the
+# MAC targets of digits-compare-macs.md (digits)
+TARGETS = {
+    "digit-pairs": ["b8", "b12", "macs0.7", "macs0.55", "macs0.45"],
+    "digits": ["b12", "macs0.55", "macs0.45"],
+}
+# truth reused from a committed file: (benchmark, target) -> (file, seeds it holds)
+REUSED = {("digit-pairs", f"macs{t:g}"): ("default-target.json", (0, 1)) for t in (0.7, 0.55, 0.45)}
+
+# the point schemes studied: name -> settings (--set items) on top of hetdpt's defaults
+SCHEMES = {
+    "oneshot": ["hetdpt.point_selection=oneshot", "hetdpt.verify=0"],
+    "progressive": ["hetdpt.point_selection=progressive", "hetdpt.verify=0"],
+    "progressive-attn-first": ["hetdpt.point_selection=progressive", "hetdpt.interleave_first=attn",
+                               "hetdpt.verify=0"],
+    "progressive-final-schedule": ["hetdpt.point_selection=progressive", "hetdpt.point_finetune=finetune",
+                                   "hetdpt.verify=0"],
+    "gradual": ["hetdpt.point_selection=gradual", "hetdpt.verify=0"],
+    # past the paper (issue 35, item 5): progressive points, then the 3 best predicted splits checked on the
+    # final schedule from the nearest path point (hetdpt.verify), the best of them picked
+    "progressive-verify3": ["hetdpt.point_selection=progressive", "hetdpt.verify=3"],
+    # progressive points on the final schedule at a fraction of the steps: 2 or 3 sites per step
+    "progressive-final-stride2": ["hetdpt.point_selection=progressive", "hetdpt.point_finetune=finetune",
+                                  "hetdpt.path_stride=2", "hetdpt.verify=0"],
+    "progressive-final-stride3": ["hetdpt.point_selection=progressive", "hetdpt.point_finetune=finetune",
+                                  "hetdpt.path_stride=3", "hetdpt.verify=0"],
+    "progressive-final-stride3-verify2": ["hetdpt.point_selection=progressive", "hetdpt.point_finetune=finetune",
+                                          "hetdpt.path_stride=3", "hetdpt.verify=2"],
+}
+WORDS = {   # what each scheme's points are, for the tables
+    "oneshot": "today's default: each point's sites off the dense model at once (taylor's order), one fine-tune "
+               "on the final schedule (point_finetune auto)",
+    "progressive": "the paper's: attention, activation and interleaved paths (activation first), one more site "
+                   "per point, each fine-tuned with short_finetune from the previous point's weights",
+    "progressive-attn-first": "the same, the interleaved path removing attention first",
+    "progressive-final-schedule": "progressive, each step fine-tuned on the final schedule",
+    "gradual": "each point made by the run's own gate-taylor selection from the dense model, no fine-tune after",
+    "progressive-verify3": "past the paper: progressive points, then the 3 best predicted splits each reached "
+                           "from the nearest path point it contains and fine-tuned on the final schedule; the best "
+                           "of the 3 is the pick",
+    "progressive-final-stride2": "progressive on the final schedule, 2 sites per step",
+    "progressive-final-stride3": "progressive on the final schedule, 3 sites per step",
+    "progressive-final-stride3-verify2": "that, then the 2 best predicted splits checked as in progressive-verify3",
+}
+# the predictors fitted on every scheme's points: label -> (registered name, options)
+PREDICTORS = {
+    "local": ("local", {}),
+    "poly (auto)": ("poly", {"degree": "auto"}),
+    "poly (2)": ("poly", {"degree": 2}),
+    "gp": ("gp", {}),
+}
+BASELINE = "oneshot"   # today's points: the cost every scheme is measured against
+COST_CAP = 1.5         # the default may cost at most this many times today's points
+GOAL = 1.0             # mean regret (points) the issue asks for at every target
+
+
+def budget_of(target: str):
+    from hetprune.budget import Budget
+
+    if target.startswith("b"):
+        return Budget(sites=int(target[1:]))
+    return Budget(target_macs=float(target[len("macs"):]))
+
+
+# -- the base model, its task and settings, as the CLI builds them -------------------------------------------
+
+def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:
+    """The embedded base model of ``bench`` with its spec, provenance, task and the default settings of
+    ``hetdpt`` (``sets`` applied): what ``hetprune ablate --data BENCH`` starts from."""
+    from hetprune.api import check_names, dense_info, resolve_settings, run_device
+    from hetprune.commands.common import base_model, data_for
+    from hetprune.plugins import get_registry
+    from hetprune.task import classification
+
+    args = SimpleNamespace(model=None, model_kwargs=None, pretrained=False, checkpoint=None, retrain_base=False,
+                           data=bench)
+    registry = get_registry()
+    strategy = registry.build("strategy", "hetdpt")
+    settings = resolve_settings(strategy, None, sets=list(sets or []))
+    run_device(settings)
+    check_names(registry, settings)
+    dense, spec, info = base_model(args, log=lambda m: None)
+    task = classification(data_for(args, dense))
+    info = dense_info(dense, task, spec, info, settings)
+    return SimpleNamespace(bench=bench, registry=registry, strategy=strategy, settings=settings, dense=dense,
+                           spec=spec, info=info, task=task)
+
+
+def job_for(ctx, target: str, seed: int, workdir: Path, shared: Path, settings: dict | None = None):
+    from hetprune.pipeline import PruneJob
+
+    s = json.loads(json.dumps(settings or ctx.settings))
+    s["seed"] = seed
+    return PruneJob(dense=ctx.dense, spec=ctx.spec, data=None, task=ctx.task, budget=budget_of(target), settings=s,
+                    registry=ctx.registry, workdir=workdir, shared_dir=shared, base_info=dict(ctx.info),
+                    progress=False, log=lambda m: None, strategy_name="hetdpt")
+
+
+def feasible(ctx, target: str, out: Path) -> list[tuple[int, int]]:
+    job = job_for(ctx, target, 0, out / "work-pairs", out / "work-pairs")
+    with job.serving():
+        return sorted(job.feasible_pairs())
+
+
+# -- phase 1: the ground truth -----------------------------------------------------------------------------
+
+def committed_truth(bench: str, target: str) -> dict | None:
+    """The reused truth of one target: ``{split: (mean, std)}`` over the committed seeds, or None."""
+    if (bench, target) not in REUSED:
+        return None
+    name, _ = REUSED[(bench, target)]
+    data = json.loads((RESULTS / name).read_text())
+    macs = float(target[len("macs"):])
+    [found] = [t for t in data["targets"] if abs(t["target_macs"] - macs) < 1e-9]
+    return {tuple(int(v) for v in k.split("+")): (found["splits"][k], found["std"][k]) for k in found["splits"]}
+
+
+def truth_rows(ctx, target: str, pairs, seeds, out: Path, jobs: int, log) -> list[dict]:
+    """Fine-tune ``pairs`` x ``seeds`` on the final schedule (or reuse the rows already in ``out``), keyed as
+    ``hetprune ablate`` keys them, so an ablation with ``--out`` there reuses them too."""
+    from hetprune.ablate import split_plans
+    from hetprune.compare import run_rows
+
+    plans = split_plans(sorted(pairs), list(seeds), ctx.settings, budget_of(target), ctx.info["hash"],
+                        ctx.task.fingerprint, kind="truth", unused=("hetdpt",))
+    return run_rows(plans, ctx.registry, ctx.dense, ctx.spec, ctx.task, ctx.info, out, resume=True, jobs=jobs,
+                    data_spec=ctx.bench, log=log, progress=False)
+
+
+def truth(ctx, target: str, seeds: list[int], out: Path, jobs: int, log) -> dict:
+    """The truth of one target: per split the mean and std of the final top-1 over ``seeds``, how it was made
+    (fine-tuned here or reused), the rows, and the median wall time of one truth row."""
+    folder = out / ctx.bench / f"truth-{target}"
+    pairs = feasible(ctx, target, folder)
+    reused = committed_truth(ctx.bench, target)
+    note, per_seed = "every seed fine-tuned here", {}
+    if reused is not None:
+        if set(reused) != set(pairs):
+            raise SystemExit(f"{ctx.bench} {target}: the committed truth holds splits {sorted(reused)}, the target "
+                             f"allows {pairs}: not the same landscape")
+        name, old_seeds = REUSED[(ctx.bench, target)]
+        check = max(reused, key=lambda p: reused[p][0])   # the best split: where a mismatch would matter most
+        rows = truth_rows(ctx, target, [check], old_seeds, folder, jobs, log)
+        values = [r["metric"] for r in rows]
+        mean, std = statistics.mean(values), statistics.stdev(values)
+        same = abs(mean - reused[check][0]) < 1e-6 and abs(std - reused[check][1]) < 1e-6
+        if same:
+            note = (f"seeds {', '.join(map(str, old_seeds))} reused from {name} (split {check[0]}+{check[1]} "
+                    f"fine-tuned again on both: {mean:.2f} ± {std:.2f}, as committed)")
+        else:
+            note = (f"{name} NOT reused: split {check[0]}+{check[1]} fine-tuned again gives {mean:.2f} ± {std:.2f}, "
+                    f"committed {reused[check][0]:.2f} ± {reused[check][1]:.2f}; every seed fine-tuned here")
+            reused = None
+    todo_seeds = [s for s in seeds if reused is None or s not in REUSED[(ctx.bench, target)][1]]
+    rows = truth_rows(ctx, target, pairs, todo_seeds, folder, jobs, log) if todo_seeds else []
+    for r in rows:
+        per_seed.setdefault((r["n_attn"], r["n_act"]), {})[r["seed"]] = r["metric"]
+    splits = {}
+    for p in pairs:
+        values = list(per_seed.get(p, {}).values())
+        n_old = len(REUSED[(ctx.bench, target)][1]) if reused is not None else 0
+        if reused is not None:   # the committed seeds' two values from their mean and std (order unknown)
+            m, sd = reused[p]
+            half = sd / 2 ** 0.5
+            values += [m - half, m + half][:n_old]
+        splits[p] = {"true": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                     "seeds": len(values), "per_seed": {str(k): v for k, v in sorted(per_seed.get(p, {}).items())}}
+    walls = [r["wall_s"] for r in rows if "wall_s" in r]
+    return {"target": target, "pairs": [list(p) for p in pairs], "splits": splits, "note": note,
+            "row_seconds_total": round(sum(walls), 1),
+            "seeds": sorted(set(todo_seeds) | set(REUSED[(ctx.bench, target)][1] if reused is not None else ())),
+            "row_seconds": statistics.median(walls) if walls else None}
+
+
+# -- phase 2: every scheme's points, every predictor ---------------------------------------------------------
+
+def final_images(ctx) -> int:
+    """Images through one final fine-tune: epochs x the subset (or the whole training set)."""
+    ft = ctx.settings["finetune"]
+    n = ctx.task.train_size
+    return int(ft["epochs"] * (min(ft["subset"], n) if ft.get("subset") else n))
+
+
+def fit_all(points: list[dict], pairs, registry) -> dict:
+    """Every predictor fitted on ``points``: its prediction at every feasible split and its fit report."""
+    triples = [(p["n_attn"], p["n_act"], p["accuracy"]) for p in points]
+    out = {}
+    for label, (name, options) in PREDICTORS.items():
+        try:
+            predictor = registry.build("predictor", name, **options).fit(triples)
+        except Exception as exc:   # too few points for this predictor: the row says so
+            out[label] = {"error": str(exc)}
+            continue
+        out[label] = {"predicted": {f"{a}+{m}": predictor.predict(a, m) for a, m in pairs},
+                      "fit": predictor.fit_report() if hasattr(predictor, "fit_report") else {}}
+    return out
+
+
+def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path) -> dict:
+    """One (benchmark, seed, scheme): its points for every target, and every predictor's fit on them (saved;
+    a rerun with the same targets and settings reads it back)."""
+    import torch
+
+    torch.set_num_threads(1)
+    path = out / "units" / f"{bench}-seed{seed}-{scheme}.json"   # scheme names are file-safe
+    if path.is_file():
+        done = json.loads(path.read_text())
+        if done.get("targets") == targets and done.get("sets") == SCHEMES[scheme]:
+            return done
+    ctx = context(bench, SCHEMES[scheme])
+    shared = out / bench / "points"
+    result = {"bench": bench, "seed": seed, "scheme": scheme, "sets": SCHEMES[scheme], "targets": targets,
+              "per_target": {}}
+    for target in targets:
+        work = out / bench / "work" / f"{target}-seed{seed}-{scheme}"
+        job = job_for(ctx, target, seed, work, shared)
+        started = time.time()
+        with job.serving():
+            pairs = sorted(job.feasible_pairs())
+            plan = ctx.strategy.point_plan(job, pairs)
+            points = ctx.strategy.collect_points(job, plan)
+            fits = fit_all(points, pairs, ctx.registry)
+            verify = job.settings["hetdpt"].get("verify", 0)
+            if verify:   # each predictor's best predicted splits checked (hetdpt.verify), as allocate does
+                point_scheme = ctx.strategy.scheme(job)
+                for fit in fits.values():
+                    if "predicted" not in fit:
+                        continue
+                    pred = fit["predicted"]
+                    best = sorted(pairs, key=lambda p: (-pred[f"{p[0]}+{p[1]}"], p[0]))[:verify]
+                    found = point_scheme.verify(best)
+                    fit["verified"] = {f"{a}+{m}": found[(a, m)]["accuracy"] for a, m in best}
+                    fit["verify_images"] = sum(found[p].get("images") or 0 for p in best)
+                    fit["verify_seconds"] = round(sum(found[p].get("seconds") or 0 for p in best), 1)
+        result["per_target"][target] = {
+            "pairs": [list(p) for p in pairs], "plan": [list(p) for p in plan], "points": points,
+            "images": sum(p.get("images") or 0 for p in points),
+            "seconds": round(sum(p.get("seconds") or 0 for p in points), 1),
+            "wall_here": round(time.time() - started, 1),   # less where points were reused from another target
+            "fits": fits}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
+    return result
+
+
+def units(bench: str, seed: int, schemes: list[str], targets: list[str], out: Path) -> list[dict]:
+    """Several schemes of one (benchmark, seed) one after the other: schemes whose paths share points (the
+    progressive variants' axis paths) must not walk them at the same time in two processes."""
+    return [unit(bench, seed, scheme, targets, out) for scheme in schemes]
+
+
+def groups(schemes: list[str]) -> list[list[str]]:
+    """The schemes in groups that share no point with another group (same point_finetune, same paths)."""
+    found: dict = {}
+    for name in schemes:
+        sets = SCHEMES[name]
+        family = (next((x for x in sets if x.startswith("hetdpt.point_selection=")), ""),
+                  next((x for x in sets if x.startswith("hetdpt.point_finetune=")), ""))
+        found.setdefault(family, []).append(name)
+    return list(found.values())
+
+
+def _units_star(args):
+    return units(*args)
+
+
+# -- phase 3: the tables -----------------------------------------------------------------------------------
+
+def kendall(pred: list[float], true: list[float]) -> float | None:
+    from scipy.stats import kendalltau
+
+    if len(pred) < 2:
+        return None
+    tau = kendalltau(pred, true).statistic
+    return None if tau != tau else float(tau)
+
+
+def score(results: list[dict], truths: dict, final: dict) -> list[dict]:
+    """One row per (benchmark, target, scheme, predictor): picks per seed, regrets, Kendall tau, costs."""
+    rows = []
+    keyed = {}
+    for u in results:
+        keyed.setdefault((u["bench"], u["scheme"]), []).append(u)
+    for (bench, scheme), us in sorted(keyed.items()):
+        for target in TARGETS[bench]:
+            t = truths.get((bench, target))
+            if t is None or not all(target in u["per_target"] for u in us):
+                continue
+            true = {k: v["true"] for k, v in ((f"{a}+{m}", t["splits"][(a, m)]) for a, m in map(tuple, t["pairs"]))}
+            best = max(true, key=lambda k: (true[k], -int(k.split("+")[0])))
+            for label in PREDICTORS:
+                per = []
+                for u in sorted(us, key=lambda u: u["seed"]):
+                    pt = u["per_target"][target]
+                    fit = pt["fits"][label]
+                    if "error" in fit:
+                        per = None
+                        break
+                    pred = fit["predicted"]
+                    pick = max(true, key=lambda k: (pred[k], -int(k.split("+")[0])))   # ties: fewer attention
+                    checked = fit.get("verified")
+                    if checked:   # hetdpt.verify: the best of the checked splits
+                        pick = max(checked, key=lambda k: (checked[k], -int(k.split("+")[0])))
+                    keys = sorted(true)
+                    own = {k: t["splits"][tuple(map(int, k.split("+")))]["per_seed"].get(str(u["seed"]))
+                           for k in true}   # this seed's own truth rows: what this very run would have made
+                    per.append({"seed": u["seed"], "pick": pick, "true_of_pick": true[pick],
+                                "regret": true[best] - true[pick],
+                                "own_seed_regret": None if None in own.values() else max(own.values()) - own[pick],
+                                "kendall": kendall([pred[k] for k in keys], [true[k] for k in keys]),
+                                "images": pt["images"] + fit.get("verify_images", 0),
+                                "seconds": pt["seconds"] + fit.get("verify_seconds", 0),
+                                "points": len(pt["points"]) + len(checked or ()),
+                                **({"degree": fit["fit"].get("degree"),
+                                    "cv_rmse": (fit["fit"].get("cv_rmse") or {}).get(str(fit["fit"].get("degree")))}
+                                   if label.startswith("poly") else {})})
+                if not per:
+                    continue
+                taus = [p["kendall"] for p in per if p["kendall"] is not None]
+                rows.append({
+                    "bench": bench, "target": target, "scheme": scheme, "predictor": label, "best": best,
+                    "best_true": true[best], "seeds": per,
+                    "mean_regret": statistics.mean(p["regret"] for p in per),
+                    "mean_own_seed_regret": (statistics.mean(p["own_seed_regret"] for p in per)
+                                             if all(p["own_seed_regret"] is not None for p in per) else None),
+                    "mean_kendall": statistics.mean(taus) if taus else None,
+                    "images": statistics.mean(p["images"] for p in per),
+                    "images_share": statistics.mean(p["images"] for p in per) / final["images"][bench],
+                    "seconds": statistics.mean(p["seconds"] for p in per),
+                    "seconds_share": (statistics.mean(p["seconds"] for p in per) / final["seconds"][bench]
+                                      if final["seconds"].get(bench) else None)})
+    return rows
+
+
+def oracle_rows(truths: dict) -> list[dict]:
+    """What seed noise alone costs: each seed picks its own best split by its own truth rows (what MAP could
+    do with every split measured by the real pipeline on that seed), judged by the mean over seeds."""
+    out = []
+    for (bench, target), t in truths.items():
+        true = {f"{a}+{m}": t["splits"][(a, m)]["true"] for a, m in map(tuple, t["pairs"])}
+        best = max(true, key=lambda k: (true[k], -int(k.split("+")[0])))
+        seeds = sorted({int(s) for v in t["splits"].values() for s in v["per_seed"]})
+        per = []
+        for seed in seeds:
+            own = {k: t["splits"][tuple(map(int, k.split("+")))]["per_seed"].get(str(seed)) for k in true}
+            if None in own.values():
+                continue
+            pick = max(own, key=lambda k: (own[k], -int(k.split("+")[0])))
+            per.append({"seed": seed, "pick": pick, "true_of_pick": true[pick], "regret": true[best] - true[pick]})
+        if per:
+            out.append({"bench": bench, "target": target, "best": best, "best_true": true[best], "seeds": per,
+                        "mean_regret": statistics.mean(p["regret"] for p in per)})
+    return out
+
+
+def slim(results: list[dict]) -> list[dict]:
+    """The units as the results file keeps them: each point as (n_attn, n_act, metric, images, seconds, path)
+    and each fit's predictions, verified values and degree choice (the full records stay under --out)."""
+    out = []
+    for u in results:
+        per = {}
+        for target, pt in u["per_target"].items():
+            fits = {label: {k: v for k, v in fit.items() if k != "fit"} | (
+                {"fit": {k: v for k, v in fit["fit"].items() if k in ("degree", "cv_rmse", "rmse", "loo_mae")}}
+                if "fit" in fit else {}) for label, fit in pt["fits"].items()}
+            per[target] = {"images": pt["images"], "seconds": pt["seconds"],
+                           "points": [[p["n_attn"], p["n_act"], p["accuracy"], p.get("images"), p.get("seconds"),
+                                       p.get("path")] for p in pt["points"]], "fits": fits}
+        out.append({k: u[k] for k in ("bench", "seed", "scheme", "sets")} | {"per_target": per})
+    return out
+
+
+def choose(rows: list[dict]) -> dict:
+    """The default: the (scheme, predictor) with the lowest worst-target mean regret among those whose points
+    cost at most COST_CAP x today's (the baseline scheme's) at every target; ties: the lower mean regret over
+    every target, then the cheaper."""
+    base = {(r["bench"], r["target"]): r["images"] for r in rows if r["scheme"] == BASELINE}
+    combos: dict = {}
+    for r in rows:
+        combos.setdefault((r["scheme"], r["predictor"]), []).append(r)
+    table = []
+    for (scheme, predictor), rs in combos.items():
+        ratio = max(r["images"] / base[(r["bench"], r["target"])] for r in rs if (r["bench"], r["target"]) in base)
+        worst = max(rs, key=lambda r: r["mean_regret"])
+        table.append({"scheme": scheme, "predictor": predictor, "worst_mean_regret": worst["mean_regret"],
+                      "worst_target": f"{worst['bench']} {worst['target']}", "cost_ratio": ratio,
+                      "mean_regret": statistics.mean(r["mean_regret"] for r in rs),
+                      "affordable": ratio <= COST_CAP + 1e-9,
+                      "all_within_goal": all(r["mean_regret"] <= GOAL + 1e-9 for r in rs),
+                      "targets": len(rs)})
+    table.sort(key=lambda c: (not c["affordable"], c["worst_mean_regret"], c["mean_regret"], c["cost_ratio"]))
+    return {"ranking": table, "chosen": next((c for c in table if c["affordable"]), None)}
+
+
+def target_words(target: str) -> str:
+    return f"budget {target[1:]}" if target.startswith("b") else f"MACs {target[len('macs'):]}"
+
+
+def markdown(result: dict) -> str:
+    rows, pick = result["rows"], result["choice"]["chosen"]
+    lines = ["# MAP points and predictors against full fine-tunes", "",
+             f"Produced by `{result['command']}`.", "",
+             f"Machine: {result['machine']}; load average {result['load_start']} at the start, {result['load_end']} "
+             f"at the end; {result['seconds']:.0f} s for this pass, which reused what earlier passes of the same "
+             f"command made under --out: {result['work']['truth_rows_s']} s of truth rows and "
+             f"{result['work']['points_s']} s of points and checks (summed over the 2 processes; other work shared "
+             "the machine: accuracy does not depend on load, seconds do).",
+             "", "Base models: " + "; ".join(f"{b}: {i}" for b, i in result["bases"].items()) + ".", "",
+             "Ground truth per target: every feasible split pruned (gate-taylor) and fine-tuned on the final "
+             "schedule, mean top-1 over the seeds; regret = the best split's true top-1 minus the pick's (points); "
+             "Kendall tau between predicted and true values over the feasible splits; cost = images through the "
+             "points' fine-tunes (x one final fine-tune's "
+             + ", ".join(f"{b}: {n}" for b, n in result["final"]["images"].items())
+             + " images) and seconds (x one truth row's median wall time, selection and fine-tune: "
+             + ", ".join(f"{b}: {s:.1f} s" for b, s in result["final"]["seconds"].items() if s) + ").", "",
+             "Truth: " + "; ".join(f"{b} {target_words(t)}: {n}" for (b, t), n in
+                                  ((tuple(k.split("|")), v["note"]) for k, v in result["truth"].items())) + ".", ""]
+    by = {(r["scheme"], r["predictor"], r["bench"], r["target"]): r for r in rows}
+    ranked = {(c["scheme"], c["predictor"]): c for c in result["choice"]["ranking"]}
+    cols = [(b, t) for b in TARGETS for t in TARGETS[b]]
+    lines += ["## Headline", "", "Mean regret per target (points, 3 seeds) and the points' cost against today's "
+              "(the worst target's ratio of images):", "",
+              "| row | scheme / predictor | " + " | ".join(f"{b} {target_words(t)}" for b, t in cols)
+              + " | worst | cost |", "|---|---|" + "---|" * (len(cols) + 2)]
+    for label, scheme, predictor in highlights(result):
+        c = ranked[(scheme, predictor)]
+        cells = ["-" if (scheme, predictor, b, t) not in by else f"{by[(scheme, predictor, b, t)]['mean_regret']:.2f}"
+                 for b, t in cols]
+        lines.append(f"| {label} | {scheme} / {predictor} | " + " | ".join(cells)
+                     + f" | {c['worst_mean_regret']:.2f} | {c['cost_ratio']:.2f}x |")
+    oracle = {(o["bench"], o["target"]): o["mean_regret"] for o in result["oracle"]}
+    lines += ["| seed noise alone | each seed's own best split | "
+              + " | ".join(f"{oracle[k]:.2f}" if k in oracle else "-" for k in cols)
+              + f" | {max(oracle.values()):.2f} | (every split fine-tuned) |", ""]
+    lines += ["## The schemes", "", "| scheme | its points | settings |", "|---|---|---|"]
+    for name, sets in result["schemes"].items():
+        lines.append(f"| {name} | {WORDS.get(name, '')} | {' '.join(f'`--set {x}`' for x in sets)} |")
+    lines += ["", "Predictors: " + ", ".join(f"`{label}` ({name}{' ' + json.dumps(o) if o else ''})"
+                                          for label, (name, o) in PREDICTORS.items()) + ".", ""]
+    lines += ["## The choice", "",
+              f"The default is the scheme and predictor with the lowest worst-target mean regret whose points cost at "
+              f"most {COST_CAP}x today's (`{BASELINE}` points) at every target.", "",
+              "| scheme | predictor | worst-target mean regret | at | mean over targets | cost vs today's (worst "
+              f"target) | affordable | every target ≤ {GOAL} |", "|---|---|---|---|---|---|---|---|"]
+    for c in result["choice"]["ranking"]:
+        mark = "**" if pick and (c["scheme"], c["predictor"]) == (pick["scheme"], pick["predictor"]) else ""
+        lines.append(f"| {mark}{c['scheme']}{mark} | {mark}{c['predictor']}{mark} | {c['worst_mean_regret']:.2f} | "
+                     f"{c['worst_target']} | {c['mean_regret']:.2f} | {c['cost_ratio']:.2f}x | "
+                     f"{'yes' if c['affordable'] else 'no'} | "
+                     f"{'yes' if c['all_within_goal'] else 'no'} |")
+    lines += ["", ("**Chosen: " + f"`{pick['scheme']}` points with `{pick['predictor']}`" + "**"
+                   + (f" (worst-target mean regret {pick['worst_mean_regret']:.2f}; "
+                      f"{'every' if pick['all_within_goal'] else 'not every'} target within {GOAL} point).")
+                   ) if pick else "**No scheme is affordable.**", ""]
+    lines += ["## Mean regret per target (points; mean over seeds)", "",
+              "| scheme | predictor | " + " | ".join(f"{b} {target_words(t)}" for b in TARGETS for t in TARGETS[b])
+              + " |", "|---|---|" + "---|" * sum(len(v) for v in TARGETS.values())]
+    by = {(r["scheme"], r["predictor"], r["bench"], r["target"]): r for r in rows}
+    for c in result["choice"]["ranking"]:
+        cells = []
+        for b in TARGETS:
+            for t in TARGETS[b]:
+                r = by.get((c["scheme"], c["predictor"], b, t))
+                cells.append("-" if r is None else f"{r['mean_regret']:.2f}")
+        lines.append(f"| {c['scheme']} | {c['predictor']} | " + " | ".join(cells) + " |")
+    lines += ["", "## Every row", "",
+              "Regret on its own seed: the best of that seed's truth rows minus that seed's row at the pick (the "
+              "model this very run would have made against the best it could have made).", "",
+              "| benchmark | target | best split (true %) | scheme | predictor | picks per seed (true %) | "
+              "mean regret | on its own seed | Kendall tau | points | images (x final FT) | seconds (x truth row) | "
+              "poly degree (CV RMSE) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (list(TARGETS).index(r["bench"]), TARGETS[r["bench"]].index(r["target"]),
+                                         list(SCHEMES).index(r["scheme"]) if r["scheme"] in SCHEMES else 99,
+                                         list(PREDICTORS).index(r["predictor"]))):
+        picks = ", ".join(f"{p['pick']} ({p['true_of_pick']:.1f})" for p in r["seeds"])
+        tau = "-" if r["mean_kendall"] is None else f"{r['mean_kendall']:.2f}"
+        degree = ", ".join(f"{p['degree']} ({p['cv_rmse']:.2f})" if p.get("cv_rmse") is not None else
+                           str(p.get("degree")) for p in r["seeds"]) if r["predictor"].startswith("poly") else "-"
+        secs = f"{r['seconds']:.0f} ({r['seconds_share']:.1f}x)" if r["seconds_share"] else f"{r['seconds']:.0f}"
+        own = "-" if r["mean_own_seed_regret"] is None else f"{r['mean_own_seed_regret']:.2f}"
+        lines.append(f"| {r['bench']} | {target_words(r['target'])} | {r['best']} ({r['best_true']:.1f}) | "
+                     f"{r['scheme']} | {r['predictor']} | {picks} | {r['mean_regret']:.2f} | {own} | {tau} | "
+                     f"{statistics.mean(p['points'] for p in r['seeds']):.0f} | {r['images']:.0f} "
+                     f"({r['images_share']:.1f}x) | {secs} | {degree} |")
+    lines += ["", "## What seed noise alone costs", "",
+              "Each seed picks the best split of its own truth rows (the real pipeline, every split measured on "
+              "that seed); regret against the mean over seeds, as above. No point scheme measured on one seed "
+              "can expect to beat this by much.", "",
+              "| benchmark | target | best split (mean) | each seed's own best (true %) | mean regret |",
+              "|---|---|---|---|---|"]
+    for o in result["oracle"]:
+        lines.append(f"| {o['bench']} | {target_words(o['target'])} | {o['best']} ({o['best_true']:.1f}) | "
+                     + ", ".join(f"{p['pick']} ({p['true_of_pick']:.1f})" for p in o["seeds"])
+                     + f" | {o['mean_regret']:.2f} |")
+    lines += ["", "## The true landscapes", "", "| benchmark | target | splits (attn+act): true top-1 % (± std over "
+              "seeds) |", "|---|---|---|"]
+    for key, t in result["truth"].items():
+        b, target = key.split("|")
+        cells = ", ".join(f"{s}: {v['true']:.1f} ± {v['std']:.1f}" for s, v in t["splits"].items())
+        lines.append(f"| {b} | {target_words(target)} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def highlights(result: dict) -> list[tuple[str, str, str]]:
+    """The rows the plot and the docs show: (label, scheme, predictor) of the chosen default, today's (one-shot
+    points, local), the paper's (progressive points, poly with CV's degree) and the best at any cost."""
+    ranking = result["choice"]["ranking"]
+    pick = result["choice"]["chosen"]
+    best_any = min(ranking, key=lambda c: (c["worst_mean_regret"], c["mean_regret"]))
+    rows = [("chosen default", pick["scheme"], pick["predictor"])] if pick else []
+    rows += [("before: one-shot points, local", "oneshot", "local"),
+             ("the paper's: progressive, poly (CV degree)", "progressive", "poly (auto)"),
+             (f"best at any cost ({best_any['cost_ratio']:.1f}x)", best_any["scheme"], best_any["predictor"])]
+    return rows
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = {(r["scheme"], r["predictor"], r["bench"], r["target"]): r["mean_regret"] for r in result["rows"]}
+    oracle = {(o["bench"], o["target"]): o["mean_regret"] for o in result["oracle"]}
+    targets = [(b, t) for b in TARGETS for t in TARGETS[b]]
+    series = [(f"{label}: {scheme} / {predictor}", [by.get((scheme, predictor, b, t), float("nan"))
+                                                    for b, t in targets]) for label, scheme, predictor in
+              highlights(result)]
+    series.append(("each seed's own best split (seed noise alone)", [oracle.get(k, float("nan")) for k in targets]))
+    fig, ax = plt.subplots(figsize=(10, 4.6))
+    width = 0.8 / len(series)
+    for i, (label, ys) in enumerate(series):
+        ax.bar([j + i * width for j in range(len(targets))], ys, width, label=label)
+    ax.axhline(GOAL, color="black", linestyle=":", linewidth=1, label=f"goal ({GOAL} point)")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(targets))])
+    ax.set_xticklabels([f"{b}\n{target_words(t)}" for b, t in targets], fontsize=7)
+    ax.set_ylabel("mean regret over seeds (top-1 points)")
+    ax.set_title("MAP's pick against every split fully fine-tuned (3 seeds; every row: map-points.md)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--benchmarks", default=",".join(TARGETS))
+    p.add_argument("--targets", default=None, help="only these targets (e.g. b12,macs0.45), else every studied one")
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--phase", default="all", choices=("truth", "points", "report", "all"))
+    p.add_argument("--jobs", type=int, default=2, help="single-threaded processes (truth rows, then units)")
+    p.add_argument("--out", default="runs/map-points")
+    p.add_argument("--results", default=str(RESULTS))
+    args = p.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    benches = [b for b in args.benchmarks.split(",") if b]
+    wanted = set(args.targets.split(",")) if args.targets else None
+    targets = {b: [t for t in TARGETS[b] if wanted is None or t in wanted] for b in benches}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    schemes = [s for s in args.schemes.split(",") if s]
+    for s in schemes:
+        if s not in SCHEMES:
+            raise SystemExit(f"unknown scheme {s!r}; studied schemes: {', '.join(SCHEMES)}")
+    load_start, started = [round(v, 2) for v in os.getloadavg()], time.time()
+    log = lambda m: print(m, flush=True)   # noqa: E731
+
+    truths, bases, final = {}, {}, {"images": {}, "seconds": {}}
+    if args.phase in ("truth", "all", "report", "points"):
+        for bench in benches:
+            ctx = context(bench)
+            bases[bench] = f"{ctx.info.get('source')}, {ctx.info.get('weights', 'weights ?')}, dense top-1 " \
+                           f"{ctx.info['metric']:.2f} %"
+            final["images"][bench] = final_images(ctx)
+            walls = []
+            for target in targets[bench]:
+                log(f"== truth: {bench} {target}")
+                t = truth(ctx, target, seeds, out, args.jobs, log)
+                truths[(bench, target)] = t
+                walls += [t["row_seconds"]] if t["row_seconds"] else []
+            final["seconds"][bench] = statistics.median(walls) if walls else None
+    if args.phase == "truth":
+        return 0
+
+    done = []
+    todo = [(b, s, group, targets[b], out) for b in benches for s in seeds for group in groups(schemes)]
+    if args.jobs > 1 and len(todo) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(_units_star, t): t for t in todo}
+            for fut in as_completed(futures):
+                done += fut.result()
+                b, seed, group = futures[fut][:3]
+                log(f"== points done: {b} seed {seed} {', '.join(group)}")
+    else:
+        for t in todo:
+            done += units(*t)
+            log(f"== points done: {t[0]} seed {t[1]} {', '.join(t[2])}")
+    if args.phase == "points":
+        return 0
+
+    rows = score(done, truths, final)
+    work = {"truth_rows_s": round(sum(t["row_seconds_total"] for t in truths.values())),
+            "points_s": round(sum(json.loads(line).get("seconds", 0) for b in benches
+                                  for name in ("map-points.jsonl", "map-checks.jsonl")
+                                  if (out / b / "points" / name).is_file()
+                                  for line in (out / b / "points" / name).read_text().splitlines() if line))}
+    result = {
+        "command": ("python benchmarks/map_points.py " + shlex.join(sys.argv[1:])).strip(),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "load_start": load_start, "load_end": [round(v, 2) for v in os.getloadavg()],
+        "seconds": time.time() - started, "work": work, "bases": bases, "final": final,
+        "truth": {f"{b}|{t}": {**v, "splits": {f"{a}+{m}": s for (a, m), s in v["splits"].items()}}
+                  for (b, t), v in truths.items()},
+        "schemes": {s: SCHEMES[s] for s in schemes}, "predictors": PREDICTORS, "rows": rows,
+        "choice": choose(rows), "oracle": oracle_rows(truths), "units": slim(done),
+    }
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "map-points.json").write_text(json.dumps(result, indent=1) + "\n")
+    (results / "map-points.md").write_text(markdown(result))
+    plot(result, results / "map-points.png")
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""How MAP's cheap points are made: one class per scheme (``hetdpt.point_selection``); the base class, and
+the schemes that make each point from the dense model (``oneshot``, ``gradual``).
+
+A scheme decides which points a budget gets (:meth:`PointScheme.plan`), how
+each one is measured, and what keys it (:attr:`PointScheme.key`: everything
+that shapes a point, so a changed setting never reuses a stale one). It is
+built once per job with its settings resolved (:func:`scheme_for`), and it
+reads the job's device, precision, removers and scoring context from the job,
+never again from settings.
+
+* ``oneshot`` (not the paper's): per point, all its sites (the point scorer's
+  removal order on the dense model) off at once, one fine-tune, evaluate.
+* ``progressive`` (the paper's): paths from the dense model (attention only,
+  activation only, and the kinds interleaved); each step removes the site the
+  point scorer ranks lowest on the current fine-tuned model and fine-tunes
+  from the previous point's weights (:mod:`.paths`).
+* ``gradual``: the run's own selector makes each point from the dense model,
+  as the final run will for that split; no fine-tune after it.
+
+The progressive scheme is in :mod:`.progressive`; :mod:`.schemes` names them
+all. A new scheme is one subclass listed in a strategy's ``point_schemes``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from hetprune import HetpruneError, Site, sites
+from hetprune import distributed as dist
+from hetprune.cache import fingerprint
+from hetprune.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context, select_sites
+from hetprune.points import PointStore
+
+
+FINETUNES = ("auto", "finetune", "short_finetune")
+AFFORDABLE = 4   # oneshot's auto: the final schedule for points when it sees at most this many short ones' images
+
+
+def images_of(schedule: dict, train_size: int | None) -> int | None:
+    """Images one fine-tune of ``schedule`` sees (epochs x its subset, or the training set), None if unknown."""
+    n = schedule.get("subset")
+    if train_size is not None:
+        n = min(n, train_size) if n else train_size
+    return None if n is None else int(schedule["epochs"] * n)
+
+
+def resolve_finetune(settings: dict, train_size: int | None = None, scheme: str = "oneshot") -> str:
+    """The settings section whose schedule fine-tunes a point (``hetdpt.point_finetune``), ``auto`` resolved:
+    for ``oneshot``, ``finetune`` where it sees at most AFFORDABLE short fine-tunes' images (the embedded
+    benchmarks), else ``short_finetune``; for ``progressive``, always ``short_finetune`` (a path has about
+    three times as many points as a one-shot plan)."""
+    section = settings["hetdpt"].get("point_finetune", "short_finetune")
+    if section not in FINETUNES:
+        raise HetpruneError(f"hetdpt.point_finetune must be one of {', '.join(FINETUNES)} (the settings section "
+                            f"whose schedule fine-tunes a MAP point), got {section!r}")
+    if section != "auto":
+        return section
+    if scheme == "progressive":
+        return "short_finetune"
+
+    def images(name: str) -> float:
+        found = images_of(settings[name], train_size)
+        return float("inf") if found is None else found
+    return "finetune" if images("finetune") <= AFFORDABLE * images("short_finetune") else "short_finetune"
+
+
+class PointScheme:
+    """The common part: the store, the plan's bookkeeping, the measurement loop, the keys' shared fields."""
+
+    name = ""
+    description = ""
+    refinable = True   # whether any split on the budget line can be measured (hetdpt.refine's rounds)
+
+    def __init__(self, job: PruneJob, strategy):
+        self.job, self.strategy = job, strategy
+        s = job.settings
+        self.options = s["hetdpt"]
+        # what shapes every scheme's point, besides its own settings
+        self.common = {"base": job.base_hash, "data": job.task.fingerprint, "attn_remover": s["attn_remover"],
+                       "act_remover": s["act_remover"], "seed": job.seed,
+                       **({"amp": job.amp} if job.amp != "none" else {})}   # fp32 points keep their old key
+
+    # -- what a subclass defines -------------------------------------------------------------------
+    @property
+    def key(self) -> str:
+        raise NotImplementedError
+
+    def plan(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The points to measure for a budget whose feasible splits are ``pairs``."""
+        return grid_plan(self.options, pairs)
+
+    def measure(self, todo: list[tuple[int, int]], store: PointStore, have: dict) -> None:
+        """Measure the points ``todo`` (this rank's share), appending each to ``store`` and ``have``."""
+        raise NotImplementedError
+
+    def verify(self, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
+        """Past the paper (``hetdpt.verify``): each split of ``pairs`` measured. Here: as this scheme measures
+        any split, a point of it (reused where measured); progressive points override it."""
+        return {(p["n_attn"], p["n_act"]): p for p in self.collect(list(pairs))}
+
+    # -- shared ------------------------------------------------------------------------------------
+    def store(self, key: str | None = None, name: str = "map-points.jsonl") -> PointStore:
+        return PointStore(self.job.shared_dir / name, key or self.key)
+
+    def collect(self, plan: list[tuple[int, int]]) -> list[dict]:
+        """Measure every planned point not already stored; every rank returns the plan's points.
+
+        Points are reused whenever their key matches, with or without ``--resume``: a point is a function of
+        its key (base model, data, seed and every setting that shapes it), so reusing one is the same as
+        measuring it again. Under torchrun each rank measures its share (point i on rank i mod world, each
+        with its own single-process fine-tune), appends it under a lock, and all ranks read the whole file.
+        """
+        job = self.job
+        store = self.store()
+        have = store.load()
+        todo = dist.on_main(lambda: [p for p in plan if p not in have])
+        if have and todo != plan:
+            job.log(f"[hetdpt] reusing {len(plan) - len(todo)} measured MAP points from {store.path}")
+        self.measure(todo, store, have)
+        if dist.active():
+            dist.barrier()
+            have = store.load()
+        return [have[p] for p in plan]
+
+    def record(self, store: PointStore, have: dict, model, a: int, m: int, chosen: list, started: float,
+               made: dict, label: str) -> dict:
+        """Evaluate this rank's own model of point ``(a, m)`` (the whole val set, not shared across ranks),
+        store the point and report it. A point's ``accuracy`` is the task's metric, whichever it is."""
+        job = self.job
+        acc = job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers, distributed=False)
+        point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen],
+                 "seconds": round(time.time() - started, 2), "scheme": self.name, **made}
+        store.append(point)
+        have[(a, m)] = point
+        job.event("on_point_collected", point=point)
+        job.log(f"[hetdpt] MAP point {label}: {a} attn + {m} act -> {job.task.format(acc)} "
+                f"({point['seconds']:.1f}s)")
+        return point
+
+    def finetune(self, model, schedule: str) -> None:
+        """One point fine-tune on this rank alone, with the job's device and precision."""
+        job = self.job
+        job.task.fit(model, job.dense, job.train_config(schedule), "point", progress=False, desc="MAP point",
+                     distributed=False)
+
+    def scorer(self):
+        """The point scorer (``hetdpt.point_scorer``), built once, with a one-shot ``score``."""
+        if getattr(self, "_scorer", None) is None:
+            name = self.options["point_scorer"]
+            scorer = self.job.registry.build("scorer", name)
+            if hasattr(scorer, "select") and not hasattr(scorer, "score"):
+                raise HetpruneError(f"hetdpt.point_scorer {name!r} has no one-shot score(); pick e.g. taylor")
+            self._scorer = scorer
+        return self._scorer
+
+
+def grid_plan(options: dict, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Points on both axes (``axis_points`` per kind) and along the budget line (``mixed_points``), and the
+    dense model (``dense_point``): the plan of one-shot and gradual points."""
+    import numpy as np
+
+    def axis_values(maximum: int, count: int) -> list[int]:
+        if maximum <= 0 or count <= 0:
+            return []
+        return sorted({int(round(v)) for v in np.linspace(maximum / count, maximum, count)} - {0})
+
+    def spread(line: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
+        inner = line[1:-1] if len(line) > 2 else []
+        if count <= 0 or not inner:
+            return []
+        idx = np.linspace(0, len(inner) - 1, min(count, len(inner)))
+        return sorted({inner[int(round(i))] for i in idx})
+
+    max_a = max(a for a, _ in pairs)
+    max_m = max(m for _, m in pairs)
+    plan = {(0, 0)} if options["dense_point"] else set()
+    plan |= {(a, 0) for a in axis_values(max_a, options["axis_points"])}
+    plan |= {(0, m) for m in axis_values(max_m, options["axis_points"])}
+    plan |= set(spread(sorted(pairs), options["mixed_points"]))
+    return sorted(plan, key=lambda p: (p[0] + p[1], p))
+
+
+class OneShotPoints(PointScheme):
+    """Each point from the dense model: its sites (the point scorer's order) off at once, one fine-tune."""
+
+    name = "oneshot"
+    description = "each point from the dense model, all its sites off at once, one fine-tune (not the paper's)"
+
+    def __init__(self, job: PruneJob, strategy):
+        super().__init__(job, strategy)
+        self.section = resolve_finetune(job.settings, job.task.train_size, "oneshot")
+        s = job.settings
+        self.made = {"point_finetune": self.section, "schedule": s[self.section],
+                     "images": images_of(s[self.section], job.task.train_size)}
+
+    @property
+    def key(self) -> str:
+        s = self.job.settings
+        return fingerprint({
+            "base": self.common["base"], "data": self.common["data"], "short": s[self.section],
+            **({"point_finetune": self.section} if self.section != "short_finetune" else {}),  # short ones keep
+            "point_scorer": self.options["point_scorer"], "attn_remover": s["attn_remover"],   # their old key
+            "act_remover": s["act_remover"], "scoring": s["scoring"], "seed": self.job.seed,
+            **({"amp": self.common["amp"]} if "amp" in self.common else {}),
+        })
+
+    def orders(self, limits: dict[str, int]) -> dict[str, list[Site]]:
+        """Per kind, the order in which the point scorer removes sites from the dense model, one at a time,
+        re-scoring after each."""
+        job = self.job
+        scorer = self.scorer()
+        ctx = scoring_context(job, job.workdir / "points-scoring")
+        orders = {}
+        for kind in ("attn", "act"):
+            model = job.place(copy.deepcopy(job.dense))
+            order: list[Site] = []
+            for _ in range(limits[kind]):
+                victim = rank_lowest(scorer.score(model, sites(model, kind), ctx), 1)[0]
+                remove_sites(job, model, [victim])
+                order.append(victim)
+            orders[kind] = order
+        return orders
+
+    def measure(self, todo, store, have) -> None:
+        job = self.job
+        mine = todo[dist.rank()::dist.world()]
+        orders = None
+        if todo:   # scored on rank 0 (scores may differ between ranks), used by every rank
+            limits = {"attn": max(p[0] for p in todo), "act": max(p[1] for p in todo)}
+            orders = dist.on_main(lambda: self.orders(limits))
+        for i, (a, m) in enumerate(mine, 1):
+            t0 = time.time()
+            model = job.place(copy.deepcopy(job.dense))
+            chosen = orders["attn"][:a] + orders["act"][:m]
+            remove_sites(job, model, chosen)
+            self.finetune(model, self.section)
+            self.record(store, have, model, a, m, chosen, t0, self.made, f"{i}/{len(mine)}")
+
+
+class GradualPoints(PointScheme):
+    """Each point is what the run's own selector (``scorer``, e.g. gate-taylor's removal-by-removal gate
+    training) makes of that split from the dense model, as the final run will; no fine-tune after it."""
+
+    name = "gradual"
+    description = "each point is the run's own selection of that split from the dense model, no fine-tune after"
+
+    def __init__(self, job: PruneJob, strategy):
+        super().__init__(job, strategy)
+        s = job.settings
+        self.selector = s["scorer"]
+        self.selector_options = s.get("scorer_options", {}).get(self.selector, {})
+
+    @property
+    def key(self) -> str:
+        s = self.job.settings
+        # the selector, its options, and what it trains with (gate-taylor: short_finetune's lr, batch, KD, on
+        # scoring.subset images), never the point_finetune section, which no gradual point uses
+        return fingerprint({**self.common, "point_selection": "gradual", "scorer": self.selector,
+                            "scorer_options": self.selector_options, "selector_schedule": s["short_finetune"],
+                            "scoring": s["scoring"]})
+
+    def images(self, removals: int) -> int | None:
+        """Images the selector trains on for ``removals`` removals, where it says (gate-taylor's epochs)."""
+        per = getattr(self.built, "epochs_per_removal", None)
+        if per is None or not removals:
+            return 0 if not removals else None
+        n = images_of({"epochs": 1, "subset": self.job.settings["scoring"]["subset"]}, self.job.task.train_size)
+        return None if n is None else n * (per * removals + getattr(self.built, "warmup_epochs", 0))
+
+    def measure(self, todo, store, have) -> None:
+        job = self.job
+        mine = todo[dist.rank()::dist.world()]
+        self.built = job.registry.build("scorer", self.selector, **self.selector_options)
+        for i, (a, m) in enumerate(mine, 1):
+            t0 = time.time()
+            model = job.place(copy.deepcopy(job.dense))
+            ctx = scoring_context(job, job.workdir / "points-gradual" / f"{a}+{m}")
+            ctx.progress, ctx.on_epoch_end = False, None   # a point's steps are not the run's selection stage
+            chosen = select_sites(job, model, {"attn": a, "act": m}, ctx=ctx, shared=False) if a + m else []
+            remove_sites(job, model, chosen)
+            made = {"selection": "gradual", "scorer": self.selector, "images": self.images(a + m)}
+            self.record(store, have, model, a, m, chosen, t0, made, f"{i}/{len(mine)}")

@@ -1,0 +1,281 @@
+"""Progressive MAP points, the paper's: paths from the dense model, one more site off per step, each step
+fine-tuned from the previous step's weights (:mod:`.paths` says which steps), and, past the paper, a check of
+the best predicted splits (``hetdpt.verify``): each reached from the nearest step its removals contain and
+fine-tuned once more (on the final schedule where that is affordable)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+
+from hetprune import HetpruneError, Site, sites
+from hetprune import distributed as dist
+from hetprune.cache import fingerprint
+from hetprune.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context
+from hetprune.points import PointStore
+
+from .paths import OTHER, Path as PointPath, paths_for
+from .point_schemes import PointScheme, images_of, resolve_finetune
+
+
+class ProgressivePoints(PointScheme):
+    """The paper's points: paths from the dense model, one more site off per step, each step fine-tuned from
+    the previous point's weights (see :mod:`.paths`)."""
+
+    name = "progressive"
+    description = "the paper's: paths from the dense model, one more site per point, weights inherited"
+    ORDERS = ("act", "attn")
+    refinable = False   # a path makes its own splits only
+
+    def __init__(self, job: PruneJob, strategy):
+        super().__init__(job, strategy)
+        self.section = resolve_finetune(job.settings, job.task.train_size, "progressive")
+        first = self.options.get("interleave_first", "act")
+        if first not in self.ORDERS:
+            raise HetpruneError(f"hetdpt.interleave_first must be one of {', '.join(self.ORDERS)} (the kind the "
+                                f"interleaved path of progressive points removes first), got {first!r}")
+        self.first = first
+        stride = self.options.get("path_stride", 1)
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+            raise HetpruneError(f"hetdpt.path_stride must be a whole number >= 1 (the sites a progressive "
+                                f"step removes before its fine-tune), got {stride!r}")
+        self.stride = stride
+        s = job.settings
+        self.step_images = images_of(s[self.section], job.task.train_size)
+        # a check's fine-tune (hetdpt.verify): the final schedule where it costs at most 4 short ones (the
+        # embedded benchmarks), else short_finetune (a real run's final fine-tune is far too long to repeat)
+        self.check_section = resolve_finetune({**s, "hetdpt": {**s["hetdpt"], "point_finetune": "auto"}},
+                                              job.task.train_size, "oneshot")
+        self.final_images = images_of(s[self.check_section], job.task.train_size)
+        self.keep_steps = bool(self.options.get("verify", 0))   # verification branches off any step
+        self._paths: list[PointPath] = []
+
+    def path_key(self, path: PointPath) -> str:
+        """What shapes the points of one path: the scheme, the path (the interleaved path's order), the
+        schedule, the point scorer and its data, and the common fields; not its length (a longer path
+        extends a shorter one with the same key)."""
+        s = self.job.settings
+        return fingerprint({**self.common, "point_selection": "progressive", "path": path.name,
+                            "point_finetune": self.section, "schedule": s[self.section],
+                            "point_scorer": self.options["point_scorer"], "scoring": s["scoring"],
+                            **({"stride": self.stride} if self.stride != 1 else {})})   # stride 1 keeps its key
+
+    @property
+    def key(self) -> str:
+        """The dense point's key: the dense model evaluated, no fine-tune."""
+        return fingerprint({**self.common, "point_selection": "progressive", "path": "dense"})
+
+    def plan(self, pairs):
+        self._paths = paths_for(pairs, self.first, self.stride)
+        plan = {(0, 0)} if self.options["dense_point"] else set()
+        for path in self._paths:
+            plan |= set(path.recorded)
+        return sorted(plan, key=lambda p: (p[0] + p[1], p))
+
+    def collect(self, plan):
+        # rank 0's paths on every rank (under torchrun only rank 0 may have made the plan); a plan made
+        # elsewhere gets the paths that reach its points
+        self._paths = dist.on_main(lambda: self._paths or paths_for_plan(plan, self.first, self.stride))
+        job = self.job
+        stores = {path.name: self.store(self.path_key(path)) for path in self._paths}
+        dense_store = self.store()
+        have = self.load_all([*stores.values(), dense_store])
+        wanted = set(plan)
+        todo_paths = dist.on_main(lambda: [p for p in self._paths if any(q in wanted and q not in have
+                                                                          for q in p.recorded)])
+        dense_todo = (0, 0) in wanted and (0, 0) not in have
+        reused = len([p for p in plan if p in have])
+        if reused and len(todo_paths) + dense_todo:
+            job.log(f"[hetdpt] reusing {reused} measured MAP points from {dense_store.path}")
+        world = dist.world()
+        if world > len(todo_paths) >= 1 and dist.is_main() and world > 1:
+            job.log(f"[hetdpt] progressive points: {len(todo_paths)} path(s) on {world} ranks; ranks "
+                    f"{len(todo_paths)}-{world - 1} wait (a path is a chain of fine-tunes, each from the last)")
+        if dense_todo and dist.is_main():
+            t0 = time.time()
+            self.record(dense_store, have, job.place(copy.deepcopy(job.dense)), 0, 0, [], t0,
+                        {"path": "dense", "images": 0}, "dense")
+        for i, path in enumerate(todo_paths):   # each path on its own rank (round robin when fewer ranks)
+            if i % world == dist.rank():
+                reach = max(sum(q) for q in path.recorded if q in wanted)   # the last wanted point of the path
+                self.walk(path, stores[path.name], have, reach)
+        if dist.active():
+            dist.barrier()
+            have = self.load_all([*stores.values(), dense_store])
+        missing = [p for p in plan if p not in have]
+        if missing:
+            raise HetpruneError(f"progressive points: no path reaches {missing}")
+        return [have[p] for p in plan]
+
+    @staticmethod
+    def load_all(stores: list[PointStore]) -> dict:
+        """Every stored point of these stores (the paths' and the dense point's), by split."""
+        have: dict = {}
+        for store in stores:
+            have.update(store.load())
+        return have
+
+    # -- one path ----------------------------------------------------------------------------------
+    def checkpoint(self, path: PointPath, step: int):
+        return self.job.shared_dir / "map-paths" / f"{self.path_key(path)}-step{step}.pt"
+
+    def load(self, file) -> tuple:
+        """A kept step: its model (the dense model with the step's sites removed, then its weights) and sites."""
+        import torch
+
+        job = self.job
+        try:
+            state = torch.load(str(file), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise HetpruneError(f"progressive points: checkpoint {file} cannot be read ({exc}); delete it to walk "
+                                "that path again") from exc
+        removed = [Site.parse(s) for s in state["sites"]]
+        model = job.place(copy.deepcopy(job.dense))
+        remove_sites(job, model, removed)
+        model.load_state_dict(state["model"])
+        return job.place(model), removed
+
+    def start(self, path: PointPath, stored: dict):
+        """The model to continue ``path`` from and the steps it has done: the last finished step whose
+        weights are kept and whose point (if it records one) is stored; else the dense model, step 0."""
+        job = self.job
+        for step in range(len(path.steps), 0, -1):
+            file = self.checkpoint(path, step)
+            pair = path.steps[step - 1]
+            if not file.is_file() or (pair in path.recorded and pair not in stored):
+                continue
+            model, removed = self.load(file)
+            job.log(f"[hetdpt] progressive points: path {path.name} continues after step {step} ({file.name})")
+            return model, removed, step
+        return job.place(copy.deepcopy(job.dense)), [], 0
+
+    def step(self, model, kinds: list[str], ctx) -> list[Site]:
+        """One step: for each of ``kinds`` in turn, the point scorer's lowest site of that kind on ``model``
+        off (scored again after each); then one point fine-tune."""
+        removed = []
+        for kind in kinds:
+            victim = rank_lowest(self.scorer().score(model, sites(model, kind), ctx), 1)[0]
+            remove_sites(self.job, model, [victim])
+            removed.append(victim)
+        self.finetune(model, self.section)
+        return removed
+
+    def scoring(self, name: str):
+        ctx = scoring_context(self.job, self.job.workdir / "points-scoring" / name)
+        ctx.progress, ctx.on_epoch_end = False, None
+        return ctx
+
+    def walk(self, path: PointPath, store: PointStore, have: dict, reach: int) -> None:
+        """Walk ``path`` until its steps reach ``reach`` sites removed, resuming from its last kept step."""
+        job = self.job
+        stored = store.load()
+        model, removed, done = self.start(path, stored)
+        ctx = self.scoring(path.name)
+        for step in range(done, len(path.steps)):
+            a, m = path.steps[step]
+            if a + m > reach:
+                break
+            t0 = time.time()
+            removed = removed + self.step(model, path.kinds[step], ctx)
+            self.keep(model, removed, self.checkpoint(path, step + 1))
+            if (a, m) in path.recorded:   # its images: its own fine-tune and those of unrecorded steps before
+                fine_tunes = path.since_recorded(step + 1)
+                images = None if self.step_images is None else self.step_images * fine_tunes
+                self.record(store, have, model, a, m, removed, t0,
+                            {"path": path.name, "step": step + 1, "fine_tunes": fine_tunes,
+                             "point_finetune": self.section, "schedule": job.settings[self.section],
+                             "images": images}, f"{path.name} {step + 1}/{len(path.steps)}")
+            if step and not self.keep_steps:   # the previous step's weights are not needed once this one is kept
+                self.checkpoint(path, step).unlink(missing_ok=True)
+
+    # -- past the paper: verify the best predicted splits ----------------------------------------------------
+    @property
+    def verify_key(self) -> str:
+        s = self.job.settings
+        return fingerprint({**self.common, "point_selection": "progressive", "verify": self.first,
+                            "point_finetune": self.section, "schedule": s[self.section],
+                            "final": s[self.check_section], **({"check": self.check_section}
+                                                                if self.check_section != "finetune" else {}),
+                            "point_scorer": self.options["point_scorer"], "scoring": s["scoring"],
+                            "stride": self.stride})
+
+    def base_for(self, pair: tuple[int, int]) -> tuple[PointPath, int]:
+        """The path step nearest ``pair`` whose removals it contains (most sites off; the paths' order breaks
+        ties), as (path, step); step 0 is the dense model."""
+        found = [(p[0] + p[1], -i, path, step + 1) for i, path in enumerate(self._paths)
+                 for step, p in enumerate(path.steps) if p[0] <= pair[0] and p[1] <= pair[1]]
+        if not found:
+            return self._paths[0], 0
+        _, _, path, step = max(found, key=lambda f: (f[0], f[1]))
+        return path, step
+
+    def model_at(self, path: PointPath, step: int):
+        """The model of ``path`` after ``step`` steps: its kept weights, else the steps again from the nearest
+        kept one before it (the same seed and data: the same model)."""
+        job = self.job
+        for done in range(step, 0, -1):
+            file = self.checkpoint(path, done)
+            if file.is_file():
+                model, removed = self.load(file)
+                break
+        else:
+            done, model, removed = 0, job.place(copy.deepcopy(job.dense)), []
+        ctx = self.scoring(path.name)
+        for i in range(done, step):
+            removed = removed + self.step(model, path.kinds[i], ctx)
+            self.keep(model, removed, self.checkpoint(path, i + 1))
+        return model, removed
+
+    def keep(self, model, removed: list, file) -> None:
+        """Keep a step's weights and sites (written whole, then moved into place)."""
+        import torch
+
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+        torch.save({"model": model.state_dict(), "sites": [str(s) for s in removed], "step": len(removed)}, str(tmp))
+        tmp.replace(file)
+
+    def verify(self, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
+        """Each split of ``pairs`` measured past the paper: from the nearest path step its removals contain
+        (inherited weights), the missing sites removed as on a path (``path_stride`` per step, interleaved,
+        the ``interleave_first`` kind first), then one check fine-tune (the final schedule where affordable),
+        evaluated. Stored in ``map-checks.jsonl`` and reused like points; under torchrun split across ranks."""
+        store = self.store(self.verify_key, "map-checks.jsonl")
+        have = store.load()
+        todo = dist.on_main(lambda: [p for p in pairs if p not in have])
+        for i, (a, m) in enumerate(todo):
+            if i % dist.world() != dist.rank():
+                continue
+            t0 = time.time()
+            path, step = self.base_for((a, m))
+            model, removed = self.model_at(path, step)
+            base = path.steps[step - 1] if step else (0, 0)
+            left = {"attn": a - base[0], "act": m - base[1]}
+            ctx = self.scoring(f"verify-{a}+{m}")
+            order, kind = [], self.first
+            while any(left.values()):   # the missing sites alternating, ``interleave_first`` first
+                kind = kind if left[kind] else OTHER[kind]
+                order.append(kind)
+                left[kind] -= 1
+                kind = OTHER[kind]
+            steps = [order[j:j + self.stride] for j in range(0, len(order), self.stride)]
+            for kinds in steps:
+                removed = removed + self.step(model, kinds, ctx)
+            self.finetune(model, self.check_section)
+            images = (None if self.step_images is None or self.final_images is None
+                      else len(steps) * self.step_images + self.final_images)
+            self.record(store, have, model, a, m, removed, t0,
+                        {"verified_from": [base[0], base[1]], "path": path.name, "extra_steps": len(steps),
+                         "check_finetune": self.check_section, "images": images}, f"check {i + 1}/{len(todo)}")
+        if dist.active():
+            dist.barrier()
+            have = store.load()
+        return {p: have[p] for p in pairs}
+
+
+def paths_for_plan(plan: list[tuple[int, int]], first: str, stride: int = 1) -> list[PointPath]:
+    """The paths whose points cover ``plan`` (a plan made by another scheme's plan, e.g. a refinement's)."""
+    max_a = max((a for a, _ in plan), default=0)
+    max_m = max((m for _, m in plan), default=0)
+    return paths_for([(max_a, max_m)], first, stride)
