@@ -17,6 +17,7 @@ from ..errors import HetpruneError
 from .common import _umask, verify_input
 
 CONFIG_FILE, CARD_FILE, REPORT_FILE = "config.json", "README.md", "report.json"
+INT8_FILE = "model.int8.onnx"   # the checked INT8 ONNX file a hub folder may carry (export --quantize)
 PREPROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor (a transformers model's folder)
 
 
@@ -133,8 +134,32 @@ def _fmt_top1(value) -> str:
     return f"{value:.2f} %" if isinstance(value, (int, float)) else "not measured"
 
 
+def int8_section(result: dict) -> list[str]:
+    """The model card's INT8 section: the scheme, how it was calibrated, and its metric against fp32."""
+    s, m, chk, cal = result["settings"], result["metric"], result["check"], result["calibration"]
+    how = "static QDQ" if s["scheme"] == "int8" else "dynamic (activation ranges measured at run time)"
+    lines = ["## INT8 (ONNX Runtime)", "",
+             f"`{INT8_FILE}`: {how}, {'per-channel' if s['per_channel'] else 'per-tensor'} int8 weights, made with "
+             "ONNX Runtime's quantization tools and checked before it was written.", "",
+             "| | fp32 (PyTorch) | INT8 (ONNX Runtime) | drop |", "|---|---|---|---|",
+             f"| {m['name']} (validation data) | {m['fp32']:.2f} | {m['int8']:.2f} | {m['drop']:.2f} |", ""]
+    if cal:
+        lines.append(f"Calibrated on {cal['images']} images ({cal['source']}, seed {cal['seed']}) in runs of "
+                     f"{cal['batch']}, {cal['method']} ranges.")
+    floated = ", ".join(p for p, n in result["float_parts"].items() if n) or "none"
+    c = result["census"]
+    lines.append(f"{c['int8_products']} of {c['products']} products in INT8 (ops {', '.join(s['ops'])}; parts kept "
+                 f"in float: {floated}). On a seeded batch of {chk['images']} validation images the INT8 file agrees "
+                 f"with the fp32 model on "
+                 + (f"{chk['top1_agreement']:.1%} of top-1 predictions" if chk["top1_agreement"] is not None
+                    else "its outputs") + f" (max abs output error {chk['max_abs_error']:.3g}).")
+    if result.get("kept_over_max_drop"):
+        lines.append(f"**The drop is above the allowed {result['max_drop']:g}**: the file was kept on request.")
+    return [*lines, ""]
+
+
 def model_card(recipe, report: dict | None, costs: dict, speed: list[dict] | None, commands: dict,
-               label: str) -> str:
+               label: str, int8: dict | None = None) -> str:
     """A README.md model card from the recipe, the pruning report and measured costs."""
     from ..costs import human
 
@@ -185,7 +210,10 @@ def model_card(recipe, report: dict | None, costs: dict, speed: list[dict] | Non
     else:
         lines.append(f"Not measured for this card; `hetprune bench {label}` measures it "
                      "(`--backend onnxruntime` for ONNX Runtime).")
-    lines += ["", "## Use it", "", "```python", "import hetprune", "", 'model = hetprune.load(".")  '
+    lines.append("")
+    if int8:
+        lines += int8_section(int8)
+    lines += ["## Use it", "", "```python", "import hetprune", "", 'model = hetprune.load(".")  '
               "# this folder: rebuilds the pruned architecture and loads the weights", "```", "",
               "Export it for ONNX Runtime, TensorRT or OpenVINO:", "", "```bash",
               "hetprune export . --format onnx --out model.onnx --dynamic-batch", "```", "",
@@ -220,13 +248,14 @@ def _speed_rows(bench_json: str | Path | None) -> list[dict] | None:
 
 def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Path | None = None,
                report: dict | None = None, overwrite: bool = False, bench_json: str | None = None,
-               export_command: str = "", allow_kwargs=()) -> dict:
+               export_command: str = "", allow_kwargs=(), int8: tuple[Path, dict] | None = None) -> dict:
     """Write a hub-style folder and check that :func:`hetprune.load` reads it back bit-identically.
 
     The folder is shaped for the model's library: timm's ``config.json``, or for a transformers model its own
     ``config.json`` and ``preprocessor_config.json``. The recipe's base is built (for the dense costs) and
     read back, so its kwargs are checked as :func:`hetprune.load` checks them (``allow_kwargs``: the names
-    the caller passes itself).
+    the caller passes itself). ``int8``: ``(file, result)`` of :func:`~hetprune.export.export_int8`, a checked INT8
+    file the folder carries as ``model.int8.onnx``, its metric and calibration stated in the card.
     """
     from ..costs import CONVENTION, count_macs, count_params
     from ..io import atomic_folder, save_weights, state_dict_for_saving, write_json_atomic, write_text_atomic
@@ -255,8 +284,11 @@ def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Pa
             write_json_atomic(tmp / name, data)
         if report:
             write_json_atomic(tmp / REPORT_FILE, report)
+        if int8 is not None:
+            shutil.copyfile(int8[0], tmp / INT8_FILE)
         write_text_atomic(tmp / CARD_FILE, model_card(recipe, report, costs, speed,
-                                                      {"made": made, "export": export_command}, label))
+                                                      {"made": made, "export": export_command}, label,
+                                                      int8=int8[1] if int8 is not None else None))
         for f in tmp.iterdir():  # the JSON writers' temporary files are private too
             os.chmod(f, 0o666 & ~_umask())
         back = load(tmp, allow_kwargs=allow_kwargs)
