@@ -110,6 +110,9 @@ def run(args) -> int:
         raise HetpruneError("--onnx is empty: give ONNX files separated by commas")
     if files and args.backend != "onnxruntime":
         raise HetpruneError("--onnx files run in ONNX Runtime: add --backend onnxruntime")
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise HetpruneError(f"--onnx {missing[0]}: no such file")
     if args.backend == "onnxruntime":  # say what is missing before building models
         from ..export import need
 
