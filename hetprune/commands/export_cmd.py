@@ -75,7 +75,8 @@ def add_arguments(p) -> None:
                    help="the data set to calibrate on and measure the metric on (default: the one the model was "
                         "pruned on, from its recipe; needed for a model name)")
     q.add_argument("--int8-ops", metavar="OPS",
-                   help=f"product ops put in INT8, a comma list of MatMul, Gemm, Conv (default {DEFAULT_OPS})")
+                   help=f"product ops put in INT8, a comma list of MatMul, Gemm, Conv, or all (every op ONNX "
+                        f"Runtime quantizes: also Add, Mul, Softmax, norms; default {DEFAULT_OPS})")
     q.add_argument("--float", dest="float_parts", metavar="PARTS",
                    help="parts of the model kept in float, a comma list of head, patch, merged (default: "
                         f"{DEFAULT_FLOAT or 'none'})")

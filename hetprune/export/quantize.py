@@ -19,9 +19,12 @@ Why each choice:
 * Calibration reads the task's training images (:mod:`.calibration`) in small batches: ONNX Runtime's
   calibration session keeps every intermediate tensor of a batch alive (about 0.3 GiB per DeiT-B image with
   every op calibrated), so the memory grows with the batch, not with the number of images.
-* Which ops are quantized (``ops``) and which parts of the model stay in float (``float_parts``: the
-  classifier head, the patch embedding, the merged MLPs) are settings; their defaults come from
-  ``benchmarks/quantize.py`` (``benchmarks/results/quantize-cpu.md``).
+* Which ops are quantized (``ops``: the products, or ``all`` that ONNX Runtime quantizes), whether a
+  product's output is requantized to INT8 (``quantize_outputs``) and which parts of the model stay in float
+  (``float_parts``: the classifier head, the patch embedding, the merged MLPs) are settings; their defaults
+  come from ``benchmarks/quantize.py`` (``benchmarks/results/quantize-cpu.md``). By default a MatMul's
+  output stays float: ONNX Runtime then runs it as ``MatMulIntegerToFloat`` (INT8 inputs, float output),
+  which skips a requantization and a dequantization per product.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ CALIBRATION_BATCH = 8        # images per calibration run: the memory calibratio
 DEFAULT_MAX_DROP = 1.0       # in the metric's own units (top-1 points for classification)
 CHECK_IMAGES = 32            # the seeded validation batch the INT8 file is compared with the fp32 model on
 PRODUCT_OPS = ("MatMul", "Gemm", "Conv")
+ALL_OPS = "all"              # every op type ONNX Runtime's static quantizer knows (Add, Mul, Softmax, norms, ...)
 DEFAULT_OPS = PRODUCT_OPS    # the products in INT8, everything between them float (see the module docstring)
 FLOAT_PARTS = ("head", "patch", "merged")
 DEFAULT_FLOAT: tuple[str, ...] = ()
@@ -73,6 +77,8 @@ class Int8Settings:
     float_parts: tuple[str, ...] = DEFAULT_FLOAT
     max_drop: float = DEFAULT_MAX_DROP
     keep: bool = False
+    quantize_outputs: bool = False
+    fuse: bool = False
 
     def checked(self) -> "Int8Settings":
         if self.scheme not in SCHEMES:
@@ -84,9 +90,10 @@ class Int8Settings:
             raise HetpruneError(f"--calibration-batch must be a whole number >= 1, got {self.calibration_batch!r}")
         ops, parts = tuple(self.ops), tuple(self.float_parts)
         bad = [o for o in ops if o not in PRODUCT_OPS] or ([] if ops else ["(none)"])
-        if bad:
+        if bad and ops != (ALL_OPS,):
             raise HetpruneError(f"--int8-ops {','.join(bad)} is not a product ONNX Runtime quantizes here; "
-                                f"allowed: a comma list of {', '.join(PRODUCT_OPS)}")
+                                f"allowed: a comma list of {', '.join(PRODUCT_OPS)}, or {ALL_OPS} (every op its "
+                                "quantizer knows)")
         bad = [p for p in parts if p not in FLOAT_PARTS]
         if bad:
             raise HetpruneError(f"--float {','.join(bad)} is not a part of the model; allowed: a comma list of "
@@ -95,7 +102,13 @@ class Int8Settings:
                 or not math.isfinite(self.max_drop) or self.max_drop < 0:
             raise HetpruneError(f"--max-drop must be a number >= 0 (in the metric's units), got {self.max_drop!r}")
         return Int8Settings(self.scheme, bool(self.per_channel), self.calibration, self.calibration_batch,
-                            int(self.seed), ops, parts, float(self.max_drop), bool(self.keep))
+                            int(self.seed), ops, parts, float(self.max_drop), bool(self.keep),
+                            bool(self.quantize_outputs), bool(self.fuse))
+
+    @property
+    def product_ops(self) -> tuple[str, ...]:
+        """The product op types put in INT8."""
+        return PRODUCT_OPS if self.ops == (ALL_OPS,) else self.ops
 
     @property
     def static(self) -> bool:
@@ -198,9 +211,9 @@ def _expected_int8(graph, settings: Int8Settings, excluded: set[str]) -> int:
         if n.name in excluded:
             continue
         if settings.static:
-            want += n.op_type in settings.ops
+            want += n.op_type in settings.product_ops
         else:
-            want += "MatMul" in settings.ops and n.op_type in ("MatMul", "Gemm") and n.input[1] in init
+            want += "MatMul" in settings.product_ops and n.op_type in ("MatMul", "Gemm") and n.input[1] in init
     return want
 
 
@@ -269,17 +282,38 @@ def quantize_file(source: Path, out: Path, settings: Int8Settings, excluded: lis
             session = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
             reader = _reader(images, session.get_inputs()[0].name, settings.calibration_batch, fixed_batch(session))
             del session
+            # a Conv with a float output would run in float: its output is always requantized
+            extra = {} if settings.quantize_outputs else {"OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"]}
             quantization.quantize_static(
-                str(source), str(out), reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=list(settings.ops),
+                str(source), str(out), reader, quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=None if settings.ops == (ALL_OPS,) else list(settings.ops),
                 per_channel=settings.per_channel, reduce_range=False, activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8, nodes_to_exclude=list(excluded),
-                calibrate_method=CalibrationMethod.MinMax)
+                calibrate_method=CalibrationMethod.MinMax, extra_options=extra)
         else:   # it rewrites a Gemm as a MatMul named NAME_MatMul (and an Add) before it reads the exclusions
             quantization.quantize_dynamic(
-                str(source), str(out), op_types_to_quantize=[o for o in settings.ops if o == "MatMul"],
+                str(source), str(out), op_types_to_quantize=[o for o in settings.product_ops if o == "MatMul"],
                 per_channel=settings.per_channel, reduce_range=False, weight_type=QuantType.QInt8,
                 nodes_to_exclude=[*excluded, *(f"{n}_MatMul" for n in excluded)],
                 extra_options={"MatMulConstBOnly": True})
+
+
+def fuse_file(source: Path, out: Path, model: nn.Module, verify_batch: int, threads: int | None) -> None:
+    """ONNX Runtime's transformer fusions on the fp32 graph (LayerNorm with the residual add, bias with GELU),
+    then the fused graph checked against the PyTorch model as the export was. Attention is left unfused: a
+    fused ``Attention`` op would keep its products out of QDQ quantization."""
+    need("onnxruntime.transformers", "--quantize with fusions")
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from .to_onnx import verify_onnx
+
+    options = FusionOptions("vit")
+    options.enable_attention = False
+    with _quiet_quantizer():
+        optimize_model(str(source), model_type="vit", optimization_options=options, opt_level=0).save_model_to_file(
+            str(out))
+    verify_onnx(out, model, "fp32", batch=verify_batch, threads=threads)
 
 
 # -- checking ------------------------------------------------------------------------------------
@@ -344,7 +378,7 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
                 scheme: str = "int8", per_channel: bool = True, calibration: int = DEFAULT_CALIBRATION,
                 calibration_batch: int = CALIBRATION_BATCH, seed: int = 0, ops=DEFAULT_OPS,
                 float_parts=DEFAULT_FLOAT, max_drop: float = DEFAULT_MAX_DROP, keep: bool = False,
-                opset: int = DEFAULT_OPSET, dynamic_batch: bool = False, batch: int = 1,
+                quantize_outputs: bool = False, fuse: bool = False, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False, batch: int = 1,
                 threads: int | None = None, metadata: dict | None = None, log=None) -> dict:
     """Write ``model`` as an INT8 ONNX file at ``out``, checked; return what was checked.
 
@@ -352,13 +386,15 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
     ``images``) and the metric; ``base`` (the unpruned model) is what the fp32 graph's census is checked
     against, as in :func:`export_onnx`. ``scheme``: ``int8`` (static QDQ, calibrated on ``calibration``
     images in runs of ``calibration_batch``, seeded by ``seed``) or ``int8-dynamic``; ``per_channel``: weight
-    scales per output channel (else one per tensor); ``ops``: the product types put in INT8; ``float_parts``:
-    parts of the model kept in float (``head``, ``patch``, ``merged``). The file is written only when every
+    scales per output channel (else one per tensor); ``ops``: the product types put in INT8 (``("all",)``:
+    every op type ONNX Runtime's quantizer knows); ``quantize_outputs``: requantize each MatMul's output to
+    INT8 (default: it stays float); ``fuse``: ONNX Runtime's transformer fusions on the fp32 graph first;
+    ``float_parts``: parts of the model kept in float (``head``, ``patch``, ``merged``). The file is written only when every
     check passes and the metric drops by at most ``max_drop`` (``keep``: write it anyway, and say so).
     """
     log = log or (lambda msg: None)
     settings = Int8Settings(scheme, per_channel, calibration, calibration_batch, seed, tuple(ops),
-                            tuple(float_parts), max_drop, keep).checked()
+                            tuple(float_parts), max_drop, keep, quantize_outputs, fuse).checked()
     for module in ("onnx", "onnxruntime", "onnxruntime.quantization"):
         need(module, "--quantize")
     task = _task_of(task)
@@ -376,7 +412,7 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
     try:
         with tempfile.TemporaryDirectory(prefix="hetprune-int8-") as work:
             fp32_path = Path(work) / "fp32.onnx"
-            log(f"exporting the fp32 graph and checking it (census, ONNX Runtime against PyTorch) ...")
+            log("exporting the fp32 graph and checking it (census, ONNX Runtime against PyTorch) ...")
             fp32 = export_onnx(model, fp32_path, opset=opset, dynamic_batch=dynamic_batch, batch=batch,
                                threads=threads, base=base)
             seconds["fp32_export"] = time.perf_counter() - started
@@ -391,7 +427,11 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
                     f"({settings.describe()}) ...")
             else:
                 log(f"quantizing ({settings.describe()}) ...")
-            quantize_file(fp32_path, tmp, settings, excluded, calib.numpy() if calib is not None else None)
+            source = fp32_path
+            if settings.fuse:
+                source = Path(work) / "fused.onnx"
+                fuse_file(fp32_path, source, model, fp32["verified_batch"], threads)
+            quantize_file(source, tmp, settings, excluded, calib.numpy() if calib is not None else None)
             seconds["quantize"] = time.perf_counter() - t0
         census = _check_int8_graph(tmp, fp32["census"], expected)
         session = onnx_session(tmp, threads=threads)
