@@ -51,6 +51,7 @@ sys.path.insert(0, str(HERE))   # speed_onnxruntime's paper models; quantize_unm
 
 OUT = HERE / "results"
 STEM = "quantize-cpu"
+CACHE = "int8-v2.jsonl"     # finished accuracy measurements, by key (--work/DATA/)
 PARTS = ("speed", "memory", "accuracy")
 SPEED_TARGET = 3.0          # INT8 paper-recipe DeiT-B over fp32 dense, batch 32 (issue 36)
 DROP_TARGET = 0.5           # top-1 points lost by INT8 pruned models on the embedded benchmarks
@@ -86,6 +87,7 @@ def parse_args(argv=None):
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--calibration-sizes", default="64,256,1024", help="accuracy: calibration counts compared")
     p.add_argument("--jobs", default="2", help="accuracy: compare rows in parallel processes")
+    p.add_argument("--workers", type=int, default=2, help="accuracy: INT8 measurements in parallel processes")
     p.add_argument("--work", default="runs/quantize-study", help="compare folders, unmerged twins, kept results")
     p.add_argument("--out", default=str(OUT), help="results folder")
     p.add_argument("--memory-probe", type=int, help=argparse.SUPPRESS)   # internal: one export, print its memory
@@ -283,86 +285,115 @@ def unmerged_twin(folder: Path, twins: Path):
     return merged, twin.eval()
 
 
-def _kept(cache: Path, key: str, make):
-    """A measurement kept in ``cache`` (JSON lines) by ``key``, made once."""
+def _cached(cache: Path) -> dict:
     done = {}
     if cache.is_file():
         for line in cache.read_text().splitlines():
             row = json.loads(line)
             done[row["key"]] = row["value"]
-    if key in done:
-        return done[key]
-    value = make()
-    with cache.open("a") as fh:
-        fh.write(json.dumps({"key": key, "value": value}) + "\n")
-    return value
+    return done
+
+
+@torch.inference_mode()
+def val_agreement(model, session, task) -> dict:
+    """Over the whole validation split: the share of images whose top-1 class INT8 and fp32 agree on, and the
+    relative RMS error of INT8's logits (finer signals than a top-1 that moves by whole images)."""
+    from hetprune.data import loader
+    from hetprune.export.ort_model import OnnxModule
+
+    run = OnnxModule(session)
+    model = model.eval()
+    same = total = 0
+    err = ref = 0.0
+    for x, _ in loader(task.data.val, 256, shuffle=False):
+        want, got = model(x), run(x)
+        same += int((want.argmax(-1) == got.argmax(-1)).sum())
+        total += len(x)
+        err += float(((got - want) ** 2).sum())
+        ref += float((want ** 2).sum())
+    return {"val_agreement": same / total, "logit_error": math.sqrt(err / ref)}
 
 
 def int8_row(model, task, kwargs: dict, threads: int) -> dict:
-    from hetprune.export import export_int8
+    from hetprune.export import export_int8, onnx_session
 
     with tempfile.TemporaryDirectory() as tmp:
         r = export_int8(model, Path(tmp) / "m.onnx", task, dynamic_batch=True, keep=True, threads=threads,
                         max_drop=100.0, **kwargs)
+        fine = val_agreement(model, onnx_session(Path(tmp) / "m.onnx", threads=threads), task)
     return {"fp32": r["metric"]["fp32"], "int8": r["metric"]["int8"], "drop": r["metric"]["drop"],
             "agreement": r["check"]["top1_agreement"], "int8_products": r["census"]["int8_products"],
-            "products": r["census"]["products"], "calibration": (r["calibration"] or {}).get("images")}
+            "products": r["census"]["products"], "calibration": (r["calibration"] or {}).get("images"), **fine}
+
+
+def _job(payload: dict):
+    """One measurement in a fresh single-threaded process: an INT8 row, or a model's per-layer errors."""
+    from hetprune.data import load_data
+    from hetprune.embedded import embedded_model
+    from hetprune.task import classification
+
+    torch.set_num_threads(1)
+    task = classification(load_data(payload["data"]))
+    if payload["model"] == "dense":
+        return int8_row(embedded_model(payload["data"], log=lambda m: None, progress=False), task,
+                        payload["kwargs"], 1)
+    merged, twin = unmerged_twin(Path(payload["folder"]), Path(payload["twins"]))
+    if payload["what"] == "layers":
+        return layer_errors(merged, twin, task, 1)
+    return int8_row(merged if payload["merged"] else twin, task, payload["kwargs"], 1)
 
 
 def accuracy_part(args) -> dict:
-    from hetprune.data import load_data
-    from hetprune.task import classification
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing as mp
 
     work = Path(args.work)
     seeds = [int(s) for s in args.seeds.split(",")]
     out = {"strategies": args.strategies.split(","), "seeds": seeds, "data": {}}
+    plans = {}   # data -> [(row fields, cache key, job payload)]
     for data in [d.strip() for d in args.data.split(",") if d.strip()]:
         folder = work / data
         compare = run_compare(data, args, folder)
-        task = classification(load_data(data))
-        cache = folder / "int8.jsonl"
-        models = []   # (label, strategy, seed, merged model, unmerged twin)
+        twins = str(folder / "unmerged")
+        plan = []
+        for label, kwargs in {**SCHEMES, **{k: v for k, v in GRAPH.items() if "fusions" not in k}}.items():
+            plan.append(({"model": "dense", "strategy": "dense", "seed": None, "merged": None, "variant": label},
+                         f"dense|{label}", {"data": data, "model": "dense", "kwargs": kwargs}))
         for row in compare["rows"]:
             if "model_dir" not in row:
                 continue
-            merged, twin = unmerged_twin(folder / "compare" / row["model_dir"], folder / "unmerged")
-            models.append((row["id"], row["strategy"], row["seed"], merged, twin))
-        from hetprune.embedded import embedded_model
-
-        dense = embedded_model(data, log=lambda m: None, progress=False)
-        rows = []
-        for label, kwargs in {**SCHEMES, **{k: v for k, v in GRAPH.items() if "fusions" not in k}}.items():
-            log(f"accuracy {data}: dense base, {label} ...")
-            rows.append({"model": "dense", "strategy": "dense", "seed": None, "merged": None, "variant": label,
-                         **_kept(cache, f"dense|{label}", lambda: int8_row(dense, task, kwargs, args.threads))})
-        for ident, strategy, seed, merged, twin in models:
-            for which, model in (("merged", merged), ("unmerged", twin)):
-                if model is None:
-                    continue
+            ident, model_dir = row["id"], str(folder / "compare" / row["model_dir"])
+            ident_key = f"{ident}@{row['key']}"   # the row's settings: a changed default makes a new model
+            head = {"model": ident, "strategy": row["strategy"], "seed": row["seed"]}
+            base = {"data": data, "model": ident, "folder": model_dir, "twins": twins, "what": "int8"}
+            for which in ("merged", "unmerged"):
                 variants = {**SCHEMES, **({k: v for k, v in GRAPH.items() if "fusions" not in k} | FIXES
                                           if which == "merged" else {})}
+                if row["seed"] == seeds[0] and which == "merged":
+                    variants |= {f"calibration {n}": {"calibration": n}
+                                 for n in (int(c) for c in args.calibration_sizes.split(","))}
                 for label, kwargs in variants.items():
-                    log(f"accuracy {data}: {ident} {which}, {label} ...")
-                    rows.append({"model": ident, "strategy": strategy, "seed": seed, "merged": which == "merged",
-                                 "variant": label,
-                                 **_kept(cache, f"{ident}|{which}|{label}",
-                                         lambda: int8_row(model, task, kwargs, args.threads))})
-            if seed == seeds[0]:
-                for n in [int(c) for c in args.calibration_sizes.split(",")]:
-                    if n > len(task.data.train):
-                        continue
-                    log(f"accuracy {data}: {ident} merged, calibration {n} ...")
-                    rows.append({"model": ident, "strategy": strategy, "seed": seed, "merged": True,
-                                 "variant": f"calibration {n}",
-                                 **_kept(cache, f"{ident}|merged|calibration {n}",
-                                         lambda: int8_row(merged, task, {"calibration": n}, args.threads))})
-        layers = []
-        for ident, strategy, seed, merged, twin in models:
-            if twin is None:
-                continue
-            log(f"accuracy {data}: {ident}: per merged layer, weight range and INT8 output error ...")
-            layers += [{"model": ident, "strategy": strategy, "seed": seed, **r}
-                       for r in _kept(cache, f"{ident}|layers", lambda: layer_errors(merged, twin, task, args.threads))]
+                    plan.append(({**head, "merged": which == "merged", "variant": label},
+                                 f"{ident_key}|{which}|{label}",
+                                 {**base, "merged": which == "merged", "kwargs": kwargs}))
+            plan.append(({**head, "layers": True}, f"{ident_key}|layers", {**base, "what": "layers"}))
+        plans[data] = (compare, plan)
+    todo = [(data, key, job) for data, (_, plan) in plans.items()
+            for _, key, job in plan if key not in _cached(work / data / CACHE)]
+    log(f"accuracy: {len(todo)} measurements to make in {args.workers} processes ...")
+    with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(_job, job): (data, key) for data, key, job in todo}
+        for i, future in enumerate(as_completed(futures), 1):
+            data, key = futures[future]
+            value = future.result()
+            with (work / data / CACHE).open("a") as fh:
+                fh.write(json.dumps({"key": key, "value": value}) + "\n")
+            log(f"  [{i}/{len(todo)}] {data} {key}")
+    for data, (compare, plan) in plans.items():
+        done = _cached(work / data / CACHE)
+        rows = [{**fields, **done[key]} for fields, key, _ in plan if "layers" not in fields]
+        layers = [{**{k: v for k, v in fields.items() if k != "layers"}, **r}
+                  for fields, key, _ in plan if "layers" in fields for r in done[key]]
         out["data"][data] = {"compare": {"command": compare["meta"].get("command"),
                                          "rows": [{k: r.get(k) for k in ("id", "strategy", "seed", "n_attn",
                                                                          "n_act", "top1", "macs", "dense_macs")}
@@ -463,7 +494,7 @@ def _mean_std(values) -> tuple[float, float]:
 
 def _pm(values, digits=2) -> str:
     m, s = _mean_std(values)
-    return "-" if math.isnan(m) else f"{m:.{digits}f} ± {s:.{digits}f}"
+    return "-" if math.isnan(m) else f"{m + 0.0:.{digits}f} ± {s:.{digits}f}".replace("-0.00 ", "0.00 ")
 
 
 def render(payload: dict) -> str:
@@ -559,19 +590,30 @@ def render_memory(m: dict) -> list[str]:
             "|---|---|---|---|---|"]
     doc += [f"| {r['batch']} | {r['images']} | {r['peak_before_calibration_gib']:.2f} | {r['peak_total_gib']:.2f} | "
             f"{r['seconds']:.0f} |" for r in m["rows"]]
+    rows = m["rows"]
+    if len(rows) > 1:
+        xs, ys = [r["batch"] for r in rows], [r["peak_total_gib"] for r in rows]
+        mx, my = statistics.mean(xs), statistics.mean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        doc += ["", f"Calibration adds about {slope:.2f} GiB per image of a run (least squares over the rows): the "
+                "memory follows the calibration batch, not the number of images. The seconds include the fp32 "
+                "export and depend on the load."]
     return [*doc, ""]
 
 
 def render_accuracy(a: dict) -> list[str]:
     doc = ["## Accuracy on the embedded benchmarks", ""] + _header(a)
     doc += [f"Top-1 % on each validation split, fp32 (PyTorch) against INT8 (ONNX Runtime), mean ± std over seeds "
-            f"{a['seeds']}; drop = fp32 - INT8 per model, then averaged. The pruned models are those of "
-            f"`hetprune compare` at its default target, merged (as saved) and their unmerged twins (the same "
-            "weights before the merge).", ""]
+            f"{a['seeds']}; drop = fp32 - INT8 per model, then averaged (one validation image is 0.22 points on "
+            "digits, 0.1 on digit pairs). Finer than top-1, over the whole validation split: the share of images "
+            "whose top-1 class INT8 and fp32 agree on, and the relative RMS error of INT8's logits. The pruned "
+            "models are those of `hetprune compare` at its default target, merged (as saved) and their unmerged "
+            "twins (the same weights before the merge).", ""]
+    doc += accuracy_answers(a)
     for data, d in a["data"].items():
         doc += [f"### {data}", "", f"Compare: `{d['compare']['command']}`", "",
                 "| model | merged | variant | fp32 top-1 | INT8 top-1 | drop (mean ± std) | worst drop | "
-                "top-1 agreement |", "|---|---|---|---|---|---|---|---|"]
+                "same top-1 as fp32 % | logit error % |", "|---|---|---|---|---|---|---|---|---|"]
         groups: dict = {}
         for r in d["rows"]:
             groups.setdefault((r["strategy"], r["merged"], r["variant"]), []).append(r)
@@ -579,7 +621,8 @@ def render_accuracy(a: dict) -> list[str]:
             tag = "-" if merged is None else ("merged" if merged else "unmerged")
             doc.append(f"| {strategy} | {tag} | {variant} | {_pm([r['fp32'] for r in rs])} | "
                        f"{_pm([r['int8'] for r in rs])} | {_pm([r['drop'] for r in rs])} | "
-                       f"{max(r['drop'] for r in rs):.2f} | {_pm([r['agreement'] for r in rs], 3)} |")
+                       f"{max(r['drop'] for r in rs):.2f} | {_pm([100 * r['val_agreement'] for r in rs])} | "
+                       f"{_pm([100 * r['logit_error'] for r in rs])} |")
         doc.append("")
         if d["layers"]:
             doc += ["Per merged layer (every model and seed): the weight's range (largest magnitude over the median "
@@ -598,6 +641,51 @@ def render_accuracy(a: dict) -> list[str]:
                            f"{e['unmerged per-tensor']:.4f} |")
             doc.append("")
     return doc
+
+
+def _rows(d: dict, strategy: str, merged, variant: str) -> list[dict]:
+    return [r for r in d["rows"] if r["strategy"] == strategy and r["merged"] == merged and r["variant"] == variant]
+
+
+def accuracy_answers(a: dict) -> list[str]:
+    """The questions of the study, answered from the rows: the drop of the default INT8, and merged against
+    unmerged at the model and at the layer level."""
+    default = "int8 per-channel"
+    doc = ["### The answers", "",
+           f"**INT8 pruned models against their fp32 versions** (the default: static QDQ, per-channel; target: at "
+           f"most {DROP_TARGET} points of top-1 lost, every model):", "",
+           "| data | model | fp32 top-1 | INT8 top-1 | drop (mean ± std) | worst drop | target |", "|---|---|---|---|---|---|---|"]
+    for data, d in a["data"].items():
+        for strategy in ["dense", *a["strategies"]]:
+            rs = _rows(d, strategy, None if strategy == "dense" else True, default)
+            if not rs:
+                continue
+            worst = max(r["drop"] for r in rs)
+            target = "-" if strategy == "dense" else ("met" if worst <= DROP_TARGET else "MISSED")
+            doc.append(f"| {data} | {strategy}{'' if strategy == 'dense' else ' (merged)'} | "
+                       f"{_pm([r['fp32'] for r in rs])} | {_pm([r['int8'] for r in rs])} | "
+                       f"{_pm([r['drop'] for r in rs])} | {worst:.2f} | {target} |")
+    doc += ["", "**Merged against unmerged** (the same pruned models, quantized alike): per merged MLP, the INT8 "
+            "error of the MLP branch's output, merged over unmerged (mean over every merged layer of every model "
+            "and seed; above 1: merging makes INT8 worse), and the model's logit error (mean over models).", "",
+            "| data | weights | branch error, merged / unmerged | layers where merged is worse | weight range "
+            "merged W / W1 / W2 | logit error merged % | logit error unmerged % |", "|---|---|---|---|---|---|---|"]
+    for data, d in a["data"].items():
+        layers = d["layers"]
+        if not layers:
+            continue
+        for scheme in ("per-channel", "per-tensor"):
+            ratios = [r["error"][f"merged {scheme}"] / r["error"][f"unmerged {scheme}"] for r in layers]
+            worse = sum(x > 1 for x in ratios)
+            ranges = " / ".join(f"{statistics.mean(r['weights'][w]['ratio'] for r in layers):.1f}"
+                                for w in ("merged", "fc1", "fc2"))
+            label = f"int8 {scheme}"
+            merged = [r["logit_error"] for st in a["strategies"] for r in _rows(d, st, True, label)]
+            unmerged = [r["logit_error"] for st in a["strategies"] for r in _rows(d, st, False, label)]
+            doc.append(f"| {data} | {scheme} | {statistics.mean(ratios):.2f} (range {min(ratios):.2f}-"
+                       f"{max(ratios):.2f}) | {worse} of {len(ratios)} | {ranges} | "
+                       f"{100 * statistics.mean(merged):.2f} | {100 * statistics.mean(unmerged):.2f} |")
+    return [*doc, ""]
 
 
 RENDER = {"speed": render_speed, "memory": render_memory, "accuracy": render_accuracy}
