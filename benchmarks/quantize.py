@@ -356,7 +356,7 @@ def accuracy_part(args) -> dict:
         compare = run_compare(data, args, folder)
         twins = str(folder / "unmerged")
         plan = []
-        for label, kwargs in {**SCHEMES, **{k: v for k, v in GRAPH.items() if "fusions" not in k}}.items():
+        for label, kwargs in {**SCHEMES, **GRAPH}.items():
             plan.append(({"model": "dense", "strategy": "dense", "seed": None, "merged": None, "variant": label},
                          f"dense|{label}", {"data": data, "model": "dense", "kwargs": kwargs}))
         for row in compare["rows"]:
@@ -367,8 +367,7 @@ def accuracy_part(args) -> dict:
             head = {"model": ident, "strategy": row["strategy"], "seed": row["seed"]}
             base = {"data": data, "model": ident, "folder": model_dir, "twins": twins, "what": "int8"}
             for which in ("merged", "unmerged"):
-                variants = {**SCHEMES, **({k: v for k, v in GRAPH.items() if "fusions" not in k} | FIXES
-                                          if which == "merged" else {})}
+                variants = {**SCHEMES, **(GRAPH | FIXES if which == "merged" else {})}
                 if row["seed"] == seeds[0] and which == "merged":
                     variants |= {f"calibration {n}": {"calibration": n}
                                  for n in (int(c) for c in args.calibration_sizes.split(","))}
