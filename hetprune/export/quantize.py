@@ -374,12 +374,41 @@ def _task_of(task):
     return as_task(task)
 
 
+def _fp32_then_int8(tmp: Path, model: nn.Module, base, settings: Int8Settings, calib, log, **export) -> tuple:
+    """The checked fp32 export (in a temporary folder), quantized into ``tmp``: ``(fp32 check, float parts,
+    INT8 products asked for, seconds)``."""
+    onnx = need("onnx", "--quantize")
+    seconds = {}
+    with tempfile.TemporaryDirectory(prefix="hetprune-int8-") as work:
+        fp32_path = Path(work) / "fp32.onnx"
+        log("exporting the fp32 graph and checking it (census, ONNX Runtime against PyTorch) ...")
+        t0 = time.perf_counter()
+        fp32 = export_onnx(model, fp32_path, base=base, **export)
+        seconds["fp32_export"] = time.perf_counter() - t0
+        graph = onnx.load(str(fp32_path)).graph
+        parts = part_nodes(graph, model, settings.float_parts)
+        excluded = sorted({n for nodes in parts.values() for n in nodes})
+        expected = _expected_int8(graph, settings, set(excluded))
+        del graph
+        t0 = time.perf_counter()
+        log(f"calibrating on {len(calib)} images in runs of {settings.calibration_batch} and quantizing "
+            f"({settings.describe()}) ..." if settings.static else f"quantizing ({settings.describe()}) ...")
+        source = fp32_path
+        if settings.fuse:
+            source = Path(work) / "fused.onnx"
+            fuse_file(fp32_path, source, model, fp32["verified_batch"], export.get("threads"))
+        quantize_file(source, tmp, settings, excluded, calib.numpy() if calib is not None else None)
+        seconds["quantize"] = time.perf_counter() - t0
+    return fp32, parts, expected, seconds
+
+
 def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: nn.Module | None = None,
                 scheme: str = "int8", per_channel: bool = True, calibration: int = DEFAULT_CALIBRATION,
                 calibration_batch: int = CALIBRATION_BATCH, seed: int = 0, ops=DEFAULT_OPS,
                 float_parts=DEFAULT_FLOAT, max_drop: float = DEFAULT_MAX_DROP, keep: bool = False,
-                quantize_outputs: bool = False, fuse: bool = False, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False, batch: int = 1,
-                threads: int | None = None, metadata: dict | None = None, log=None) -> dict:
+                quantize_outputs: bool = False, fuse: bool = False, opset: int = DEFAULT_OPSET,
+                dynamic_batch: bool = False, batch: int = 1, threads: int | None = None,
+                metadata: dict | None = None, log=None) -> dict:
     """Write ``model`` as an INT8 ONNX file at ``out``, checked; return what was checked.
 
     ``task`` (a :class:`~hetprune.Task` or a DataBundle) gives the calibration images (its training data, or
@@ -389,8 +418,9 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
     scales per output channel (else one per tensor); ``ops``: the product types put in INT8 (``("all",)``:
     every op type ONNX Runtime's quantizer knows); ``quantize_outputs``: requantize each MatMul's output to
     INT8 (default: it stays float); ``fuse``: ONNX Runtime's transformer fusions on the fp32 graph first;
-    ``float_parts``: parts of the model kept in float (``head``, ``patch``, ``merged``). The file is written only when every
-    check passes and the metric drops by at most ``max_drop`` (``keep``: write it anyway, and say so).
+    ``float_parts``: parts of the model kept in float (``head``, ``patch``, ``merged``). The file is written
+    only when every check passes and the metric drops by at most ``max_drop`` (``keep``: write it anyway, and
+    say so). ``metadata``: more to record in the file.
     """
     log = log or (lambda msg: None)
     settings = Int8Settings(scheme, per_channel, calibration, calibration_batch, seed, tuple(ops),
@@ -408,46 +438,21 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
     check_x = check_images(task, CHECK_IMAGES, settings.seed, shape)
     out = Path(out)
     tmp = _temp_path(out)
-    seconds = {}
     try:
-        with tempfile.TemporaryDirectory(prefix="hetprune-int8-") as work:
-            fp32_path = Path(work) / "fp32.onnx"
-            log("exporting the fp32 graph and checking it (census, ONNX Runtime against PyTorch) ...")
-            fp32 = export_onnx(model, fp32_path, opset=opset, dynamic_batch=dynamic_batch, batch=batch,
-                               threads=threads, base=base)
-            seconds["fp32_export"] = time.perf_counter() - started
-            graph = need("onnx", "--quantize").load(str(fp32_path)).graph
-            parts = part_nodes(graph, model, settings.float_parts)
-            excluded = sorted({n for nodes in parts.values() for n in nodes})
-            expected = _expected_int8(graph, settings, set(excluded))
-            del graph
-            t0 = time.perf_counter()
-            if settings.static:
-                log(f"calibrating on {len(calib)} images in runs of {settings.calibration_batch} and quantizing "
-                    f"({settings.describe()}) ...")
-            else:
-                log(f"quantizing ({settings.describe()}) ...")
-            source = fp32_path
-            if settings.fuse:
-                source = Path(work) / "fused.onnx"
-                fuse_file(fp32_path, source, model, fp32["verified_batch"], threads)
-            quantize_file(source, tmp, settings, excluded, calib.numpy() if calib is not None else None)
-            seconds["quantize"] = time.perf_counter() - t0
+        fp32, parts, expected, seconds = _fp32_then_int8(tmp, model, base, settings, calib, log, opset=opset,
+                                                         dynamic_batch=dynamic_batch, batch=batch, threads=threads)
         census = _check_int8_graph(tmp, fp32["census"], expected)
         session = onnx_session(tmp, threads=threads)
-        t0 = time.perf_counter()
         check = compare_int8(session, model, check_x)
         log(f"measuring the task's metric ({task.metric_name}) on its validation data through ONNX Runtime ...")
         metric = metric_drop(task, model, session)
-        seconds["check"] = time.perf_counter() - t0
         del session
         over = metric["drop"] > settings.max_drop
         if over and not settings.keep:
             raise HetpruneError(f"INT8 loses {metric['drop']:.2f} of {metric['name']} ({metric['fp32']:.2f} fp32 -> "
                                 f"{metric['int8']:.2f} INT8), more than --max-drop {settings.max_drop:g}; no file "
-                                "was written (--keep writes it anyway; per-channel weights, --float head,merged or "
-                                "more --calibration images may lose less)")
-        example = check_x[:1]
+                                "was written (--keep writes it anyway; --quantize int8-dynamic, or --float "
+                                "head,merged, may lose less)")
         calibration_info = ({"images": len(calib), "source": "images given" if images is not None else
                              f"training data of {task.name}", "seed": settings.seed,
                              "batch": settings.calibration_batch, "method": "MinMax"} if settings.static else None)
@@ -455,7 +460,7 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
                 "float_parts": {p: len(n) for p, n in parts.items()}, "calibration": calibration_info,
                 "metric": metric, "max_drop": settings.max_drop, "kept_over_max_drop": over,
                 "check": check, "census": census, "params": count_params(model),
-                "macs": count_macs(copy.deepcopy(model).eval().cpu().float(), example), **(metadata or {})}
+                "macs": count_macs(copy.deepcopy(model).eval().cpu().float(), check_x[:1]), **(metadata or {})}
         _write_metadata(tmp, info)
         _publish(tmp, out)
     except BaseException:
