@@ -115,6 +115,20 @@ def machine() -> dict:
             "onnxruntime": onnxruntime.__version__, "platform": platform.platform(), "load": load_average()}
 
 
+def cpu_seconds() -> tuple[float, float] | None:
+    """``(CPU seconds every process has used, CPU seconds this process and its waited-for children have used)``:
+    their difference over a part is what other work took from the machine (the load average counts our own
+    two threads too). None off Linux."""
+    try:
+        with open("/proc/stat", encoding="utf-8") as fh:
+            ticks = [int(v) for v in fh.readline().split()[1:9]]
+    except OSError:
+        return None
+    busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")   # all but idle and iowait
+    t = os.times()
+    return busy, t.user + t.system + t.children_user + t.children_system
+
+
 def random_task(shape, n_train: int, n_val: int, classes: int = 1000):
     """Random images for a random-weight model: calibration input and a metric that only proves the file runs
     (speed does not depend on the values)."""
@@ -512,8 +526,9 @@ def _header(section: dict) -> list[str]:
     return [f"Command: `{section['command']}`", "",
             f"Machine: {m['cpu']}, {m['cores']} cores, {section.get('threads', m['threads'])} threads; ISA "
             f"{', '.join(m['isa'])} (VNNI: {'yes' if m['vnni'] else 'no'}); torch {m['torch']}, onnxruntime "
-            f"{m['onnxruntime']}; load average {m['load']} at the start, {section.get('load_end')} at the end; "
-            f"{section['minutes']:.1f} min.", ""]
+            f"{m['onnxruntime']}; load average {m['load']} at the start, {section.get('load_end')} at the end"
+            + (f"; other processes used {section['other_cpu_cores']:.2f} cores meanwhile"
+               if section.get("other_cpu_cores") is not None else "") + f"; {section['minutes']:.1f} min.", ""]
 
 
 def render_speed(s: dict) -> list[str]:
@@ -521,8 +536,11 @@ def render_speed(s: dict) -> list[str]:
 
     doc = ["## Speed", ""] + _header(s)
     if not _quiet(s):
-        doc += [f"**Not the headline: measured at load {s['machine']['load']} (start) and {s.get('load_end')} (end) "
-                "on a shared 2-core machine**; the headline needs a quiet one (load < 1.5): rerun "
+        doc += [f"**Not the headline: measured on a shared 2-core machine at load {s['machine']['load']} at the start "
+                f"and {s.get('load_end')} at the end (the benchmark's own two threads add about 2)"
+                + (f", other processes using {s['other_cpu_cores']:.2f} cores meanwhile"
+                   if s.get("other_cpu_cores") is not None else "") + "**; the headline needs a quiet one (load < "
+                f"{QUIET_LOAD} at the start, other processes under {QUIET_OTHER_CORES} cores): rerun "
                 "`python benchmarks/quantize.py --parts speed` then.", ""]
     columns = [(key, batch) for key, c in s["configs"].items() for batch in c["runs"]]
     doc += ["Random weights (speed does not depend on them), random calibration images; in each column every "
@@ -567,10 +585,17 @@ def render_speed(s: dict) -> list[str]:
     return doc
 
 
+QUIET_LOAD, QUIET_OTHER_CORES = 1.5, 0.3
+
+
 def _quiet(s: dict) -> bool:
-    """Whether a speed section ran on a quiet machine: 1-minute load below 1.5 at its start and its end."""
-    loads = [(s["machine"].get("load") or [None])[0], (s.get("load_end") or [None])[0]]
-    return all(v is not None and v < 1.5 for v in loads)
+    """Whether a speed section ran on a quiet machine: the 1-minute load below 1.5 when it started (while it runs
+    its own two threads add about 2), and, where measured, other processes using under 0.3 cores meanwhile."""
+    start, end = (s["machine"].get("load") or [None])[0], (s.get("load_end") or [None])[0]
+    other = s.get("other_cpu_cores")
+    if other is None:   # not measured: the load at the end must be low too
+        return start is not None and end is not None and max(start, end) < QUIET_LOAD
+    return start is not None and start < QUIET_LOAD and other < QUIET_OTHER_CORES
 
 
 def _speed_columns(s: dict) -> list[str]:
@@ -708,7 +733,12 @@ def main(argv=None) -> int:
     for part in parts:
         started = time.time()
         info = {"command": command, "machine": machine(), "threads": args.threads}
+        before = cpu_seconds()
         section = MAKE[part](args)
+        after = cpu_seconds()
+        if before and after:   # cores' worth of CPU that other processes used while this part ran
+            info["other_cpu_cores"] = round(((after[0] - before[0]) - (after[1] - before[1]))
+                                            / max(time.time() - started, 1e-9), 2)
         # read just before writing: another part may have been written meanwhile (parts run alone)
         payload = json.loads(stem.with_suffix(".json").read_text()) if stem.with_suffix(".json").is_file() else {}
         payload[part] = {**info, **section, "load_end": load_average(),
