@@ -206,6 +206,36 @@ def test_hub_folder_carries_the_int8_file_and_its_card_states_the_metric(saved, 
     assert hetprune.load(hub).state_dict().keys() == hetprune.load(saved).state_dict().keys()
 
 
+def test_an_image_folder_calibrates_on_its_training_images_with_the_validation_transform(tmp_path, capsys):
+    """--data PATH needs nothing more: a dense model by name, calibrated on the ImageFolder's train/ split."""
+    from PIL import Image
+
+    gen = torch.Generator().manual_seed(0)
+    for split, n in (("train", 6), ("val", 2)):
+        for c, rgb in enumerate(((200, 30, 30), (30, 200, 30))):
+            folder = tmp_path / "imgs" / split / f"c{c}"
+            folder.mkdir(parents=True)
+            for i in range(n):
+                noise = torch.randint(-25, 26, (20, 20, 3), generator=gen)
+                Image.fromarray((torch.tensor(rgb) + noise).clamp(0, 255).to(torch.uint8).numpy()).save(
+                    folder / f"{i}.png")
+    kwargs = json.dumps(dict(img_size=16, patch_size=4, num_classes=2, embed_dim=32, depth=2, num_heads=2))
+    argv = ["export", "vit_tiny_patch16_224", "--model-kwargs", kwargs, "--quantize", "int8", "--data",
+            str(tmp_path / "imgs"), "--out", str(tmp_path / "m.onnx")]
+    _bad([*argv, "--calibration", "13"], capsys, tmp_path, "more than the 12 training images of")
+    rc, printed, _ = run_cli([*argv, "--calibration", "12"], capsys)
+    assert rc == 0 and "calibrated on 12 images (training data of" in printed, printed
+    assert "a dense model: nothing removed" in printed and "checked in ONNX Runtime on a seeded batch of 4" in printed
+    from hetprune.data import image_folder
+    from hetprune.export.calibration import calibration_images
+    from hetprune.models import ModelSpec
+    from hetprune.task import classification
+
+    task = classification(image_folder(tmp_path / "imgs", build(ModelSpec("vit_tiny_patch16_224", json.loads(kwargs)))))
+    one, two = (calibration_images(task, 12, 0, (3, 16, 16)) for _ in range(2))
+    assert torch.equal(one, two)   # the validation transform: no random crop or flip
+
+
 def _bad(argv, capsys, folder, match: str):
     before = sorted(p.name for p in folder.iterdir())
     rc, _, err = run_cli(argv, capsys)
