@@ -148,7 +148,8 @@ def int8_section(result: dict) -> list[str]:
                      f"{cal['batch']}, {cal['method']} ranges.")
     floated = ", ".join(p for p, n in result["float_parts"].items() if n) or "none"
     c = result["census"]
-    lines.append(f"{c['int8_products']} of {c['products']} products in INT8 (ops {', '.join(s['ops'])}; parts kept "
+    ops = ", ".join(s["ops"]) if s["scheme"] == "int8" else "those with a constant weight"
+    lines.append(f"{c['int8_products']} of {c['products']} products in INT8 ({ops}; parts kept "
                  f"in float: {floated}). On a seeded batch of {chk['images']} validation images the INT8 file agrees "
                  f"with the fp32 model on "
                  + (f"{chk['top1_agreement']:.1%} of top-1 predictions" if chk["top1_agreement"] is not None
