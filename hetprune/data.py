@@ -346,6 +346,27 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
+def without_augmentation(data: DataBundle) -> Dataset:
+    """The training images as the model sees them at inference: no random shift (the embedded data sets), the
+    validation transform instead of the training one (an ImageFolder). What INT8 calibration reads: ranges
+    measured on augmented images would not be those of deployed inputs."""
+    import copy
+
+    train = data.train
+    if isinstance(train, ShiftedImages):
+        return TensorDataset(train.images, train.labels)
+    transform = getattr(data.val, "transform", None)
+    if transform is not None and hasattr(train, "transform"):
+        plain = copy.copy(train)
+        plain.transform = transform
+        if hasattr(plain, "transforms"):   # torchvision's VisionDataset applies ``transforms``
+            from torchvision.datasets.vision import StandardTransform
+
+            plain.transforms = StandardTransform(transform, getattr(train, "target_transform", None))
+        return plain
+    return train
+
+
 def example_batch(data: DataBundle, n: int = 8) -> torch.Tensor:
     """A few validation images, for exactness checks and cost counting."""
     items = [data.val[i][0] for i in range(min(n, len(data.val)))]

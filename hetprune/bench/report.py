@@ -22,6 +22,11 @@ def format_per_block(label: str, result: dict) -> str:
     return "\n".join(lines)
 
 
+def _human(n) -> str:
+    """A count for the table; ``-`` where it is not known (an ONNX file that does not record its costs)."""
+    return human(n) if n is not None else "-"
+
+
 def _ms(s: float) -> str:
     return f"{s * 1e3:.1f}" if s * 1e3 >= 10 else f"{s * 1e3:.3g}"
 
@@ -48,15 +53,15 @@ def format_table(result: dict, markdown: bool = False) -> str:
     for r in result["results"]:
         lat = r["latency_s"]
         batch = str(r["batch_size"]) + ("*" if r["batch_size"] != r["requested_batch_size"] else "")
-        row = [r["model"], batch, human(r["params"]), human(r["macs"]), _ms(lat["median"]),
+        row = [r["model"], batch, _human(r["params"]), _human(r["macs"]), _ms(lat["median"]),
                f"{_ms(lat['q1'])}-{_ms(lat['q3'])}", f"{r['throughput_img_s']:.1f}"]
         if has_ref:
             paired = r.get("paired_speedup")
             spread = r.get("speedup_spread")
             row += [f"{r['speedup']:.2f}x", f"±{spread:.1%}" if spread is not None else "-",
                     f"{paired['q1']:.2f}-{paired['q3']:.2f}x" if paired else "-",
-                    f"{r['mac_ratio']:.2f}x",
-                    f"{r['speedup_over_mac_ratio']:.0%}"]
+                    f"{r['mac_ratio']:.2f}x" if r.get("mac_ratio") is not None else "-",
+                    f"{r['speedup_over_mac_ratio']:.0%}" if r.get("speedup_over_mac_ratio") is not None else "-"]
         if has_mem:
             mem = r.get("peak_memory_bytes")
             row += [human(mem) + "B" if mem is not None else "-"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -123,8 +124,6 @@ def _ort_device(device: str) -> torch.device:
 def _ort_sessions(models: dict[str, nn.Module], dtype: str, device: torch.device, threads: int, folder: str,
                   log) -> dict:
     """Export every model to ONNX (verified against PyTorch) and open an ONNX Runtime session on it."""
-    from pathlib import Path
-
     from ..export import export_onnx, onnx_session
 
     sessions = {}
@@ -134,6 +133,40 @@ def _ort_sessions(models: dict[str, nn.Module], dtype: str, device: torch.device
         log(f"  {name}: exported to ONNX, verified in ONNX Runtime (max abs error {check['max_abs_error']:.2g})")
         sessions[name] = onnx_session(path, threads=threads, device=device.type)
     return sessions
+
+
+def _file_sessions(files: dict, input_shape: tuple, batch_sizes: list[int], dtype: str, device: torch.device,
+                   threads: int) -> tuple[dict, dict]:
+    """ONNX Runtime sessions on ONNX files given as they are (an INT8 export), and their costs: the params and
+    MACs ``hetprune export --quantize`` recorded in the file (None for another file: it is timed, not counted)."""
+    from ..export import onnx_session, read_metadata
+
+    if dtype != "fp32":
+        raise HetpruneError(f"ONNX files are timed as they are, with float32 input; --dtype {dtype} is for the "
+                            "models hetprune exports itself")
+    sessions, costs = {}, {}
+    for name, path in files.items():
+        if not Path(path).is_file():
+            raise HetpruneError(f"--onnx {path}: no such file")
+        try:
+            session = onnx_session(path, threads=threads, device=device.type)
+        except HetpruneError:
+            raise
+        except Exception as exc:
+            raise HetpruneError(f"--onnx {path}: ONNX Runtime cannot load it: {str(exc).splitlines()[0]}") from exc
+        dims = session.get_inputs()[0].shape
+        fixed = [d if isinstance(d, int) else None for d in dims]
+        if len(dims) != len(input_shape) + 1 or any(d is not None and d != want
+                                                     for d, want in zip(fixed[1:], input_shape)):
+            raise HetpruneError(f"--onnx {path} takes input {tuple(dims)}, the models here take (batch, "
+                                f"{', '.join(map(str, input_shape))})")
+        if fixed[0] is not None and any(b != fixed[0] for b in batch_sizes):
+            raise HetpruneError(f"--onnx {path} has a fixed batch of {fixed[0]}: time it at --batch-sizes {fixed[0]}, "
+                                "or export it with --dynamic-batch")
+        meta = read_metadata(path) or {}
+        sessions[name] = session
+        costs[name] = {"params": meta.get("params"), "macs": meta.get("macs")}
+    return sessions, costs
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -239,7 +272,8 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
             device: str = "auto", dtype: str = "fp32", compile: bool = False, repeats: int = 7, warmup: int = 2,
             min_time_s: float = 0.2, reference: str | None = None, threads: int | None = None,
             log: Callable[[str], None] | None = None, backend: str = "torch", budget_s: float | None = None,
-            spread_target: float | None = None, spread_budget_s: float | None = None) -> dict:
+            spread_target: float | None = None, spread_budget_s: float | None = None,
+            onnx_files: dict | None = None) -> dict:
     """Time ``models`` (name -> module) on random input of shape ``(B, *input_shape)``.
 
     ``reference`` names the model others are compared with (speedup = its
@@ -250,14 +284,22 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
     model and batch size; the rounds are as many as fit (at least ``repeats``;
     see `time_interleaved`). ``spread_target`` (e.g. 0.02): more rounds, up to ``spread_budget_s``
     seconds per batch size, until every speedup over the reference is known within it; each row says its
-    speedup's spread either way (``speedup_spread``: half the per-round IQR, relative). Returns a JSON-ready
+    speedup's spread either way (``speedup_spread``: half the per-round IQR, relative). ``onnx_files`` (name ->
+    path; backend ``onnxruntime``): ONNX files timed as they are in the same interleaved session, after the
+    models (an INT8 export beside the fp32 models it came from). Returns a JSON-ready
     dict:
     ``environment``, ``models`` (params, MACs), ``results`` (one row per model
     and batch size).
     """
     log = log or (lambda msg: None)
-    if not models:
+    onnx_files = dict(onnx_files or {})
+    if not models and not onnx_files:
         raise HetpruneError("nothing to measure: give at least one model")
+    if onnx_files and backend != "onnxruntime":
+        raise HetpruneError("ONNX files are timed in ONNX Runtime: use --backend onnxruntime with --onnx")
+    clash = sorted(set(models) & set(onnx_files))
+    if clash:
+        raise HetpruneError(f"{clash[0]!r} names both a model and an ONNX file; give them different names")
     input_shape = tuple(int(s) for s in input_shape)
     if not batch_sizes or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in batch_sizes):
         raise HetpruneError(f"batch sizes must be positive integers, got {batch_sizes!r}")
@@ -273,10 +315,10 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
                             "or fp16 (CUDA)")
     dev = _ort_device(device) if ort else resolve_device(device)
     check_dtype(dtype, dev)
-    if reference is None and len(models) > 1:
-        reference = next(iter(models))
-    if reference is not None and reference not in models:
-        raise HetpruneError(f"reference {reference!r} is not one of the models: {', '.join(models)}")
+    if reference is None and len(models) + len(onnx_files) > 1:
+        reference = next(iter({**models, **onnx_files}))
+    if reference is not None and reference not in models and reference not in onnx_files:
+        raise HetpruneError(f"reference {reference!r} is not one of the models: {', '.join([*models, *onnx_files])}")
 
     old_threads = torch.get_num_threads()
     if threads is not None:
@@ -302,6 +344,10 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
 
             tmp = tempfile.TemporaryDirectory(prefix="hetprune-bench-")
             runnable = _ort_sessions(models, dtype, dev, torch.get_num_threads(), tmp.name, log)
+            files, file_costs = _file_sessions(onnx_files, input_shape, list(batch_sizes), dtype, dev,
+                                               torch.get_num_threads())
+            runnable.update(files)
+            costs.update(file_costs)
             env["onnxruntime"] = onnxruntime.__version__
             env["providers"] = next(iter(runnable.values())).get_providers()[:1]
         env["load_start"] = load_average()
@@ -342,8 +388,9 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
                     row["paired_speedup"] = {k: v for k, v in paired.items() if k != "runs"}
                     row["speedup_spread"] = t.get("ratio_spread", 0.0)   # the reference's own ratio: exactly 1
                     row["rounds"] = t["rounds"]
-                    row["mac_ratio"] = costs[reference]["macs"] / costs[name]["macs"]
-                    row["speedup_over_mac_ratio"] = row["speedup"] / row["mac_ratio"]
+                    known = costs[reference]["macs"] and costs[name]["macs"]   # an ONNX file may not say
+                    row["mac_ratio"] = costs[reference]["macs"] / costs[name]["macs"] if known else None
+                    row["speedup_over_mac_ratio"] = row["speedup"] / row["mac_ratio"] if known else None
                 rows.append(row)
         env["load_end"] = load_average()
         env["threads"] = torch.get_num_threads()

@@ -4,6 +4,7 @@
     hetprune bench pruned/ --against deit_base_patch16_224 --device cuda --dtype bf16 --batch-sizes 1,64,256
     hetprune bench deit_small_patch16_224 --batch-sizes 1,32 --json speed.json
     hetprune bench pruned/ --backend onnxruntime --batch-sizes 1,32             # in ONNX Runtime (CPU)
+    hetprune bench pruned/ --backend onnxruntime --onnx pruned.int8.onnx        # its INT8 file beside fp32
 
 Models are timed interleaved in one process (A, B, A, B, ...) after a
 warm-up; the table gives the median latency per batch, its spread (IQR),
@@ -13,7 +14,8 @@ built: weights are random, which does not change speed. bf16 on CPU runs under
 autocast (fast only on CPUs with native bf16); fp16 is for CUDA only.
 `--backend onnxruntime` exports every model to ONNX (verified against
 PyTorch) and times the ONNX Runtime sessions the same way (needs the export
-extra: pip install 'hetprune[export]'; CUDA needs onnxruntime-gpu).
+extra: pip install 'hetprune[export]'; CUDA needs onnxruntime-gpu); `--onnx FILE`
+adds ONNX files as they are (an INT8 export) to the same interleaved session.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N", help="default auto: cuda if present")
     p.add_argument("--backend", default="torch", metavar="torch|onnxruntime",
                    help="what runs the models: PyTorch (default) or ONNX Runtime on the exported ONNX graphs")
+    p.add_argument("--onnx", metavar="FILE,...",
+                   help="also time these ONNX files as they are (e.g. `hetprune export --quantize int8`'s), in the "
+                        "same interleaved session (--backend onnxruntime)")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
                    help="fp32, or autocast to bf16 / fp16 (fp16: CUDA only)")
     p.add_argument("--compile", action="store_true", help="torch.compile every model first (warm-up absorbs it)")
@@ -85,7 +90,9 @@ def load_model(what: str, kwargs: dict):
             raise HetpruneError(f"{path} is a folder but holds no {RECIPE_FILE}: not a saved pruned model")
         return path.name or str(path), load(path), load_recipe(path)
     if path.exists():
-        raise HetpruneError(f"{what} is a file; give a saved pruned model folder or a timm model name")
+        extra = (" (an ONNX file is timed with --onnx FILE --backend onnxruntime, beside the folder it was exported "
+                 "from)") if path.suffix == ".onnx" else ""
+        raise HetpruneError(f"{what} is a file; give a saved pruned model folder or a timm model name{extra}")
     return what, build(ModelSpec(what, kwargs)), None
 
 
@@ -98,6 +105,14 @@ def run(args) -> int:
         raise HetpruneError(f"--backend {args.backend!r} is not supported; allowed: {', '.join(BACKENDS)}")
     if args.per_block and args.backend != "torch":
         raise HetpruneError("--per-block times PyTorch modules: use it with --backend torch")
+    files = {f.strip(): f.strip() for f in (args.onnx or "").split(",") if f.strip()}   # named as given
+    if args.onnx is not None and not files:
+        raise HetpruneError("--onnx is empty: give ONNX files separated by commas")
+    if files and args.backend != "onnxruntime":
+        raise HetpruneError("--onnx files run in ONNX Runtime: add --backend onnxruntime")
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise HetpruneError(f"--onnx {missing[0]}: no such file")
     if args.backend == "onnxruntime":  # say what is missing before building models
         from ..export import need
 
@@ -124,10 +139,10 @@ def run(args) -> int:
         models = {ref_label: ref_model, label: model}  # reference first: it is timed first in every round
         reference = ref_label
     shape = input_shape_of(model)
-    print(f"timing {', '.join(models)} on input {shape}, batch sizes {sizes}, backend {args.backend} ...")
+    print(f"timing {', '.join([*models, *files])} on input {shape}, batch sizes {sizes}, backend {args.backend} ...")
     result = measure(models, shape, sizes, device=args.device, dtype=args.dtype, compile=args.compile,
                      repeats=args.repeats, warmup=args.warmup, min_time_s=args.min_time, reference=reference,
-                     threads=args.threads, log=print, backend=args.backend)
+                     threads=args.threads, log=print, backend=args.backend, onnx_files=files)
     result["command"] = {"target": args.target, "against": args.against, "recipe": recipe.to_dict() if recipe else None}
     print(format_table(result, markdown=args.markdown))
     if args.per_block:

@@ -24,18 +24,25 @@ Why each choice:
   model its own config (``architectures``, ``model_type``) and a
   ``preprocessor_config.json`` with its image processor's mean/std.
 
-One file per format: `to_onnx`, `to_pt2`, `hub`; what they
+* INT8 (`quantize`) goes through ONNX Runtime's own quantization tools
+  on the verified fp32 export, calibrated on the task's training images
+  (`calibration`), and is checked on the task's metric measured through
+  ONNX Runtime (`ort_model` runs a file as a model for the metric).
+
+One file per format: `to_onnx`, `to_pt2`, `hub`, `quantize`; what they
 share (request checks, the verification input and comparison, atomic writes)
 is `common`.
 """
 
 from .common import (DEFAULT_OPSET, DTYPES, FORMATS, INPUT_NAME, OUTPUT_NAME, TOLERANCE, check_dtype, check_output,
                      compare_outputs, need, quote_command, verify_input)
-from .hub import export_hub, hub_config, hub_files, model_card, pretrained_cfg, transformers_model
+from .hub import INT8_FILE, export_hub, hub_config, hub_files, model_card, pretrained_cfg, transformers_model
+from .quantize import SCHEMES, Int8Settings, export_int8, int8_census, read_metadata
 from .to_onnx import check_census, expected_census, export_onnx, onnx_session, op_census, verify_onnx
 from .to_pt2 import export_pt2
 
-__all__ = ["DEFAULT_OPSET", "DTYPES", "FORMATS", "INPUT_NAME", "OUTPUT_NAME", "TOLERANCE", "check_census",
-           "check_dtype", "check_output", "compare_outputs", "expected_census", "export_hub", "export_onnx",
-           "export_pt2", "hub_config", "hub_files", "model_card", "need", "onnx_session", "op_census",
-           "pretrained_cfg", "quote_command", "transformers_model", "verify_input", "verify_onnx"]
+__all__ = ["DEFAULT_OPSET", "DTYPES", "FORMATS", "INPUT_NAME", "INT8_FILE", "Int8Settings", "OUTPUT_NAME", "SCHEMES",
+           "TOLERANCE", "check_census", "check_dtype", "check_output", "compare_outputs", "expected_census",
+           "export_hub", "export_int8", "export_onnx", "export_pt2", "hub_config", "hub_files", "int8_census",
+           "model_card", "need", "onnx_session", "op_census", "pretrained_cfg", "quote_command", "read_metadata",
+           "transformers_model", "verify_input", "verify_onnx"]

@@ -18,10 +18,11 @@ from ..recipe import RECIPE_FILE, WEIGHTS_FILE
 from .common import verify_input
 
 CONFIG_FILE, CARD_FILE, REPORT_FILE = "config.json", "README.md", "report.json"
+INT8_FILE = "model.int8.onnx"   # the checked INT8 ONNX file a hub folder may carry (export --quantize)
 PREPROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor (a transformers model's folder)
 # what hetprune writes in a hub folder (--overwrite replaces these and never anything else)
 HUB_FOLDER = ResultFolder("hub folder", frozenset({CONFIG_FILE, CARD_FILE, REPORT_FILE, PREPROCESSOR_FILE,
-                                                   RECIPE_FILE, WEIGHTS_FILE}))
+                                                   RECIPE_FILE, WEIGHTS_FILE, INT8_FILE}))
 
 
 def pretrained_cfg(model: nn.Module, recipe) -> dict:
@@ -137,8 +138,33 @@ def _fmt_top1(value) -> str:
     return f"{value:.2f} %" if isinstance(value, (int, float)) else "not measured"
 
 
+def int8_section(result: dict) -> list[str]:
+    """The model card's INT8 section: the scheme, how it was calibrated, and its metric against fp32."""
+    s, m, chk, cal = result["settings"], result["metric"], result["check"], result["calibration"]
+    how = "static QDQ" if s["scheme"] == "int8" else "dynamic (activation ranges measured at run time)"
+    lines = ["## INT8 (ONNX Runtime)", "",
+             f"`{INT8_FILE}`: {how}, {'per-channel' if s['per_channel'] else 'per-tensor'} int8 weights, made with "
+             "ONNX Runtime's quantization tools and checked before it was written.", "",
+             "| | fp32 (PyTorch) | INT8 (ONNX Runtime) | drop |", "|---|---|---|---|",
+             f"| {m['name']} (validation data) | {m['fp32']:.2f} | {m['int8']:.2f} | {m['drop']:.2f} |", ""]
+    if cal:
+        lines.append(f"Calibrated on {cal['images']} images ({cal['source']}, seed {cal['seed']}) in runs of "
+                     f"{cal['batch']}, {cal['method']} ranges.")
+    floated = ", ".join(p for p, n in result["float_parts"].items() if n) or "none"
+    c = result["census"]
+    ops = ", ".join(s["ops"]) if s["scheme"] == "int8" else "those with a constant weight"
+    lines.append(f"{c['int8_products']} of {c['products']} products in INT8 ({ops}; parts kept "
+                 f"in float: {floated}). On a seeded batch of {chk['images']} validation images the INT8 file agrees "
+                 f"with the fp32 model on "
+                 + (f"{chk['top1_agreement']:.1%} of top-1 predictions" if chk["top1_agreement"] is not None
+                    else "its outputs") + f" (max abs output error {chk['max_abs_error']:.3g}).")
+    if result.get("kept_over_max_drop"):
+        lines.append(f"**The drop is above the allowed {result['max_drop']:g}**: the file was kept on request.")
+    return [*lines, ""]
+
+
 def model_card(recipe, report: dict | None, costs: dict, speed: list[dict] | None, commands: dict,
-               label: str) -> str:
+               label: str, int8: dict | None = None) -> str:
     """A README.md model card from the recipe, the pruning report and measured costs."""
     from ..costs import human
 
@@ -189,7 +215,10 @@ def model_card(recipe, report: dict | None, costs: dict, speed: list[dict] | Non
     else:
         lines.append(f"Not measured for this card; `hetprune bench {label}` measures it "
                      "(`--backend onnxruntime` for ONNX Runtime).")
-    lines += ["", "## Use it", "", "```python", "import hetprune", "", 'model = hetprune.load(".")  '
+    lines.append("")
+    if int8:
+        lines += int8_section(int8)
+    lines += ["## Use it", "", "```python", "import hetprune", "", 'model = hetprune.load(".")  '
               "# this folder: rebuilds the pruned architecture and loads the weights", "```", "",
               "Export it for ONNX Runtime, TensorRT or OpenVINO:", "", "```bash",
               "hetprune export . --format onnx --out model.onnx --dynamic-batch", "```", "",
@@ -224,13 +253,14 @@ def _speed_rows(bench_json: str | Path | None) -> list[dict] | None:
 
 def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Path | None = None,
                report: dict | None = None, overwrite: bool = False, bench_json: str | None = None,
-               export_command: str = "", allow_kwargs=()) -> dict:
+               export_command: str = "", allow_kwargs=(), int8: tuple[Path, dict] | None = None) -> dict:
     """Write a hub-style folder and check that [`hetprune.load`][hetprune.recipe.load] reads it back bit-identically.
 
     The folder is shaped for the model's library: timm's ``config.json``, or for a transformers model its own
     ``config.json`` and ``preprocessor_config.json``. The recipe's base is built (for the dense costs) and
     read back, so its kwargs are checked as [`hetprune.load`][hetprune.recipe.load] checks them (``allow_kwargs``: the names
-    the caller passes itself).
+    the caller passes itself). ``int8``: ``(file, result)`` of [`export_int8`][hetprune.export.export_int8], a
+    checked INT8 file the folder carries as ``model.int8.onnx``, its metric and calibration stated in the card.
     """
     from ..costs import CONVENTION, count_macs, count_params
     from ..io import atomic_folder, save_weights, state_dict_for_saving, write_json_atomic, write_text_atomic
@@ -258,8 +288,11 @@ def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Pa
             write_json_atomic(tmp / name, data)
         if report:
             write_json_atomic(tmp / REPORT_FILE, report)
+        if int8 is not None:
+            shutil.copyfile(int8[0], tmp / INT8_FILE)
         write_text_atomic(tmp / CARD_FILE, model_card(recipe, report, costs, speed,
-                                                      {"made": made, "export": export_command}, label))
+                                                      {"made": made, "export": export_command}, label,
+                                                      int8=int8[1] if int8 is not None else None))
         back = load(tmp, allow_kwargs=allow_kwargs)
         got = back.state_dict()
         if got.keys() != state.keys() or not all(torch.equal(got[k], state[k]) for k in state):

@@ -23,10 +23,12 @@ ATTENTION_OPS = ("Softmax", "Attention")
 
 
 # GELU is Erf (Gelu from opset 20), tanh-GELU Tanh, SiLU / SwiGLU's gate and QuickGELU Sigmoid: one op each
-ACTIVATION_OPS = ("Erf", "Gelu", "Tanh", "Sigmoid", "Relu")
+# (ONNX Runtime's fusions write BiasGelu / FastGelu, one per GELU)
+ACTIVATION_OPS = ("Erf", "Gelu", "Tanh", "Sigmoid", "Relu", "BiasGelu", "FastGelu")
 
 
-MATMUL_OPS = ("MatMul", "Gemm")
+# a product as ONNX writes it, and as ONNX Runtime's dynamic quantization rewrites it (MatMulInteger)
+MATMUL_OPS = ("MatMul", "Gemm", "MatMulInteger")
 
 
 # -- ONNX -------------------------------------------------------------------------------

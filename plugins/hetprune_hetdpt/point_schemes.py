@@ -1,10 +1,10 @@
 """How MAP's cheap points are made: one class per scheme (``hetdpt.point_selection``); the base class, and
 the schemes that make each point from the dense model (``oneshot``, ``gradual``).
 
-A scheme decides which points a budget gets (:meth:`PointScheme.plan`), how
-each one is measured, and what keys it (:attr:`PointScheme.key`: everything
+A scheme decides which points a budget gets (`PointScheme.plan`), how
+each one is measured, and what keys it (`PointScheme.key`: everything
 that shapes a point, so a changed setting never reuses a stale one). It is
-built once per job with its settings resolved (:func:`scheme_for`), and it
+built once per job with its settings resolved (`scheme_for`), and it
 reads the job's device, precision, removers and scoring context from the job,
 never again from settings.
 
@@ -13,11 +13,11 @@ never again from settings.
 * ``progressive`` (the paper's): paths from the dense model (attention only,
   activation only, and the kinds interleaved); each step removes the site the
   point scorer ranks lowest on the current fine-tuned model and fine-tunes
-  from the previous point's weights (:mod:`.paths`).
+  from the previous point's weights (`paths`).
 * ``gradual``: the run's own selector makes each point from the dense model,
   as the final run will for that split; no fine-tune after it.
 
-The progressive scheme is in :mod:`.progressive`; :mod:`.schemes` names them
+The progressive scheme is in `progressive`; `schemes` names them
 all. A new scheme is one subclass listed in a strategy's ``point_schemes``.
 """
 

@@ -1,5 +1,5 @@
 """Progressive MAP points, the paper's: paths from the dense model, one more site off per step, each step
-fine-tuned from the previous step's weights (:mod:`.paths` says which steps), and, past the paper, a check of
+fine-tuned from the previous step's weights (`paths` says which steps), and, past the paper, a check of
 the best predicted splits (``hetdpt.verify``): each reached from the nearest step its removals contain and
 fine-tuned once more (on the final schedule where that is affordable)."""
 
@@ -21,7 +21,7 @@ from .point_schemes import PointScheme, images_of, resolve_finetune
 
 class ProgressivePoints(PointScheme):
     """The paper's points: paths from the dense model, one more site off per step, each step fine-tuned from
-    the previous point's weights (see :mod:`.paths`)."""
+    the previous point's weights (see `paths`)."""
 
     name = "progressive"
     description = "the paper's: paths from the dense model, one more site per point, weights inherited"

@@ -73,7 +73,7 @@ class HetDPT(DepthStrategy):
         return grid_plan(job.settings["hetdpt"], pairs)
 
     def collect_points(self, job: PruneJob, plan: list[tuple[int, int]]) -> list[dict]:
-        """Measure every planned point not already in the points file (see :meth:`PointScheme.collect`)."""
+        """Measure every planned point not already in the points file (see `PointScheme.collect`)."""
         return self.scheme(job).collect(plan)
 
     def points_key(self, job: PruneJob) -> str:
