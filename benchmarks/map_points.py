@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from hetprune.points import metric_of
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -234,7 +236,7 @@ def final_images(ctx) -> int:
 
 def fit_all(points: list[dict], pairs, registry) -> dict:
     """Every predictor fitted on ``points``: its prediction at every feasible split and its fit report."""
-    triples = [(p["n_attn"], p["n_act"], p["accuracy"]) for p in points]
+    triples = [(p["n_attn"], p["n_act"], metric_of(p)) for p in points]
     out = {}
     for label, (name, options) in PREDICTORS.items():
         try:
@@ -280,7 +282,7 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path) -> d
                     pred = fit["predicted"]
                     best = sorted(pairs, key=lambda p: (-pred[f"{p[0]}+{p[1]}"], p[0]))[:verify]
                     found = point_scheme.verify(best)
-                    fit["verified"] = {f"{a}+{m}": found[(a, m)]["accuracy"] for a, m in best}
+                    fit["verified"] = {f"{a}+{m}": metric_of(found[(a, m)]) for a, m in best}
                     fit["verify_images"] = sum(found[p].get("images") or 0 for p in best)
                     fit["verify_seconds"] = round(sum(found[p].get("seconds") or 0 for p in best), 1)
         result["per_target"][target] = {
@@ -417,7 +419,7 @@ def slim(results: list[dict]) -> list[dict]:
                 {"fit": {k: v for k, v in fit["fit"].items() if k in ("degree", "cv_rmse", "rmse", "loo_mae")}}
                 if "fit" in fit else {}) for label, fit in pt["fits"].items()}
             per[target] = {"images": pt["images"], "seconds": pt["seconds"],
-                           "points": [[p["n_attn"], p["n_act"], p["accuracy"], p.get("images"), p.get("seconds"),
+                           "points": [[p["n_attn"], p["n_act"], metric_of(p), p.get("images"), p.get("seconds"),
                                        p.get("path")] for p in pt["points"]], "fits": fits}
         out.append({k: u[k] for k in ("bench", "seed", "scheme", "sets")} | {"per_target": per})
     return out

@@ -19,6 +19,8 @@ from .compare.report import mean_std
 from .compare.rows import ROWS_FILE, RowPlan, distinct, whole_number
 from .errors import HetpruneError, option
 from .io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic
+from .points import metric_of
+from .task import metric_number
 
 # what hetprune writes in an ablation's folder
 ABLATION_FOLDER = ResultFolder("ablation", frozenset({ROWS_FILE, "ablation.json", "ablation.md", "splits.png",
@@ -115,6 +117,7 @@ def cheap_points_words(result: dict, schedule: str) -> str:
 def markdown(result: dict) -> str:
     schedule = result.get("point_finetune", "short_finetune")   # the section that fine-tuned the cheap points
     u = _unit(result)
+    num = lambda v: metric_number(result.get("metric_name", "top1"), v)  # noqa: E731
     metric = "top-1" if result.get("metric_name", "top1") == "top1" else result["metric_name"]
     lines = [f"# hetprune ablate: budget {budget_words(result['budget'])}, seeds {result['seeds']}", "",
              f"Command: `{result.get('command', '')}`", "",
@@ -126,23 +129,23 @@ def markdown(result: dict) -> str:
              "| Spearman | Kendall | within tolerance |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in result["predictors"].items():
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        lines.append(f"| {name} | {m['pick'][0]}+{m['pick'][1]} | {m['pick_predicted']:.2f} | {m['pick_true']:.2f} | "
-                     f"{m['best'][0]}+{m['best'][1]} | {m['best_true']:.2f} | {m['regret']:.2f} | "
+        lines.append(f"| {name} | {m['pick'][0]}+{m['pick'][1]} | {num(m['pick_predicted'])} | {num(m['pick_true'])} | "
+                     f"{m['best'][0]}+{m['best'][1]} | {num(m['best_true'])} | {num(m['regret'])} | "
                      f"{fmt(m['spearman'])} | {fmt(m['kendall'])} | {'yes' if m['within_tolerance'] else 'no'} |")
     lines += ["", "## Every split", "", f"| split (attn+act) | true {metric} {u} (mean ± std) | cheap point {u} | "
               + " | ".join(f"{n} predicted {u}" for n in result["predictors"]) + " |",
               "|---|---|---|" + "---|" * len(result["predictors"])]
     for s in result["splits"]:
-        cheap = "-" if s["cheap"] is None else f"{s['cheap']:.2f}"
-        preds = " | ".join(f"{s['predicted'][n]:.2f}" for n in result["predictors"])
-        lines.append(f"| {s['n_attn']}+{s['n_act']} | {s['true']:.2f} ± {s['true_std']:.2f} | {cheap} | {preds} |")
+        cheap = "-" if s["cheap"] is None else f"{num(s['cheap'])}"
+        preds = " | ".join(f"{num(s['predicted'][n])}" for n in result["predictors"])
+        lines.append(f"| {s['n_attn']}+{s['n_act']} | {num(s['true'])} ± {num(s['true_std'])} | {cheap} | {preds} |")
     if result.get("scorers"):
         split = result["scorer_split"]
         lines += ["", f"## Scorers at split {split[0]}+{split[1]}", "",
                   f"| scorer | {metric} {u} (mean ± std) | {metric} before fine-tune {u} | sites (first seed) |",
                   "|---|---|---|---|"]
         for name, s in result["scorers"].items():
-            lines.append(f"| {name} | {s['metric']:.2f} ± {s['metric_std']:.2f} | {s['before']:.2f} | "
+            lines.append(f"| {name} | {num(s['metric'])} ± {num(s['metric_std'])} | {num(s['before'])} | "
                          f"{' '.join(s['sites'])} |")
     return "\n".join(lines) + "\n"
 
@@ -265,7 +268,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
                 pairs = job.feasible_pairs()
                 log(f"cheap points, seed {seed} ...")
                 points += strat.collect_points(job, strat.point_plan(job, pairs))
-        triples = [(p["n_attn"], p["n_act"], p["accuracy"]) for p in points]
+        triples = [(p["n_attn"], p["n_act"], metric_of(p)) for p in points]
 
         # 2. every predictor on the same points
         fitted = {}

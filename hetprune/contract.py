@@ -152,8 +152,8 @@ def _site_count(value: Any) -> bool:
 
 
 def fit_points(points: Any) -> list:
-    """``fit()``'s points as the hookspec promises them: ``(n_attn, n_act, accuracy)`` triples with whole
-    site counts >= 0 and a finite accuracy. Bad points are the caller's fault, not the predictor's:
+    """``fit()``'s points as the hookspec promises them: ``(n_attn, n_act, metric)`` triples with whole
+    site counts >= 0 and a finite metric. Bad points are the caller's fault, not the predictor's:
     a HetpruneError, so the predictor is not blamed."""
     bad = None if isinstance(points, (list, tuple)) else f"a {type_name(points)}"
     for p in points if bad is None else ():
@@ -163,7 +163,7 @@ def fit_points(points: Any) -> list:
             break
     if bad is not None:
         raise HetpruneError(f"a predictor's fit() was given {bad}; points must be a list of (n_attn, n_act, "
-                            "accuracy) triples with whole site counts >= 0 and a finite accuracy")
+                            "metric) triples with whole site counts >= 0 and a finite metric")
     return list(points)
 
 

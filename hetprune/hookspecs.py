@@ -30,14 +30,15 @@ Register = Callable[[Any], None]
 
 @hookspec
 def register_predictors(register: Register) -> None:
-    """Register accuracy predictors (stage 1 of HetDPT: budget allocation).
+    """Register metric predictors (stage 1 of HetDPT: budget allocation; MAP predicts accuracy, or whatever
+    the task measures).
 
     A predictor class has a ``name`` and, once built, two methods:
 
-    * ``fit(points)`` — ``points`` is a list of ``(n_attn, n_act, accuracy)``
+    * ``fit(points)`` — ``points`` is a list of ``(n_attn, n_act, metric)``
       triples measured with a short fine-tune. Raise ``HetpruneError`` when
       the points cannot support the fit (say how many are needed).
-    * ``predict(n_attn, n_act) -> float`` — the predicted accuracy.
+    * ``predict(n_attn, n_act) -> float`` — the predicted metric.
 
     Optional: ``fit_report() -> dict`` with fit errors (for example ``mae``,
     ``rmse``, ``loo_mae``), copied into the run report; ``uncertainty(n_attn,
@@ -157,8 +158,9 @@ def on_stage_end(stage: str, info: dict) -> None:
 
 @hookspec
 def on_point_collected(point: dict) -> None:
-    """Observe: one accuracy-predictor point was measured. ``point`` has
-    ``n_attn``, ``n_act``, ``accuracy`` and the sites that were removed."""
+    """Observe: one predictor point was measured. ``point`` has ``n_attn``,
+    ``n_act``, ``metric`` (the task's metric there; ``accuracy`` before 0.4)
+    and the sites that were removed."""
 
 
 @hookspec

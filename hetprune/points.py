@@ -1,4 +1,4 @@
-"""Cheap accuracy points (a split, its short fine-tune, its accuracy) stored so a rerun reuses them.
+"""Cheap points (a split, its short fine-tune, the task's metric there) stored so a rerun reuses them.
 
 Used by strategies that fit a predictor on points: ``hetdpt``'s MAP points and
 ``hetdpt-plus``'s share search. Public: a plugin's own point-based strategy can
@@ -13,6 +13,12 @@ from pathlib import Path
 
 from .errors import HetpruneError
 from .io import note_saved
+
+
+def metric_of(point: dict) -> float:
+    """A point's value of the task's metric: ``metric``, or ``accuracy`` in points written before the field was
+    named for what it holds (it was the metric, whichever it was, an MSE as well)."""
+    return float(point["metric"] if "metric" in point else point["accuracy"])
 
 
 class PointStore:
@@ -38,7 +44,7 @@ class PointStore:
                 try:
                     rec = json.loads(line)
                     pair = (int(rec["n_attn"]), int(rec["n_act"]))
-                    float(rec["accuracy"])
+                    rec.setdefault("metric", metric_of(rec))   # an old file's ``accuracy`` reads as the metric
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                     raise HetpruneError(f"MAP points file {self.path} line {lineno} is corrupt or truncated ({exc}); "
                                         "delete that line (or the file) to measure the point again") from exc

@@ -224,8 +224,12 @@ class Task:
                 "own_finetune": self.own_finetune, "fingerprint": self.fingerprint}
 
     def format(self, value: float) -> str:
-        """A metric value for a log line: ``top-1 97.78%``, or ``mIoU 83.39``."""
+        """A metric value for a log line: ``top-1 97.78%``, or ``mIoU 83.388``."""
         return format_metric(self.metric_name, value)
+
+    def number(self, value: float) -> str:
+        """A metric value as a bare number: ``97.78``, or ``0.11342`` for an MSE."""
+        return metric_number(self.metric_name, value)
 
 
 class UserSource:
@@ -362,10 +366,15 @@ def as_task(value) -> Task:
     raise HetpruneError(f"expected a hetprune.Task (or a DataBundle), got {type(value).__name__}")
 
 
+def metric_number(name: str, value: float) -> str:
+    """A metric's value as a number for a log or a table: two decimals for top-1 (percent), else five
+    significant digits, whatever the metric's scale (two decimals made every point of an MSE task read 0.11)."""
+    return f"{value:.2f}" if name == "top1" else f"{value:.5g}"
+
+
 def format_metric(name: str, value: float) -> str:
-    """``top-1 97.78%`` for top-1, else ``NAME 83.388`` or ``mse 0.11342``: five significant digits, whatever
-    the metric's scale (two decimals made every point of an MSE task read 0.11)."""
-    return f"top-1 {value:.2f}%" if name == "top1" else f"{name} {value:.5g}"
+    """``top-1 97.78%`` for top-1, else ``NAME 83.388`` or ``mse 0.11342`` (`metric_number`)."""
+    return f"top-1 {metric_number(name, value)}%" if name == "top1" else f"{name} {metric_number(name, value)}"
 
 
 def checked_metric(value, name: str = "metric") -> float:

@@ -42,7 +42,7 @@ def test_ablate_end_to_end_with_fake_cheap_points_and_resume(trained_tiny, tmp_p
     import hetprune.pipeline as pipeline
 
     def fake_points(self, job, plan):
-        return [{"n_attn": a, "n_act": m, "accuracy": 90.0 - 2.0 * a - 0.5 * m} for a, m in plan]
+        return [{"n_attn": a, "n_act": m, "metric": 90.0 - 2.0 * a - 0.5 * m} for a, m in plan]
 
     monkeypatch.setattr(HetDPT, "collect_points", fake_points)
     runs = []

@@ -231,7 +231,7 @@ def test_a_lower_is_better_metric_is_minimised_by_the_predictors_pick(digits_dat
         return 2.0 + (a - 1) ** 2 + 0.1 * m
 
     monkeypatch.setattr(HetDPT, "collect_points", lambda self, job, plan: [
-        {"n_attn": a, "n_act": m, "accuracy": truth(a, m)} for a, m in plan])
+        {"n_attn": a, "n_act": m, "metric": truth(a, m)} for a, m in plan])
     val_loss = lambda model, val: float(sum(ce(model, b) for b in val) / len(val))   # noqa: E731
     task = user_task(digits_data, metric=val_loss, higher_is_better=False, metric_name="val loss")
     settings = hetprune.testing.tiny_settings(HetDPT.defaults, {"hetdpt": {"predictor": "poly", "verify": 0}})

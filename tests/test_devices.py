@@ -109,7 +109,7 @@ def test_compare_and_ablate_run_with_auto(trained_tiny, tmp_path, capsys, monkey
     from hetprune_hetdpt.strategy import HetDPT
 
     monkeypatch.setattr(HetDPT, "collect_points", lambda self, job, plan: [
-        {"n_attn": a, "n_act": m, "accuracy": 90.0 - 2.0 * a - 0.5 * m} for a, m in plan])
+        {"n_attn": a, "n_act": m, "metric": 90.0 - 2.0 * a - 0.5 * m} for a, m in plan])
     expected = devices.canonical("auto")
     out = tmp_path / "cmp"
     assert main(["compare", *model_args(trained_tiny), "--speed-budget", "0",

@@ -141,7 +141,7 @@ def test_allocation_is_argmax_over_feasible_pairs(tiny_model, digits_data, tmp_p
         return 90 - (a - 1.5) ** 2 - 0.3 * m
 
     def fake_collect(self, job, plan):
-        return [{"n_attn": a, "n_act": m, "accuracy": truth(a, m)} for a, m in plan]
+        return [{"n_attn": a, "n_act": m, "metric": truth(a, m)} for a, m in plan]
 
     monkeypatch.setattr(HetDPT, "collect_points", fake_collect)
     # the paper's quadratic recovers a quadratic surface exactly
@@ -427,6 +427,37 @@ def test_corrupt_points_file_is_reported_by_name(tmp_path):
         PointStore(path, "k").load()
 
 
+def test_a_points_file_from_before_the_metric_field_is_read(tmp_path):
+    """Points were stored under ``accuracy`` (whatever the metric); they are named ``metric`` now, and an old
+    file still reads, its value under the new name."""
+    path = tmp_path / "map-points.jsonl"
+    path.write_text('{"n_attn": 1, "n_act": 0, "accuracy": 0.11342, "key": "k"}\n')
+    store = PointStore(path, "k")
+    store.append({"n_attn": 2, "n_act": 1, "metric": 0.25})
+    found = store.load()
+    assert found[(1, 0)]["metric"] == 0.11342 and found[(2, 1)]["metric"] == 0.25
+    assert "accuracy" not in json.loads(path.read_text().splitlines()[1])
+
+
+def test_a_metric_is_written_with_the_digits_its_scale_needs():
+    """Two decimals made every value of an MSE task read 0.11 in the points log and the ablation tables."""
+    from hetprune.task import format_metric, metric_number
+
+    assert [metric_number("mse", v) for v in (0.11342, 0.11871)] == ["0.11342", "0.11871"]
+    assert metric_number("top1", 97.7777) == "97.78" and format_metric("top1", 97.7777) == "top-1 97.78%"
+    from hetprune.ablate import markdown
+
+    split = {"n_attn": 1, "n_act": 1, "true": 0.11342, "true_std": 0.00012, "cheap": 0.11871,
+             "predicted": {"poly": 0.11555}}
+    result = {"budget": 2, "seeds": [0], "finetune": {}, "short_finetune": {}, "metric_name": "mse",
+              "predictors": {"poly": {"pick": [1, 1], "pick_predicted": 0.11555, "pick_true": 0.11342,
+                                      "best": [1, 1], "best_true": 0.11342, "regret": 0.0, "spearman": None,
+                                      "kendall": None, "within_tolerance": True}},
+              "splits": [split]}
+    table = markdown(result)
+    assert "| 1+1 | 0.11342 ± 0.00012 | 0.11871 | 0.11555 |" in table
+
+
 # -- KD and fine-tune ----------------------------------------------------------------
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0, 4.0])
@@ -530,12 +561,12 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
     assert name == report["settings"]["hetdpt"]["predictor"] == "gp"    # the default
     refit = get_registry().build("predictor", name,
                                  **report["settings"]["hetdpt"]["predictor_options"].get(name, {})).fit(
-        [(p["n_attn"], p["n_act"], p["accuracy"]) for p in alloc["points"]])
+        [(p["n_attn"], p["n_act"], p["metric"]) for p in alloc["points"]])
     assert alloc["fit"]["rmse"] == pytest.approx(refit.fit_report()["rmse"], abs=1e-9)
     ranked = sorted(alloc["surface"], key=lambda d: (-d["predicted"], d["n_attn"]))
     checked = alloc["verified"]
     assert [(c["n_attn"], c["n_act"]) for c in checked] == [(d["n_attn"], d["n_act"]) for d in ranked[:3]]
-    best = max(checked, key=lambda c: (c["accuracy"], -c["n_attn"]))
+    best = max(checked, key=lambda c: (c["metric"], -c["n_attn"]))
     assert (alloc["pick"]["n_attn"], alloc["pick"]["n_act"]) == (best["n_attn"], best["n_act"])
     # the saved model reloads to the model whose accuracy the report gives
     from hetprune.data import digits
@@ -584,7 +615,7 @@ def test_refinement_finds_the_optimum_the_one_shot_fit_misses(tiny_model, digits
 
     def fake_points(self, job, plan):
         measured.extend(p for p in plan if p not in measured)
-        return [{"n_attn": a, "n_act": m, "accuracy": _bump(a, m)} for a, m in plan]
+        return [{"n_attn": a, "n_act": m, "metric": _bump(a, m)} for a, m in plan]
 
     monkeypatch.setattr(strat.HetDPT, "collect_points", fake_points)
     job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=12),
@@ -733,7 +764,7 @@ def test_a_gradual_point_is_what_the_runs_own_selection_makes_of_that_split(tiny
     monkeypatch.setattr(hetprune.task, "train", no_short_finetune)
     job = make_job(tiny_model, digits_data, tmp_path, **GRADUAL)
     [dense, point] = HetDPT().collect_points(job, [(0, 0), (1, 2)])
-    assert dense["accuracy"] == pytest.approx(evaluate_dataset(tiny_model, digits_data.val, torch.device("cpu")))
+    assert dense["metric"] == pytest.approx(evaluate_dataset(tiny_model, digits_data.val, torch.device("cpu")))
     assert point["selection"] == "gradual" and point["scorer"] == "gate-taylor"
     # the final run's selection stage, from the same dense model and seed, in another folder
     again = make_job(tiny_model, digits_data, tmp_path / "again", **GRADUAL)
@@ -741,7 +772,7 @@ def test_a_gradual_point_is_what_the_runs_own_selection_makes_of_that_split(tiny
     chosen = select_sites(again, model, {"attn": 1, "act": 2})
     remove_sites(again, model, chosen)
     assert point["sites"] == [str(s) for s in chosen]
-    assert point["accuracy"] == pytest.approx(evaluate_dataset(model, digits_data.val, torch.device("cpu")))
+    assert point["metric"] == pytest.approx(evaluate_dataset(model, digits_data.val, torch.device("cpu")))
 
 
 def test_gradual_points_have_their_own_key_and_a_bad_choice_is_refused(tiny_model, digits_data, tmp_path):

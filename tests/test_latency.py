@@ -659,7 +659,7 @@ def test_ablate_takes_a_budget_in_a_cost_model(tmp_path, monkeypatch, trained_ti
     from hetprune_hetdpt.strategy import HetDPT
 
     def fake_points(self, job, plan):
-        return [{"n_attn": a, "n_act": m, "accuracy": 90.0 - 2.0 * a - 0.5 * m} for a, m in plan]
+        return [{"n_attn": a, "n_act": m, "metric": 90.0 - 2.0 * a - 0.5 * m} for a, m in plan]
 
     monkeypatch.setattr(HetDPT, "collect_points", fake_points)
     hetprune.register_plugin(PluginOf("register_cost_models", BothPenalty), "test-both-penalty")

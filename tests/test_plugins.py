@@ -362,11 +362,11 @@ def test_event_hook_example_from_the_docs_sees_every_event(tmp_path, monkeypatch
     hook = hetprune.get_registry().hook
     hook.on_stage_start(stage="finetune", info={"strategy": "hetdpt"})
     hook.on_epoch_end(stage="finetune", epoch=1, metrics={"loss": 0.5})
-    hook.on_point_collected(point={"n_attn": 1, "n_act": 2, "accuracy": 91.0, "sites": ["attn3"]})
+    hook.on_point_collected(point={"n_attn": 1, "n_act": 2, "metric": 91.0, "sites": ["attn3"]})
     hook.on_stage_end(stage="finetune", info={"strategy": "hetdpt", "top1": 95.0})
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["event"] for r in records] == ["on_stage_start", "on_epoch_end", "on_point_collected", "on_stage_end"]
-    assert records[1]["metrics"] == {"loss": 0.5} and records[2]["point"]["accuracy"] == 91.0
+    assert records[1]["metrics"] == {"loss": 0.5} and records[2]["point"]["metric"] == 91.0
     assert records[3]["info"]["top1"] == 95.0
 
 

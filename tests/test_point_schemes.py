@@ -119,8 +119,8 @@ def test_verify_checks_the_best_predicted_splits_from_the_nearest_path_point_the
         assert not [p for p in points if p[0] <= a and p[1] <= m and sum(p) > sum(base)]
         assert c["sites"][:sum(base)] == points[base]["sites"] and len(c["sites"]) == a + m   # inherited order
         assert c["images"] == c["extra_steps"] * 150 * 2 + 300 * 3     # the steps, then the final schedule
-    best = max(checked, key=lambda c: (c["accuracy"], -c["n_attn"]))
-    assert pick == (best["n_attn"], best["n_act"]) and info["pick"]["verified"] == best["accuracy"]
+    best = max(checked, key=lambda c: (c["metric"], -c["n_attn"]))
+    assert pick == (best["n_attn"], best["n_act"]) and info["pick"]["verified"] == best["metric"]
     # as many fine-tunes as the paths' steps, each check's extra steps and one final fine-tune per check
     assert len(stub.seen) == 3 + 3 + 3 + sum(c["extra_steps"] + 1 for c in checked)
     # one-shot points: a check is a point of that split, reused where the plan measured it

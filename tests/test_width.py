@@ -538,7 +538,7 @@ def test_share_search_picks_the_best_split_of_a_known_surface_and_the_result_rel
 
     def fake_measure(job, depth_strategy, plan, target, width_prune):
         measured_plans.append(list(plan))
-        return [{"n_attn": a, "n_act": m, "accuracy": surface(a, m)} for a, m in plan]
+        return [{"n_attn": a, "n_act": m, "metric": surface(a, m)} for a, m in plan]
 
     monkeypatch.setattr(share_search, "measure", fake_measure)
     out, report = _cli(trained_tiny, tmp_path, "hetdpt-plus", "--scorer", "magnitude",   # a quadratic: poly fits it
@@ -645,7 +645,7 @@ def test_share_search_picks_the_lowest_predicted_split_when_the_metric_is_better
     from hetprune.testing import TINY_SETTINGS
 
     def fake_measure(job, depth_strategy, plan, target, width_prune):
-        return [{"n_attn": a, "n_act": m, "accuracy": 0.5 + 0.3 * (a - 1) ** 2 + 0.2 * (m - 1) ** 2}
+        return [{"n_attn": a, "n_act": m, "metric": 0.5 + 0.3 * (a - 1) ** 2 + 0.2 * (m - 1) ** 2}
                 for a, m in plan]
 
     monkeypatch.setattr(share_search, "measure", fake_measure)

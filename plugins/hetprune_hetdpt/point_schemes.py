@@ -126,10 +126,10 @@ class PointScheme:
     def record(self, store: PointStore, have: dict, model, a: int, m: int, chosen: list, started: float,
                made: dict, label: str) -> dict:
         """Evaluate this rank's own model of point ``(a, m)`` (the whole val set, not shared across ranks),
-        store the point and report it. A point's ``accuracy`` is the task's metric, whichever it is."""
+        store the point and report it. A point's ``metric`` is the task's metric, whichever it is."""
         job = self.job
         acc = job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers, distributed=False)
-        point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen],
+        point = {"n_attn": a, "n_act": m, "metric": acc, "sites": [str(s) for s in chosen],
                  "seconds": round(time.time() - started, 2), "scheme": self.name, **made}
         store.append(point)
         have[(a, m)] = point

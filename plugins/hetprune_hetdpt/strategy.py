@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hetprune import HetpruneError, Site
 from hetprune.pipeline import DepthStrategy, PruneJob
+from hetprune.points import metric_of
 from hetprune import distributed as dist
 
 from .point_schemes import OneShotPoints, grid_plan, resolve_finetune
@@ -147,7 +148,7 @@ class HetDPT(DepthStrategy):
             points = self.collect_points(job, plan)
             predicted = self.fit(predictor, points, pairs)
             rounds.append({"measured": [list(p) for p in new]})
-        measured = {(p["n_attn"], p["n_act"]): p["accuracy"] for p in points}
+        measured = {(p["n_attn"], p["n_act"]): metric_of(p) for p in points}
         # the paper (refine 0): the predictor's argmax; refined: measured where measured, predicted elsewhere.
         # Ties go to fewer attention removals.
         value = {pair: measured.get(pair, predicted[pair]) if refine else predicted[pair] for pair in pairs}
@@ -156,26 +157,26 @@ class HetDPT(DepthStrategy):
         if verify:   # past the paper: the best predicted splits measured (progressive: checked), the best kept
             best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:verify]
             found = scheme.verify(best)
-            pick = max(best, key=lambda p: (sign * found[p]["accuracy"], -p[0]))
+            pick = max(best, key=lambda p: (sign * metric_of(found[p]), -p[0]))
             checked = [found[p] for p in best]
-            job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(found[(a, m)]['accuracy'])}"
+            job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(metric_of(found[(a, m)]))}"
                                                        for a, m in best))
         surface = [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)],
                     **({"std": predictor.uncertainty(a, m)} if hasattr(predictor, "uncertainty") else {}),
                     **({"measured": measured[(a, m)]} if (a, m) in measured else {})} for a, m in pairs]
         fit = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
         job.log(f"[hetdpt] predictor {predictor.name}: " + ", ".join(
-            f"({d['n_attn']},{d['n_act']})={d['predicted']:.1f}" for d in surface))
+            f"({d['n_attn']},{d['n_act']})={job.task.number(d['predicted'])}" for d in surface))
         return pick, {"predictor": predictor.name, "points": points, "fit": fit, "surface": surface,
                       "refinement": rounds, "verified": checked, "point_selection": scheme.name,
                       "points_cost": points_cost(points + checked),
                       "pick": {"n_attn": pick[0], "n_act": pick[1], "predicted": predicted[pick],
                                **({"measured": measured[pick]} if refine and pick in measured else {}),
-                               **({"verified": found[pick]["accuracy"]} if verify else {})}}
+                               **({"verified": metric_of(found[pick])} if verify else {})}}
 
     @staticmethod
     def fit(predictor, points: list[dict], pairs: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
-        predictor.fit([(p["n_attn"], p["n_act"], p["accuracy"]) for p in points])
+        predictor.fit([(p["n_attn"], p["n_act"], metric_of(p)) for p in points])
         return {pair: predictor.predict(*pair) for pair in pairs}
 
     @staticmethod

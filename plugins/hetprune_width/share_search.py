@@ -23,7 +23,7 @@ from hetprune.budget import kind_savings, max_per_kind, pair_cost
 from hetprune.cache import fingerprint
 from hetprune.config import train_config
 from hetprune.pipeline import PruneJob, remove_sites
-from hetprune.points import PointStore
+from hetprune.points import PointStore, metric_of
 from hetprune.sites import depth
 
 
@@ -82,7 +82,7 @@ def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: 
         info = width_prune(job, model, target, stage="share-point")
         job.task.fit(model, job.dense, cfg, "share", progress=False, desc="share point", distributed=False)
         acc = job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers, distributed=False)
-        point = {"n_attn": a, "n_act": m, "accuracy": acc, "sites": [str(s) for s in chosen], "macs": info["macs"],
+        point = {"n_attn": a, "n_act": m, "metric": acc, "sites": [str(s) for s in chosen], "macs": info["macs"],
                  "seconds": round(time.time() - t0, 2)}
         store.append(point)
         have[(a, m)] = point
@@ -121,7 +121,7 @@ def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tupl
         points = measure(job, depth_strategy, plan, target, width_prune)
         predicted = depth_strategy.fit(predictor, points, cands)
         rounds.append({"measured": list(best)})
-    measured = {(p["n_attn"], p["n_act"]): p["accuracy"] for p in points}
+    measured = {(p["n_attn"], p["n_act"]): metric_of(p) for p in points}
     value = {c: measured.get(c, predicted[c]) if refine else predicted[c] for c in cands}
     pick = max(cands, key=lambda c: (sign * value[c], -c[0] - c[1]))   # ties: less depth
     share = (dense_macs - macs(*pick)) / (dense_macs - target) if dense_macs > target else 0.0
