@@ -204,6 +204,10 @@ def test_hub_folder_carries_the_int8_file_and_its_card_states_the_metric(saved, 
                  "Calibrated on 32 images (training data of digits, seed 0) in runs of 8, MinMax ranges"):
         assert text in card, text
     assert hetprune.load(hub).state_dict().keys() == hetprune.load(saved).state_dict().keys()
+    # the INT8 file is hetprune's own: --overwrite replaces the folder, and the last export's INT8 file goes
+    rc, printed, err = run_cli(["export", str(saved), "--format", "hub", "--out", str(hub), "--overwrite"], capsys)
+    assert rc == 0, printed + err
+    assert not (hub / export.INT8_FILE).exists() and (hub / "config.json").is_file()
 
 
 def test_an_image_folder_calibrates_on_its_training_images_with_the_validation_transform(tmp_path, capsys):
