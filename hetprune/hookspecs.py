@@ -159,7 +159,7 @@ def on_stage_end(stage: str, info: dict) -> None:
 @hookspec
 def on_point_collected(point: dict) -> None:
     """Observe: one predictor point was measured. ``point`` has ``n_attn``,
-    ``n_act``, ``metric`` (the task's metric there; ``accuracy`` before 0.4)
+    ``n_act``, ``metric`` (the task's metric there; older points files say ``accuracy``)
     and the sites that were removed."""
 
 
