@@ -186,7 +186,7 @@ def main(argv=None) -> int:
         alloc = r.get("allocation") or {}
         if "points" in alloc:   # what MAP measured (short fine-tunes) and picked: why hetdpt chose its split
             notes.append(f"{name}: MAP points (attn+act -> mIoU after a short fine-tune): " + ", ".join(
-                f"{p['n_attn']}+{p['n_act']} -> {p['accuracy']:.1f}" for p in alloc["points"])
+                f"{p['n_attn']}+{p['n_act']} -> {p['metric']:.1f}" for p in alloc["points"])
                 + "; predicted over the feasible splits: " + ", ".join(
                 f"{d['n_attn']}+{d['n_act']} -> {d['predicted']:.1f}" for d in alloc["surface"])
                 + f"; pick {alloc['pick']['n_attn']}+{alloc['pick']['n_act']}.")
