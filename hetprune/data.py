@@ -243,11 +243,9 @@ class SeededItems(Dataset):
     def __getitem__(self, i: int):
         item_seed = (self.seed * 1_000_003 + i) % (2 ** 31)
         state = random.getstate(), np.random.get_state()
-        random.seed(item_seed)
-        np.random.seed(item_seed)
         try:
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(item_seed)
+                seed_everything(item_seed)
                 return self.dataset[i]
         finally:
             random.setstate(state[0])

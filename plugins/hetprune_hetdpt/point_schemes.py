@@ -144,6 +144,13 @@ class PointScheme:
         job.task.fit(model, job.dense, job.train_config(schedule), "point", progress=False, desc="MAP point",
                      distributed=False)
 
+    def scoring(self, *folder: str):
+        """A scoring context of its own under the job's work folder, quiet: a point's scoring and selection
+        steps are not the run's selection stage (no progress bar, no epoch events)."""
+        ctx = scoring_context(self.job, self.job.workdir.joinpath(*folder))
+        ctx.progress, ctx.on_epoch_end = False, None
+        return ctx
+
     def scorer(self):
         """The point scorer (``hetdpt.point_scorer``), built once, with a one-shot ``score``."""
         if getattr(self, "_scorer", None) is None:
@@ -275,8 +282,7 @@ class GradualPoints(PointScheme):
         for i, (a, m) in enumerate(mine, 1):
             t0 = time.time()
             model = job.place(copy.deepcopy(job.dense))
-            ctx = scoring_context(job, job.workdir / "points-gradual" / f"{a}+{m}")
-            ctx.progress, ctx.on_epoch_end = False, None   # a point's steps are not the run's selection stage
+            ctx = self.scoring("points-gradual", f"{a}+{m}")
             chosen = select_sites(job, model, {"attn": a, "act": m}, ctx=ctx, shared=False) if a + m else []
             remove_sites(job, model, chosen)
             made = {"selection": "gradual", "scorer": self.selector, "images": self.images(a + m)}

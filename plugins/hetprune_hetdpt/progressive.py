@@ -12,7 +12,7 @@ import time
 from hetprune import HetpruneError, Site, sites
 from hetprune import distributed as dist
 from hetprune.cache import fingerprint
-from hetprune.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context
+from hetprune.pipeline import PruneJob, rank_lowest, remove_sites
 from hetprune.points import PointStore
 
 from .paths import OTHER, Path as PointPath, paths_for
@@ -161,17 +161,12 @@ class ProgressivePoints(PointScheme):
         self.finetune(model, self.section)
         return removed
 
-    def scoring(self, name: str):
-        ctx = scoring_context(self.job, self.job.workdir / "points-scoring" / name)
-        ctx.progress, ctx.on_epoch_end = False, None
-        return ctx
-
     def walk(self, path: PointPath, store: PointStore, have: dict, reach: int) -> None:
         """Walk ``path`` until its steps reach ``reach`` sites removed, resuming from its last kept step."""
         job = self.job
         stored = store.load()
         model, removed, done = self.start(path, stored)
-        ctx = self.scoring(path.name)
+        ctx = self.scoring("points-scoring", path.name)
         for step in range(done, len(path.steps)):
             a, m = path.steps[step]
             if a + m > reach:
@@ -221,7 +216,7 @@ class ProgressivePoints(PointScheme):
                 break
         else:
             done, model, removed = 0, job.place(copy.deepcopy(job.dense)), []
-        ctx = self.scoring(path.name)
+        ctx = self.scoring("points-scoring", path.name)
         for i in range(done, step):
             removed = removed + self.step(model, path.kinds[i], ctx)
             self.keep(model, removed, self.checkpoint(path, i + 1))
@@ -252,7 +247,7 @@ class ProgressivePoints(PointScheme):
             model, removed = self.model_at(path, step)
             base = path.steps[step - 1] if step else (0, 0)
             left = {"attn": a - base[0], "act": m - base[1]}
-            ctx = self.scoring(f"verify-{a}+{m}")
+            ctx = self.scoring("points-scoring", f"verify-{a}+{m}")
             order, kind = [], self.first
             while any(left.values()):   # the missing sites alternating, ``interleave_first`` first
                 kind = kind if left[kind] else OTHER[kind]
