@@ -24,7 +24,8 @@ from .task import metric_number
 
 # what hetprune writes in an ablation's folder
 ABLATION_FOLDER = ResultFolder("ablation", frozenset({ROWS_FILE, "ablation.json", "ablation.md", "splits.png",
-                                                     "scorers.png", "models", "work"}), resumable=True)
+                                                     "scorers.png", "models", "work"}), resumable=True,
+                               folders=frozenset({"models", "work"}))
 
 Pair = tuple[int, int]
 
@@ -222,6 +223,8 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     from .compare.rows import prepare_out, run_rows
     from .pipeline import PruneJob, resolve_adapter
     from .plugins import get_registry
+    from .models import ModelSpec
+    from .resume import base_key
     from .task import as_task
 
     registry = registry or get_registry()
@@ -251,7 +254,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     sign = 1 if task.higher_is_better else -1
     out = Path(out)
     with no_empty_folder_on_error(out), as_given(model):   # bad input found after the folder was made leaves none behind
-        prepare_out(out, resume, overwrite, ABLATION_FOLDER)
+        out = prepare_out(out, resume, overwrite, ABLATION_FOLDER)
         adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
         info = dense_info(model, task, spec, base_info, run_settings)
         log = log if dist.is_main() else (lambda msg: None)
@@ -278,10 +281,11 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
         first_pick = argmax_pair({p: fitted[predictors[0]].predict(*p) for p in pairs}, sign)
 
         # 3. ground truth (every split, full schedule) and the scorer rows, resumable
-        plans = split_plans(pairs, seeds, run_settings, the_budget, info["hash"], task.fingerprint, kind="truth",
+        base = base_key(model, info["hash"], spec or ModelSpec.user_built(model))
+        plans = split_plans(pairs, seeds, run_settings, the_budget, base, task.key, kind="truth",
                             unused=(section,))
         for name in scorers:
-            plans += split_plans([first_pick], seeds, run_settings, the_budget, info["hash"], task.fingerprint,
+            plans += split_plans([first_pick], seeds, run_settings, the_budget, base, task.key,
                                  scorer=name, kind="scorer", unused=(section,))
         log(f"fine-tuning {len(plans)} rows: {len(pairs)} splits x {len(seeds)} seeds"
             + (f" + {len(scorers)} scorers at {first_pick}" if scorers else ""))
@@ -297,7 +301,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
             "budget": the_budget.sites if the_budget.sites is not None else the_budget.describe(), "seeds": seeds,
             "metric_name": task.metric_name, "higher_is_better": task.higher_is_better, "dense_metric": info["metric"],
             **({"dense_top1": info["metric"]} if task.metric_name == "top1" else {}),
-            "command": python_call("ablate", strategy=strategy, budget=the_budget.to_dict(), seeds=seeds,
+            "command": python_call("ablate", strategy=strategy, budget=the_budget.as_argument(), seeds=seeds,
                                    out=str(out)),
             **(meta or {}),
             "finetune": run_settings["finetune"], "short_finetune": run_settings["short_finetune"], "points": points,

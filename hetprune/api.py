@@ -87,11 +87,21 @@ def run_device(settings: dict) -> torch.device:
 
 
 def check_names(registry: Registry, settings: dict) -> None:
-    """Unknown component names fail now, not after an hour of work."""
+    """Unknown component names fail now, not after an hour of work: the run's scorer, and in every section a
+    ``predictor`` or a ``..._scorer`` (``hetdpt.point_scorer``) that names one."""
     registry.component("scorer", settings["scorer"])
-    for section in settings.values():
-        if isinstance(section, dict) and isinstance(section.get("predictor"), str):
-            registry.component("predictor", section["predictor"])
+    for name, section in settings.items():
+        if not isinstance(section, dict):
+            continue
+        for key, value in section.items():
+            kind = ("predictor" if key == "predictor" or key.endswith("_predictor") else
+                    "scorer" if key == "scorer" or key.endswith("_scorer") else None)
+            if kind is None or not isinstance(value, str):
+                continue
+            try:
+                registry.component(kind, value)
+            except HetpruneError as exc:
+                raise HetpruneError(f"setting {name}.{key}: {exc}") from None
 
 
 def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: dict | None, settings: dict) -> dict:
@@ -109,10 +119,11 @@ def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: 
     return info
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse an output folder before any work: one that cannot be written, that holds anything hetprune did
-    not write (overwrite or not), or another result without ``overwrite``."""
-    check_result_folder(out, PRUNED_MODEL, overwrite)
+def check_out(out: Path, overwrite: bool) -> Path:
+    """Refuse an output folder before any work: one that cannot be written, a link to nothing, one whose
+    ``OUT.work`` is a file, one that holds anything hetprune did not write (overwrite or not), or another
+    result without ``overwrite``. Returns the folder to write (a link's target)."""
+    return check_result_folder(out, PRUNED_MODEL, overwrite)
 
 
 def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | Budget | None = None, *,
@@ -153,7 +164,7 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     if out is None and resume:
         raise HetpruneError("resume=True needs out=FOLDER: checkpoints live beside the result")
     if out is not None:
-        check_out(out, overwrite)
+        out = check_out(out, overwrite)
     seed_everything(run_settings["seed"])
     with _workdir(out) as workdir, as_given(model):
         job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=the_budget, settings=run_settings,

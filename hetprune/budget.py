@@ -109,6 +109,20 @@ class Budget:
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
+    def as_argument(self):
+        """The budget as a Python call passes it, for a results file's ``Command:`` line: the site count
+        itself (``budgets=[2]``), else ``Budget(target_macs=0.5)``."""
+        if self.sites is not None:
+            return self.sites
+        return _Source("Budget(" + ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items()) + ")")
+
+
+class _Source(str):
+    """Text that is Python source already: its repr is itself (no quotes)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
     def limit(self, dense_cost: float) -> float | None:
         """The most a pruned model may cost, in the budget's cost model (None for a site count)."""
         if self.target_macs is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import HetpruneError
+from .errors import HetpruneError, on_command_line
 
 KD_MODES = ("soft", "hard", "none")
 ATTN_MODES = ("identity", "ln-residual")   # how an attention sub-block is removed (hetprune.layers.HetBlock)
@@ -257,7 +257,8 @@ def resolve(strategy_defaults: dict | None, config_file: str | None = None, over
         settings = _merge(settings, read_yaml(config_file), f"config file {config_file}", schema=schema,
                           declared=declared)
     if overrides:
-        settings = _merge(settings, {k: v for k, v in overrides.items() if v is not None}, "command-line options",
+        where = "command-line options" if on_command_line() else "the settings argument"   # from Python
+        settings = _merge(settings, {k: v for k, v in overrides.items() if v is not None}, where,
                           schema=schema, declared=declared)
     if sets:
         settings = _merge(settings, parse_set(sets), "--set options", schema=schema, declared=declared)

@@ -156,6 +156,42 @@ def check_writable(out: str | os.PathLike) -> None:
         raise HetpruneError(f"cannot write output folder {out}: {ancestor} is not writable")
 
 
+def real_folder(out: str | os.PathLike, out_flag: str | None = None) -> Path:
+    """The folder written for output path ``out``.
+
+    An output folder that is a symbolic link (results kept on another disk) is written through: the result
+    goes into the link's target and the link stays as it is; checkpoints go beside the target. A link that
+    leads nowhere (on ``out`` or on a folder above it), or to something that is not a folder, is one error
+    before any work."""
+    out = Path(out)
+    out_flag = out_flag or option("out")
+    for p in [out, *out.parents]:
+        if p.is_symlink() and not p.exists():
+            where = "" if p == out else f": {p} on its way"
+            raise HetpruneError(f"output path {out} leads through a symbolic link to {os.readlink(p)}, which does "
+                                f"not exist{where}; create the link's target folder, or give another {out_flag}")
+    if out.is_symlink():
+        real = out.resolve()
+        if not real.is_dir():
+            raise HetpruneError(f"output path {out} is a symbolic link to {real}, which is not a folder; give a "
+                                f"folder, or another {out_flag}")
+        return real
+    return out
+
+
+def check_folder_slot(path: Path, what: str) -> None:
+    """Refuse, before any work, a path where hetprune will need a folder (``OUT.work``, a compare's
+    ``models/``) that holds a file, or a link to a file or to nothing."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    if path.is_dir():
+        return
+    found = (f"a symbolic link to {os.readlink(path)}, which does not exist" if path.is_symlink() and not path.exists()
+             else "a file")
+    raise HetpruneError(f"{path} is {found}, where hetprune keeps {what} (a folder); move it away or give another "
+                        f"{option('out')}")
+
+
 @dataclass(frozen=True)
 class ResultFolder:
     """One kind of output folder and the entries hetprune writes at its top level.
@@ -168,6 +204,8 @@ class ResultFolder:
     what: str                 # "pruned model", "compare", ...: said in messages
     entries: frozenset[str]
     resumable: bool = False   # an interrupted one is continued in place (compare, ablate: --resume)
+    folders: frozenset[str] = frozenset()   # entries that are folders hetprune writes into while it works
+    beside: str = ""          # the suffix of a folder kept beside this one while it is made (".work": checkpoints)
 
     def foreign(self, folder: Path) -> list[str]:
         """The entries of ``folder`` hetprune did not write as this kind of result (its own interrupted
@@ -183,21 +221,26 @@ class ResultFolder:
 
 
 def check_result_folder(out: str | os.PathLike, kind: ResultFolder, overwrite: bool, resume: bool = False,
-                        flags: tuple[str, str] | None = None) -> None:
-    """Refuse an output folder before any work: one with no name of its own (``.``), a file, one that
-    cannot be written, one holding anything hetprune did not write (overwrite or not), and one holding an
-    earlier result of this kind unless ``overwrite`` (or ``resume``: continue it). ``flags`` name the
-    options in messages (the CLI's, or the Python arguments)."""
-    out = Path(out)
+                        flags: tuple[str, str] | None = None) -> Path:
+    """Refuse an output folder before any work: one with no name of its own (``.``), a file, a link to
+    nothing, one that cannot be written, one where a folder hetprune needs (``OUT.work``, ``models/``) is a
+    file, one holding anything hetprune did not write (overwrite or not), and one holding an earlier result
+    of this kind unless ``overwrite`` (or ``resume``: continue it). ``flags`` name the options in messages
+    (the CLI's, or the Python arguments). Returns the folder to write (`real_folder`: a link's target)."""
     overwrite_flag, out_flag = flags or (switch("overwrite"), option("out"))
-    if out.name in ("", ".", ".."):
+    if Path(out).name in ("", ".", ".."):
         raise HetpruneError(f"output folder {str(out)!r} has no name of its own (hetprune writes a folder, and "
                             f"its checkpoints beside it): give a new folder, e.g. {out_flag} runs/mine")
+    out = real_folder(out, out_flag)
     if out.exists() and not out.is_dir():
         raise HetpruneError(f"output path {out} exists and is not a folder")
     check_writable(out)
+    if kind.beside:
+        check_folder_slot(out.with_name(out.name + kind.beside), f"the checkpoints of the {kind.what} it makes")
+    for name in sorted(kind.folders):
+        check_folder_slot(out / name, f"the {kind.what}'s {name}")
     if not out.is_dir() or not any(out.iterdir()):
-        return
+        return out
     foreign = kind.foreign(out)
     if foreign:
         shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
@@ -208,6 +251,7 @@ def check_result_folder(out: str | os.PathLike, kind: ResultFolder, overwrite: b
         more = f", or {switch('resume')} to reuse what it finished" if kind.resumable else ""
         raise HetpruneError(f"output folder {out} already holds a {kind.what} result; pass {overwrite_flag} to "
                             f"replace it{more}")
+    return out
 
 
 def clear_result(out: str | os.PathLike, kind: ResultFolder) -> None:
@@ -230,7 +274,7 @@ def atomic_folder(out: str | os.PathLike, overwrite: bool = False, same_result=N
     Interrupted writes leave only a hidden ``.out.partial-*`` folder, never a
     folder that looks complete.
     """
-    out = Path(out)
+    out = real_folder(out)   # a link to a folder is written through and stays a link
     if out.exists():
         if not out.is_dir():
             raise HetpruneError(f"output path {out} exists and is not a folder")

@@ -33,9 +33,9 @@ from .errors import HetpruneError
 from .models import ModelSpec, model_hash
 from .plugins import Registry
 from .recipe import Recipe, arch_of, recipe_from_model
-from .resume import structure_key, weights_key
+from .resume import base_key, structure_key, weights_key
 from .sites import Site, sites
-from .task import Task, as_task
+from .task import Task, as_task, reuse_tag
 from .train import TrainConfig
 
 
@@ -128,6 +128,19 @@ class PruneJob:
     def base_hash(self) -> str:
         """The dense model's content hash: keys the teacher of a fine-tune and the MAP points."""
         return self.base_info["hash"]
+
+    @property
+    def base_key(self) -> str:
+        """What keys every stored result made from the dense model: its weights, its configuration (dropout and
+        drop-path rates, pooling, ...: a model rebuilt with other such kwargs has the same weights) and its
+        spec (`hetprune.resume.base_key`)."""
+        return self.once("base key", lambda: base_key(self.dense, self.base_hash, self.spec))
+
+    @property
+    def reuse_tag(self) -> str | None:
+        """Which stored MAP points this job may reuse without ``--resume`` (`hetprune.task.reuse_tag`): None
+        for all with a matching key, else only those of this run (the task's code cannot be read)."""
+        return self.once("reuse tag", lambda: reuse_tag(self.task, self.resume, self.log))
 
     @property
     def seed(self) -> int:
@@ -254,6 +267,7 @@ class ScoringContext:
     on_epoch_end: Callable[[int, dict], None] | None = None
     task: Task | None = None
     registry: Registry | None = None   # the job's (components a scorer builds, e.g. the remover it simulates)
+    base_key: str = ""                 # the job's: what keys a checkpoint made from the dense model (its config too)
 
     def __post_init__(self):
         if self.task is None and self.data is None:
@@ -295,7 +309,8 @@ class PruneResult:
 
 def scoring_context(job: PruneJob, workdir: Path | None = None) -> ScoringContext:
     return ScoringContext(
-        data=job.data, task=job.task, registry=job.registry, teacher=job.dense, settings=job.settings, device=job.device, seed=job.seed,
+        data=job.data, task=job.task, registry=job.registry, teacher=job.dense, settings=job.settings, device=job.device,
+        seed=job.seed, base_key=job.base_key,
         workdir=workdir or job.workdir / "scoring", progress=job.progress, resume=job.resume, log=job.log,
         on_epoch_end=lambda e, m: job.event("on_epoch_end", stage="select", epoch=e, metrics=m),
     )
@@ -366,7 +381,7 @@ def finetune(job: PruneJob, model: nn.Module, section: str = "finetune", stage: 
     # a checkpoint is reused only for the same start: model (weights, and its structure: removed sites, attention
     # mode, merges, widths; the state dict alone does not show a removed activation), teacher, data
     key = {"starting weights": weights_key(model), "structure": structure_key(model, model_structure(job, model)),
-           "teacher": job.base_hash, "data": job.task.fingerprint}
+           "teacher": job.base_key, "data": job.task.key}
     return job.task.fit(model, job.dense, cfg, stage, checkpoint_dir=job.workdir / stage, resume=job.resume,
                         progress=job.progress, desc=f"{job.strategy_name}: {stage}", resume_key=key, log=job.log,
                         on_epoch_end=lambda e, m: job.event("on_epoch_end", stage=stage, epoch=e, metrics=m))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .errors import HetpruneError
 from .io import note_saved
+from .resume import made_when, now
 
 
 def metric_of(point: dict) -> float:
@@ -24,14 +25,17 @@ def metric_of(point: dict) -> float:
 class PointStore:
     """MAP points in a JSONL file, each line keyed by the settings that produced it.
 
-    A point is appended (and fsynced) the moment it is measured; lines with
-    another key are kept but never reused, so a changed setting cannot pick up
-    stale points. A line that does not parse is reported, never skipped.
+    A point is appended (and fsynced) the moment it is measured, with the time;
+    lines with another key are kept but never reused, so a changed setting cannot
+    pick up stale points. A line that does not parse is reported, never skipped.
+    With ``run`` (`hetprune.task.reuse_tag`: a task whose code hetprune cannot
+    read, without ``--resume``) the store reads only the points this run wrote.
     """
 
-    def __init__(self, path: Path, key: str):
+    def __init__(self, path: Path, key: str, run: str | None = None):
         self.path = Path(path)
         self.key = key
+        self.run = run
 
     def load(self) -> dict[tuple[int, int], dict]:
         found = {}
@@ -48,9 +52,16 @@ class PointStore:
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                     raise HetpruneError(f"MAP points file {self.path} line {lineno} is corrupt or truncated ({exc}); "
                                         "delete that line (or the file) to measure the point again") from exc
-                if rec.get("key") == self.key:
+                if rec.get("key") == self.key and (self.run is None or rec.get("run") == self.run):
                     found[pair] = rec
         return found
+
+    def say_reused(self, log, prefix: str, reused: list[dict], wanted: int, noun: str = "MAP points") -> None:
+        """Say aloud what a run takes from this store instead of measuring it: how many of how many, from which
+        file, and when they were measured (nothing when nothing is reused)."""
+        if reused:
+            log(f"{prefix} reusing {len(reused)} of {wanted} {noun} measured {made_when(reused)}, from {self.path} "
+                "(the same base model, task, data and settings)")
 
     def append(self, record: dict) -> None:
         """Append one point; an exclusive lock keeps lines whole when several ranks append."""
@@ -60,7 +71,8 @@ class PointStore:
         with self.path.open("a", encoding="utf-8") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
-                fh.write(json.dumps({**record, "key": self.key}) + "\n")
+                line = {**record, "key": self.key, "measured_at": now(), **({"run": self.run} if self.run else {})}
+                fh.write(json.dumps(line) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
             finally:

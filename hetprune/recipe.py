@@ -29,7 +29,7 @@ RECIPE_FILE = "recipe.json"
 WEIGHTS_FILE = "model.safetensors"
 REPORT_FILE = "report.json"
 # a pruned model's folder, as prune, apply and compare's models/ write it
-PRUNED_MODEL = ResultFolder("pruned model", frozenset({RECIPE_FILE, WEIGHTS_FILE, REPORT_FILE}))
+PRUNED_MODEL = ResultFolder("pruned model", frozenset({RECIPE_FILE, WEIGHTS_FILE, REPORT_FILE}), beside=".work")
 
 
 def arch_of(model: nn.Module) -> dict:

@@ -31,7 +31,8 @@ from . import distributed as dist
 from .cache import fingerprint as fingerprint_of
 from .config import TrainConfig
 from .data import DataBundle, example_batch, loader, subset
-from .errors import HetpruneError
+from .errors import HetpruneError, switch
+from .resume import code_key
 from .train import ClassificationSource, evaluate, evaluate_dataset, train
 
 
@@ -213,6 +214,29 @@ class Task:
         return self._fingerprint
 
     @property
+    def key(self) -> str:
+        """What keys a stored result made on this task: the data (`fingerprint`), the metric's name and
+        direction, and the code of its loss, metric and training loop (`hetprune.resume.code_key`: qualified
+        names, source, the plain values they use). A task whose metric changed (top-1 to top-1 error under
+        the same name) gets another key, so nothing measured with the old metric is reused."""
+        if getattr(self, "_key", None) is None:
+            code, unreadable = {}, []
+            for part, fn in (("loss", self._loss), ("metric", self._metric), ("finetune", self._finetune)):
+                code[part], missing = code_key(fn)
+                unreadable += [f"{part} {name}" for name in missing]
+            self._key = fingerprint_of({"data": self.fingerprint, "metric": self.metric_name,
+                                        "higher_is_better": self.higher_is_better, "code": code})
+            self._unreadable = unreadable
+        return self._key
+
+    @property
+    def unreadable(self) -> list[str]:
+        """The parts of the task's code whose source hetprune cannot read (so it cannot tell whether they
+        changed between runs): results made with them are reused only on ``resume=True`` / ``--resume``."""
+        self.key
+        return list(self._unreadable)
+
+    @property
     def fingerprinted(self) -> bool:
         """False when the data could not be hashed (and no ``fingerprint`` was given): this task's points,
         checkpoints and compare rows are then never reused by a later run."""
@@ -348,6 +372,15 @@ class ClassificationTask(Task):
     def train_size(self) -> int:
         return len(self.data.train)
 
+    @property
+    def key(self) -> str:
+        """The data's fingerprint: the loss, metric and trainer are hetprune's own, fixed for this task."""
+        return self.fingerprint
+
+    @property
+    def unreadable(self) -> list[str]:
+        return []
+
     def describe(self) -> dict:
         return {**self.data.describe(), "metric": "top1", "higher_is_better": True}
 
@@ -364,6 +397,35 @@ def as_task(value) -> Task:
     if isinstance(value, DataBundle):
         return classification(value)
     raise HetpruneError(f"expected a hetprune.Task (or a DataBundle), got {type(value).__name__}")
+
+
+def reuse_tag(task: Task, resume: bool, log: Callable[[str], None]) -> str | None:
+    """Which stored results of ``task`` a run may reuse without being asked: None for all whose key matches
+    (the task's code is keyed), else a tag of this run's own.
+
+    Results are always stored under `Task.key`. When part of the task's code has no source hetprune can read,
+    it cannot tell whether that code changed since a result was stored, so results of earlier runs are reused
+    only when the caller asked for it (``resume=True`` / ``--resume``, and the log says so); otherwise the run
+    reuses only what it stored itself, under the returned tag (rank 0's, under torchrun)."""
+    unreadable = task.unreadable
+    if not unreadable:
+        return None
+    said = getattr(task, "_said_unreadable", None)
+    if resume:
+        if said != "resume":
+            log(f"resume: the task's {', '.join(unreadable)} has no source hetprune can read, so it cannot tell "
+                f"whether it changed since results were stored; reusing them because {switch('resume')} asks for it")
+            task._said_unreadable = "resume"
+        return None
+    if said != "fresh":
+        log(f"note: the task's {', '.join(unreadable)} has no source hetprune can read, so results stored by "
+            f"earlier runs are not reused (pass {switch('resume')} to reuse them)")
+        task._said_unreadable = "fresh"
+    if getattr(task, "_run_tag", None) is None:
+        import uuid
+
+        task._run_tag = dist.on_main(lambda: uuid.uuid4().hex[:12])
+    return task._run_tag
 
 
 def metric_number(name: str, value: float) -> str:

@@ -23,7 +23,7 @@ from .config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public h
 from .data import DataBundle, loader, subset
 from .errors import HetpruneError
 from .io import note_saved
-from .resume import reusable
+from .resume import made_when, now, reusable
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
@@ -170,7 +170,7 @@ def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, hist
     folder.mkdir(parents=True, exist_ok=True)
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict(), "epoch": epoch, "history": history, "config": cfg.to_dict(),
-             "scaler": scaler.state_dict() if scaler is not None else {}, "key": key or {}}
+             "scaler": scaler.state_dict() if scaler is not None else {}, "key": key or {}, "saved_at": now()}
     fd, tmp = tempfile.mkstemp(prefix=".ckpt.", dir=folder)
     os.close(fd)
     try:
@@ -305,6 +305,8 @@ def train(
             if ckpt.get("scaler"):
                 scaler.load_state_dict(ckpt["scaler"])
             start_epoch, history = ckpt["epoch"], list(ckpt["history"])
+            log(f"resume: {desc} continues after epoch {start_epoch} of {cfg.epochs}, from the checkpoint in "
+                f"{folder} saved {made_when([ckpt], 'saved_at')}")
     net = model
     if distributed:
         from torch.nn.parallel import DistributedDataParallel

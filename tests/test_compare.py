@@ -247,7 +247,7 @@ def test_speed_columns_are_named_by_the_batch_sizes_that_were_timed(trained_tiny
     assert "img/s b3" in table and "b1" not in table
     header = (tmp_path / "c" / "results.csv").read_text().splitlines()[0].split(",")
     assert {"throughput_b3", "speedup_b3", "speedup_b3_spread"} <= set(header) and "speedup_b1" not in header
-    assert "Command: `hetprune.compare(model, task, strategies=['act-only'], budgets=['2'], seeds=[0]," in table
+    assert "Command: `hetprune.compare(model, task, strategies=['act-only'], budgets=[2], seeds=[0]," in table
 
 
 def test_seeds_that_made_the_very_same_model_say_so(trained_tiny, digits_data, tmp_path):

@@ -106,3 +106,14 @@ def test_each_command_names_its_data_in_its_first_line(monkeypatch, capsys, tmp_
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith(f"hetprune {command}: data {data} (embedded, the default of hetprune {command};")
     assert "--data digit" in first
+
+
+def test_a_bad_setting_from_python_names_the_settings_argument_not_the_command_line(digits_data):
+    from hetprune.testing import tiny_model
+
+    for settings, said in (({"finetune": {"epoch": 3}}, "unknown key 'finetune.epoch' in the settings argument"),
+                           ({"finetune": {"epochs": "x"}}, "the settings argument: finetune.epochs = 'x'")):
+        with pytest.raises(hetprune.HetpruneError) as caught:
+            hetprune.prune(tiny_model(), digits_data, strategy="act-only", budget=1, settings=settings,
+                           progress=False, log=lambda m: None)
+        assert said in str(caught.value) and "command-line" not in str(caught.value)

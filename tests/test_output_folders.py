@@ -118,3 +118,55 @@ def test_results_follow_the_users_umask(tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {
         "recipe.json": 0o644, "model.safetensors": 0o644, "report.json": 0o644}
+
+
+# -- output paths that are links or files (issue 40, items 4, 6, 7) -----------------------------------------
+
+def test_overwrite_through_a_linked_folder_writes_into_its_target_and_keeps_the_link(tmp_path):
+    disk = tmp_path / "other-disk"
+    disk.mkdir()
+    target, link = disk / "results", tmp_path / "results"
+    model_a, recipe_a = _pruned(0)
+    model_b, recipe_b = _pruned(1)
+    hetprune.save(target, model_a, recipe_a)
+    link.symlink_to(target, target_is_directory=True)
+    hetprune.save(link, model_b, recipe_b, overwrite=True)
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert hetprune.recipe.load_recipe(target).act_removed == recipe_b.act_removed   # the real path: the new one
+    assert hetprune.recipe.load_recipe(link).act_removed == recipe_b.act_removed
+    left = sorted(p.name for p in [*tmp_path.iterdir(), *disk.iterdir()])
+    assert left == ["other-disk", "results", "results"], left   # nothing hidden beside the link or the target
+
+
+def test_compare_and_ablate_folders_that_are_links_are_written_through(tmp_path):
+    target = tmp_path / "real"
+    (target / "models").mkdir(parents=True)
+    (target / "rows.jsonl").write_text("")
+    link = tmp_path / "c"
+    link.symlink_to(target, target_is_directory=True)
+    assert prepare_out(link, resume=False, overwrite=True) == target.resolve()
+    assert link.is_symlink() and list(target.iterdir()) == []
+
+
+def test_a_dangling_link_as_the_output_folder_is_one_error_before_any_work(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.symlink_to(tmp_path / "gone", target_is_directory=True)
+    assert main(["prune", "--strategy", "act-only", "--budget", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link to" in err and "which does not exist" in err and "Traceback" not in err
+    assert out.is_symlink() and not (tmp_path / "gone").exists() and not (tmp_path / "out.work").exists()
+    for kind in (COMPARE_FOLDER, PRUNED_MODEL):
+        with pytest.raises(HetpruneError, match="which does not exist"):
+            check_result_folder(out, kind, overwrite=True)
+
+
+def test_a_file_where_the_checkpoints_go_is_one_error_before_any_work(tmp_path, capsys):
+    (tmp_path / "out.work").write_text("a file of the user's\n")
+    assert main(["prune", "--strategy", "act-only", "--budget", "2", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "out.work is a file, where hetprune keeps the checkpoints" in err and "Traceback" not in err
+    assert (tmp_path / "out.work").read_text() == "a file of the user's\n" and not (tmp_path / "out").exists()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "models").write_text("")
+    with pytest.raises(HetpruneError, match="models is a file, where hetprune keeps the compare's models"):
+        prepare_out(tmp_path / "c", resume=True, overwrite=False)

@@ -88,7 +88,9 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     from .. import cost_model, devices
     from ..api import as_given, check_names, dense_info, run_device
     from ..plugins import get_registry
-    from ..task import as_task
+    from ..models import ModelSpec
+    from ..resume import base_key
+    from ..task import as_task, reuse_tag
 
     registry = registry or get_registry()
     names = [strategies] if isinstance(strategies, str) else list(strategies)
@@ -117,14 +119,15 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     task = as_task(task)
     out = Path(out)
     with no_empty_folder_on_error(out), as_given(model):   # bad input found after the folder was made leaves none behind
-        prepare_out(out, resume, overwrite)
+        out = prepare_out(out, resume, overwrite)
         if not (isinstance(speed_budget_s, (int, float)) and speed_budget_s >= 0):
             raise HetpruneError(f"speed_budget_s must be a number of seconds >= 0, got {speed_budget_s!r}")
         spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
                             device=run_settings["device"], speed_budget_s=float(speed_budget_s))
         adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
         info = dense_info(model, task, spec, base_info, run_settings)
-        plans = plan_rows(spec_, info["hash"], task.fingerprint)
+        reuse_tag(task, resume, log)   # says aloud when the task's code cannot be keyed
+        plans = plan_rows(spec_, base_key(model, info["hash"], spec or ModelSpec.user_built(model)), task.key)
         rows = run_rows(plans, registry, model, spec, task, info, out, resume=resume, jobs=jobs, data_spec=data_spec,
                         adapter=adapter, log=log, progress=progress)
         if not dist.is_main():  # rank 0 times the models and writes the results
@@ -141,7 +144,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
             timing = measure_rows(spec_, model, reached, out, input_shape=tuple(example.shape[1:]), log=log,
                                   model_spec=spec, adapter=adapter)
         attach_speed(reached, dense_row, timing)
-        call = python_call("compare", strategies=names, budgets=[budget_text(b.to_dict()) for b in the_budgets],
+        call = python_call("compare", strategies=names, budgets=[b.as_argument() for b in the_budgets],
                            seeds=seeds, out=str(out))
         written = write_outputs(out, spec_, dense_row, rows, timing,
                                 {"model": spec.name if spec is not None else info["source"],

@@ -23,7 +23,7 @@ from ..data import seed_everything
 from ..models import model_hash
 from ..pipeline import PruneJob
 from ..plugins import Registry
-from ..resume import note_saved
+from ..resume import made_when, note_saved, now
 from ..task import classification, format_metric
 from .report import budget_text
 
@@ -93,16 +93,19 @@ class RowStore:
 
 # what hetprune writes in a compare folder (an ablation's is hetprune.ablate.ABLATION_FOLDER)
 COMPARE_FOLDER = ResultFolder("compare", frozenset({ROWS_FILE, "results.md", "results.csv", "results.json",
-                                                    "pareto.png", "models", "work"}), resumable=True)
+                                                    "pareto.png", "models", "work"}), resumable=True,
+                              folders=frozenset({"models", "work"}))
 
 
-def prepare_out(out: Path, resume: bool, overwrite: bool, kind: ResultFolder = COMPARE_FOLDER) -> None:
+def prepare_out(out: Path, resume: bool, overwrite: bool, kind: ResultFolder = COMPARE_FOLDER) -> Path:
     """Refuse to mix a new run into an earlier one's folder unless told how, and never touch what hetprune
-    did not write: ``resume`` continues the earlier run, ``overwrite`` deletes its entries (only those)."""
-    check_result_folder(out, kind, overwrite, resume=resume)
+    did not write: ``resume`` continues the earlier run, ``overwrite`` deletes its entries (only those).
+    Returns the folder to write (a link's target: a linked folder is written through)."""
+    out = check_result_folder(out, kind, overwrite, resume=resume)
     if overwrite and not resume and out.is_dir():
         clear_result(out, kind)
     out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -165,7 +168,7 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
             result = strategy.run(job)
     except BudgetUnreachable as exc:   # the row says so, and the comparison goes on
         log(f"[{plan.label or plan.strategy}] {exc}")
-        return {**head, "unreachable": str(exc), "wall_s": round(time.time() - started, 1)}
+        return {**head, "unreachable": str(exc), "wall_s": round(time.time() - started, 1), "finished_at": now()}
     model_dir = Path("models") / model_folder(plan)
     if dist.is_main():
         save(out / model_dir, result.model, result.recipe, overwrite=True,
@@ -178,6 +181,7 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
         **({"budget_met": r["budget_met"]} if "budget_met" in r else {}),
         "wall_s": round(time.time() - started, 1), "model_dir": str(model_dir),
         "weights": model_hash(result.model),   # rows of several seeds that made the very same model say so
+        "finished_at": now(),
     }
     if plan.split:
         row["scorer"] = plan.settings["scorer"]
@@ -243,7 +247,8 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
     todo = []
     for i, plan in enumerate(plans):
         if plan.key in done:
-            log(f"[{i + 1}/{len(plans)}] {plan.id}: reused (finished earlier)")
+            log(f"[{i + 1}/{len(plans)}] {plan.id}: reused, finished {made_when([done[plan.key]], 'finished_at')} "
+                f"(the same base model, task, data and settings; {store.path})")
             results[i] = done[plan.key]
         else:
             todo.append((i, plan))

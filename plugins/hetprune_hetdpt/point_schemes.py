@@ -77,7 +77,7 @@ class PointScheme:
         s = job.settings
         self.options = s["hetdpt"]
         # what shapes every scheme's point, besides its own settings
-        self.common = {"base": job.base_hash, "data": job.task.fingerprint, "attn_remover": s["attn_remover"],
+        self.common = {"base": job.base_key, "data": job.task.key, "attn_remover": s["attn_remover"],
                        "act_remover": s["act_remover"], "seed": job.seed,
                        **({"amp": job.amp} if job.amp != "none" else {})}   # fp32 points keep their old key
 
@@ -101,7 +101,7 @@ class PointScheme:
 
     # -- shared ------------------------------------------------------------------------------------
     def store(self, key: str | None = None, name: str = "map-points.jsonl") -> PointStore:
-        return PointStore(self.job.shared_dir / name, key or self.key)
+        return PointStore(self.job.shared_dir / name, key or self.key, run=self.job.reuse_tag)
 
     def collect(self, plan: list[tuple[int, int]]) -> list[dict]:
         """Measure every planned point not already stored; every rank returns the plan's points.
@@ -115,8 +115,7 @@ class PointScheme:
         store = self.store()
         have = store.load()
         todo = dist.on_main(lambda: [p for p in plan if p not in have])
-        if have and todo != plan:
-            job.log(f"[hetdpt] reusing {len(plan) - len(todo)} measured MAP points from {store.path}")
+        store.say_reused(job.log, "[hetdpt]", [have[p] for p in plan if p not in todo and p in have], len(plan))
         self.measure(todo, store, have)
         if dist.active():
             dist.barrier()

@@ -85,9 +85,7 @@ class ProgressivePoints(PointScheme):
         todo_paths = dist.on_main(lambda: [p for p in self._paths if any(q in wanted and q not in have
                                                                           for q in p.recorded)])
         dense_todo = (0, 0) in wanted and (0, 0) not in have
-        reused = len([p for p in plan if p in have])
-        if reused and len(todo_paths) + dense_todo:
-            job.log(f"[hetdpt] reusing {reused} measured MAP points from {dense_store.path}")
+        dense_store.say_reused(job.log, "[hetdpt]", [have[p] for p in plan if p in have], len(plan))
         world = dist.world()
         if world > len(todo_paths) >= 1 and dist.is_main() and world > 1:
             job.log(f"[hetdpt] progressive points: {len(todo_paths)} path(s) on {world} ranks; ranks "
@@ -118,7 +116,11 @@ class ProgressivePoints(PointScheme):
 
     # -- one path ----------------------------------------------------------------------------------
     def checkpoint(self, path: PointPath, step: int):
-        return self.job.shared_dir / "map-paths" / f"{self.path_key(path)}-step{step}.pt"
+        """Where the weights after ``step`` steps of ``path`` are kept: named by the path's key, the step and
+        the kinds its steps removed up to there (the interleaved path's order depends on the budget, so two
+        budgets' paths may reach a step by different removals)."""
+        order = fingerprint(path.kinds[:step])[:8]
+        return self.job.shared_dir / "map-paths" / f"{self.path_key(path)}-step{step}-{order}.pt"
 
     def load(self, file) -> tuple:
         """A kept step: its model (the dense model with the step's sites removed, then its weights) and sites."""
@@ -146,6 +148,11 @@ class ProgressivePoints(PointScheme):
             if not file.is_file() or (pair in path.recorded and pair not in stored):
                 continue
             model, removed = self.load(file)
+            got = (sum(x.kind == "attn" for x in removed), sum(x.kind == "act" for x in removed))
+            if got != pair:   # never continue from weights that are not this step's
+                job.log(f"[hetdpt] progressive points: {file.name} holds {got[0]} attn + {got[1]} act removed, not "
+                        f"step {step}'s {pair[0]} + {pair[1]}; not reused")
+                continue
             job.log(f"[hetdpt] progressive points: path {path.name} continues after step {step} ({file.name})")
             return model, removed, step
         return job.place(copy.deepcopy(job.dense)), [], 0
@@ -239,6 +246,8 @@ class ProgressivePoints(PointScheme):
         store = self.store(self.verify_key, "map-checks.jsonl")
         have = store.load()
         todo = dist.on_main(lambda: [p for p in pairs if p not in have])
+        store.say_reused(self.job.log, "[hetdpt]", [have[p] for p in pairs if p not in todo and p in have],
+                         len(pairs), "checks")
         for i, (a, m) in enumerate(todo):
             if i % dist.world() != dist.rank():
                 continue

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hetprune import HetpruneError, devices
 from hetprune import train as training
 from hetprune.adapters import adapter_for
-from hetprune.resume import note_saved, reusable, weights_key
+from hetprune.resume import made_when, note_saved, now, reusable, weights_key
 
 from . import gates
 
@@ -232,7 +232,8 @@ class GateTaylorScorer:
         attn_mode = _attn_mode(ctx)
         # the checkpoint is reused only for the same start, candidates, schedule, data and settings
         key = {"starting weights": weights_key(model), "teacher": weights_key(ctx.teacher),
-               "candidates": [str(s) for s in candidates], "schedule": order, "data": ctx.task.fingerprint,
+               "base": ctx.base_key or None, "candidates": [str(s) for s in candidates], "schedule": order,
+               "data": ctx.task.key,
                "training settings": cfg.to_dict(), "attention removal": attn_mode,
                "gate options": {"epochs_per_removal": self.epochs_per_removal, "warmup_epochs": self.warmup_epochs,
                                 "score_lr": self.score_lr,
@@ -258,6 +259,8 @@ class GateTaylorScorer:
                     scaler.load_state_dict(state["scaler"])
                 step = state["step"]
                 removed = [s for s in candidates if bank.mask[bank.index[s]] == 0]
+                ctx.log(f"resume: the gate phase continues after removal {step} of {len(order)}, from {ckpt_path} "
+                        f"saved {made_when([state], 'saved_at')}")
         teacher = ctx.place(ctx.teacher).eval()
         try:
             for i in range(step, len(order)):
@@ -282,7 +285,7 @@ class GateTaylorScorer:
                 ckpt_path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = ckpt_path.with_suffix(".tmp")
                 torch.save({"model": model.state_dict(), "opt_w": opt_w.state_dict(), "opt_s": opt_s.state_dict(),
-                            "scaler": scaler.state_dict(), "step": i + 1, "key": key}, str(tmp))
+                            "scaler": scaler.state_dict(), "step": i + 1, "key": key, "saved_at": now()}, str(tmp))
                 tmp.replace(ckpt_path)
                 note_saved(f"a gate checkpoint in {ckpt_path.parent}")
         finally:

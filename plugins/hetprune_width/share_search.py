@@ -56,7 +56,7 @@ def point_plan(depth_strategy, job: PruneJob, cands: list[tuple[int, int]]) -> l
 
 def points_key(job: PruneJob, target: float, width_prune_settings: dict) -> str:
     s = job.settings
-    return fingerprint({"base": job.base_hash, "data": job.task.fingerprint, "short": s["short_finetune"],
+    return fingerprint({"base": job.base_key, "data": job.task.key, "short": s["short_finetune"],
                         "point_scorer": s["hetdpt"]["point_scorer"], "removers": [s["attn_remover"], s["act_remover"]],
                         "mergers": s.get("mergers"), "scoring": s["scoring"], "width": width_prune_settings,
                         "target": int(target), "seed": job.seed, "amp": s.get("amp")})
@@ -64,11 +64,11 @@ def points_key(job: PruneJob, target: float, width_prune_settings: dict) -> str:
 
 def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: float, width_prune) -> list[dict]:
     """Every planned point not already stored: remove, width-prune to ``target``, short fine-tune, evaluate."""
-    store = PointStore(job.shared_dir / "plus-points.jsonl", points_key(job, target, job.settings["width"]))
+    store = PointStore(job.shared_dir / "plus-points.jsonl", points_key(job, target, job.settings["width"]),
+                       run=job.reuse_tag)
     have = store.load()
     todo = [p for p in plan if p not in have]
-    if have and todo != plan:
-        job.log(f"[{job.strategy_name}] reusing {len(plan) - len(todo)} measured share points from {store.path}")
+    store.say_reused(job.log, f"[{job.strategy_name}]", [have[p] for p in plan if p in have], len(plan), "share points")
     orders = None
     cfg = train_config(job.settings, "short_finetune")
     for i, (a, m) in enumerate(todo, 1):
