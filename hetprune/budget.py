@@ -34,6 +34,13 @@ from .adapters import adapter_for
 from .sites import Site, depth
 
 
+class _Source(str):
+    """Text that is Python source already: its repr is itself (no quotes)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 @dataclass(frozen=True)
 class Budget:
     sites: int | None = None
@@ -116,12 +123,6 @@ class Budget:
             return self.sites
         return _Source("Budget(" + ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items()) + ")")
 
-
-class _Source(str):
-    """Text that is Python source already: its repr is itself (no quotes)."""
-
-    def __repr__(self) -> str:
-        return str(self)
 
     def limit(self, dense_cost: float) -> float | None:
         """The most a pruned model may cost, in the budget's cost model (None for a site count)."""

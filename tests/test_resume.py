@@ -48,7 +48,13 @@ def same_state(a, b) -> bool:
 
 
 def resume_notes(logs: list[str]) -> list[str]:
-    return [m for m in logs if m.startswith("resume:")]
+    """What a rerun said about a stored result it could not reuse (it starts that stage afresh)."""
+    return [m for m in logs if m.startswith("resume:") and "continues after" not in m]
+
+
+def continued(logs: list[str]) -> list[str]:
+    """What a rerun said about a stored result it reused: where it continues, and when that was saved."""
+    return [m for m in logs if m.startswith("resume:") and "continues after" in m and " saved " in m]
 
 
 def pruned(job, act: int = 1):
@@ -86,6 +92,7 @@ def test_unchanged_finetune_rerun_reuses_its_checkpoint(tmp_path):
     assert epochs == [1, 2]
     again, logs, epochs = run_finetune(tmp_path)
     assert epochs == [] and not resume_notes(logs)  # nothing trained again
+    assert len(continued(logs)) == 1 and "after epoch 2 of 2" in continued(logs)[0]   # and it says so
     assert same_state(first, again)
 
 
@@ -113,6 +120,7 @@ def test_unchanged_gate_phase_rerun_reuses_its_checkpoint(tmp_path):
     first, chosen, _ = run_gates(tmp_path)
     again, chosen_again, logs = run_gates(tmp_path)
     assert chosen_again == chosen and not resume_notes(logs)
+    assert any("gate phase continues after removal" in m for m in continued(logs)), logs
     assert same_state(first, again)
 
 
@@ -181,4 +189,4 @@ def test_a_job_made_in_code_keys_the_fine_tune_teacher_by_its_dense_model(tmp_pa
     assert len(said) == 1 and "teacher" in said[0]
     job, logs, epochs = job_with(tmp_path, model=tiny_model(1), in_code=True)
     finetune(job, copy.deepcopy(student))
-    assert epochs == [] and not resume_notes(logs)   # the same teacher again: resumed
+    assert epochs == [] and not resume_notes(logs) and continued(logs)   # the same teacher again: resumed
