@@ -47,6 +47,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from hetprune.points import metric_of
+from hetprune_hetdpt.options import HetDPTOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -120,23 +121,18 @@ def budget_of(target: str):
 def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:
     """The embedded base model of ``bench`` with its spec, provenance, task and the default settings of
     ``hetdpt`` (``sets`` applied): what ``hetprune ablate --data BENCH`` starts from."""
-    from hetprune.api import check_names, dense_info, resolve_settings, run_device
+    from hetprune.budget import Budget
     from hetprune.commands.common import base_model, data_for
-    from hetprune.plugins import get_registry
+    from hetprune.run_start import start_run
     from hetprune.task import classification
 
     args = SimpleNamespace(model=None, model_kwargs=None, pretrained=False, checkpoint=None, retrain_base=False,
                            data=bench)
-    registry = get_registry()
-    strategy = registry.build("strategy", "hetdpt")
-    settings = resolve_settings(strategy, None, sets=list(sets or []))
-    run_device(settings)
-    check_names(registry, settings)
+    start = start_run(["hetdpt"], [Budget(sites=0)], sets=list(sets or []))   # the run start every command has
     dense, spec, info = base_model(args, log=lambda m: None)
-    task = classification(data_for(args, dense))
-    info = dense_info(dense, task, spec, info, settings)
-    return SimpleNamespace(bench=bench, registry=registry, strategy=strategy, settings=settings, dense=dense,
-                           spec=spec, info=info, task=task)
+    attached = start.attach(dense, classification(data_for(args, dense)), spec, info, log=lambda m: None)
+    return SimpleNamespace(bench=bench, registry=start.registry, strategy=start.strategy, settings=start.settings,
+                           dense=dense, spec=spec, info=attached.info, task=attached.task, base_key=attached.key)
 
 
 def job_for(ctx, target: str, seed: int, workdir: Path, shared: Path, settings: dict | None = None):
@@ -174,8 +170,8 @@ def truth_rows(ctx, target: str, pairs, seeds, out: Path, jobs: int, log) -> lis
     from hetprune.ablate import split_plans
     from hetprune.compare import run_rows
 
-    plans = split_plans(sorted(pairs), list(seeds), ctx.settings, budget_of(target), ctx.info["hash"],
-                        ctx.task.fingerprint, kind="truth", unused=("hetdpt",))
+    plans = split_plans(sorted(pairs), list(seeds), ctx.settings, budget_of(target), ctx.base_key,
+                        ctx.task.key, kind="truth", unused=("hetdpt",))
     return run_rows(plans, ctx.registry, ctx.dense, ctx.spec, ctx.task, ctx.info, out, resume=True, jobs=jobs,
                     data_spec=ctx.bench, log=log, progress=False)
 
@@ -229,9 +225,11 @@ def truth(ctx, target: str, seeds: list[int], out: Path, jobs: int, log) -> dict
 
 def final_images(ctx) -> int:
     """Images through one final fine-tune: epochs x the subset (or the whole training set)."""
-    ft = ctx.settings["finetune"]
+    from hetprune.config import RunSettings
+
+    ft = RunSettings.of(ctx.settings).schedule("finetune")
     n = ctx.task.train_size
-    return int(ft["epochs"] * (min(ft["subset"], n) if ft.get("subset") else n))
+    return int(ft.epochs * (min(ft.subset, n) if ft.subset else n))
 
 
 def fit_all(points: list[dict], pairs, registry) -> dict:
@@ -273,7 +271,7 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path) -> d
             plan = ctx.strategy.point_plan(job, pairs)
             points = ctx.strategy.collect_points(job, plan)
             fits = fit_all(points, pairs, ctx.registry)
-            verify = job.settings["hetdpt"].get("verify", 0)
+            verify = job.options(HetDPTOptions).verify
             if verify:   # each predictor's best predicted splits checked (hetdpt.verify), as allocate does
                 point_scheme = ctx.strategy.scheme(job)
                 for fit in fits.values():

@@ -9,11 +9,11 @@ under the compare harness, so rows are saved as they finish and resumable).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from scipy import stats
 
+from . import config as config_mod
 from .cache import fingerprint
 from .compare.report import mean_std
 from .compare.rows import ROWS_FILE, RowPlan, distinct, whole_number
@@ -77,10 +77,7 @@ def split_plans(pairs: list[Pair], seeds: list[int], settings: dict, budget, bas
     plans = []
     for seed in seeds:
         for a, m in pairs:
-            s = json.loads(json.dumps(settings))
-            s["seed"] = seed
-            if scorer:
-                s["scorer"] = scorer
+            s = config_mod.changed(settings, seed=seed, **({"scorer": scorer} if scorer else {}))
             tag = f"{kind}-a{a}-m{m}" + (f"-{scorer}" if scorer else "") + f"__seed{seed}"
             keyed = {k: v for k, v in s.items() if k not in unused}
             key = fingerprint({"kind": kind, "split": [a, m], "seed": seed, "settings": keyed, "base": base_hash,
@@ -204,69 +201,63 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
            tolerance: float = 0.3, settings: dict | None = None, out: str | Path = "runs/ablate",
            resume: bool = False, overwrite: bool = False, jobs: int = 1, spec=None, base_info: dict | None = None,
            registry=None, device: str | None = None, amp: str | None = None, adapter=None,
-           data_spec: str | None = None, meta: dict | None = None, log=print, progress: bool = True) -> dict:
+           data_spec: str | None = None, meta: dict | None = None, log=print, progress: bool = True,
+           start=None) -> dict:
     """Does the strategy's predictor, fitted on cheap points, pick the split full fine-tuning finds best,
     on ``model`` for ``task``? (and, with ``scorers``, which scorer's sites recover best at that split)
 
     Cheap points are collected exactly as the strategy collects them, one set per seed; every feasible
     split is then fine-tuned with the full schedule (the ground truth, saved as it finishes: ``resume=True``
     continues). ``budget`` is a site count or a [`Budget`][hetprune.budget.Budget]. Writes ablation.json,
-    ablation.md and splits.png (scorers.png) to ``out`` and returns the result dict.
+    ablation.md and splits.png (scorers.png) to ``out`` and returns the result dict. ``start`` is a run
+    already started with [`start_run`][hetprune.run_start.start_run] (the command line's).
     """
     import math
 
     from . import cost_model
     from . import distributed as dist
-    from .api import as_given, check_names, dense_info, resolve_settings, run_device
     from .budget import Budget
     from .compare import python_call
-    from .compare.rows import prepare_out, run_rows
-    from .pipeline import PruneJob, resolve_adapter
-    from .plugins import get_registry
-    from .models import ModelSpec
-    from .resume import base_key
-    from .task import as_task
+    from .compare.rows import run_rows
+    from .pipeline import PruneJob
+    from .run_start import as_given, start_run
 
-    registry = registry or get_registry()
-    strat = registry.build("strategy", strategy)
-    if not (hasattr(strat, "point_plan") and hasattr(strat, "collect_points")):
-        raise HetpruneError(f"strategy {strategy!r} has no cheap predictor points (point_plan/collect_points); "
-                            "use hetdpt or a strategy built like it")
-    section = strat.name
-    the_budget = budget if isinstance(budget, Budget) else Budget(sites=budget)
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
         raise HetpruneError(f"tolerance must be a finite number >= 0, got {tolerance}")
     if jobs < 1:
         raise HetpruneError(f"jobs must be >= 1, got {jobs}")
-    run_settings = resolve_settings(strat, settings, device=device, amp=amp)
-    run_device(run_settings)
-    check_names(registry, run_settings)
-    the_budget = cost_model.bind(the_budget, run_settings, registry)
+    seeds = distinct([whole_number(s, "a seed") for s in seeds], option("seeds"))
+    if start is None:
+        start = start_run([strategy], [budget if isinstance(budget, Budget) else Budget(sites=budget)],
+                          folder=ABLATION_FOLDER, out=out, resume=resume, overwrite=overwrite, settings=settings,
+                          overrides={"device": device, "amp": amp}, registry=registry)
+    registry, strat, the_budget, run_settings = start.registry, start.strategy, start.budget, start.settings
+    if not all(hasattr(strat, m) for m in ("point_plan", "collect_points", "predictor", "predictor_name")):
+        raise HetpruneError(f"strategy {strat.name!r} has no cheap predictor points (point_plan, collect_points, "
+                            "predictor, predictor_name); use hetdpt or a strategy built like it")
+    section = strat.name
     cost_model.refuse_parallel(jobs, [the_budget], run_settings)
-    predictors = list(predictors or [run_settings[section]["predictor"]])
+    predictors = list(predictors or [strat.predictor_name(run_settings)])
     for name in predictors:
         registry.component("predictor", name)
     scorers = list(scorers)
     for name in scorers:
         registry.component("scorer", name)
-    seeds = distinct([whole_number(s, "a seed") for s in seeds], option("seeds"))
-    task = as_task(task)
-    sign = 1 if task.higher_is_better else -1
-    out = Path(out)
-    with no_empty_folder_on_error(out), as_given(model):   # bad input found after the folder was made leaves none behind
-        out = prepare_out(out, resume, overwrite, ABLATION_FOLDER)
-        adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
-        info = dense_info(model, task, spec, base_info, run_settings)
+    with no_empty_folder_on_error(start.out), as_given(model):   # bad input found later leaves no folder behind
+        out = start.prepare_out()
+        dense = start.attach(model, task, spec, base_info, adapter, log)
+        task, adapter, info = dense.task, dense.adapter, dense.info
+        sign = 1 if task.higher_is_better else -1
         log = log if dist.is_main() else (lambda msg: None)
 
         # 1. cheap points, exactly as the strategy collects them (one set per seed)
         points, pairs = [], None
         for seed in seeds:
             job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=the_budget,
-                           settings={**run_settings, "seed": seed}, registry=registry,
+                           settings=config_mod.changed(run_settings, seed=seed), registry=registry,
                            workdir=out / "work" / f"points-seed{seed}", shared_dir=out / "work" / "shared",
-                           base_info=dict(info), resume=resume, log=log, strategy_name=strat.name, adapter=adapter,
-                           progress=progress)
+                           base_info=dict(info), resume=start.resume, log=log, strategy_name=strat.name,
+                           adapter=adapter, progress=progress)
             with job.serving():
                 pairs = job.feasible_pairs()
                 log(f"cheap points, seed {seed} ...")
@@ -274,22 +265,19 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
         triples = [(p["n_attn"], p["n_act"], metric_of(p)) for p in points]
 
         # 2. every predictor on the same points
-        fitted = {}
-        for name in predictors:
-            options = run_settings[section].get("predictor_options", {}).get(name, {})
-            fitted[name] = registry.build("predictor", name, **options).fit(triples)
+        fitted = {name: strat.predictor(job, name).fit(triples) for name in predictors}
         first_pick = argmax_pair({p: fitted[predictors[0]].predict(*p) for p in pairs}, sign)
 
         # 3. ground truth (every split, full schedule) and the scorer rows, resumable
-        base = base_key(model, info["hash"], spec or ModelSpec.user_built(model))
-        plans = split_plans(pairs, seeds, run_settings, the_budget, base, task.key, kind="truth",
+        plans = split_plans(pairs, seeds, run_settings, the_budget, dense.key, task.key, kind="truth",
                             unused=(section,))
         for name in scorers:
-            plans += split_plans([first_pick], seeds, run_settings, the_budget, base, task.key,
+            plans += split_plans([first_pick], seeds, run_settings, the_budget, dense.key, task.key,
                                  scorer=name, kind="scorer", unused=(section,))
         log(f"fine-tuning {len(plans)} rows: {len(pairs)} splits x {len(seeds)} seeds"
             + (f" + {len(scorers)} scorers at {first_pick}" if scorers else ""))
-        rows = run_rows(plans, registry, model, spec, task, info, out, resume=resume, jobs=jobs, data_spec=data_spec,
+        rows = run_rows(plans, registry, model, spec, task, info, out, resume=start.resume, jobs=jobs,
+                        data_spec=data_spec,
                         adapter=adapter, log=log, progress=progress)
         if not dist.is_main():
             return {}
@@ -304,10 +292,10 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
             "command": python_call("ablate", strategy=strategy, budget=the_budget.as_argument(), seeds=seeds,
                                    out=str(out)),
             **(meta or {}),
-            "finetune": run_settings["finetune"], "short_finetune": run_settings["short_finetune"], "points": points,
+            "finetune": start.config.finetune, "short_finetune": start.config.short_finetune, "points": points,
             "point_finetune": next((p["point_finetune"] for p in points if "point_finetune" in p), "short_finetune"),
-            "point_selection": run_settings[section].get("point_selection", "oneshot"),
-            "scorer": run_settings["scorer"],
+            "point_selection": getattr(strat, "point_selection", lambda settings: "oneshot")(run_settings),
+            "scorer": start.config.scorer,
             "predictors": {name: {**predictor_metrics(predicted[name], true, tolerance, sign),
                                   "fit": f.fit_report() if hasattr(f, "fit_report") else {}}
                            for name, f in fitted.items()},
@@ -320,7 +308,8 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
             result["scorer_split"] = list(first_pick)
             result["scorers"] = {}
             for name in scorers:
-                mine = [r for r, p in zip(rows, plans) if p.id.startswith("scorer-") and p.settings["scorer"] == name]
+                mine = [r for r, p in zip(rows, plans)
+                        if p.id.startswith("scorer-") and config_mod.RunSettings.of(p.settings).scorer == name]
                 mean, std = mean_std([r["metric"] for r in mine])
                 result["scorers"][name] = {"metric": mean, "metric_std": std,
                                            **({"top1": mean, "top1_std": std} if task.metric_name == "top1" else {}),

@@ -21,11 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-import torch
 from torch import nn
 
-from . import config as config_mod
-from . import cost_model, devices
 from . import distributed as dist
 from . import result_checks  # noqa: F401 - adds the strategy rule: every result is checked and reloaded
 from .adapters import Adapter
@@ -33,11 +30,13 @@ from .budget import Budget
 from .data import seed_everything
 from .errors import HetpruneError
 from .io import check_result_folder, no_empty_folder_on_error
-from .models import ModelSpec, model_hash
+from .models import ModelSpec
 from .pipeline import PruneJob, PruneResult
-from .plugins import Registry, get_registry
+from .plugins import Registry
 from .recipe import PRUNED_MODEL, REPORT_FILE, save
-from .task import Task, as_task
+from . import run_start
+from .run_start import RunStart, as_given, check_names, dense_info, run_device  # noqa: F401 - public here
+from .task import Task
 
 
 def make_budget(budget: int | Budget | None = None, target_macs: float | None = None,
@@ -62,63 +61,6 @@ def make_budget(budget: int | Budget | None = None, target_macs: float | None = 
     return Budget(target_latency=float(target_latency))
 
 
-def resolve_settings(strategy, settings: dict | None = None, config_file: str | None = None,
-                     sets: list[str] | None = None, **overrides) -> dict:
-    """The run's settings: the strategy's defaults <- a YAML file <- ``settings`` (a nested dict) <- the
-    keyword overrides (``device``, ``amp``, ``seed``, ``scorer``, ``cost_model``) <- ``--set`` items."""
-    given = {**(settings or {}), **{k: v for k, v in overrides.items() if v is not None}}
-    return config_mod.resolve(getattr(strategy, "defaults", {}), config_file, given, sets,
-                              types=getattr(strategy, "setting_types", None))
-
-
-def run_device(settings: dict) -> torch.device:
-    """Resolve the run's device and mixed precision once, at the start.
-
-    ``settings["device"]`` becomes the checked, rank-independent name (``auto``
-    resolved) and ``settings["amp"]`` the precision that will run; under
-    torchrun this process joins the process group (nccl on CUDA, gloo on CPU).
-    Returns this process's ``torch.device``.
-    """
-    settings["device"] = devices.canonical(settings["device"])
-    device = devices.resolve(settings["device"])
-    settings["amp"] = devices.resolve_amp(settings["amp"], device)
-    dist.init_from_env(device)
-    return device
-
-
-def check_names(registry: Registry, settings: dict) -> None:
-    """Unknown component names fail now, not after an hour of work: the run's scorer, and in every section a
-    ``predictor`` or a ``..._scorer`` (``hetdpt.point_scorer``) that names one."""
-    registry.component("scorer", settings["scorer"])
-    for name, section in settings.items():
-        if not isinstance(section, dict):
-            continue
-        for key, value in section.items():
-            kind = ("predictor" if key == "predictor" or key.endswith("_predictor") else
-                    "scorer" if key == "scorer" or key.endswith("_scorer") else None)
-            if kind is None or not isinstance(value, str):
-                continue
-            try:
-                registry.component(kind, value)
-            except HetpruneError as exc:
-                raise HetpruneError(f"setting {name}.{key}: {exc}") from None
-
-
-def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: dict | None, settings: dict) -> dict:
-    """The dense model's provenance for a run: where it came from, its hash, and its metric on the task
-    (measured on the run's device, as every pruned model will be; ``top1`` too for a classification task)."""
-    info = dict(base_info or {})
-    info.setdefault("source", "user model" if spec is None else spec.name)
-    info.setdefault("hash", model_hash(model))
-    device = devices.resolve(settings["device"])
-    devices.place(model, device)
-    if "metric" not in info:
-        info["metric"] = task.evaluate(model, device, amp=settings["amp"], workers=settings["finetune"]["workers"])
-    if task.metric_name == "top1":
-        info["top1"] = info["metric"]
-    return info
-
-
 def check_out(out: Path, overwrite: bool) -> Path:
     """Refuse an output folder before any work: one that cannot be written, a link to nothing, one whose
     ``OUT.work`` is a file, one that holds anything hetprune did not write (overwrite or not), or another
@@ -132,7 +74,8 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
           resume: bool = False, overwrite: bool = False, device: str | None = None, amp: str | None = None,
           seed: int | None = None, adapter: Adapter | None = None, registry: Registry | None = None,
           spec: ModelSpec | None = None, base_info: dict | None = None, progress: bool = True,
-          log: Callable[[str], None] = print, provenance: dict | None = None) -> PruneResult:
+          log: Callable[[str], None] = print, provenance: dict | None = None,
+          start: RunStart | None = None) -> PruneResult:
     """Prune ``model`` for ``task`` with one strategy; returns the pruned model, its recipe and its report.
 
     ``model`` is not changed: the strategy prunes a copy, and the dense model
@@ -147,53 +90,32 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     a temporary folder. ``adapter`` pins the architecture adapter (a user's
     own transformer: `hetprune.adapters.generic`); ``spec`` says how
     hetprune can build the base again (a timm name), else the recipe records
-    a user-built base.
+    a user-built base. ``start`` is a run already started with
+    [`start_run`][hetprune.run_start.start_run] (the command line starts one
+    before it builds the base model); the run's own arguments are then its.
     """
     if not isinstance(model, nn.Module):
         raise HetpruneError(f"prune() takes a torch module as its model, got {type(model).__name__}")
-    registry = registry or get_registry()
-    strat = registry.build("strategy", strategy) if isinstance(strategy, str) else strategy
-    name = getattr(strat, "name", type(strat).__name__)
-    the_budget = make_budget(budget, target_macs, target_speedup, target_latency)
-    run_settings = resolve_settings(strat, settings, device=device, amp=amp, seed=seed)
-    run_device(run_settings)
-    the_budget = cost_model.bind(the_budget, run_settings, registry)
-    check_names(registry, run_settings)
-    task = as_task(task)
-    out = Path(out) if out is not None else None
     if out is None and resume:
         raise HetpruneError("resume=True needs out=FOLDER: checkpoints live beside the result")
-    if out is not None:
-        out = check_out(out, overwrite)
-    seed_everything(run_settings["seed"])
-    with _workdir(out) as workdir, as_given(model):
-        job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=the_budget, settings=run_settings,
-                       registry=registry, workdir=workdir, resume=resume, progress=progress, log=log,
-                       strategy_name=name, adapter=adapter, base_info=dict(base_info or {}))
-        job.base_info.update(dense_info(model, task, spec, job.base_info, run_settings))   # adapter checked first
+    if start is None:
+        start = run_start.start_run([strategy], [make_budget(budget, target_macs, target_speedup, target_latency)],
+                          folder=PRUNED_MODEL, out=out, resume=resume, overwrite=overwrite, settings=settings,
+                          overrides={"device": device, "amp": amp, "seed": seed}, registry=registry)
+    strat, name = start.strategy, getattr(start.strategy, "name", type(start.strategy).__name__)
+    seed_everything(start.config.seed)
+    with _workdir(start.out) as workdir, as_given(model):
+        dense = start.attach(model, task, spec, base_info, adapter, log)   # adapter checked first
+        job = PruneJob(dense=model, spec=spec, data=None, task=dense.task, budget=start.budget,
+                       settings=start.settings, registry=start.registry, workdir=workdir, resume=start.resume,
+                       progress=progress, log=log, strategy_name=name, adapter=dense.adapter, base_info=dense.info)
         with job.serving():
             result = strat.run(job)
-            if out is not None and dist.is_main():   # under torchrun rank 0 writes
+            if start.out is not None and dist.is_main():   # under torchrun rank 0 writes
                 result.recipe.provenance.update(provenance or {})
-                save(out, result.model, result.recipe, overwrite=overwrite,
+                save(start.out, result.model, result.recipe, overwrite=start.overwrite,
                      extra_files={REPORT_FILE: result.report})
     return result
-
-
-@contextlib.contextmanager
-def as_given(model: nn.Module):
-    """Give the caller's model back as it came: the run evaluates it (eval mode) and moves it to the run's
-    device as the teacher; afterwards every module's train/eval mode and the model's device are restored.
-    Its weights are never changed (strategies prune a copy)."""
-    modes = [(m, m.training) for m in model.modules()]
-    devices_ = {t.device for t in [*model.parameters(), *model.buffers()]}
-    try:
-        yield model
-    finally:
-        for module, training in modes:
-            module.train(training)
-        if len(devices_) == 1:
-            model.to(next(iter(devices_)))
 
 
 @contextlib.contextmanager

@@ -1,9 +1,17 @@
-"""Settings of a pruning run: defaults, a YAML file (``--config``) and
-command-line overrides, merged in that order. Unknown keys are errors that
-name the key and where it came from.
+"""Settings of a pruning run: defaults, a YAML file (``--config``), the
+Python call's ``settings`` and command-line overrides, merged in that order by
+one function, [`resolve`][hetprune.config.resolve]. Unknown keys are errors
+that name the key and where it came from.
 
-The core owns the sections every strategy shares; a strategy adds its own
-section through its ``defaults`` attribute (for example ``hetdpt:``).
+Settings are typed. Every section is a dataclass ([`Section`][hetprune.config.Section]:
+``from_dict`` refuses unknown keys and names the allowed ones,
+``__post_init__`` validates): the core's ([`RunSettings`][hetprune.config.RunSettings],
+[`TrainConfig`][hetprune.config.TrainConfig] for each fine-tune schedule,
+[`ScoringConfig`][hetprune.config.ScoringConfig]) and each strategy's own, which it
+declares in its ``sections`` attribute (``{"hetdpt": HetDPTOptions}``). A
+value's type comes from its field's annotation. Dicts remain only at the
+edges: YAML, ``--set``, ``report.json`` and the keys of stored results; code
+below a job reads ``job.config`` and ``job.options(HetDPTOptions)``.
 """
 
 from __future__ import annotations
@@ -11,8 +19,11 @@ from __future__ import annotations
 import copy
 import math
 import re
-from dataclasses import asdict, dataclass, fields
+import types as pytypes
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
+from typing import ClassVar
 
 import yaml
 
@@ -23,23 +34,104 @@ ATTN_MODES = ("identity", "ln-residual")   # how an attention sub-block is remov
 RUN_KEYS = ("seed", "device", "amp")   # a fine-tune takes these from the run, never from its own section
 
 
+def setting(default=MISSING, help: str = "", factory=None):
+    """A settings field: its default (``factory`` for a mutable one) and one line of help for the settings
+    reference (docs/reference/settings.md is generated from these)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+class Section:
+    """A typed settings section: a dataclass whose fields are the section's settings.
+
+    ``section`` is its key in the settings (``"hetdpt"``; empty for the top level). `from_dict` refuses
+    unknown keys and names the allowed ones; a subclass validates in ``__post_init__`` with `need`, so a
+    bad value is one error naming ``section.key``, what is allowed and what was given.
+    """
+
+    section: ClassVar[str] = ""
+
+    @classmethod
+    def from_dict(cls, d: dict | None, where: str | None = None):
+        d = dict(d or {})
+        known = sorted(f.name for f in fields(cls))
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            where = where or (f"settings section {cls.section!r}" if cls.section else "settings")
+            raise HetpruneError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(known)}")
+        return cls(**d)
+
+    @classmethod
+    def of(cls, settings: dict):
+        """This section of a run's settings (a dict at the edge), typed and checked."""
+        if cls.section and cls.section not in settings:
+            raise HetpruneError(f"these settings have no {cls.section!r} section (a strategy that declares it adds "
+                                "it to the defaults)")
+        return cls.from_dict(settings[cls.section] if cls.section else settings)
+
+    @classmethod
+    def defaults(cls) -> dict:
+        return cls().to_dict()
+
+    def to_dict(self) -> dict:
+        return copy.deepcopy(asdict(self))
+
+    def need(self, name: str, ok: bool, what: str) -> None:
+        """Refuse field ``name`` unless ``ok``: ``section.name must be WHAT, got VALUE``."""
+        if not ok:
+            key = f"{self.section}.{name}" if self.section else name
+            raise HetpruneError(f"{key} must be {what}, got {getattr(self, name)!r}")
+
+
+def whole(value, minimum: int | None = None) -> bool:
+    """A whole number (not a bool), at least ``minimum``."""
+    return isinstance(value, int) and not isinstance(value, bool) and (minimum is None or value >= minimum)
+
+
+def number(value, low: float | None = None, high: float | None = None) -> bool:
+    """A finite number (not a bool) within [low, high]."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (low is None or value >= low) and (high is None or value <= high))
+
+
+_PLAIN = {int: int, float: float, str: str, bool: bool, dict: dict, list: list, type(None): None}
+
+
+def field_types(cls) -> dict[str, tuple]:
+    """What each field of a section accepts, read from its annotation (``int | None`` -> ``(int, None)``):
+    how `resolve` converts and checks a value from YAML or ``--set``. An annotation it cannot read
+    (``Any``) accepts anything."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in fields(cls):
+        hint = hints.get(f.name)
+        parts = typing.get_args(hint) if isinstance(hint, pytypes.UnionType) or typing.get_origin(hint) is typing.Union \
+            else (hint,)
+        accepted = tuple(_PLAIN[typing.get_origin(t) or t] for t in parts if (typing.get_origin(t) or t) in _PLAIN)
+        if len(accepted) == len(parts):
+            out[f.name] = accepted
+    return out
+
+
 @dataclass
 class TrainConfig:
     """One fine-tune schedule (lives here, not in ``train``, so reading settings never imports torch)."""
 
-    epochs: int = 3
-    lr: float = 5e-4
-    batch_size: int = 32
-    weight_decay: float = 0.05
-    warmup_epochs: int = 0
-    kd: str = "soft"            # soft | hard | none
-    kd_temperature: float = 2.0
-    kd_alpha: float = 0.5       # weight of the distillation term; (1 - alpha) on the labels
-    subset: int | None = None   # train on this many training images (seeded), None = all
-    seed: int = 0
-    device: str = "cpu"         # a device name, or a torch.device already resolved (a job's)
-    workers: int = 0            # data-loading worker processes (ImageFolder data)
-    amp: str = "none"           # bf16 | fp16 | none | auto (hetprune.devices.resolve_amp)
+    epochs: int = setting(3, "passes over the (subset of the) training images")
+    lr: float = setting(5e-4, "the peak learning rate (AdamW, cosine schedule)")
+    batch_size: int = setting(32, "images per optimisation step, over all ranks")
+    weight_decay: float = setting(0.05, "AdamW's weight decay (none on norms, biases, LayerScale)")
+    warmup_epochs: int = setting(0, "epochs of linear warm-up before the cosine decay")
+    kd: str = setting("soft", "distillation from the dense model: soft (KL at kd_temperature), hard (its "
+                              "argmax as labels) or none")
+    kd_temperature: float = setting(2.0, "the soft distillation's temperature")
+    kd_alpha: float = setting(0.5, "weight of the distillation term; (1 - alpha) on the labels")
+    subset: int | None = setting(None, "train on this many training images (seeded), null = all")
+    seed: int = setting(0, "the run's (not settable per schedule)")
+    device: str = setting("cpu", "the run's (a device name, or a torch.device already resolved)")
+    workers: int = setting(0, "data-loading worker processes (ImageFolder data)")
+    amp: str = setting("none", "the run's: bf16 | fp16 | none | auto (hetprune.devices.resolve_amp)")
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "warmup_epochs", "workers", "seed", "subset"):
@@ -83,23 +175,84 @@ def _schedule(cfg: TrainConfig) -> dict:
     return d
 
 
+@dataclass(frozen=True)
+class ScoringConfig(Section):
+    """The few fixed batches one-shot scorers (``taylor``, ``magnitude``, ...) score on."""
+
+    section: ClassVar[str] = "scoring"
+    batches: int = setting(4, "batches a one-shot scorer reads")
+    batch_size: int = setting(64, "images per scoring batch")
+    subset: int | None = setting(300, "the seeded subset of training images the batches come from (null: all)")
+
+    def __post_init__(self):
+        self.need("batches", whole(self.batches, 1), "a whole number >= 1")
+        self.need("batch_size", whole(self.batch_size, 1), "a whole number >= 1")
+        self.need("subset", self.subset is None or whole(self.subset, 1), "a whole number >= 1 or null (all)")
+
+
+AMPS = ("auto", "bf16", "fp16", "none")
+
+
 # Chosen so the embedded default tells strategies apart (README: "Why these defaults").
-CORE_DEFAULTS: dict = {
-    "scorer": "gate-taylor",
-    "scorer_options": {},   # per scorer name, e.g. {"gate-taylor": {"epochs_per_removal": 2}}
-    "attn_remover": "attn-identity",
-    "act_remover": "act-identity",
-    "mergers": ["linear-merge"],
-    "cost_model": "auto",   # what --target-speedup counts: auto (latency on CUDA, else macs), macs, latency, ...
-    "cost_model_options": {},   # per cost model name, e.g. {"latency": {"batch_size": 1}}
-    "seed": 0,
-    "device": "cpu",        # cpu | cuda | cuda:N | auto, resolved once when a command starts
-    "amp": "auto",          # bf16 | fp16 | none; auto = bf16 on CUDA with native bf16, else none
-    # "seed", "device" and "amp" of a fine-tune always come from the run's own (top level)
-    "finetune": _schedule(TrainConfig(epochs=3, lr=5e-4, subset=300, kd="soft")),
-    "short_finetune": _schedule(TrainConfig(epochs=2, lr=5e-4, subset=150, kd="soft")),
-    "scoring": {"batches": 4, "batch_size": 64, "subset": 300},
-}
+@dataclass(frozen=True)
+class RunSettings(Section):
+    """The settings every strategy shares (the top level of a run's settings): the components a depth
+    pipeline runs, the cost model, the run's seed, device and precision, the two fine-tune schedules and the
+    scoring batches. ``finetune`` and ``short_finetune`` hold a schedule each (`schedule` gives its
+    `TrainConfig`); a fine-tune's seed, device and precision are always the run's."""
+
+    scorer: str = setting("gate-taylor", "the scorer that chooses sites within each kind")
+    scorer_options: dict = setting(help="per scorer name, its options, e.g. {gate-taylor: {epochs_per_removal: 2}}",
+                                   factory=dict)
+    attn_remover: str = setting("attn-identity", "how an attention sub-block is removed")
+    act_remover: str = setting("act-identity", "how an activation is removed")
+    mergers: list = setting(help="what folds the MLPs removal made linear, in order", factory=lambda: ["linear-merge"])
+    cost_model: str = setting("auto", "what --target-speedup counts: auto (latency on CUDA, else macs), macs, "
+                                      "latency, or a plugin's")
+    cost_model_options: dict = setting(help="per cost model name, its options, e.g. {latency: {batch_size: 1}}",
+                                       factory=dict)
+    seed: int = setting(0, "the run's seed: data order, augmentation, random draws")
+    device: str = setting("cpu", "cpu | cuda | cuda:N | auto, resolved once when a command starts")
+    amp: str = setting("auto", "bf16 | fp16 | none; auto = bf16 on CUDA with native bf16, else none")
+    finetune: dict = setting(help="the fine-tune after pruning (a schedule: see below)",
+                             factory=lambda: _schedule(TrainConfig(epochs=3, lr=5e-4, subset=300, kd="soft")))
+    short_finetune: dict = setting(help="the short fine-tune of cheap points and between HetDPT+'s steps",
+                                   factory=lambda: _schedule(TrainConfig(epochs=2, lr=5e-4, subset=150, kd="soft")))
+    scoring: dict = setting(help="the batches one-shot scorers read (see ScoringConfig)",
+                            factory=lambda: ScoringConfig().to_dict())
+
+    def __post_init__(self):
+        for name in ("scorer", "attn_remover", "act_remover", "cost_model", "device"):
+            self.need(name, isinstance(getattr(self, name), str) and getattr(self, name) != "", "a name")
+        self.need("mergers", isinstance(self.mergers, list) and all(isinstance(m, str) for m in self.mergers),
+                  "a list of merger names")
+        self.need("seed", whole(self.seed), "a whole number")
+        self.need("amp", self.amp in AMPS, f"one of {', '.join(AMPS)}")
+        for name in ("scorer_options", "cost_model_options"):
+            value = getattr(self, name)
+            self.need(name, isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()),
+                      "a mapping of component name to its options")
+
+    @classmethod
+    def of(cls, settings: dict) -> "RunSettings":
+        """The core part of a run's settings (its strategies' sections are theirs: `Section.of`)."""
+        return cls.from_dict({f.name: settings[f.name] for f in fields(cls) if f.name in settings})
+
+    def schedule(self, section: str, device=None, amp: str | None = None, **changes) -> "TrainConfig":
+        """The `TrainConfig` of schedule ``section`` (``finetune``, ``short_finetune``) with the run's seed,
+        device and precision (``device``/``amp``: the job's resolved ones instead of the names)."""
+        return train_config(self.to_dict(), section, device=device, amp=amp, **changes)
+
+    @property
+    def scoring_batches(self) -> ScoringConfig:
+        return ScoringConfig.from_dict(self.scoring, where="settings section 'scoring'")
+
+    def options_for(self, kind: str, name: str) -> dict:
+        """The options the settings give component ``name`` of ``kind`` (``scorer``, ``cost_model``)."""
+        return dict(getattr(self, f"{kind}_options").get(name) or {})
+
+
+CORE_DEFAULTS: dict = RunSettings().to_dict()
 
 
 # The type of settings whose default is null, or that may be set to null ("all images").
@@ -190,6 +343,43 @@ def _merge(base: dict, update: dict, where: str, path: str = "", schema: dict | 
     return out
 
 
+def sections_of(strategies) -> tuple[dict, dict]:
+    """The settings sections that ``strategies`` add to the core's (a strategy, a list of them, or a mapping
+    of section name to defaults), as ``(defaults, declared types)``. A strategy declares typed sections in
+    ``sections`` (name -> `Section` subclass); an outside strategy may still give plain ``defaults`` (typed by
+    their values) and ``setting_types`` for defaults that are null."""
+    if strategies is None:
+        return {}, {}
+    if isinstance(strategies, dict):
+        items = [strategies]
+    else:
+        items = list(strategies) if isinstance(strategies, (list, tuple)) else [strategies]
+    defaults: dict = {}
+    types_: dict = {}
+    for item in items:
+        if isinstance(item, dict):
+            defaults.update(copy.deepcopy(item))
+            continue
+        for name, cls in (getattr(item, "sections", None) or {}).items():
+            defaults[name] = cls.defaults()
+            types_.update({f"{name}.{k}": v for k, v in field_types(cls).items()})
+        for name, value in (getattr(item, "defaults", None) or {}).items():
+            defaults.setdefault(name, copy.deepcopy(value))
+        types_.update(getattr(item, "setting_types", None) or {})
+    return defaults, types_
+
+
+def typed_sections(strategies) -> dict[str, type]:
+    """The typed sections ``strategies`` declare, by name."""
+    out: dict = {}
+    items = [] if strategies is None or isinstance(strategies, dict) else (
+        list(strategies) if isinstance(strategies, (list, tuple)) else [strategies])
+    for item in items:
+        if not isinstance(item, dict):
+            out.update(getattr(item, "sections", None) or {})
+    return out
+
+
 def defaults_for(strategy_defaults: dict | None = None) -> dict:
     d = copy.deepcopy(CORE_DEFAULTS)
     for key, value in (strategy_defaults or {}).items():
@@ -243,15 +433,21 @@ def parse_set(items: list[str]) -> dict:
     return out
 
 
-def resolve(strategy_defaults: dict | None, config_file: str | None = None, overrides: dict | None = None,
+def resolve(strategies=None, config_file: str | None = None, overrides: dict | None = None,
             sets: list[str] | None = None, types: dict | None = None) -> dict:
-    """Defaults <- YAML file <- explicit overrides <- ``--set`` items.
+    """A run's settings, the one way they are made: defaults (the core's and every section ``strategies``
+    add: a strategy, a list of them, or a mapping of section defaults) <- the YAML file <- ``overrides``
+    (the Python call's ``settings`` and keyword options, or the command line's flags) <- ``--set`` items.
 
-    Every value is typed by its default (``types``, keyed ``section.key``,
-    declares the type of settings whose default is null, e.g. ``(int, None)``).
+    Every value is converted and checked against its field's type (``types``, keyed ``section.key``,
+    declares more, e.g. ``(int, None)``); then every typed section is validated as a whole, so a bad value
+    fails now, not after an hour of work. Returns the nested dict the job carries (and reports).
     """
-    schema = defaults_for(strategy_defaults)
-    declared = {**DECLARED_TYPES, **(types or {})}
+    section_defaults, section_types = sections_of(strategies)
+    schema = defaults_for(section_defaults)
+    declared = {**DECLARED_TYPES, **{k: v for k, v in field_types(RunSettings).items()
+                                     if k not in ("finetune", "short_finetune", "scoring")},
+                **section_types, **(types or {})}
     settings = copy.deepcopy(schema)
     if config_file:
         settings = _merge(settings, read_yaml(config_file), f"config file {config_file}", schema=schema,
@@ -262,9 +458,31 @@ def resolve(strategy_defaults: dict | None, config_file: str | None = None, over
                           schema=schema, declared=declared)
     if sets:
         settings = _merge(settings, parse_set(sets), "--set options", schema=schema, declared=declared)
+    validate(settings, strategies)
+    return settings
+
+
+def validate(settings: dict, strategies=None) -> None:
+    """Every typed section of ``settings`` checked as a whole (the core's, each schedule, the scoring
+    batches, and the sections ``strategies`` declare)."""
+    RunSettings.of(settings)
+    ScoringConfig.of(settings)
     for section in ("finetune", "short_finetune"):
         train_config(settings, section)  # validates the schedule now, not after an hour
-    return settings
+    for cls in typed_sections(strategies).values():
+        cls.of(settings)
+
+
+def changed(settings: dict, **changes) -> dict:
+    """A copy of a run's settings with top-level entries replaced (a compare row's ``seed``, an ablation
+    row's ``scorer``, HetDPT+'s depth part's ``finetune``): the settings stay whole and checked."""
+    out = copy.deepcopy(settings)
+    for key, value in changes.items():
+        if key not in out:
+            raise HetpruneError(f"unknown setting {key!r}; settings: {', '.join(sorted(out))}")
+        out[key] = copy.deepcopy(value)
+    RunSettings.of(out)
+    return out
 
 
 def train_config(settings: dict, section: str, device=None, amp: str | None = None, **changes) -> TrainConfig:

@@ -14,6 +14,7 @@ import dataclasses
 
 from . import devices
 from .budget import Budget
+from .config import RunSettings
 from .errors import HetpruneError, option
 
 AUTO = "auto"
@@ -28,7 +29,8 @@ def resolve_name(name: str, device) -> str:
 
 def bind(budget: Budget | None, settings: dict, registry) -> Budget | None:
     """The budget with the run's cost model named in it (speedup and latency targets), checked."""
-    chosen = settings.get("cost_model", AUTO)
+    run = RunSettings.of(settings)
+    chosen = run.cost_model
     if not isinstance(chosen, str) or not chosen:
         raise HetpruneError(f"cost_model must be a name (auto, macs, latency or a plugin's), got {chosen!r}")
     if chosen != AUTO:
@@ -41,7 +43,7 @@ def bind(budget: Budget | None, settings: dict, registry) -> Budget | None:
                                 f"{option('cost-model', chosen, setting='cost_model')} applies to "
                                 f"{option('target-speedup')} and {option('target-latency')}")
         return budget
-    name = resolve_name(chosen, settings.get("device", "cpu"))
+    name = resolve_name(chosen, run.device)
     if budget.target_latency is not None and chosen == AUTO:
         name = "latency"
     if name != chosen:
@@ -52,7 +54,7 @@ def bind(budget: Budget | None, settings: dict, registry) -> Budget | None:
 def build(registry, name: str, settings: dict):
     """The cost model ``name`` with its options from ``cost_model_options``; an unknown name, or options it does
     not take, is one error listing what is known (commands call this before any base model is trained)."""
-    return registry.build("cost_model", name, **(settings.get("cost_model_options") or {}).get(name, {}))
+    return registry.build("cost_model", name, **RunSettings.of(settings).options_for("cost_model", name))
 
 
 def refuse_parallel(jobs: int, budgets: list[Budget], settings: dict) -> set[str]:
@@ -67,4 +69,5 @@ def refuse_parallel(jobs: int, budgets: list[Budget], settings: dict) -> set[str
 
 def run_model_name(budget: Budget, settings: dict) -> str:
     """The cost model a run reports in: its budget's, else the settings' (auto resolved by device)."""
-    return budget.model_name or resolve_name(settings.get("cost_model", AUTO), settings.get("device", "cpu"))
+    run = RunSettings.of(settings)
+    return budget.model_name or resolve_name(run.cost_model, run.device)

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,22 @@ def note_saved(what: str) -> None:
 def saved_work() -> list[str]:
     """What `note_saved` recorded in this process, oldest first."""
     return list(_SAVED)
+
+
+def now() -> str:
+    """The local time with its offset, to the second: when a stored result was made."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def made_when(records: list[dict], field: str = "measured_at") -> str:
+    """When stored results were made, for a log line: ``measured 2026-12-02 07:31`` or ``measured
+    2026-12-02 07:31 to 2026-12-03 09:02`` (``at a time not recorded`` for results stored before the time
+    was)."""
+    times = sorted(str(r[field]) for r in records if r.get(field))
+    if not times:
+        return "at a time not recorded"
+    first, last = (t[:16].replace("T", " ") for t in (times[0], times[-1]))
+    return first if first == last else f"{first} to {last}"
 
 
 def umask() -> int:
@@ -260,6 +277,15 @@ def clear_result(out: str | os.PathLike, kind: ResultFolder) -> None:
     for entry in sorted(out.iterdir()):
         if kind.owns(entry.name):
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+
+
+def make_result_folder(out: Path, kind: ResultFolder, resume: bool, overwrite: bool) -> Path:
+    """Make a checked output folder ready for a resumable result (compare, ablate): on ``overwrite``
+    (without ``resume``) an earlier result's own entries go, never anything else; the folder is made."""
+    if overwrite and not resume and out.is_dir():
+        clear_result(out, kind)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 @contextmanager

@@ -16,7 +16,7 @@ import numbers
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ from torch import nn
 from . import contract, devices, model_checks  # noqa: F401 - model_checks adds the rules for the components run here
 from . import distributed as dist
 from .budget import Budget, feasible_pairs, kinds_by_saving, max_per_kind, reached_cost
-from .config import train_config
+from .config import RunSettings, Section
 from .cost_model import build as build_cost_model, run_model_name
 from .costs import cost_summary
 from .data import DataBundle
@@ -37,6 +37,9 @@ from .resume import base_key, structure_key, weights_key
 from .sites import Site, sites
 from .task import Task, as_task, reuse_tag
 from .train import TrainConfig
+
+
+S = TypeVar("S", bound=Section)
 
 
 def resolve_adapter(model: nn.Module, adapter: Adapter | None = None) -> Adapter:
@@ -108,8 +111,9 @@ class PruneJob:
             self.data = getattr(self.task, "data", None)
         self.adapter = resolve_adapter(self.dense, self.adapter)
         self.spec = self.spec or ModelSpec.user_built(self.dense)
-        self._device = devices.resolve(self.settings.get("device", "cpu"))
-        self._amp = devices.resolve_amp(self.settings.get("amp", "none"), self._device)
+        run = self.config
+        self._device = devices.resolve(run.device)
+        self._amp = devices.resolve_amp(run.amp, self._device)
         self.workdir = Path(self.workdir)
         self.shared_dir = Path(self.shared_dir) if self.shared_dir else self.workdir
         if not self.base_info.get("hash"):  # every key of resumable state names the dense model, in code too
@@ -143,8 +147,18 @@ class PruneJob:
         return self.once("reuse tag", lambda: reuse_tag(self.task, self.resume, self.log))
 
     @property
+    def config(self) -> RunSettings:
+        """The run's core settings, typed (read from ``settings`` each time: a strategy may hand a sub-job
+        changed settings)."""
+        return RunSettings.of(self.settings)
+
+    def options(self, section: type[S]) -> S:
+        """A strategy's own settings section, typed and checked: ``job.options(HetDPTOptions)``."""
+        return section.of(self.settings)
+
+    @property
     def seed(self) -> int:
-        return int(self.settings.get("seed", 0))
+        return self.config.seed
 
     @property
     def device(self) -> torch.device:
@@ -157,7 +171,7 @@ class PruneJob:
 
     @property
     def workers(self) -> int:
-        return int(self.settings.get("finetune", {}).get("workers", 0))
+        return self.config.schedule("finetune").workers
 
     def place(self, obj):
         """Move a model or batch to the run's device (`hetprune.devices.place`)."""
@@ -174,12 +188,22 @@ class PruneJob:
     def removers(self) -> dict:
         """The configured removers by kind (``attn_remover``, ``act_remover``), built once per job."""
         return self.once("removers", lambda: {
-            "attn": self.registry.build("remover", self.settings["attn_remover"]),
-            "act": self.registry.build("remover", self.settings["act_remover"])})
+            "attn": self.registry.build("remover", self.config.attn_remover),
+            "act": self.registry.build("remover", self.config.act_remover)})
+
+    @property
+    def mergers(self) -> list:
+        """The configured mergers, built once per job, in order."""
+        return self.once("mergers", lambda: [self.registry.build("merger", n) for n in self.config.mergers])
+
+    @property
+    def folds_norm(self) -> bool:
+        """Whether a configured merger folds the preceding norm's affine too (its ``fold_norm``)."""
+        return any(getattr(m, "fold_norm", False) for m in self.mergers)
 
     def train_config(self, section: str, **changes) -> TrainConfig:
         """The schedule of settings section ``section`` on this job's resolved device and precision."""
-        return train_config(self.settings, section, **changes, device=self.device, amp=self.amp)
+        return self.config.schedule(section, device=self.device, amp=self.amp, **changes)
 
     @property
     def example(self) -> torch.Tensor:
@@ -244,7 +268,7 @@ class PruneJob:
     def feasible_pairs(self) -> list[tuple[int, int]]:
         """The splits ``(n_attn, n_act)`` that meet the budget. Under torchrun rank 0 finds them and every
         rank receives them (a measured cost differs between ranks); every rank must call this together."""
-        merge = bool(self.settings.get("mergers"))
+        merge = bool(self.config.mergers)
         counted = self.budget.counts_cost
         return dist.on_main(lambda: feasible_pairs(
             self.dense, self.budget, self.example, merge=merge,
@@ -274,16 +298,21 @@ class ScoringContext:
             raise HetpruneError("a ScoringContext needs a task (hetprune.Task) or a classification DataBundle")
         self.task = as_task(self.task if self.task is not None else self.data)
 
+    @property
+    def config(self) -> RunSettings:
+        """The run's core settings, typed."""
+        return RunSettings.of(self.settings)
+
     def place(self, obj):
         """Move a model or batch to the run's device (`hetprune.devices.place`)."""
         return devices.place(obj, devices.resolve(self.device))
 
     def batches(self):
         """The few fixed batches one-shot scorers use (the task's first training batches), on the device."""
-        sc = self.settings["scoring"]
-        workers = int(self.settings.get("short_finetune", {}).get("workers", 0))
+        run = self.config
+        sc, workers = run.scoring_batches, run.schedule("short_finetune").workers
         cuda = devices.resolve(self.device).type == "cuda"
-        for batch in self.task.scoring_batches(sc["subset"], sc["batch_size"], sc["batches"], self.seed, workers,
+        for batch in self.task.scoring_batches(sc.subset, sc.batch_size, sc.batches, self.seed, workers,
                                                pin_memory=cuda):
             yield self.place(batch)
 
@@ -292,7 +321,7 @@ class ScoringContext:
         return self.task.loss(model, batch)
 
     def train_config(self, section: str = "short_finetune", **changes) -> TrainConfig:
-        return train_config(self.settings, section, **changes)
+        return self.config.schedule(section, **changes)
 
 
 # what every strategy's report holds (``finish`` fills all but the last three); checked by the contract
@@ -343,8 +372,8 @@ def select_sites(job: PruneJob, model: nn.Module, counts: dict[str, int], scorer
 
 def _select_sites(job: PruneJob, model: nn.Module, counts: dict[str, int], scorer_name: str | None,
                   ctx: ScoringContext | None) -> list[Site]:
-    name = scorer_name or job.settings["scorer"]
-    scorer = job.registry.build("scorer", name, **job.settings.get("scorer_options", {}).get(name, {}))
+    name = scorer_name or job.config.scorer
+    scorer = job.registry.build("scorer", name, **job.config.options_for("scorer", name))
     ctx = ctx or scoring_context(job)
     limits = max_per_kind(model)
     for kind, n in counts.items():
@@ -377,7 +406,7 @@ def remove_sites(job: PruneJob, model: nn.Module, chosen: list[Site]) -> dict:
 
 def finetune(job: PruneJob, model: nn.Module, section: str = "finetune", stage: str = "finetune",
              **changes) -> list[dict]:
-    cfg = train_config(job.settings, section, **changes)
+    cfg = job.config.schedule(section, **changes)
     # a checkpoint is reused only for the same start: model (weights, and its structure: removed sites, attention
     # mode, merges, widths; the state dict alone does not show a removed activation), teacher, data
     key = {"starting weights": weights_key(model), "structure": structure_key(model, model_structure(job, model)),
@@ -417,8 +446,8 @@ def finetune_and_measure(job: PruneJob, model: nn.Module, after: str) -> tuple[f
 def merge(job: PruneJob, model: nn.Module) -> list[int]:
     """Apply the configured mergers; each is checked to keep the function within its declared tolerance."""
     changed: list[int] = []
-    for name in job.settings.get("mergers") or []:
-        changed += job.registry.build("merger", name).merge(model)
+    for merger in job.mergers:
+        changed += merger.merge(model)
     model.eval()
     return sorted(set(changed))
 
@@ -534,7 +563,7 @@ class DepthStrategy:
         job.log(f"[{job.strategy_name}] split: {n_attn} attention + {n_act} activation sites")
 
         model = self.prepare(job)
-        t = job.stage_start("select", n_attn=n_attn, n_act=n_act, scorer=job.settings["scorer"])
+        t = job.stage_start("select", n_attn=n_attn, n_act=n_act, scorer=job.config.scorer)
         chosen = self.choose(job, model, {"attn": n_attn, "act": n_act})
         job.stage_end("select", t, sites=[str(s) for s in chosen])
         job.log(f"[{job.strategy_name}] sites: {', '.join(str(s) for s in chosen) or '(none)'}")
@@ -557,7 +586,7 @@ class DepthStrategy:
             **budget_check,
             "seconds": round(time.time() - started, 1),
         }
-        return finish(job, model, report, fold_norm="ln-fold" in (job.settings.get("mergers") or []))
+        return finish(job, model, report, fold_norm=job.folds_norm)
 
     def meet_budget(self, job: PruneJob, model: nn.Module) -> tuple[dict, dict]:
         """Check the pruned model's own cost against a cost target, and correct it: ``(removal records,
@@ -572,7 +601,7 @@ class DepthStrategy:
         """
         if not job.budget.counts_cost:
             return {}, {}
-        merge = bool(job.settings.get("mergers"))
+        merge = bool(job.config.mergers)
         example = job.example
         dense = dist.on_main(lambda: job.cost(job.dense, example))
         limit = job.budget.limit(dense)

@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 
 from .errors import HetpruneError
-from .io import note_saved
-from .resume import made_when, now
+from .io import made_when, note_saved, now
 
 
 def metric_of(point: dict) -> float:

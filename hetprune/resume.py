@@ -9,13 +9,12 @@ import hashlib
 import inspect
 import json
 import re
-import time
 from typing import Callable
 
 import torch
 from torch import nn
 
-from .io import note_saved, saved_work  # noqa: F401 - public here too: what plugins that checkpoint call
+from .io import made_when, note_saved, now, saved_work  # noqa: F401 - public here too: what plugins that checkpoint call
 
 
 def weights_key(model: nn.Module) -> str:
@@ -36,22 +35,6 @@ def structure_key(model: nn.Module, structure: dict | None = None) -> str:
     tensors = [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()]
     text = json.dumps({"modules": modules, "tensors": tensors, "structure": structure}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def now() -> str:
-    """The local time with its offset, to the second: when a stored result was made."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def made_when(records: list[dict], field: str = "measured_at") -> str:
-    """When stored results were made, for a log line: ``measured 2026-12-02 07:31`` or ``measured
-    2026-12-02 07:31 to 2026-12-03 09:02`` (``at a time not recorded`` for results stored before the time
-    was)."""
-    times = sorted(str(r[field]) for r in records if r.get(field))
-    if not times:
-        return "at a time not recorded"
-    first, last = (t[:16].replace("T", " ") for t in (times[0], times[-1]))
-    return first if first == last else f"{first} to {last}"
 
 
 def differences(stored: dict | None, current: dict) -> list[str]:

@@ -72,7 +72,8 @@ def tiny_data():
 
 
 def tiny_settings(strategy_defaults: dict | None = None, changes: dict | None = None) -> dict:
-    """Full settings (core defaults + a strategy's own) with tiny fine-tunes, then ``changes`` on top."""
+    """Full settings (core defaults + a strategy's own sections: give the strategy, or a mapping of its
+    sections' defaults) with tiny fine-tunes, then ``changes`` on top, checked as a run's are."""
     from .config import resolve
 
     return resolve(strategy_defaults, overrides=_merged(TINY_SETTINGS, changes or {}))
@@ -355,7 +356,7 @@ def check_strategy(cls, *, budgets: tuple[Budget, ...] | None = None, settings: 
     refusals = []
     for budget in budgets or (Budget(sites=2), Budget(target_macs=0.5)):
         with tempfile.TemporaryDirectory(prefix="hetprune-check-") as tmp:
-            job = tiny_job(budget, tmp, getattr(c.obj, "defaults", None), settings, name=c.name)
+            job = tiny_job(budget, tmp, c.obj, settings, name=c.name)
             try:
                 result = c.call("run", job, refusal_ok=True)
             except HetpruneError as exc:

@@ -452,7 +452,8 @@ import json
 from hetprune import get_registry
 from hetprune.cli import build_parser
 from hetprune.contract import unwrap
-from hetprune.commands.prune_cmd import settings_for
+from hetprune.commands.prune_cmd import settings_options
+from hetprune.config import resolve
 
 registry = get_registry()
 points = [(0, 0, 98.0), (4, 0, 90.0), (0, 4, 96.0), (2, 2, 94.0)]
@@ -460,7 +461,8 @@ by_name = registry.build("predictor", "nearest", k=2).fit(points)
 # the command line of docs/plugins.md, as far as building the predictor it asks for
 args = build_parser().parse_args(["prune", "--strategy", "hetdpt", "--budget", "4", "--predictor", "nearest",
                                   "--set", "hetdpt.predictor_options={nearest: {k: 2}}"])
-opts = settings_for(args, registry.build("strategy", args.strategy))["hetdpt"]
+strategy = registry.build("strategy", args.strategy)
+opts = resolve([strategy], **settings_options(args, [strategy]))["hetdpt"]
 from_cli = registry.build("predictor", opts["predictor"], **opts["predictor_options"]["nearest"]).fit(points)
 print(json.dumps({
     "plugins": [p.name for p in registry.plugins()],

@@ -152,3 +152,109 @@ for name in hetprune.__all__:
 print("ok", Site.__module__)
 """)
     assert r.returncode == 0 and "ok hetprune.sites" in r.stdout, r.stderr
+
+
+# -- typed settings (issue 41, item 1) ------------------------------------------------------------------------
+
+EDGES = ("hetprune/config.py", "hetprune/cli.py", "hetprune/commands/")   # where settings are dicts: loading, the CLI
+
+
+def _string_key_reads(path) -> list[str]:
+    """``settings["key"]`` and ``settings.get("key")`` in a file's code (not in its text), with line numbers."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def named_settings(node) -> bool:
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        return name == "settings" or name.endswith("_settings")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and named_settings(node.value) and isinstance(node.slice, ast.Constant) \
+                and isinstance(node.slice.value, str):
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and named_settings(node.func.value) and node.args and isinstance(node.args[0], ast.Constant):
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_setting_is_read_by_a_string_key_outside_the_edges():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = [p for folder in ("hetprune", "plugins") for p in (root / folder).rglob("*.py")
+             if not any(str(p.relative_to(root)).startswith(edge) for edge in EDGES)]
+    reads = [hit for p in files for hit in _string_key_reads(p)]
+    assert not reads, "read settings through job.config / job.options(Section), not by string keys:\n" + "\n".join(reads)
+
+
+def test_the_string_key_check_sees_a_read(tmp_path):
+    code = tmp_path / "x.py"
+    code.write_text('def f(job, run_settings):\n    return job.settings["scorer"], run_settings.get("seed")\n')
+    assert len(_string_key_reads(code)) == 2
+
+
+def test_every_typed_setting_says_what_it_does():
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs" / "hooks"))
+    import settings_reference
+
+    silent = [f"{prefix or cls.__name__}.{f.name}" for _, prefix, cls, _, skip in settings_reference.sections()
+              for f in dataclasses.fields(cls) if f.name not in skip and not f.metadata.get("help")]
+    assert not silent, f"give these settings a help line (hetprune.config.setting(default, help)): {silent}"
+    page = settings_reference.render()
+    assert "`hetdpt.verify`" in page and "`scorer_options.gate-taylor.score_decay`" in page
+    assert "`hetdpt_plus.depth_share`" in page and "`mix.ratio`" in page
+
+
+def test_a_strategys_section_is_checked_when_settings_are_resolved():
+    from hetprune.plugins import get_registry
+
+    hetdpt = get_registry().build("strategy", "hetdpt")
+    with pytest.raises(HetpruneError, match=r"hetdpt.path_stride must be a whole number >= 1 .*got 0"):
+        config.resolve(hetdpt, sets=["hetdpt.path_stride=0"])
+    with pytest.raises(HetpruneError, match=r"unknown key 'hetdpt.stride'.*allowed here: .*path_stride"):
+        config.resolve(hetdpt, sets=["hetdpt.stride=2"])
+    s = config.resolve(hetdpt, sets=["hetdpt.verify=0"])
+    assert s["hetdpt"]["verify"] == 0 and s["hetdpt"]["point_selection"] == "progressive"
+
+
+def test_component_options_refuse_unknown_keys_naming_the_allowed_ones():
+    from hetprune.plugins import get_registry
+
+    with pytest.raises(HetpruneError, match=r"unknown key\(s\) epochs in .*gate-taylor.*allowed: epochs_per_removal"):
+        get_registry().build("scorer", "gate-taylor", epochs=2)
+
+
+# -- one run start (issue 41, item 2) -------------------------------------------------------------------------
+
+def test_prune_compare_and_ablate_all_start_through_start_run(monkeypatch, digits_data, tmp_path):
+    import hetprune
+    from hetprune import run_start
+    from hetprune.testing import TINY_SETTINGS, tiny_model
+
+    started = []
+    real = run_start.start_run
+
+    def spy(strategies, budgets, **kw):
+        started.append(kw["folder"].what)
+        raise HetpruneError("stop here")
+
+    monkeypatch.setattr(run_start, "start_run", spy)
+    calls = [lambda: hetprune.prune(tiny_model(), digits_data, "act-only", 1, settings=TINY_SETTINGS),
+             lambda: hetprune.compare(tiny_model(), digits_data, ["act-only"], [1], out=tmp_path / "c"),
+             lambda: hetprune.ablate(tiny_model(), digits_data, "hetdpt", 1, out=tmp_path / "a")]
+    for call in calls:
+        with pytest.raises(HetpruneError, match="stop here"):
+            call()
+    from hetprune.cli import main
+
+    for argv in (["prune", "--budget", "1"], ["compare", "--budgets", "1"], ["ablate", "--budget", "1"]):
+        assert main(argv + ["--out", str(tmp_path / argv[0])]) == 2
+    assert started == ["pruned model", "compare", "ablation"] * 2
+    assert real is not spy

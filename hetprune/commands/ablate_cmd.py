@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import math
 import shlex
-from pathlib import Path
 
 from ..errors import HetpruneError
 from ..plugins import get_registry
 from .common import add_model_arguments, apply_data_options, base_model, data_for, data_line
 from .compare_cmd import int_list
-from .prune_cmd import add_budget_arguments, budget_from, latency_batch_sets
+from .prune_cmd import add_budget_arguments, budget_from, settings_options
 
 HELP = "does the predictor's pick match full fine-tuning? (and which scorer recovers best)"
 
@@ -61,8 +60,7 @@ def _run(args) -> int:
     """Parse the options, build the model and its Task, and call [`hetprune.ablate`][hetprune.ablate.ablate]."""
     from .. import distributed as dist
     from ..ablate import ABLATION_FOLDER, ablate, markdown
-    from ..api import resolve_settings, run_device
-    from ..compare import prepare_out
+    from ..run_start import start_run
     from ..task import classification
 
     registry = get_registry()
@@ -72,9 +70,8 @@ def _run(args) -> int:
         raise HetpruneError("give a budget: --budget K, --target-macs F, --target-speedup S or --target-latency T")
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         raise HetpruneError(f"--tolerance must be a finite number of points >= 0, got {args.tolerance}")
-    settings = resolve_settings(strategy, config_file=args.config, sets=latency_batch_sets(args.latency_batch) + args.set,
-                                scorer=args.scorer, device=args.device, amp=args.amp, cost_model=args.cost_model)
-    run_device(settings)
+    start = start_run([strategy], [budget], folder=ABLATION_FOLDER, out=args.out, resume=args.resume,
+                      overwrite=args.overwrite, registry=registry, **settings_options(args, [strategy]))
     predictors = [n.strip() for n in (args.predictors or "").split(",") if n.strip()] or None
     scorers = [n.strip() for n in (args.scorers or "").split(",") if n.strip()]
     seeds = int_list(args.seeds, "--seeds")
@@ -82,17 +79,15 @@ def _run(args) -> int:
         registry.component("predictor", name)   # unknown names fail before the base model is trained
     for name in scorers:
         registry.component("scorer", name)
-    prepare_out(Path(args.out), args.resume, args.overwrite, ABLATION_FOLDER)
     if dist.is_main():
         print(data_line(args, "ablate"), flush=True)
-    dense, model_spec, base_info = base_model(args, device=settings["device"])
+    dense, model_spec, base_info = base_model(args, device=start.config.device)
     data = data_for(args, dense)
-    apply_data_options(args, settings, data)
+    apply_data_options(args, start.settings, data)
     command = "hetprune " + " ".join(shlex.quote(a) for a in args.argv)
     result = ablate(dense, classification(data), strategy.name, budget, seeds, predictors=predictors,
-                    scorers=scorers, tolerance=args.tolerance, settings=settings, out=args.out, resume=args.resume,
-                    overwrite=args.overwrite, jobs=args.jobs, spec=model_spec, base_info=base_info,
-                    registry=registry, data_spec=args.data or "digits", meta={"command": command})
+                    scorers=scorers, tolerance=args.tolerance, start=start, out=args.out, jobs=args.jobs,
+                    spec=model_spec, base_info=base_info, data_spec=args.data or "digits", meta={"command": command})
     if not dist.is_main():
         return 0
     print()

@@ -11,13 +11,11 @@ timer. Writes results.md, results.csv, results.json and pareto.png to --out.
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 from ..errors import HetpruneError
 from ..plugins import get_registry
 from .common import add_model_arguments, apply_data_options, base_model, data_for, data_line
-from .prune_cmd import (add_budget_arguments, add_settings_arguments, budget_from, latency_batch_sets, predictor_sets,
-                        round_to_sets)
+from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, settings_options
 
 HELP = "run several strategies under one harness and tabulate/plot the results"
 DEFAULT_DATA = "digit-pairs"   # where the split between the two kinds is a real question
@@ -86,8 +84,8 @@ def run(args) -> int:
 def _run(args) -> int:
     """Parse the options, build the model and its Task, and call [`hetprune.compare`][hetprune.compare.compare]."""
     from .. import distributed as dist
-    from ..api import run_device
-    from ..compare import DEFAULT_STRATEGIES, compare, merged_settings, prepare_out
+    from ..compare import COMPARE_FOLDER, DEFAULT_STRATEGIES, compare
+    from ..run_start import start_run
     from ..task import classification
 
     registry = get_registry()
@@ -99,25 +97,17 @@ def _run(args) -> int:
     defaulted, args.data = args.data is None and args.model is None, compare_data(args)
     seeds = int_list(args.seeds, "--seeds")
     batch_sizes = int_list(args.batch_sizes, "--batch-sizes")
-    defaults = {k: v for s in strategies for k, v in getattr(s, "defaults", {}).items()}
-    sets = list(args.set)
-    if args.predictor:
-        sets += predictor_sets(defaults, args.predictor, ",".join(names))
-    sets = round_to_sets(defaults, args.round_to, ",".join(names)) + latency_batch_sets(args.latency_batch) + sets
-    settings = merged_settings(strategies, config_file=args.config, sets=sets, scorer=args.scorer,
-                               device=args.device, amp=args.amp, cost_model=args.cost_model)
-    run_device(settings)
-    prepare_out(Path(args.out), args.resume, args.overwrite)   # before the base model is trained
-    if dist.is_main():
+    start = start_run(strategies, budgets, folder=COMPARE_FOLDER, out=args.out, resume=args.resume,
+                      overwrite=args.overwrite, registry=registry, **settings_options(args, strategies))
+    if dist.is_main():   # the output folder was checked above, before the base model is trained
         print(data_line(args, "compare", defaulted), flush=True)
-    dense, model_spec, base_info = base_model(args, device=settings["device"])
+    dense, model_spec, base_info = base_model(args, device=start.config.device)
     data = data_for(args, dense)
-    apply_data_options(args, settings, data)
+    apply_data_options(args, start.settings, data)
     command = "hetprune " + " ".join(shlex.quote(a) for a in args.argv)
-    result = compare(dense, classification(data), names, budgets, seeds, settings=settings, out=args.out,
-                     resume=args.resume, overwrite=args.overwrite, batch_sizes=batch_sizes,
-                     speed_budget_s=args.speed_budget, jobs=args.jobs,
-                     spec=model_spec, base_info=base_info, registry=registry, data_spec=args.data or "digits",
+    result = compare(dense, classification(data), names, budgets, seeds, start=start, out=args.out,
+                     batch_sizes=batch_sizes, speed_budget_s=args.speed_budget, jobs=args.jobs,
+                     spec=model_spec, base_info=base_info, data_spec=args.data or "digits",
                      meta={"model": model_spec.name if args.model else base_info["source"], "command": command})
     if not dist.is_main():
         return 0

@@ -115,25 +115,30 @@ def round_to_sets(defaults: dict, round_to: int | None, what: str) -> list[str]:
     return [f"width.pruner_options={{round_to: {round_to}}}"]
 
 
-def settings_for(args, strategy) -> dict:
+def settings_options(args, strategies: list) -> dict:
+    """What a command's settings options give `hetprune.run_start.start_run`: the flags as overrides,
+    ``--set`` items (``--predictor``, ``--round-to`` and ``--latency-batch`` as items before the user's own,
+    so ``--set`` wins) and the YAML file."""
     overrides = {"scorer": args.scorer, "device": args.device, "amp": args.amp, "cost_model": args.cost_model}
     if getattr(args, "seed", None) is not None:
         overrides["seed"] = args.seed
+    defaults, _ = config_mod.sections_of(strategies)
+    what = ",".join(s.name for s in strategies)
     sets = list(args.set)
-    if args.predictor:
-        sets += predictor_sets(getattr(strategy, "defaults", {}), args.predictor, strategy.name)
-    sets = (round_to_sets(getattr(strategy, "defaults", {}), args.round_to, strategy.name)
-            + latency_batch_sets(args.latency_batch) + sets)  # --set wins
-    return config_mod.resolve(getattr(strategy, "defaults", {}), args.config, overrides, sets,
-                              types=getattr(strategy, "setting_types", None))
+    if getattr(args, "predictor", None):
+        sets = predictor_sets(defaults, args.predictor, what) + sets
+    sets = round_to_sets(defaults, getattr(args, "round_to", None), what) + latency_batch_sets(args.latency_batch) + sets
+    return {"config_file": args.config, "overrides": overrides, "sets": sets}
 
 
 def run(args) -> int:
-    """Parse the options, build the model and its Task, and call [`hetprune.prune`][hetprune.api.prune]."""
+    """Parse the options, start the run, build the model and its Task, and call
+    [`hetprune.prune`][hetprune.api.prune]."""
     from .. import distributed as dist
-    from .. import cost_model
-    from ..api import check_names, check_out, prune, run_device
+    from ..api import prune
     from ..costs import human
+    from ..recipe import PRUNED_MODEL
+    from ..run_start import start_run
     from ..task import classification
 
     registry = get_registry()
@@ -141,24 +146,21 @@ def run(args) -> int:
     budget = budget_from(args)
     if budget is None:
         raise HetpruneError("give a budget: --budget K, --target-macs F, --target-speedup S or --target-latency T")
-    settings = settings_for(args, strategy)
-    run_device(settings)
-    budget = cost_model.bind(budget, settings, registry)
-    check_names(registry, settings)   # unknown names fail now, before the base model is built or trained
     tag = budget.to_dict()
     out = Path(args.out or f"runs/prune-{strategy.name}-{'-'.join(f'{k}{v}' for k, v in tag.items())}")
-    check_out(out, args.overwrite)
+    start = start_run([strategy], [budget], folder=PRUNED_MODEL, out=out, resume=args.resume,
+                      overwrite=args.overwrite, registry=registry, **settings_options(args, [strategy]))
+    settings = start.settings   # unknown names and a bad output folder failed above, before any model is built
     if dist.is_main():
         print(data_line(args, "prune"), flush=True)
     import torch
 
-    torch.manual_seed(settings["seed"])   # a --model without weights is built from this seed
-    dense, spec, base_info = base_model(args, device=settings["device"])
+    torch.manual_seed(start.config.seed)   # a --model without weights is built from this seed
+    dense, spec, base_info = base_model(args, device=start.config.device)
     data = data_for(args, dense, seed=0)
     apply_data_options(args, settings, data)
-    result = prune(dense, classification(data), strategy, budget, settings=settings, out=out, resume=args.resume,
-                   overwrite=args.overwrite, registry=registry, spec=spec, base_info=base_info,
-                   provenance={"command": command_line(args)})   # quoted by model cards (export --format hub)
+    result = prune(dense, classification(data), start=start, spec=spec, base_info=base_info, out=out,
+                   resume=args.resume, provenance={"command": command_line(args)})   # quoted by model cards
     if not dist.is_main():  # under torchrun rank 0 writes and reports
         return 0
     r = result.report

@@ -23,7 +23,6 @@ from .. import distributed as dist
 from ..budget import Budget
 from ..errors import HetpruneError, option
 from ..io import no_empty_folder_on_error
-from ..pipeline import resolve_adapter
 from ..plugins import Registry
 # the names other modules, benchmarks and tests import from hetprune.compare
 from .report import aggregate, base_text, budget_text, markdown_table, mean_std, rows_csv, write_outputs  # noqa: F401
@@ -48,20 +47,6 @@ class CompareResult:
     out: Path
 
 
-def merged_settings(strategies: list, settings: dict | None = None, config_file: str | None = None,
-                    sets: list[str] | None = None, **overrides) -> dict:
-    """One settings dict for every strategy compared: all their sections merged, then the user's values."""
-    from .. import config as config_mod
-
-    defaults: dict = {}
-    types: dict = {}
-    for s in strategies:
-        defaults.update(getattr(s, "defaults", {}))
-        types.update(getattr(s, "setting_types", None) or {})
-    given = {**(settings or {}), **{k: v for k, v in overrides.items() if v is not None}}
-    return config_mod.resolve(defaults, config_file, given, sets, types=types)
-
-
 def python_call(function: str, **arguments) -> str:
     """How a Python call is named in a results file (where a command line would be): ``hetprune.compare(model,
     task, strategies=[...], ...)``."""
@@ -74,7 +59,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
             jobs: int = 1, spec=None, base_info: dict | None = None,
             registry: Registry | None = None, device: str | None = None, amp: str | None = None, adapter=None,
             data_spec: str | None = None, meta: dict | None = None, log: Callable[[str], None] = print,
-            progress: bool = True) -> CompareResult:
+            progress: bool = True, start=None) -> CompareResult:
     """Run several strategies on ``model`` for ``task`` under one harness: the same dense model, data,
     settings, seeds and timer; write ``results.md``, ``results.csv``, ``results.json`` and ``pareto.png``
     to ``out`` and return the rows.
@@ -83,59 +68,51 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     (models with the same structure are timed once and share their figure).
     ``budgets`` are site counts or [`Budget`][hetprune.budget.Budget] objects (``Budget(target_macs=0.5)``);
     every other argument means what it means for [`hetprune.prune`][hetprune.api.prune]. Finished rows are kept as they
-    finish, so ``resume=True`` continues an interrupted comparison.
+    finish, so ``resume=True`` continues an interrupted comparison. ``start`` is a run already started with
+    [`start_run`][hetprune.run_start.start_run] (the command line's); the run's own arguments are then its.
     """
     from .. import cost_model, devices
-    from ..api import as_given, check_names, dense_info, run_device
-    from ..plugins import get_registry
-    from ..models import ModelSpec
-    from ..resume import base_key
-    from ..task import as_task, reuse_tag
+    from ..run_start import as_given, start_run
 
-    registry = registry or get_registry()
     names = [strategies] if isinstance(strategies, str) else list(strategies)
     if not names or len(set(names)) != len(names):
         raise HetpruneError(f"strategies must name each strategy once, got {names}")
-    built = [registry.build("strategy", n) for n in names]
-    the_budgets = distinct([b if isinstance(b, Budget) else Budget(sites=whole_number(b, "a budget")) for b in budgets],
-                           option("budgets"))
     seeds = distinct([whole_number(s, "a seed") for s in seeds], option("seeds"))
     batch_sizes = [whole_number(b, "a batch size") for b in batch_sizes]
-    if not the_budgets or not seeds or not batch_sizes or any(b < 1 for b in batch_sizes):
+    if not budgets or not seeds or not batch_sizes or any(b < 1 for b in batch_sizes):
         raise HetpruneError(f"compare needs budgets, seeds and batch sizes >= 1; got {list(budgets)}, {seeds}, "
                             f"{batch_sizes}")
     if jobs < 1:
         raise HetpruneError(f"jobs must be >= 1, got {jobs}")
     if dist.active() and jobs > 1:
         raise HetpruneError("jobs > 1 runs rows in parallel processes on one machine; under torchrun use jobs=1")
-    run_settings = merged_settings(built, settings, device=device, amp=amp)
-    dev = run_device(run_settings)
-    check_names(registry, run_settings)
-    the_budgets = [cost_model.bind(b, run_settings, registry) for b in the_budgets]
+    if not (isinstance(speed_budget_s, (int, float)) and speed_budget_s >= 0):
+        raise HetpruneError(f"speed_budget_s must be a number of seconds >= 0, got {speed_budget_s!r}")
+    if start is None:
+        the_budgets = distinct([b if isinstance(b, Budget) else Budget(sites=whole_number(b, "a budget"))
+                                for b in budgets], option("budgets"))
+        start = start_run(names, the_budgets, folder=COMPARE_FOLDER, out=out, resume=resume, overwrite=overwrite,
+                          settings=settings, overrides={"device": device, "amp": amp}, registry=registry)
+    registry, run_settings, the_budgets = start.registry, start.settings, start.budgets
     for name in sorted(cost_model.refuse_parallel(jobs, the_budgets, run_settings)):
         cm = cost_model.build(registry, name, run_settings)   # time the models where it predicts, too
         if isinstance(getattr(cm, "batch_size", None), int) and cm.batch_size not in batch_sizes:
             batch_sizes.append(cm.batch_size)
-    task = as_task(task)
-    out = Path(out)
-    with no_empty_folder_on_error(out), as_given(model):   # bad input found after the folder was made leaves none behind
-        out = prepare_out(out, resume, overwrite)
-        if not (isinstance(speed_budget_s, (int, float)) and speed_budget_s >= 0):
-            raise HetpruneError(f"speed_budget_s must be a number of seconds >= 0, got {speed_budget_s!r}")
+    with no_empty_folder_on_error(start.out), as_given(model):   # bad input found later leaves no folder behind
+        out = start.prepare_out()
         spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
-                            device=run_settings["device"], speed_budget_s=float(speed_budget_s))
-        adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
-        info = dense_info(model, task, spec, base_info, run_settings)
-        reuse_tag(task, resume, log)   # says aloud when the task's code cannot be keyed
-        plans = plan_rows(spec_, base_key(model, info["hash"], spec or ModelSpec.user_built(model)), task.key)
-        rows = run_rows(plans, registry, model, spec, task, info, out, resume=resume, jobs=jobs, data_spec=data_spec,
-                        adapter=adapter, log=log, progress=progress)
+                            device=start.config.device, speed_budget_s=float(speed_budget_s))
+        dense = start.attach(model, task, spec, base_info, adapter, log)
+        task, adapter, info = dense.task, dense.adapter, dense.info
+        plans = plan_rows(spec_, dense.key, task.key)
+        rows = run_rows(plans, registry, model, spec, task, info, out, resume=start.resume, jobs=jobs,
+                        data_spec=data_spec, adapter=adapter, log=log, progress=progress)
         if not dist.is_main():  # rank 0 times the models and writes the results
             return CompareResult(rows, [], {}, "", out)
         from ..adapters import serving
         from ..costs import cost_summary
 
-        example = devices.place(task.example(2), dev)
+        example = devices.place(task.example(2), start.device)
         with serving(adapter):   # the job's adapter counts and loads every model (a generic one is registered nowhere)
             dense_row = {"strategy": "dense", "metric": info["metric"], **cost_summary(model, example)}
             if task.metric_name == "top1":

@@ -13,12 +13,13 @@ from typing import Callable
 
 from torch import nn
 
+from .. import config
 from .. import distributed as dist
 from .. import result_checks  # noqa: F401 - adds the strategy rule: every row's result is checked
 from ..budget import Budget
 from ..cache import fingerprint
 from ..errors import BudgetUnreachable, HetpruneError
-from ..io import ResultFolder, check_result_folder, clear_result
+from ..io import ResultFolder, check_result_folder, make_result_folder
 from ..data import seed_everything
 from ..models import model_hash
 from ..pipeline import PruneJob
@@ -101,11 +102,7 @@ def prepare_out(out: Path, resume: bool, overwrite: bool, kind: ResultFolder = C
     """Refuse to mix a new run into an earlier one's folder unless told how, and never touch what hetprune
     did not write: ``resume`` continues the earlier run, ``overwrite`` deletes its entries (only those).
     Returns the folder to write (a link's target: a linked folder is written through)."""
-    out = check_result_folder(out, kind, overwrite, resume=resume)
-    if overwrite and not resume and out.is_dir():
-        clear_result(out, kind)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+    return make_result_folder(check_result_folder(out, kind, overwrite, resume=resume), kind, resume, overwrite)
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -140,8 +137,7 @@ def plan_rows(spec: CompareSpec, base_hash: str, data_fp: str) -> list[RowPlan]:
     for budget in spec.budgets:
         for seed in spec.seeds:
             for name in spec.strategies:
-                settings = json.loads(json.dumps(spec.settings))
-                settings["seed"] = seed
+                settings = config.changed(spec.settings, seed=seed)
                 plans.append(RowPlan(row_id(name, budget, seed), name, budget, seed, settings,
                                      row_key(spec, name, budget, seed, base_hash, data_fp)))
     return plans
@@ -184,7 +180,7 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
         "finished_at": now(),
     }
     if plan.split:
-        row["scorer"] = plan.settings["scorer"]
+        row["scorer"] = config.RunSettings.of(plan.settings).scorer
     alloc = r.get("allocation")
     if isinstance(alloc, dict) and isinstance(alloc.get("pick"), dict):
         row["predicted_metric"] = alloc["pick"].get("predicted")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
+from typing import ClassVar
 
-from hetprune import BudgetUnreachable, HetpruneError, Site, sites
+from hetprune import BudgetUnreachable, Site, sites
 from hetprune import surgery
+from hetprune.config import Section, number, setting
 from hetprune.pipeline import DepthStrategy, PruneJob, scoring_context, select_sites
 
 
@@ -26,21 +29,30 @@ def closest_pair(pairs: list[tuple[int, int]], attn_share: float) -> tuple[int, 
     return min(pairs, key=lambda p: (distance(p), p[0]))
 
 
+@dataclass(frozen=True)
+class MixOptions(Section):
+    """The ``mix`` strategy's split."""
+
+    section: ClassVar[str] = "mix"
+    ratio: float = setting(0.5, "the share of the removals that are attention sites")
+
+    def __post_init__(self):
+        self.need("ratio", number(self.ratio, 0, 1), "a number within [0, 1]")
+
+
 class Mix(DepthStrategy):
     """Fixed share of attention removals (mix.ratio, default 0.5); the rest are activations."""
 
     name = "mix"
     description = "fixed split: a share mix.ratio of the removals are attention sites"
-    defaults = {"mix": {"ratio": 0.5}}
+    sections = {"mix": MixOptions}
+    defaults = {"mix": MixOptions.defaults()}
     ratio_override: float | None = None
 
     def ratio(self, job: PruneJob) -> float:
         if self.ratio_override is not None:
             return self.ratio_override
-        ratio = job.settings.get("mix", {}).get("ratio", 0.5)
-        if not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-            raise HetpruneError(f"mix.ratio must be a number within [0, 1], got {ratio!r}")
-        return float(ratio)
+        return float(job.options(MixOptions).ratio)
 
     def allocate(self, job: PruneJob):
         ratio = self.ratio(job)
@@ -65,7 +77,8 @@ class Mix50(Mix):
 
     name = "mix50"
     description = "fixed 50/50 split (odd budgets: the extra removal is an activation site)"
-    defaults = {}
+    sections: dict = {}
+    defaults: dict = {}
     ratio_override = 0.5
 
 
@@ -74,7 +87,8 @@ class AttnOnly(Mix):
 
     name = "attn-only"
     description = "every removal is an attention sub-block"
-    defaults = {}
+    sections: dict = {}
+    defaults: dict = {}
     ratio_override = 1.0
 
 
@@ -83,7 +97,8 @@ class ActOnly(Mix):
 
     name = "act-only"
     description = "every removal is an MLP activation"
-    defaults = {}
+    sections: dict = {}
+    defaults: dict = {}
     ratio_override = 0.0
 
 
@@ -131,8 +146,8 @@ class BlockDrop(DepthStrategy):
             return []
         picked = select_sites(job, model, {"attn": n, "act": n})
         votes = Counter(s.block for s in picked)
-        scorer = job.registry.build("scorer", job.settings["scorer"],
-                                    **job.settings.get("scorer_options", {}).get(job.settings["scorer"], {}))
+        run = job.config
+        scorer = job.registry.build("scorer", run.scorer, **run.options_for("scorer", run.scorer))
         ctx = scoring_context(job)
         rank = {}
         for kind in ("attn", "act"):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 from torch import nn
 
 from hetprune import HetpruneError, bench
+from hetprune.config import Section, number, setting, whole
 from hetprune.costs import CONVENTION, count_macs
 from hetprune.latency import LatencyTable, default_dtype
 
@@ -24,6 +28,31 @@ class MacCost:
         return {"unit": "MACs per image", "convention": CONVENTION}
 
 
+@dataclass(frozen=True)
+class LatencyOptions(Section):
+    """``cost_model_options.latency``: how block times are measured."""
+
+    section: ClassVar[str] = "cost_model_options.latency"
+    batch_size: int = setting(64, "the batch size the table is timed at")
+    dtype: str = setting("auto", f"auto (bf16 on CUDA where native, else fp32) or one of {', '.join(bench.DTYPES)}")
+    repeats: int = setting(5, "timed rounds per part")
+    min_time_s: float = setting(0.05, "the least time one round runs")
+    budget_s: float = setting(1.0, "seconds a part may take to time")
+    cache: bool = setting(True, "keep the table between runs (per device, dtype and batch size)")
+    verify_repeats: int = setting(7, "rounds of the whole-model check")
+    tolerance: float = setting(0.10, "how far the table's prediction may miss the whole-model time")
+
+    def __post_init__(self):
+        if self.dtype != "auto" and self.dtype not in bench.DTYPES:
+            raise HetpruneError(f"latency dtype must be auto or one of {', '.join(bench.DTYPES)}, got {self.dtype!r}")
+        for key in ("batch_size", "repeats", "verify_repeats"):
+            if not whole(getattr(self, key), 1):
+                raise HetpruneError(f"latency {key} must be a whole number >= 1, got {getattr(self, key)!r}")
+        for key in ("min_time_s", "budget_s"):
+            self.need(key, number(getattr(self, key), 0), "a number of seconds >= 0")
+        self.need("tolerance", number(self.tolerance) and self.tolerance > 0, "a number > 0")
+
+
 class LatencyCost:
     """Seconds per forward pass at ``batch_size`` on the run's device, predicted from a cached table of
     block times (``hetprune.latency``); ``measure`` times whole models the same way for the report."""
@@ -32,16 +61,13 @@ class LatencyCost:
     unit = "s"
     description = "measured forward time on the run's device (cached per device, dtype and batch size)"
 
-    def __init__(self, batch_size: int = 64, dtype: str = "auto", repeats: int = 5, min_time_s: float = 0.05,
-                 budget_s: float = 1.0, cache: bool = True, verify_repeats: int = 7, tolerance: float = 0.10):
-        if dtype != "auto" and dtype not in bench.DTYPES:
-            raise HetpruneError(f"latency dtype must be auto or one of {', '.join(bench.DTYPES)}, got {dtype!r}")
-        for key, value in (("batch_size", batch_size), ("repeats", repeats), ("verify_repeats", verify_repeats)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise HetpruneError(f"latency {key} must be a whole number >= 1, got {value!r}")
-        self.batch_size, self.dtype, self.repeats = batch_size, dtype, repeats
-        self.min_time_s, self.cache, self.verify_repeats = float(min_time_s), bool(cache), verify_repeats
-        self.budget_s, self.tolerance = budget_s, tolerance
+    Options = LatencyOptions
+
+    def __init__(self, **options):
+        o = LatencyOptions.from_dict(options)
+        self.batch_size, self.dtype, self.repeats = o.batch_size, o.dtype, o.repeats
+        self.min_time_s, self.cache, self.verify_repeats = float(o.min_time_s), bool(o.cache), o.verify_repeats
+        self.budget_s, self.tolerance = o.budget_s, o.tolerance
         self.tables: dict[str, LatencyTable] = {}
         self.log = print
 

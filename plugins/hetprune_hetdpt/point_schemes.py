@@ -30,10 +30,12 @@ from hetprune import HetpruneError, Site, sites
 from hetprune import distributed as dist
 from hetprune.cache import fingerprint
 from hetprune.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context, select_sites
+from hetprune.config import RunSettings
 from hetprune.points import PointStore
 
+from .options import FINETUNES, HetDPTOptions  # noqa: F401 - FINETUNES: its old home
 
-FINETUNES = ("auto", "finetune", "short_finetune")
+
 AFFORDABLE = 4   # oneshot's auto: the final schedule for points when it sees at most this many short ones' images
 
 
@@ -50,17 +52,15 @@ def resolve_finetune(settings: dict, train_size: int | None = None, scheme: str 
     for ``oneshot``, ``finetune`` where it sees at most AFFORDABLE short fine-tunes' images (the embedded
     benchmarks), else ``short_finetune``; for ``progressive``, always ``short_finetune`` (a path has about
     three times as many points as a one-shot plan)."""
-    section = settings["hetdpt"].get("point_finetune", "short_finetune")
-    if section not in FINETUNES:
-        raise HetpruneError(f"hetdpt.point_finetune must be one of {', '.join(FINETUNES)} (the settings section "
-                            f"whose schedule fine-tunes a MAP point), got {section!r}")
+    section = HetDPTOptions.of(settings).point_finetune   # checked: one of FINETUNES
+    run = RunSettings.of(settings)
     if section != "auto":
         return section
     if scheme == "progressive":
         return "short_finetune"
 
     def images(name: str) -> float:
-        found = images_of(settings[name], train_size)
+        found = images_of(getattr(run, name), train_size)
         return float("inf") if found is None else found
     return "finetune" if images("finetune") <= AFFORDABLE * images("short_finetune") else "short_finetune"
 
@@ -74,12 +74,16 @@ class PointScheme:
 
     def __init__(self, job: PruneJob, strategy):
         self.job, self.strategy = job, strategy
-        s = job.settings
-        self.options = s["hetdpt"]
+        run = job.config
         # what shapes every scheme's point, besides its own settings
-        self.common = {"base": job.base_key, "data": job.task.key, "attn_remover": s["attn_remover"],
-                       "act_remover": s["act_remover"], "seed": job.seed,
+        self.common = {"base": job.base_key, "data": job.task.key, "attn_remover": run.attn_remover,
+                       "act_remover": run.act_remover, "seed": job.seed,
                        **({"amp": job.amp} if job.amp != "none" else {})}   # fp32 points keep their old key
+
+    @property
+    def options(self) -> HetDPTOptions:
+        """The job's ``hetdpt`` section, typed (read when asked: a plan follows the settings as they are)."""
+        return self.job.options(HetDPTOptions)
 
     # -- what a subclass defines -------------------------------------------------------------------
     @property
@@ -153,7 +157,7 @@ class PointScheme:
     def scorer(self):
         """The point scorer (``hetdpt.point_scorer``), built once, with a one-shot ``score``."""
         if getattr(self, "_scorer", None) is None:
-            name = self.options["point_scorer"]
+            name = self.options.point_scorer
             scorer = self.job.registry.build("scorer", name)
             if hasattr(scorer, "select") and not hasattr(scorer, "score"):
                 raise HetpruneError(f"hetdpt.point_scorer {name!r} has no one-shot score(); pick e.g. taylor")
@@ -161,7 +165,7 @@ class PointScheme:
         return self._scorer
 
 
-def grid_plan(options: dict, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def grid_plan(options: HetDPTOptions, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Points on both axes (``axis_points`` per kind) and along the budget line (``mixed_points``), and the
     dense model (``dense_point``): the plan of one-shot and gradual points."""
     import numpy as np
@@ -180,10 +184,10 @@ def grid_plan(options: dict, pairs: list[tuple[int, int]]) -> list[tuple[int, in
 
     max_a = max(a for a, _ in pairs)
     max_m = max(m for _, m in pairs)
-    plan = {(0, 0)} if options["dense_point"] else set()
-    plan |= {(a, 0) for a in axis_values(max_a, options["axis_points"])}
-    plan |= {(0, m) for m in axis_values(max_m, options["axis_points"])}
-    plan |= set(spread(sorted(pairs), options["mixed_points"]))
+    plan = {(0, 0)} if options.dense_point else set()
+    plan |= {(a, 0) for a in axis_values(max_a, options.axis_points)}
+    plan |= {(0, m) for m in axis_values(max_m, options.axis_points)}
+    plan |= set(spread(sorted(pairs), options.mixed_points))
     return sorted(plan, key=lambda p: (p[0] + p[1], p))
 
 
@@ -196,18 +200,18 @@ class OneShotPoints(PointScheme):
     def __init__(self, job: PruneJob, strategy):
         super().__init__(job, strategy)
         self.section = resolve_finetune(job.settings, job.task.train_size, "oneshot")
-        s = job.settings
-        self.made = {"point_finetune": self.section, "schedule": s[self.section],
-                     "images": images_of(s[self.section], job.task.train_size)}
+        schedule = getattr(job.config, self.section)
+        self.made = {"point_finetune": self.section, "schedule": schedule,
+                     "images": images_of(schedule, job.task.train_size)}
 
     @property
     def key(self) -> str:
-        s = self.job.settings
+        run = self.job.config
         return fingerprint({
-            "base": self.common["base"], "data": self.common["data"], "short": s[self.section],
+            "base": self.common["base"], "data": self.common["data"], "short": getattr(run, self.section),
             **({"point_finetune": self.section} if self.section != "short_finetune" else {}),  # short ones keep
-            "point_scorer": self.options["point_scorer"], "attn_remover": s["attn_remover"],   # their old key
-            "act_remover": s["act_remover"], "scoring": s["scoring"], "seed": self.job.seed,
+            "point_scorer": self.options.point_scorer, "attn_remover": run.attn_remover,   # their old key
+            "act_remover": run.act_remover, "scoring": run.scoring, "seed": self.job.seed,
             **({"amp": self.common["amp"]} if "amp" in self.common else {}),
         })
 
@@ -253,25 +257,25 @@ class GradualPoints(PointScheme):
 
     def __init__(self, job: PruneJob, strategy):
         super().__init__(job, strategy)
-        s = job.settings
-        self.selector = s["scorer"]
-        self.selector_options = s.get("scorer_options", {}).get(self.selector, {})
+        run = job.config
+        self.selector = run.scorer
+        self.selector_options = run.options_for("scorer", self.selector)
 
     @property
     def key(self) -> str:
-        s = self.job.settings
+        run = self.job.config
         # the selector, its options, and what it trains with (gate-taylor: short_finetune's lr, batch, KD, on
         # scoring.subset images), never the point_finetune section, which no gradual point uses
         return fingerprint({**self.common, "point_selection": "gradual", "scorer": self.selector,
-                            "scorer_options": self.selector_options, "selector_schedule": s["short_finetune"],
-                            "scoring": s["scoring"]})
+                            "scorer_options": self.selector_options, "selector_schedule": run.short_finetune,
+                            "scoring": run.scoring})
 
     def images(self, removals: int) -> int | None:
         """Images the selector trains on for ``removals`` removals, where it says (gate-taylor's epochs)."""
         per = getattr(self.built, "epochs_per_removal", None)
         if per is None or not removals:
             return 0 if not removals else None
-        n = images_of({"epochs": 1, "subset": self.job.settings["scoring"]["subset"]}, self.job.task.train_size)
+        n = images_of({"epochs": 1, "subset": self.job.config.scoring_batches.subset}, self.job.task.train_size)
         return None if n is None else n * (per * removals + getattr(self.built, "warmup_epochs", 0))
 
     def measure(self, todo, store, have) -> None:

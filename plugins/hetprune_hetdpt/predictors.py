@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from hetprune import HetpruneError
+from hetprune.config import Section, number, setting, whole
 
 
 def as_points(points) -> tuple[np.ndarray, int]:
@@ -49,6 +52,46 @@ def leave_two_out_rmse(pts: np.ndarray, degree: int) -> float | None:
     return float(np.sqrt(np.mean(np.square(errors)))) if errors else None
 
 
+@dataclass(frozen=True)
+class PolyOptions(Section):
+    """``hetdpt.predictor_options.poly``."""
+
+    section: ClassVar[str] = "hetdpt.predictor_options.poly"
+    degree: int | str = setting(2, "the polynomial's total degree, or auto: chosen by leave-2-out cross-validation")
+
+    def __post_init__(self):
+        if self.degree != "auto" and not whole(self.degree, 1):
+            raise HetpruneError(f"poly predictor degree must be an integer >= 1 or 'auto' (chosen by leave-2-out "
+                                f"cross-validation over 1, 2, 3, 4), got {self.degree!r}")
+
+
+@dataclass(frozen=True)
+class LocalOptions(Section):
+    """``hetdpt.predictor_options.local``."""
+
+    section: ClassVar[str] = "hetdpt.predictor_options.local"
+    bandwidth: float = setting(2.0, "how far (in sites) a point's weight reaches")
+
+    def __post_init__(self):
+        if not number(self.bandwidth) or not self.bandwidth > 0:
+            raise HetpruneError(f"local predictor bandwidth must be a positive number of sites, got {self.bandwidth!r}")
+
+
+@dataclass(frozen=True)
+class GPOptions(Section):
+    """``hetdpt.predictor_options.gp``."""
+
+    section: ClassVar[str] = "hetdpt.predictor_options.gp"
+    lengthscale: float | None = setting(None, "the kernel's length scale in sites (null: fitted)")
+    noise: float | None = setting(None, "the noise variance (null: fitted)")
+
+    def __post_init__(self):
+        for key in ("lengthscale", "noise"):
+            value = getattr(self, key)
+            if value is not None and (not number(value) or not value > 0):
+                raise HetpruneError(f"gp predictor {key} must be a positive number (or null: fitted), got {value!r}")
+
+
 class PolyPredictor:
     """Bivariate polynomial acc ~ P(n_attn, n_act) of total degree ``degree``, least squares.
 
@@ -58,12 +101,11 @@ class PolyPredictor:
     """
 
     name = "poly"
+    Options = PolyOptions
     DEGREES = (1, 2, 3, 4)
 
-    def __init__(self, degree: int | str = 2):
-        if degree != "auto" and (isinstance(degree, bool) or not isinstance(degree, int) or degree < 1):
-            raise HetpruneError(f"poly predictor degree must be an integer >= 1 or 'auto' (chosen by leave-2-out "
-                                f"cross-validation over {', '.join(map(str, self.DEGREES))}), got {degree!r}")
+    def __init__(self, **options):
+        degree = PolyOptions.from_dict(options).degree
         self.auto = degree == "auto"
         self.degree = self.DEGREES[0] if self.auto else degree
         self.terms = poly_terms(self.degree)
@@ -143,12 +185,11 @@ class LocalPredictor:
     """
 
     name = "local"
+    Options = LocalOptions
     min_points = 3
 
-    def __init__(self, bandwidth: float = 2.0):
-        if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not 0 < bandwidth < float("inf"):
-            raise HetpruneError(f"local predictor bandwidth must be a positive number of sites, got {bandwidth!r}")
-        self.bandwidth = float(bandwidth)
+    def __init__(self, **options):
+        self.bandwidth = float(LocalOptions.from_dict(options).bandwidth)
         self.pts: np.ndarray | None = None
         self._report: dict = {}
 
@@ -193,17 +234,15 @@ class GPPredictor:
     """
 
     name = "gp"
+    Options = GPOptions
     description = "a plane plus a Gaussian process on its residuals, with an uncertainty per prediction"
     min_points = 3
     LENGTHS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
     NOISES = (1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.3)
 
-    def __init__(self, lengthscale: float | None = None, noise: float | None = None):
-        for key, value in (("lengthscale", lengthscale), ("noise", noise)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not 0 < value < float("inf")):
-                raise HetpruneError(f"gp predictor {key} must be a positive number (or null: fitted), got {value!r}")
-        self.lengthscale, self.noise = lengthscale, noise
+    def __init__(self, **options):
+        o = GPOptions.from_dict(options)
+        self.lengthscale, self.noise = o.lengthscale, o.noise
         self.state: dict | None = None
         self._report: dict = {}
 

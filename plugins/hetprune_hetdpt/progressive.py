@@ -31,34 +31,25 @@ class ProgressivePoints(PointScheme):
     def __init__(self, job: PruneJob, strategy):
         super().__init__(job, strategy)
         self.section = resolve_finetune(job.settings, job.task.train_size, "progressive")
-        first = self.options.get("interleave_first", "act")
-        if first not in self.ORDERS:
-            raise HetpruneError(f"hetdpt.interleave_first must be one of {', '.join(self.ORDERS)} (the kind the "
-                                f"interleaved path of progressive points removes first), got {first!r}")
-        self.first = first
-        stride = self.options.get("path_stride", 1)
-        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
-            raise HetpruneError(f"hetdpt.path_stride must be a whole number >= 1 (the sites a progressive "
-                                f"step removes before its fine-tune), got {stride!r}")
-        self.stride = stride
-        s = job.settings
-        self.step_images = images_of(s[self.section], job.task.train_size)
+        self.first, self.stride = self.options.interleave_first, self.options.path_stride   # checked by the options
+        run = job.config
+        self.step_images = images_of(getattr(run, self.section), job.task.train_size)
         # a check's fine-tune (hetdpt.verify): the final schedule where it costs at most 4 short ones (the
         # embedded benchmarks), else short_finetune (a real run's final fine-tune is far too long to repeat)
-        self.check_section = resolve_finetune({**s, "hetdpt": {**s["hetdpt"], "point_finetune": "auto"}},
-                                              job.task.train_size, "oneshot")
-        self.final_images = images_of(s[self.check_section], job.task.train_size)
-        self.keep_steps = bool(self.options.get("verify", 0))   # verification branches off any step
+        auto = {**job.settings, "hetdpt": {**self.options.to_dict(), "point_finetune": "auto"}}
+        self.check_section = resolve_finetune(auto, job.task.train_size, "oneshot")
+        self.final_images = images_of(getattr(run, self.check_section), job.task.train_size)
+        self.keep_steps = bool(self.options.verify)   # verification branches off any step
         self._paths: list[PointPath] = []
 
     def path_key(self, path: PointPath) -> str:
         """What shapes the points of one path: the scheme, the path (the interleaved path's order), the
         schedule, the point scorer and its data, and the common fields; not its length (a longer path
         extends a shorter one with the same key)."""
-        s = self.job.settings
+        run = self.job.config
         return fingerprint({**self.common, "point_selection": "progressive", "path": path.name,
-                            "point_finetune": self.section, "schedule": s[self.section],
-                            "point_scorer": self.options["point_scorer"], "scoring": s["scoring"],
+                            "point_finetune": self.section, "schedule": getattr(run, self.section),
+                            "point_scorer": self.options.point_scorer, "scoring": run.scoring,
                             **({"stride": self.stride} if self.stride != 1 else {})})   # stride 1 keeps its key
 
     @property
@@ -68,7 +59,7 @@ class ProgressivePoints(PointScheme):
 
     def plan(self, pairs):
         self._paths = paths_for(pairs, self.first, self.stride)
-        plan = {(0, 0)} if self.options["dense_point"] else set()
+        plan = {(0, 0)} if self.options.dense_point else set()
         for path in self._paths:
             plan |= set(path.recorded)
         return sorted(plan, key=lambda p: (p[0] + p[1], p))
@@ -186,7 +177,7 @@ class ProgressivePoints(PointScheme):
                 images = None if self.step_images is None else self.step_images * fine_tunes
                 self.record(store, have, model, a, m, removed, t0,
                             {"path": path.name, "step": step + 1, "fine_tunes": fine_tunes,
-                             "point_finetune": self.section, "schedule": job.settings[self.section],
+                             "point_finetune": self.section, "schedule": getattr(job.config, self.section),
                              "images": images}, f"{path.name} {step + 1}/{len(path.steps)}")
             if step and not self.keep_steps:   # the previous step's weights are not needed once this one is kept
                 self.checkpoint(path, step).unlink(missing_ok=True)
@@ -194,12 +185,12 @@ class ProgressivePoints(PointScheme):
     # -- past the paper: verify the best predicted splits ----------------------------------------------------
     @property
     def verify_key(self) -> str:
-        s = self.job.settings
+        run = self.job.config
         return fingerprint({**self.common, "point_selection": "progressive", "verify": self.first,
-                            "point_finetune": self.section, "schedule": s[self.section],
-                            "final": s[self.check_section], **({"check": self.check_section}
+                            "point_finetune": self.section, "schedule": getattr(run, self.section),
+                            "final": getattr(run, self.check_section), **({"check": self.check_section}
                                                                 if self.check_section != "finetune" else {}),
-                            "point_scorer": self.options["point_scorer"], "scoring": s["scoring"],
+                            "point_scorer": self.options.point_scorer, "scoring": run.scoring,
                             "stride": self.stride})
 
     def base_for(self, pair: tuple[int, int]) -> tuple[PointPath, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hetprune import HetpruneError
 from hetprune.pipeline import PruneJob
 
+from .options import HetDPTOptions
 from .point_schemes import GradualPoints, OneShotPoints, PointScheme
 from .progressive import ProgressivePoints
 
@@ -14,7 +15,7 @@ SCHEMES: dict[str, type[PointScheme]] = {cls.name: cls for cls in (OneShotPoints
 def scheme_for(job: PruneJob, strategy, schemes: dict | None = None) -> PointScheme:
     """The job's point scheme (``hetdpt.point_selection``), built once per job with its settings resolved."""
     table = schemes or SCHEMES
-    name = job.settings["hetdpt"].get("point_selection", "oneshot")
+    name = job.options(HetDPTOptions).point_selection
     if name not in table:
         raise HetpruneError(f"hetdpt.point_selection must be one of {', '.join(table)}, got {name!r}")
     return job.once(("point scheme", name), lambda: table[name](job, strategy))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 from hetprune import HetpruneError, devices
 from hetprune import train as training
 from hetprune.adapters import adapter_for
+from hetprune.config import Section, number, setting, whole
 from hetprune.resume import made_when, note_saved, now, reusable, weights_key
 
 from . import gates
@@ -169,13 +172,25 @@ class MagnitudeScorer:
         return out
 
 
+@dataclass(frozen=True)
+class RandomOptions(Section):
+    """``scorer_options.random``."""
+
+    section: ClassVar[str] = "scorer_options.random"
+    seed: int | None = setting(None, "the draws' seed (null: the run's)")
+
+    def __post_init__(self):
+        self.need("seed", self.seed is None or whole(self.seed), "a whole number or null (the run's)")
+
+
 class RandomScorer:
     """Seeded random scores: the control every scorer should beat."""
 
     name = "random"
+    Options = RandomOptions
 
-    def __init__(self, seed: int | None = None):
-        self.seed = seed
+    def __init__(self, **options):
+        self.seed = RandomOptions.from_dict(options).seed
 
     def score(self, model, sites, ctx):
         seed = ctx.seed if self.seed is None else self.seed
@@ -184,22 +199,36 @@ class RandomScorer:
         return {s: float(v) for s, v in zip(sites, values)}
 
 
+@dataclass(frozen=True)
+class GateTaylorOptions(Section):
+    """``scorer_options.gate-taylor``: the paper's gate phase."""
+
+    section: ClassVar[str] = "scorer_options.gate-taylor"
+    epochs_per_removal: int = setting(1, "weight-and-gate training epochs between two removals")
+    warmup_epochs: int = setting(1, "epochs before the first removal")
+    score_lr: float = setting(1.0, "the gate scores' learning rate (SGD)")
+    score_decay: float = setting(1.0, "how much of the score evidence survives a removal (1: it accumulates over "
+                                      "the whole run, as in the paper; 0: reset after each removal)")
+
+    def __post_init__(self):
+        if not whole(self.epochs_per_removal, 1) or not whole(self.warmup_epochs, 0):
+            raise HetpruneError("gate-taylor needs epochs_per_removal >= 1 and warmup_epochs >= 0")
+        self.need("score_lr", number(self.score_lr) and self.score_lr > 0, "a number > 0")
+        if not number(self.score_decay, 0, 1):
+            raise HetpruneError(f"gate-taylor score_decay must be within [0, 1] (1: scores accumulate over the "
+                                f"whole run, as in the paper; 0: reset after each removal), got {self.score_decay!r}")
+
+
 class GateTaylorScorer:
     """The paper's learned gates: STE-trained scores, incremental removal alternating kinds."""
 
     name = "gate-taylor"
+    Options = GateTaylorOptions
 
-    def __init__(self, epochs_per_removal: int = 1, warmup_epochs: int = 1, score_lr: float = 1.0,
-                 score_decay: float = 1.0):
-        if epochs_per_removal < 1 or warmup_epochs < 0:
-            raise HetpruneError("gate-taylor needs epochs_per_removal >= 1 and warmup_epochs >= 0")
-        if isinstance(score_decay, bool) or not isinstance(score_decay, (int, float)) or not 0 <= score_decay <= 1:
-            raise HetpruneError(f"gate-taylor score_decay must be within [0, 1] (1: scores accumulate over the "
-                                f"whole run, as in the paper; 0: reset after each removal), got {score_decay!r}")
-        self.epochs_per_removal = epochs_per_removal
-        self.warmup_epochs = warmup_epochs
-        self.score_lr = score_lr
-        self.score_decay = float(score_decay)
+    def __init__(self, **options):
+        o = GateTaylorOptions.from_dict(options)
+        self.epochs_per_removal, self.warmup_epochs = o.epochs_per_removal, o.warmup_epochs
+        self.score_lr, self.score_decay = float(o.score_lr), float(o.score_decay)
 
     def score(self, model, sites, ctx):
         """One-shot fallback: the gate gradient on the scoring batches (same as ``taylor``)."""
@@ -225,7 +254,7 @@ class GateTaylorScorer:
         if not order:
             return []
         candidates = [s for kind in ("attn", "act") if counts.get(kind) for s in _present(model, kind)]
-        cfg = ctx.train_config("short_finetune", subset=ctx.settings["scoring"]["subset"])
+        cfg = ctx.train_config("short_finetune", subset=ctx.config.scoring_batches.subset)
         device = devices.resolve(ctx.device)
         amp = devices.resolve_amp(cfg.amp, device)
         ctx.place(model)
@@ -344,7 +373,7 @@ def _attn_mode(ctx) -> str:
     registry; a context made by hand, without one, gets the installed plugins')."""
     from hetprune import get_registry
 
-    remover = (ctx.registry or get_registry()).build("remover", ctx.settings.get("attn_remover", "attn-identity"))
+    remover = (ctx.registry or get_registry()).build("remover", ctx.config.attn_remover)
     return getattr(remover, "mode", "identity")
 
 

@@ -8,6 +8,7 @@ from hetprune.pipeline import DepthStrategy, PruneJob
 from hetprune.points import metric_of
 from hetprune import distributed as dist
 
+from .options import HetDPTOptions
 from .point_schemes import OneShotPoints, grid_plan, resolve_finetune
 from .schemes import SCHEMES, scheme_for
 
@@ -17,45 +18,8 @@ class HetDPT(DepthStrategy):
 
     name = "hetdpt"
     description = "HetDPT: split the budget with a fitted accuracy predictor (MAP), learned gates within each kind"
-    defaults = {
-        "hetdpt": {
-            # gp with progressive points and verify 3: the lowest worst-target mean regret within 1.5x the cost
-            # of the one-shot points, over 8 targets of both embedded benchmarks, 3 seeds
-            # (benchmarks/results/map-points.md); poly is the paper's fit, its degree chosen by leave-2-out CV
-            "predictor": "gp",
-            "predictor_options": {"poly": {"degree": "auto"}},   # per predictor name
-            # how MAP points are made (point_schemes.py, one class each). progressive (the paper's): paths
-            # from the dense model, attention only, activation only and interleaved, each step one more site
-            # off (the point scorer's lowest on the current model) and fine-tuned from the previous point's
-            # weights. oneshot (not the paper's): each point's sites off the dense model at once (the point
-            # scorer's order), one fine-tune. gradual: the run's own selector (``scorer``, e.g. gate-taylor's
-            # removal-by-removal gate training) makes the split from the dense model as the final run will,
-            # and the point is its metric (no further fine-tune)
-            "point_selection": "progressive",
-            # the schedule that fine-tunes a point: finetune (the final fine-tune's), short_finetune (the
-            # paper's short one) or auto: for oneshot, finetune where it costs at most 4 short ones in images
-            # (the embedded benchmarks: there short_finetune's 2 epochs on 150 images ranked digit-pairs'
-            # budget-8 splits at Spearman 0.20 and one seed in three picked a split 3.7 points worse), else
-            # short_finetune (a real run's final fine-tune is far too long for a dozen points); for progressive,
-            # short_finetune (its paths hold about three times as many points)
-            "point_finetune": "auto",
-            "interleave_first": "act",   # the kind the progressive interleaved path removes first (act: 1+1, 1+2, ...)
-            "path_stride": 1,            # sites a progressive step removes before its fine-tune (1: the paper's)
-            "point_scorer": "taylor",
-            "axis_points": 4,
-            "mixed_points": 3,
-            "dense_point": True,
-            # refinement rounds after the fit: each measures the best predicted feasible split not yet measured
-            # (and its unmeasured neighbours on the budget line) with the same cheap fine-tune, then refits;
-            # the pick prefers measured values. 0 = the paper's one-shot fit.
-            "refine": 0,
-            # past the paper: the K best predicted splits measured, the best of them picked (0 = the
-            # predictor's argmax). Progressive: each reached from the nearest path point its removals contain
-            # (inherited weights), then one fine-tune on the final schedule where that is affordable (auto's
-            # rule), else short_finetune. Oneshot and gradual: a point of that split
-            "verify": 3,
-        }
-    }
+    sections = {"hetdpt": HetDPTOptions}   # typed: options.py says what each setting does
+    defaults = {"hetdpt": HetDPTOptions.defaults()}
 
     # -- stage 1: points (one scheme object per job: point_schemes.py, progressive.py) -------------
     point_schemes = SCHEMES   # name -> PointScheme class; a strategy built on this one may add its own
@@ -71,7 +35,7 @@ class HetDPT(DepthStrategy):
     def grid_plan(self, job: PruneJob, pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """Axis and budget-line points (``axis_points``, ``mixed_points``, ``dense_point``), whatever the
         scheme: the candidates HetDPT+'s share search measures its own way."""
-        return grid_plan(job.settings["hetdpt"], pairs)
+        return grid_plan(job.options(HetDPTOptions), pairs)
 
     def collect_points(self, job: PruneJob, plan: list[tuple[int, int]]) -> list[dict]:
         """Measure every planned point not already in the points file (see `PointScheme.collect`)."""
@@ -93,31 +57,45 @@ class HetDPT(DepthStrategy):
         """The settings section whose schedule fine-tunes a one-shot point, ``auto`` resolved."""
         return resolve_finetune(settings, train_size, "oneshot")
 
+    # -- what ``hetprune ablate`` asks of a strategy with cheap points --------------
+    @staticmethod
+    def predictor_name(settings: dict) -> str:
+        """The predictor the settings name (``hetdpt.predictor``)."""
+        return HetDPTOptions.of(settings).predictor
+
+    @staticmethod
+    def point_selection(settings: dict) -> str:
+        """The point scheme the settings name (``hetdpt.point_selection``)."""
+        return HetDPTOptions.of(settings).point_selection
+
+    @staticmethod
+    def point_scorer(job: PruneJob) -> str:
+        """The scorer that orders the points' removals (``hetdpt.point_scorer``): part of their keys."""
+        return job.options(HetDPTOptions).point_scorer
+
+    @staticmethod
+    def predictor(job: PruneJob, name: str | None = None):
+        """Predictor ``name`` (default: the configured one) with its options from ``hetdpt.predictor_options``."""
+        opts = job.options(HetDPTOptions)
+        name = name or opts.predictor
+        return job.registry.build("predictor", name, **opts.predictor_options_for(name))
+
     # -- stage 1: allocation ---------------------------------------------------
     def predictor_for(self, job: PruneJob, plan: list[tuple[int, int]], what: str = "this budget and model"):
         """The configured predictor (``hetdpt.predictor`` with its options), refused before any point is
         measured when ``plan`` has fewer points than it needs."""
-        opts = job.settings["hetdpt"]
-        predictor = job.registry.build("predictor", opts["predictor"],
-                                       **opts.get("predictor_options", {}).get(opts["predictor"], {}))
+        opts = job.options(HetDPTOptions)
+        predictor = self.predictor(job)
         need = getattr(predictor, "min_points", None)
         if need is not None and len(plan) < need:  # say so before an hour of fine-tuning, not after
-            fewer = (f"lower the degree (hetdpt.predictor_options.{opts['predictor']}.degree)"
+            fewer = (f"lower the degree (hetdpt.predictor_options.{opts.predictor}.degree)"
                      if hasattr(predictor, "degree") else "choose a predictor that needs fewer (hetdpt.predictor)")
             raise HetpruneError(
                 f"predictor {predictor.name!r} needs at least {need} distinct points, but {what} give a plan of "
                 f"{len(plan)}: {plan}. Raise hetdpt.axis_points / hetdpt.mixed_points"
-                f"{'' if opts.get('dense_point') else ', set hetdpt.dense_point=true'}, or {fewer}")
+                f"{'' if opts.dense_point else ', set hetdpt.dense_point=true'}, or {fewer}")
         return predictor
 
-    @staticmethod
-    def refine_rounds(settings: dict, key: str = "hetdpt.refine", what: str = "a count of rounds") -> int:
-        """A refinement round count (or another count) from settings (``section.name``), checked."""
-        section, name = key.split(".")
-        refine = settings[section].get(name, 0)
-        if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
-            raise HetpruneError(f"{key} must be {what} >= 0, got {refine!r}")
-        return refine
 
     def allocate(self, job: PruneJob):
         pairs = job.feasible_pairs()   # rank 0's, like every plan below: each rank measures its share of one plan
@@ -125,8 +103,8 @@ class HetDPT(DepthStrategy):
             job.log(f"[hetdpt] the budget allows one split, {pairs[0][0]}+{pairs[0][1]}: taken without MAP points")
             return pairs[0], {"predictor": None, "points": [], "fit": {}, "surface": [], "refinement": [],
                               "single_split": True, "pick": {"n_attn": pairs[0][0], "n_act": pairs[0][1]}}
-        refine = self.refine_rounds(job.settings)
-        verify = self.refine_rounds(job.settings, "hetdpt.verify", "a count of splits")
+        opts = job.options(HetDPTOptions)
+        refine, verify = opts.refine, opts.verify
         scheme = self.scheme(job)
         if refine and not scheme.refinable:
             raise HetpruneError(f"hetdpt.refine measures splits on the budget line, which {scheme.name} points "

@@ -42,12 +42,15 @@ import copy
 import math
 import time
 import warnings
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hetprune import HetpruneError
+from hetprune.config import Section, number, setting, whole
 from hetprune.costs import count_macs, human
 from hetprune.widths import width_info
 
@@ -86,47 +89,60 @@ def _copy(model: nn.Module, grads: dict[str, torch.Tensor] | None) -> nn.Module:
     return twin
 
 
+@dataclass(frozen=True)
+class IsomorphicOptions(Section):
+    """The isomorphic width pruner's options (``width.pruner_options``)."""
+
+    section: ClassVar[str] = "width.pruner_options"
+
+    importance: str = setting("magnitude", f"channel importance: {', '.join(IMPORTANCES)}")
+    round_to: int = setting(8, "keep head dims, MLP hidden and embedding widths multiples of this")
+    prune_heads: bool = setting(True, "remove whole heads too")
+    head_share: float = setting(1.0, "how much of the pruning ratio heads take")
+    head_dim_share: float = setting(0.5, "how much of the pruning ratio head dims take")
+    prune_embed: bool = setting(True, "prune the embedding width too")
+    max_ratio: float = setting(0.9, "the largest channel ratio one pass removes")
+    tolerance: float = setting(0.02, "how close under the MAC target the search stops")
+    steps: int = setting(1, "passes to the target")
+    max_trials: int = setting(12, "ratio trials of the search")
+    taylor_batches: int | None = setting(None, "batches Taylor importance reads (null: the scoring batches)")
+
+    def __post_init__(self):
+        if self.importance not in IMPORTANCES:
+            raise HetpruneError(f"width importance must be one of {IMPORTANCES}, got {self.importance!r}")
+        if not whole(self.round_to, 1):
+            raise HetpruneError(f"round_to must be an integer >= 1, got {self.round_to!r}")
+        if not number(self.max_ratio) or not 0 < self.max_ratio < 1:
+            raise HetpruneError(f"max_ratio must be within (0, 1), got {self.max_ratio}")
+        if not 0 <= self.head_share <= 1 / self.max_ratio or not 0 <= self.head_dim_share <= 1 / self.max_ratio:
+            raise HetpruneError(f"head_share and head_dim_share must be within [0, 1/max_ratio], "
+                                f"got {self.head_share}, {self.head_dim_share}")
+        if not number(self.tolerance) or not 0 < self.tolerance < 1:
+            raise HetpruneError(f"tolerance must be within (0, 1), got {self.tolerance}")
+        if not whole(self.steps, 1) or not whole(self.max_trials, 2):
+            raise HetpruneError(f"need steps >= 1 and max_trials >= 2, got {self.steps}, {self.max_trials}")
+        self.need("taylor_batches", self.taylor_batches is None or whole(self.taylor_batches, 1),
+                  "a whole number >= 1 or null")
+
+
 class IsomorphicWidthPruner:
     """Torch-Pruning isomorphic global width pruning (heads, head dims, MLP hidden, embedding) to a MAC target."""
 
     name = "isomorphic"
+    Options = IsomorphicOptions
     description = ("Torch-Pruning isomorphic global width pruning (heads, head dims, MLP hidden, embedding) "
                    "to a MAC target")
 
-    def __init__(self, importance: str = "magnitude", round_to: int = 8, prune_heads: bool = True,
-                 head_share: float = 1.0, head_dim_share: float = 0.5, prune_embed: bool = True,
-                 max_ratio: float = 0.9, tolerance: float = 0.02, steps: int = 1, max_trials: int = 12,
-                 taylor_batches: int | None = None):
-        if importance not in IMPORTANCES:
-            raise HetpruneError(f"width importance must be one of {IMPORTANCES}, got {importance!r}")
-        if not (isinstance(round_to, int) and round_to >= 1):
-            raise HetpruneError(f"round_to must be an integer >= 1, got {round_to!r}")
-        if not 0 < max_ratio < 1:
-            raise HetpruneError(f"max_ratio must be within (0, 1), got {max_ratio}")
-        if not 0 <= head_share <= 1 / max_ratio or not 0 <= head_dim_share <= 1 / max_ratio:
-            raise HetpruneError(f"head_share and head_dim_share must be within [0, 1/max_ratio], "
-                                f"got {head_share}, {head_dim_share}")
-        if not 0 < tolerance < 1:
-            raise HetpruneError(f"tolerance must be within (0, 1), got {tolerance}")
-        if steps < 1 or max_trials < 2:
-            raise HetpruneError(f"need steps >= 1 and max_trials >= 2, got {steps}, {max_trials}")
-        self.importance = importance
-        self.round_to = round_to
-        self.prune_heads = prune_heads
-        self.head_share = head_share
-        self.head_dim_share = head_dim_share
-        self.prune_embed = prune_embed
-        self.max_ratio = max_ratio
-        self.tolerance = tolerance
-        self.steps = steps
-        self.max_trials = max_trials
-        self.taylor_batches = taylor_batches
+    def __init__(self, **options):
+        o = IsomorphicOptions.from_dict(options, where="the isomorphic width pruner's options (width.pruner_options)")
+        self.importance, self.round_to, self.prune_heads = o.importance, o.round_to, o.prune_heads
+        self.head_share, self.head_dim_share, self.prune_embed = o.head_share, o.head_dim_share, o.prune_embed
+        self.max_ratio, self.tolerance, self.steps = o.max_ratio, o.tolerance, o.steps
+        self.max_trials, self.taylor_batches = o.max_trials, o.taylor_batches
         self.last_report: dict = {}
 
     def options(self) -> dict:
-        return {k: getattr(self, k) for k in ("importance", "round_to", "prune_heads", "head_share",
-                                               "head_dim_share", "prune_embed", "max_ratio", "tolerance", "steps",
-                                               "max_trials", "taylor_batches")}
+        return IsomorphicOptions.from_dict({f.name: getattr(self, f.name) for f in fields(IsomorphicOptions)}).to_dict()
 
     # -- one pass ----------------------------------------------------------------
     def prune_once(self, model: nn.Module, ratio: float, example: torch.Tensor, trim: bool = False) -> None:

@@ -21,15 +21,16 @@ import time
 from hetprune import HetpruneError
 from hetprune.budget import kind_savings, max_per_kind, pair_cost
 from hetprune.cache import fingerprint
-from hetprune.config import train_config
 from hetprune.pipeline import PruneJob, remove_sites
 from hetprune.points import PointStore, metric_of
+
+from .options import HetDPTPlusOptions, WidthOptions
 from hetprune.sites import depth
 
 
 def depth_macs(job: PruneJob):
     """MACs after depth pruning alone, merged, as a function of the split (hetprune.budget.pair_cost)."""
-    save = kind_savings(job.dense, job.example, merge=bool(job.settings.get("mergers")))
+    save = kind_savings(job.dense, job.example, merge=bool(job.config.mergers))
     return pair_cost(save, depth(job.dense))
 
 
@@ -54,23 +55,26 @@ def point_plan(depth_strategy, job: PruneJob, cands: list[tuple[int, int]]) -> l
     return sorted(plan, key=lambda p: (p[0] + p[1], p))
 
 
-def points_key(job: PruneJob, target: float, width_prune_settings: dict) -> str:
-    s = job.settings
-    return fingerprint({"base": job.base_key, "data": job.task.key, "short": s["short_finetune"],
-                        "point_scorer": s["hetdpt"]["point_scorer"], "removers": [s["attn_remover"], s["act_remover"]],
-                        "mergers": s.get("mergers"), "scoring": s["scoring"], "width": width_prune_settings,
-                        "target": int(target), "seed": job.seed, "amp": s.get("amp")})
+def points_key(job: PruneJob, depth_strategy, target: float, width: WidthOptions) -> str:
+    """What shapes a share point: the base, the task, the short schedule, the depth strategy's point scorer,
+    the removers and mergers, the scoring batches, the width pruner and the target."""
+    run = job.config
+    return fingerprint({"base": job.base_key, "data": job.task.key, "short": run.short_finetune,
+                        "point_scorer": depth_strategy.point_scorer(job), "removers": [run.attn_remover, run.act_remover],
+                        "mergers": run.mergers, "scoring": run.scoring, "width": width.to_dict(),
+                        "target": int(target), "seed": job.seed, "amp": run.amp})
 
 
 def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: float, width_prune) -> list[dict]:
     """Every planned point not already stored: remove, width-prune to ``target``, short fine-tune, evaluate."""
-    store = PointStore(job.shared_dir / "plus-points.jsonl", points_key(job, target, job.settings["width"]),
+    store = PointStore(job.shared_dir / "plus-points.jsonl",
+                       points_key(job, depth_strategy, target, job.options(WidthOptions)),
                        run=job.reuse_tag)
     have = store.load()
     todo = [p for p in plan if p not in have]
     store.say_reused(job.log, f"[{job.strategy_name}]", [have[p] for p in plan if p in have], len(plan), "share points")
     orders = None
-    cfg = train_config(job.settings, "short_finetune")
+    cfg = job.train_config("short_finetune")
     for i, (a, m) in enumerate(todo, 1):
         if orders is None:
             orders = depth_strategy.removal_orders(job, {"attn": max(p[0] for p in plan),
@@ -95,14 +99,14 @@ def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: 
 def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tuple[tuple[int, int], dict]:
     """The depth split (width taking the rest of the cut to ``target``) with the best predicted metric (the
     highest, or the lowest where the task's metric is better lower)."""
-    o = job.settings["hetdpt_plus"]
-    depth_strategy = job.registry.build("strategy", o["depth_strategy"])
-    missing = [m for m in ("removal_orders", "point_plan", "predictor_for", "refine_rounds", "fit")
+    o = job.options(HetDPTPlusOptions)
+    depth_strategy = job.registry.build("strategy", o.depth_strategy)
+    missing = [m for m in ("removal_orders", "point_plan", "predictor_for", "point_scorer", "fit")
                if not hasattr(depth_strategy, m)]
     if missing:
         raise HetpruneError(f"hetdpt_plus.depth_share search needs a depth strategy with cheap points and a "
-                            f"fitted predictor, e.g. hetdpt; {o['depth_strategy']!r} lacks {', '.join(missing)}")
-    refine = depth_strategy.refine_rounds(job.settings, "hetdpt_plus.refine")
+                            f"fitted predictor, e.g. hetdpt; {o.depth_strategy!r} lacks {', '.join(missing)}")
+    refine = o.refine
     sign = 1 if job.task.higher_is_better else -1   # the best split: the highest metric, or the lowest loss
     macs = depth_macs(job)
     cands = candidates(job, target, macs)

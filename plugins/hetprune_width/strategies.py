@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import hetprune
-from hetprune import HetpruneError, get_registry
+from hetprune import HetpruneError, config, get_registry
 from hetprune import surgery
 from hetprune.budget import Budget, site_savings
 from hetprune.costs import count_macs, human
@@ -28,29 +28,7 @@ from hetprune.pipeline import PruneJob, PruneResult, finetune, finetune_and_meas
 from hetprune.widths import read_widths, track_kept
 
 from . import share_search
-from .pruner import IsomorphicWidthPruner
-
-WIDTH_DEFAULTS = {
-    "pruner": "isomorphic",
-    # the width pruner's keyword options; a --set of one option replaces this mapping (the pruner's
-    # own defaults fill the rest), e.g. --set width.pruner_options='{importance: taylor}'
-    "pruner_options": IsomorphicWidthPruner().options(),
-}
-
-ORDERS = ("auto", "depth-width", "width-depth", "interleaved")
-
-PLUS_DEFAULTS = {
-    "order": "auto",              # width-depth (best measured, README) with MAC budgets, else depth-width
-                                  # (the paper's); or name one: depth-width, width-depth, interleaved
-    "rounds": 2,                  # interleaved: depth+width rounds, each taking an equal share of both cuts
-    "depth_strategy": "hetdpt",   # any registered depth strategy (its settings section must be present)
-    "depth_share": 0.45,          # share of the MAC reduction (dense -> target) taken by depth pruning, or
-                                  # "search": chosen from cheap points with a fitted predictor (share_search.py)
-    "refine": 0,                  # share search: rounds measuring the best predicted split not yet measured
-    "depth_sites": None,          # or a site count for the depth part (overrides depth_share)
-    "intermediate_finetune": "short_finetune",  # settings section of the fine-tune between the two steps, or none
-}
-
+from .options import HetDPTPlusOptions, WidthOptions
 
 @dataclass
 class WidthContext:
@@ -75,8 +53,7 @@ def mac_target(job: PruneJob, dense_macs: int, who: str) -> float:
 def merged_cost(job: PruneJob, example: torch.Tensor, cost=count_macs) -> Callable[[nn.Module], float]:
     """Cost (default MACs) as it will be after the final merge: linear MLPs that pay to merge are counted
     merged."""
-    mergers = job.settings.get("mergers") or []
-    fold = "ln-fold" in mergers
+    mergers, fold = job.config.mergers, job.folds_norm
 
     def counted(model: nn.Module):
         linear = [i for i in range(depth_of(model)) if surgery.mergeable(model, i)]
@@ -148,18 +125,18 @@ def example_for(job: PruneJob, model: nn.Module) -> torch.Tensor:
 
 def width_prune(job: PruneJob, model: nn.Module, target: float, stage: str = "width") -> dict:
     """Prune ``model``'s widths in place to ``target`` MACs with the configured width pruner."""
-    opts = job.settings["width"]
-    pruner = job.registry.build("width_pruner", opts["pruner"], **(opts.get("pruner_options") or {}))
+    opts = job.options(WidthOptions)
+    pruner = job.registry.build("width_pruner", opts.pruner, **opts.pruner_options)
     example = example_for(job, model)
     ctx = WidthContext(batches=scoring_context(job).batches, macs_fn=merged_cost(job, example), log=job.log)
-    t = job.stage_start(stage, target_macs=int(target), pruner=opts["pruner"])
+    t = job.stage_start(stage, target_macs=int(target), pruner=opts.pruner)
     before = copy.deepcopy(model)
     info = pruner.prune(model, target, example, ctx) or getattr(pruner, "last_report", {}) or {}
     track_kept(before, model)  # the recipe records which channels were kept, so it applies to other weights
     del before
     macs = ctx.macs_fn(model)
     if macs > target:
-        raise HetpruneError(f"width pruner {opts['pruner']!r} left {human(macs)} MACs, above its target "
+        raise HetpruneError(f"width pruner {opts.pruner!r} left {human(macs)} MACs, above its target "
                             f"{human(target)}")
     info = {**info, "macs": macs, "widths": read_widths(model)}
     job.stage_end(stage, t, macs=macs)
@@ -178,7 +155,7 @@ def within(macs: float, target: float, tol: float) -> bool:
 
 
 def tolerance_of(job: PruneJob) -> float:
-    return float((job.settings["width"].get("pruner_options") or {}).get("tolerance", 0.02))
+    return job.options(WidthOptions).tolerance
 
 
 class Isomorphic:
@@ -187,7 +164,8 @@ class Isomorphic:
     name = "isomorphic"
     description = ("width only: Torch-Pruning isomorphic pruning (heads, head dims, MLP hidden, embedding) to a "
                    "MAC target, then the shared KD fine-tune")
-    defaults = {"width": WIDTH_DEFAULTS}
+    sections = {"width": WidthOptions}
+    defaults = {"width": WidthOptions.defaults()}
 
     def run(self, job: PruneJob) -> PruneResult:
         job.strategy_name = job.strategy_name or self.name
@@ -216,24 +194,25 @@ class Isomorphic:
         return finish(job, model, report, widths=read_widths(model))
 
 
-class _WithDepthDefaults:
-    """``defaults`` of hetdpt-plus: its own sections plus those of the registered depth strategy (hetdpt).
+class _WithDepth:
+    """``sections`` / ``defaults`` of hetdpt-plus: its own plus those of the registered depth strategy
+    (hetdpt).
 
     Read through the registry when asked for (not at import), so the hetdpt
     plugin stays an ordinary, separately loaded plugin.
     """
 
-    def __init__(self, own: dict):
-        self.own = own
+    def __init__(self, attribute: str, own: dict):
+        self.attribute, self.own = attribute, own
 
     def __get__(self, obj, owner) -> dict:
-        d = copy.deepcopy(self.own)
+        d = dict(self.own) if self.attribute == "sections" else copy.deepcopy(self.own)
         try:
-            depth = get_registry().component("strategy", self.own["hetdpt_plus"]["depth_strategy"]).factory
+            depth = get_registry().component("strategy", HetDPTPlusOptions().depth_strategy).factory
         except HetpruneError:
             return d  # reported when the strategy runs
-        for key, value in (getattr(depth, "defaults", None) or {}).items():
-            d.setdefault(key, copy.deepcopy(value))
+        for key, value in (getattr(depth, self.attribute, None) or {}).items():
+            d.setdefault(key, value if self.attribute == "sections" else copy.deepcopy(value))
         return d
 
 
@@ -244,47 +223,24 @@ class HetDPTPlus:
     description = ("HetDPT+: HetDPT depth pruning (share hetdpt_plus.depth_share of the MAC cut) and isomorphic "
                    "width pruning to one target, width first by default (hetdpt_plus.order); merges only where "
                    "it pays")
-    defaults = _WithDepthDefaults({"hetdpt_plus": PLUS_DEFAULTS, "width": WIDTH_DEFAULTS})
-    setting_types = {"hetdpt_plus.depth_share": (float, str)}
+    sections = _WithDepth("sections", {"hetdpt_plus": HetDPTPlusOptions, "width": WidthOptions})
+    defaults = _WithDepth("defaults", {"hetdpt_plus": HetDPTPlusOptions.defaults(), "width": WidthOptions.defaults()})
 
-    # -- settings ----------------------------------------------------------------
-    def options(self, job: PruneJob) -> dict:
-        o = dict(job.settings["hetdpt_plus"])
-        if o["order"] not in ORDERS:
-            raise HetpruneError(f"hetdpt_plus.order must be one of {', '.join(ORDERS)}, got {o['order']!r}")
-        rounds = o.get("rounds", 2)
-        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-            raise HetpruneError(f"hetdpt_plus.rounds must be a whole number >= 1, got {rounds!r}")
-        if o["order"] == "interleaved" and o["depth_sites"] is not None and o["depth_sites"] < rounds:
-            raise HetpruneError(f"hetdpt_plus.depth_sites {o['depth_sites']} cannot be spread over "
-                                f"hetdpt_plus.rounds {rounds}: give at least one site per round")
-        if o["depth_sites"] is None:
-            share = o["depth_share"]
-            if share != "search" and (isinstance(share, (bool, str)) or not 0 < share < 1):
-                raise HetpruneError(f"hetdpt_plus.depth_share must be within (0, 1) or 'search', got {share!r}")
-            if share == "search" and o["order"] not in ("depth-width", "auto"):
-                raise HetpruneError("hetdpt_plus.depth_share search runs with order depth-width (or auto)")
-        elif not isinstance(o["depth_sites"], int) or isinstance(o["depth_sites"], bool) or o["depth_sites"] < 1:
-            raise HetpruneError(f"hetdpt_plus.depth_sites must be a site count >= 1 (or null), got {o['depth_sites']!r}")
-        if o["intermediate_finetune"] not in ("short_finetune", "finetune", "none"):
-            raise HetpruneError(f"hetdpt_plus.intermediate_finetune must be short_finetune, finetune or none, "
-                                f"got {o['intermediate_finetune']!r}")
-        return o
-
-    def depth_job(self, job: PruneJob, o: dict, dense: nn.Module, budget: Budget, folder: str = "depth") -> PruneJob:
-        settings = copy.deepcopy(job.settings)
-        section = o["intermediate_finetune"]
-        settings["finetune"] = ({**settings["short_finetune"], "epochs": 0} if section == "none"
-                                else copy.deepcopy(settings[section]))
+    def depth_job(self, job: PruneJob, o: HetDPTPlusOptions, dense: nn.Module, budget: Budget,
+                  folder: str = "depth") -> PruneJob:
+        run = job.config
+        section = o.intermediate_finetune
+        schedule = {**run.short_finetune, "epochs": 0} if section == "none" else getattr(run, section)
+        settings = config.changed(job.settings, finetune=schedule)
         base_info = dict(job.base_info)
         if dense is not job.dense:  # width first: MAP points etc. belong to the width-pruned model
             base_info["hash"] = model_hash(dense)
         return dataclasses.replace(job, dense=dense, budget=budget, settings=settings, base_info=base_info,
                                    workdir=job.workdir / folder, measure_cost=False)  # the final model is timed
 
-    def run_depth(self, job: PruneJob, o: dict, dense: nn.Module, budget: Budget, strategy=None,
+    def run_depth(self, job: PruneJob, o: HetDPTPlusOptions, dense: nn.Module, budget: Budget, strategy=None,
                   folder: str = "depth") -> PruneResult:
-        name = o["depth_strategy"] if strategy is None else strategy.name
+        name = o.depth_strategy if strategy is None else strategy.name
         strategy = strategy or job.registry.build("strategy", name)
         sub = self.depth_job(job, o, dense, budget, folder)
         for key, value in (getattr(strategy, "defaults", None) or {}).items():
@@ -295,17 +251,17 @@ class HetDPTPlus:
         job.stage_end("depth", t, sites=result.report.get("sites"), macs=result.report.get("macs"))
         return result
 
-    def run_interleaved(self, job: PruneJob, o: dict, target: float, dense_macs: int,
+    def run_interleaved(self, job: PruneJob, o: HetDPTPlusOptions, target: float, dense_macs: int,
                         depth_fraction: float | None) -> tuple[nn.Module, list, list[dict]]:
         """``rounds`` rounds of depth pruning then width pruning, each round taking an equal share of both
         cuts (the same fraction of its input's MACs, or its part of ``depth_sites``), with the intermediate
         fine-tune after every step; the last width step lands the total on ``target``."""
-        rounds = o["rounds"]
+        rounds = o.rounds
         model = job.dense
         depth_rounds, widths_info = [], []
         for r in range(1, rounds + 1):
             if depth_fraction is None:   # sites spread as evenly as they go, the earlier rounds take the rest
-                n = o["depth_sites"] // rounds + (1 if r <= o["depth_sites"] % rounds else 0)
+                n = o.depth_sites // rounds + (1 if r <= o.depth_sites % rounds else 0)
                 budget = Budget(sites=n)
             else:
                 budget = Budget(target_macs=depth_fraction ** (1 / rounds))
@@ -322,9 +278,9 @@ class HetDPTPlus:
                         f"this round's width target {human(step_target)}: no width pruning")
                 continue
             widths_info.append(width_prune(job, model, step_target, stage=f"width-round{r}"))
-            if r < rounds and o["intermediate_finetune"] != "none":
+            if r < rounds and o.intermediate_finetune != "none":
                 t = job.stage_start(f"width-finetune-round{r}")
-                finetune(job, model, section=o["intermediate_finetune"], stage=f"width-finetune-round{r}")
+                finetune(job, model, section=o.intermediate_finetune, stage=f"width-finetune-round{r}")
                 job.stage_end(f"width-finetune-round{r}", t)
         return model, depth_rounds, widths_info
 
@@ -332,45 +288,44 @@ class HetDPTPlus:
     def run(self, job: PruneJob) -> PruneResult:
         job.strategy_name = job.strategy_name or self.name
         started = time.time()
-        o = self.options(job)
+        o = job.options(HetDPTPlusOptions)
         example = job.example
         dense_macs = count_macs(job.dense, example)
         timed = in_time(job)
-        if o["order"] == "auto":   # width first measured best at equal MACs; it takes MAC budgets only
-            o = {**o, "order": "depth-width" if timed or o["depth_share"] == "search" and o["depth_sites"] is None
-                 else "width-depth"}
-            job.log(f"[{job.strategy_name}] order auto: {o['order']}")
+        if o.order == "auto":   # width first measured best at equal MACs; it takes MAC budgets only
+            o = dataclasses.replace(o, order="depth-width" if timed or o.searched else "width-depth")
+            job.log(f"[{job.strategy_name}] order auto: {o.order}")
         searched = False
         if timed:
-            if o["depth_share"] == "search":
+            if o.depth_share == "search":
                 raise HetpruneError(f"{self.name}: hetdpt_plus.depth_share search takes MAC budgets for now; give "
                                     "--target-macs, or a fixed depth_share with a time budget")
             # a time budget: the depth part takes its share of the time cut (in the same cost model), width
             # pruning searches the MAC target that lands the rest on the time limit
-            if o["order"] != "depth-width":
+            if o.order != "depth-width":
                 raise HetpruneError(f"{self.name}: a budget in time ({job.budget.describe()}) is supported with "
-                                    f"hetdpt_plus.order depth-width; use --target-macs for {o['order']}")
+                                    f"hetdpt_plus.order depth-width; use --target-macs for {o.order}")
             dense_cost = job.cost(job.dense, example)
             target = dense_macs   # no MAC target: the time limit rules
-            keep = 1 - o["depth_share"] * (1 - job.budget.limit(dense_cost) / dense_cost)
-            depth_budget = (Budget(sites=o["depth_sites"]) if o["depth_sites"] is not None else
+            keep = 1 - o.depth_share * (1 - job.budget.limit(dense_cost) / dense_cost)
+            depth_budget = (Budget(sites=o.depth_sites) if o.depth_sites is not None else
                             Budget(target_speedup=1 / keep, cost_model=job.budget.model_name))
         else:
             target = mac_target(job, dense_macs, self.name)
-            searched = o["depth_sites"] is None and o["depth_share"] == "search"
+            searched = o.searched
             if searched:   # the split whose depth-then-width model predicts best, from cheap points
                 pick, search_info = share_search.search(job, target, dense_macs, width_prune)
-                o = {**o, "depth_sites": sum(pick)}
+                o = dataclasses.replace(o, depth_sites=sum(pick))
             # the depth part's budget: a site count, or its share of the MAC cut as a fraction of its input model
-            depth_fraction = 1 - o["depth_share"] * (1 - target / dense_macs) if o["depth_sites"] is None else None
-            depth_budget = (Budget(sites=o["depth_sites"]) if depth_fraction is None
+            depth_fraction = 1 - o.depth_share * (1 - target / dense_macs) if o.depth_sites is None else None
+            depth_budget = (Budget(sites=o.depth_sites) if depth_fraction is None
                             else Budget(target_macs=depth_fraction))
         tol = tolerance_of(job)
-        mergers = bool(job.settings.get("mergers"))
+        mergers = bool(job.config.mergers)
 
         widths_info: list[dict] = []
         depth_rounds: list[tuple[PruneResult, Budget]] = []   # interleaved: each round's depth result
-        if o["order"] == "depth-width":
+        if o.order == "depth-width":
             depth = self.run_depth(job, o, job.dense, depth_budget,
                                    hetprune.FixedSplit(*pick) if searched else None)
             model = depth.model
@@ -379,7 +334,7 @@ class HetDPTPlus:
                 widths_info.append(info)
             else:
                 widths_info.append(width_prune(job, model, target))
-        elif o["order"] == "interleaved":
+        elif o.order == "interleaved":
             model, depth_rounds, rounds_width = self.run_interleaved(job, o, target, dense_macs, depth_fraction)
             depth = depth_rounds[-1][0]
             widths_info += rounds_width
@@ -389,15 +344,15 @@ class HetDPTPlus:
             save = site_savings(job.dense, example, merge=mergers)
             step = max(save.values()) / dense_macs
             if depth_fraction is None:
-                keep = max(0.05, 1 - o["depth_sites"] * step)
+                keep = max(0.05, 1 - o.depth_sites * step)
             else:
                 keep = max(0.05, depth_fraction - step)
             first = min(0.999 * dense_macs, target / keep)
             model = copy.deepcopy(job.dense)
             widths_info.append(width_prune(job, model, first, stage="width"))
-            if o["intermediate_finetune"] != "none":
+            if o.intermediate_finetune != "none":
                 t = job.stage_start("width-finetune")
-                finetune(job, model, section=o["intermediate_finetune"], stage="width-finetune")
+                finetune(job, model, section=o.intermediate_finetune, stage="width-finetune")
                 job.stage_end("width-finetune", t)
             depth = self.run_depth(job, o, model, depth_budget)
             model = depth.model
@@ -422,13 +377,13 @@ class HetDPTPlus:
         removal = {k: v for r, _ in depth_rounds or [(depth, None)] for k, v in (r.report.get("removal") or {}).items()}
         report = {
             "allocation": {
-                "order": o["order"],
+                "order": o.order,
                 **({"share_search": search_info} if searched else {}),
                 **({"target": job.budget.to_dict(),
                     "within_tolerance": "predicted" in widths_info[-1] and within(
                         widths_info[-1]["predicted"], widths_info[-1]["limit"], tol)} if timed else
                    {"target_macs": int(target), "within_tolerance": within(macs, target, tol)}),
-                "depth": {"strategy": o["depth_strategy"], **depth_summary(dr, depth_budget)},
+                "depth": {"strategy": o.depth_strategy, **depth_summary(dr, depth_budget)},
                 **({"depth_rounds": [depth_summary(r.report, b) for r, b in depth_rounds]}
                    if depth_rounds else {}),
                 "width": widths_info,
@@ -442,5 +397,5 @@ class HetDPTPlus:
             "finetune_history": history,
             "seconds": round(time.time() - started, 1),
         }
-        return finish(job, model, report, fold_norm="ln-fold" in (job.settings.get("mergers") or []),
+        return finish(job, model, report, fold_norm=job.folds_norm,
                       widths=read_widths(model))

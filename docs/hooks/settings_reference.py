@@ -1,0 +1,113 @@
+"""MkDocs hook: write the settings reference from hetprune's typed settings sections.
+
+The page docs/reference/settings.md holds a marker; at build time it is replaced by one table per section:
+the core's (``RunSettings``, each fine-tune schedule's ``TrainConfig``, ``ScoringConfig``), every registered
+strategy's own sections, and the options of every registered component that declares them (``Options``).
+Each row is a field: its key, type, default and help, read from the dataclass, so the reference cannot drift
+from the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from pathlib import Path
+
+MARKER = "<!-- settings-reference -->"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cell(text) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _type(hint) -> str:
+    args = typing.get_args(hint)
+    if args:
+        return " or ".join(_type(a) for a in args)
+    return {type(None): "null"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _default(f) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return ""
+    return f"`{'null' if value is None else value}`"
+
+
+def table(cls, prefix: str, skip=()) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    lines = ["| setting | type | default | what it does |", "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        lines.append(f"| `{key}` | {_cell(_type(hints.get(f.name)))} | {_cell(_default(f))} | "
+                     f"{_cell(f.metadata.get('help', ''))} |")
+    return lines
+
+
+def schedules_table(config) -> list[str]:
+    """The two schedules side by side, with the defaults a run has (not TrainConfig's bare ones)."""
+    hints = typing.get_type_hints(config.TrainConfig)
+    run = config.RunSettings()
+    lines = ["| setting | type | `finetune` default | `short_finetune` default | what it does |", "|---|---|---|---|---|"]
+    for f in dataclasses.fields(config.TrainConfig):
+        if f.name in config.RUN_KEYS:
+            continue
+        shown = [run.finetune.get(f.name), run.short_finetune.get(f.name)]
+        lines.append(f"| `{f.name}` | {_cell(_type(hints.get(f.name)))} | "
+                     + " | ".join(f"`{'null' if v is None else v}`" for v in shown)
+                     + f" | {_cell(f.metadata.get('help', ''))} |")
+    return lines
+
+
+def sections() -> list[tuple[str, str, type, str, tuple]]:
+    """Every typed section: (heading, key prefix, class, where it comes from, fields to skip)."""
+    if str(ROOT) not in sys.path:
+        sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
+    from hetprune import config, get_registry
+
+    out = [("The run (top level)", "", config.RunSettings, "the core", ("finetune", "short_finetune", "scoring")),
+           ("Fine-tune schedules: `finetune` and `short_finetune`", "finetune", config.TrainConfig, "the core",
+            config.RUN_KEYS),
+           ("Scoring batches: `scoring`", "scoring", config.ScoringConfig, "the core", ())]
+    registry = get_registry()
+    seen = set()
+    for name in registry.names("strategy"):
+        factory = registry.component("strategy", name).factory
+        for section, cls in (getattr(factory, "sections", None) or {}).items():
+            if cls not in seen:
+                seen.add(cls)
+                out.append((f"`{section}`", section, cls, f"strategy {name}", ()))
+    for kind in ("scorer", "predictor", "cost_model", "width_pruner"):
+        for name in registry.names(kind):
+            cls = getattr(registry.component(kind, name).factory, "Options", None)
+            if cls is not None and cls not in seen:
+                seen.add(cls)
+                out.append((f"{kind.replace('_', ' ')} `{name}`", cls.section, cls, f"{kind} {name}", ()))
+    return out
+
+
+def render() -> str:
+    lines = []
+    for heading, prefix, cls, origin, skip in sections():
+        doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+        lines += [f"## {heading}", "", f"{' '.join(doc.split())} ({origin}: `{cls.__module__}.{cls.__qualname__}`)", ""]
+        if prefix == "finetune":
+            from hetprune import config
+
+            lines += schedules_table(config) + [""]
+        else:
+            lines += table(cls, prefix, skip) + [""]
+    return "\n".join(lines)
+
+
+def on_page_markdown(markdown, page, config, files):
+    if MARKER in markdown:
+        return markdown.replace(MARKER, render())
+    return markdown

@@ -1,0 +1,191 @@
+"""How every run starts: [`start_run`][hetprune.run_start.start_run] for ``prune``, ``compare`` and ``ablate``,
+from Python and from the command line alike.
+
+A run resolves, once and in this order: the registry, the strategies, the
+budgets, the settings (one [`hetprune.config.resolve`][hetprune.config.resolve]),
+the device and precision (joining the process group under torchrun), the cost
+model each budget counts in, the component names the settings give, and the
+output folder. All of that fails before any model exists, so a command can
+start a run, then build or train its base model, then hand both to the entry
+point. [`RunStart.attach`][hetprune.run_start.RunStart.attach] adds what needs
+the model: the task, the adapter and the dense model's provenance and metric.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import config as config_mod
+from . import cost_model, devices
+from . import distributed as dist
+from .adapters import Adapter
+from .budget import Budget
+from .errors import HetpruneError
+from .io import ResultFolder, check_result_folder, make_result_folder
+from .models import ModelSpec, model_hash
+from .pipeline import resolve_adapter
+from .plugins import Registry, get_registry
+from .resume import base_key
+from .task import Task, as_task, reuse_tag
+
+
+@dataclass
+class Dense:
+    """The run's base model once attached: the caller's model, its task, adapter, provenance (``info``:
+    source, weights hash, metric) and the key every stored result made from it carries."""
+
+    model: nn.Module
+    task: Task
+    adapter: Adapter
+    spec: ModelSpec | None
+    info: dict
+    key: str
+
+
+@dataclass
+class RunStart:
+    """A started run: everything resolved before its model exists (see the module docstring)."""
+
+    registry: Registry
+    strategies: list
+    budgets: list[Budget]
+    settings: dict
+    device: torch.device
+    out: Path | None = None
+    resume: bool = False
+    overwrite: bool = False
+    folder: ResultFolder | None = None
+    _prepared: bool = field(default=False, repr=False)
+
+    @property
+    def strategy(self):
+        """The run's strategy (``prune`` and ``ablate`` run one)."""
+        return self.strategies[0]
+
+    @property
+    def budget(self) -> Budget:
+        return self.budgets[0]
+
+    @property
+    def config(self) -> config_mod.RunSettings:
+        return config_mod.RunSettings.of(self.settings)
+
+    def prepare_out(self) -> Path | None:
+        """Make the output folder ready for a resumable result (compare, ablate): an earlier result's own
+        entries deleted on ``overwrite`` (never anything else), the folder made. Once per run."""
+        if self.out is not None and not self._prepared and self.folder is not None and self.folder.resumable:
+            make_result_folder(self.out, self.folder, self.resume, self.overwrite)
+            self._prepared = True
+        return self.out
+
+    def attach(self, model: nn.Module, task, spec: ModelSpec | None = None, base_info: dict | None = None,
+               adapter: Adapter | None = None, log: Callable[[str], None] = print) -> Dense:
+        """The run's base model: checked to be a module an adapter serves (or ``adapter``'s), its task, and
+        its provenance and metric on the task (measured on the run's device, as every pruned model will be)."""
+        if not isinstance(model, nn.Module):
+            raise HetpruneError(f"the model must be a torch module, got {type(model).__name__}")
+        task = as_task(task)
+        adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
+        info = dense_info(model, task, spec, base_info, self.settings)
+        reuse_tag(task, self.resume, log)   # says aloud when the task's code cannot be keyed
+        return Dense(model, task, adapter, spec, info, base_key(model, info["hash"], spec or ModelSpec.user_built(model)))
+
+
+def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: str | Path | None = None,
+              resume: bool = False, overwrite: bool = False, settings: dict | None = None,
+              config_file: str | None = None, sets: list[str] | None = None, overrides: dict | None = None,
+              registry: Registry | None = None) -> RunStart:
+    """Start a run of ``strategies`` (names or strategy objects) at ``budgets``: resolve and check
+    everything that needs no model, in the order of the module docstring, and return it.
+
+    ``settings`` is the Python call's nested dict, ``overrides`` the keyword options or the command line's
+    flags (``device``, ``amp``, ``seed``, ``scorer``, ``cost_model``), ``sets`` the ``--set`` items.
+    ``folder`` says what kind of result ``out`` holds; an output folder is refused here, before any work,
+    when it cannot take the result (`hetprune.io.check_result_folder`)."""
+    registry = registry or get_registry()
+    built = [registry.build("strategy", s) if isinstance(s, str) else s for s in strategies]
+    given = {**(settings or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    run_settings = config_mod.resolve(built, config_file, given, sets)
+    device = run_device(run_settings)
+    bound = [cost_model.bind(b, run_settings, registry) for b in budgets]
+    check_names(registry, run_settings)
+    where = None
+    if out is not None:
+        if folder is None:
+            raise HetpruneError("an output folder needs the kind of result it holds")
+        where = check_result_folder(out, folder, overwrite, resume=resume and folder.resumable)
+    return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder)
+
+
+def run_device(settings: dict) -> torch.device:
+    """Resolve the run's device and mixed precision once, at the start.
+
+    ``settings["device"]`` becomes the checked, rank-independent name (``auto``
+    resolved) and ``settings["amp"]`` the precision that will run; under
+    torchrun this process joins the process group (nccl on CUDA, gloo on CPU).
+    Returns this process's ``torch.device``.
+    """
+    run = config_mod.RunSettings.of(settings)
+    name = devices.canonical(run.device)
+    device = devices.resolve(name)
+    settings.update(config_mod.changed(settings, device=name, amp=devices.resolve_amp(run.amp, device)))
+    dist.init_from_env(device)
+    return device
+
+
+def check_names(registry: Registry, settings: dict) -> None:
+    """Unknown component names fail now, not after an hour of work: the run's scorer, removers and mergers,
+    and in every section a ``predictor`` or a ``..._scorer`` (``hetdpt.point_scorer``) that names one."""
+    run = config_mod.RunSettings.of(settings)
+    named = [("scorer", "scorer", run.scorer), ("attn_remover", "remover", run.attn_remover),
+             ("act_remover", "remover", run.act_remover), *(("mergers", "merger", m) for m in run.mergers)]
+    for section, values in settings.items():
+        if isinstance(values, dict):
+            for key, value in values.items():
+                kind = ("predictor" if key == "predictor" or key.endswith("_predictor") else
+                        "scorer" if key == "scorer" or key.endswith("_scorer") else None)
+                if kind is not None and isinstance(value, str):
+                    named.append((f"{section}.{key}", kind, value))
+    for where, kind, name in named:
+        try:
+            registry.component(kind, name)
+        except HetpruneError as exc:
+            raise HetpruneError(f"setting {where}: {exc}") from None
+
+
+def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: dict | None, settings: dict) -> dict:
+    """The dense model's provenance for a run: where it came from, its hash, and its metric on the task
+    (measured on the run's device, as every pruned model will be; ``top1`` too for a classification task)."""
+    info = dict(base_info or {})
+    info.setdefault("source", "user model" if spec is None else spec.name)
+    info.setdefault("hash", model_hash(model))
+    run = config_mod.RunSettings.of(settings)
+    device = devices.resolve(run.device)
+    devices.place(model, device)
+    if "metric" not in info:
+        info["metric"] = task.evaluate(model, device, amp=run.amp, workers=run.schedule("finetune").workers)
+    if task.metric_name == "top1":
+        info["top1"] = info["metric"]
+    return info
+
+
+@contextlib.contextmanager
+def as_given(model: nn.Module):
+    """Give the caller's model back as it came: the run evaluates it (eval mode) and moves it to the run's
+    device as the teacher; afterwards every module's train/eval mode and the model's device are restored.
+    Its weights are never changed (strategies prune a copy)."""
+    modes = [(m, m.training) for m in model.modules()]
+    devices_ = {t.device for t in [*model.parameters(), *model.buffers()]}
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.train(training)
+        if len(devices_) == 1:
+            model.to(next(iter(devices_)))

@@ -1,0 +1,66 @@
+"""The ``hetdpt`` settings section, typed: what MAP's points, predictor, refinement and checks do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from hetprune.config import Section, setting, whole
+
+FINETUNES = ("auto", "finetune", "short_finetune")
+ORDERS = ("act", "attn")
+
+
+@dataclass(frozen=True)
+class HetDPTOptions(Section):
+    """HetDPT's stage 1: how MAP's cheap points are made and what the predictor picks from them.
+
+    The defaults are what ``benchmarks/map_points.py`` chose (benchmarks/results/map-points.md): gp with
+    progressive points and 3 checks had the lowest worst-target mean regret within 1.5x the cost of the
+    one-shot points, over 8 targets of both embedded benchmarks, 3 seeds. poly is the paper's fit, its
+    degree chosen by leave-2-out CV.
+    """
+
+    section: ClassVar[str] = "hetdpt"
+
+    predictor: str = setting("gp", "the accuracy predictor MAP fits on the points (poly is the paper's)")
+    predictor_options: dict = setting(help="per predictor name, its options", factory=lambda: {"poly": {"degree": "auto"}})
+    point_selection: str = setting(
+        "progressive", "how points are made: progressive (the paper's: paths from the dense model, one more site "
+                       "off per step, fine-tuned from the previous point's weights), oneshot (each point's sites off "
+                       "the dense model at once, one fine-tune), gradual (the run's own selector makes each split)")
+    point_finetune: str = setting(
+        "auto", "the schedule that fine-tunes a point: finetune, short_finetune, or auto (oneshot: finetune where "
+                "it costs at most 4 short ones in images, else short_finetune; progressive: short_finetune)")
+    interleave_first: str = setting("act", "the kind the interleaved progressive path removes first (act: 1+1, 1+2, ...)")
+    path_stride: int = setting(1, "sites a progressive step removes before its fine-tune (1: the paper's)")
+    point_scorer: str = setting("taylor", "the scorer that orders a point's removals")
+    axis_points: int = setting(4, "oneshot/gradual: points on each axis (one kind removed)")
+    mixed_points: int = setting(3, "oneshot/gradual: points on the budget line (both kinds)")
+    dense_point: bool = setting(True, "measure the dense model as a point")
+    refine: int = setting(0, "rounds after the fit, each measuring the best predicted split not yet measured (and "
+                             "its unmeasured neighbours); 0 = the paper's one-shot fit")
+    verify: int = setting(3, "past the paper: the K best predicted splits measured, the best of them picked (0 = the "
+                             "predictor's argmax)")
+
+    def __post_init__(self):
+        self.need("predictor", isinstance(self.predictor, str) and self.predictor != "", "a predictor's name")
+        self.need("predictor_options", isinstance(self.predictor_options, dict)
+                  and all(isinstance(v, dict) for v in self.predictor_options.values()),
+                  "a mapping of predictor name to its options")
+        self.need("point_selection", isinstance(self.point_selection, str), "a point scheme's name")
+        self.need("point_finetune", self.point_finetune in FINETUNES,
+                  f"one of {', '.join(FINETUNES)} (the settings section whose schedule fine-tunes a MAP point)")
+        self.need("interleave_first", self.interleave_first in ORDERS,
+                  f"one of {', '.join(ORDERS)} (the kind the interleaved path of progressive points removes first)")
+        self.need("path_stride", whole(self.path_stride, 1),
+                  "a whole number >= 1 (the sites a progressive step removes before its fine-tune)")
+        self.need("point_scorer", isinstance(self.point_scorer, str) and self.point_scorer != "", "a scorer's name")
+        self.need("axis_points", whole(self.axis_points, 0), "a whole number >= 0")
+        self.need("mixed_points", whole(self.mixed_points, 0), "a whole number >= 0")
+        self.need("dense_point", isinstance(self.dense_point, bool), "true or false")
+        self.need("refine", whole(self.refine, 0), "a count of rounds >= 0")
+        self.need("verify", whole(self.verify, 0), "a count of splits >= 0")
+
+    def predictor_options_for(self, name: str) -> dict:
+        return dict(self.predictor_options.get(name) or {})
