@@ -211,9 +211,10 @@ def run(args) -> int:
         return _run_int8(args, out, label, model, recipe, folder, report, base, quote_command(argv), started)
     if args.format == "onnx":
         result = export_onnx(model, out, opset=args.opset, dynamic_batch=args.dynamic_batch, dtype=args.dtype,
-                             batch=args.batch, threads=args.threads, base=base)
+                             batch=args.batch, threads=args.threads, base=base, overwrite=args.overwrite)
     elif args.format == "pt2":
-        result = export_pt2(model, out, dynamic_batch=args.dynamic_batch, dtype=args.dtype, batch=args.batch)
+        result = export_pt2(model, out, dynamic_batch=args.dynamic_batch, dtype=args.dtype, batch=args.batch,
+                            overwrite=args.overwrite)
     else:
         typed = tuple(recipe.base.kwargs) if folder is None else ()  # a model name's --model-kwargs: the user's
         result = export_hub(model, recipe, out, label, source=folder, report=report, overwrite=args.overwrite,

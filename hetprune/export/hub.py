@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import HetpruneError
+from ..errors import HetpruneError, option
 from ..io import ResultFolder
 from ..recipe import RECIPE_FILE, WEIGHTS_FILE
 from .common import verify_input
@@ -239,7 +239,7 @@ def _speed_rows(bench_json: str | Path | None) -> list[dict] | None:
         return None
     from ..io import read_json
 
-    data = read_json(bench_json, "--bench-json file")
+    data = read_json(bench_json, f"{option('bench-json')} file")
     try:
         env = data["environment"]
         rows = [r for r in data["results"] if r.get("speedup") is not None and r["model"] != data["reference"]]
@@ -247,7 +247,7 @@ def _speed_rows(bench_json: str | Path | None) -> list[dict] | None:
                  "batch_size": r["batch_size"], "speedup": r["speedup"], "mac_ratio": r["mac_ratio"]}
                 for r in rows]
     except (KeyError, TypeError) as exc:
-        raise HetpruneError(f"--bench-json {bench_json} is not a `hetprune bench --json` result "
+        raise HetpruneError(f"{option('bench-json', str(bench_json))} is not a `hetprune bench --json` result "
                             f"with a reference model (missing {exc})") from None
 
 
