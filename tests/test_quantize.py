@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 
 import pytest
@@ -119,6 +120,7 @@ def test_per_tensor_with_parts_in_float_and_dynamic(models, task, tmp_path):
     c = result["census"]
     assert result["float_parts"] == {"head": 1, "patch": 1, "merged": 2}
     assert c["int8_products"] == c["products"] - 4
+    assert (c["convolutions"], c["int8_convolutions"]) == (1, 0)          # the patch embedding, kept in float
     graph = onnx.load(str(tmp_path / "t.onnx"))
     scales = {t.name: t for t in graph.graph.initializer if t.name.endswith("_scale")}
     assert scales and all(len(t.dims) == 0 for t in scales.values())   # one scale per tensor
@@ -175,10 +177,15 @@ def test_cli_int8_then_bench_it_beside_fp32(saved, tmp_path, capsys):
     rc, printed, _ = run_cli(["export", str(saved), "--quantize", "int8", "--dynamic-batch", "--calibration", "32",
                               "--out", str(out)], capsys)
     assert rc == 0 and out.is_file(), printed
-    for text in ("static QDQ, per-channel int8 weights", "3 attention, 2 activation", "20 of 20 products in INT8",
+    for text in ("static QDQ, per-channel int8 weights", "3 attention, 2 activation",
                  "calibrated on 32 images (training data of digits", "top-1 agreement",
                  "top1 on the validation data through ONNX Runtime", "--max-drop 1"):
         assert text in printed, text
+    # issue 40, S5: the graph line and the INT8 count read the same products (it said 19 matrix products, then
+    # "20 of 20 products in INT8": the patch embedding's Conv counted in one and not the other)
+    counts = re.search(r"(\d+) matrix products \(.*\); (\d+) of (\d+) matrix products and (\d+) of (\d+) "
+                       r"convolution in INT8", printed)
+    assert counts and counts.groups() == ("19", "19", "19", "1", "1"), printed
     speed = tmp_path / "speed.json"
     rc, printed, _ = run_cli(["bench", str(saved), "--backend", "onnxruntime", "--onnx", str(out),
                               "--batch-sizes", "2", "--json", str(speed), *FAST], capsys)
@@ -201,7 +208,8 @@ def test_hub_folder_carries_the_int8_file_and_its_card_states_the_metric(saved, 
     m = meta["metric"]
     for text in ("## INT8 (ONNX Runtime)", "static QDQ, per-channel int8 weights",
                  f"| top1 (validation data) | {m['fp32']:.2f} | {m['int8']:.2f} | {m['drop']:.2f} |",
-                 "Calibrated on 32 images (training data of digits, seed 0) in runs of 8, MinMax ranges"):
+                 "Calibrated on 32 images (training data of digits, seed 0) in runs of 8, MinMax ranges",
+                 "19 of 19 matrix products and 1 of 1 convolution in INT8"):
         assert text in card, text
     assert hetprune.load(hub).state_dict().keys() == hetprune.load(saved).state_dict().keys()
     # the INT8 file is hetprune's own: --overwrite replaces the folder, and the last export's INT8 file goes

@@ -253,6 +253,7 @@ def _run_int8(args, out: Path, label, model, recipe, folder, report, base, comma
     import tempfile
 
     from ..export import INT8_FILE, export_hub, export_int8
+    from ..export.quantize import describe_int8
 
     task = _int8_task(args, recipe, model)
     kwargs = _int8_kwargs(args)
@@ -279,8 +280,7 @@ def _run_int8(args, out: Path, label, model, recipe, folder, report, base, comma
           f"in {seconds:.1f}s")
     c = result["census"]
     floated = ", ".join(f"{p} ({n})" for p, n in result["float_parts"].items())
-    _print_census(c, folder, f"; {c['int8_products']} of {c['products']} products in INT8"
-                             + (f", kept in float: {floated}" if floated else ""))
+    _print_census(c, folder, f"; {describe_int8(c)}" + (f", kept in float: {floated}" if floated else ""))
     cal = result["calibration"]
     if cal:
         print(f"calibrated on {cal['images']} images ({cal['source']}; seed {cal['seed']}, runs of {cal['batch']}, "

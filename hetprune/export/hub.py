@@ -140,6 +140,8 @@ def _fmt_top1(value) -> str:
 
 def int8_section(result: dict) -> list[str]:
     """The model card's INT8 section: the scheme, how it was calibrated, and its metric against fp32."""
+    from .quantize import describe_int8
+
     s, m, chk, cal = result["settings"], result["metric"], result["check"], result["calibration"]
     how = "static QDQ" if s["scheme"] == "int8" else "dynamic (activation ranges measured at run time)"
     lines = ["## INT8 (ONNX Runtime)", "",
@@ -153,7 +155,7 @@ def int8_section(result: dict) -> list[str]:
     floated = ", ".join(p for p, n in result["float_parts"].items() if n) or "none"
     c = result["census"]
     ops = ", ".join(s["ops"]) if s["scheme"] == "int8" else "those with a constant weight"
-    lines.append(f"{c['int8_products']} of {c['products']} products in INT8 ({ops}; parts kept "
+    lines.append(f"{describe_int8(c)} ({ops}; parts kept "
                  f"in float: {floated}). On a seeded batch of {chk['images']} validation images the INT8 file agrees "
                  f"with the fp32 model on "
                  + (f"{chk['top1_agreement']:.1%} of top-1 predictions" if chk["top1_agreement"] is not None

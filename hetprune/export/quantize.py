@@ -61,6 +61,7 @@ DEFAULT_OPS = PRODUCT_OPS    # the products in INT8, everything between them flo
 FLOAT_PARTS = ("head", "patch", "merged")
 DEFAULT_FLOAT: tuple[str, ...] = ()
 INT8_PRODUCT_OPS = ("MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "QGemm")
+CONV_OPS = ("Conv", "ConvInteger", "QLinearConv")
 METADATA_KEY = "hetprune.int8"
 
 
@@ -192,13 +193,31 @@ def part_nodes(graph, model: nn.Module, parts) -> dict[str, list[str]]:
 
 # -- census of an INT8 graph ---------------------------------------------------------------------
 def int8_census(onnx_model) -> dict[str, int]:
-    """The products of a graph (``MatMul``, ``Gemm``, ``Conv`` and their integer forms) and how many of them
-    compute in INT8: an integer op (dynamic quantization), or a product whose two inputs are both
-    dequantized INT8 tensors (QDQ)."""
+    """The products of a graph and how many of them compute in INT8: an integer op (dynamic quantization), or
+    a product whose two inputs are both dequantized INT8 tensors (QDQ). ``products`` are the matrix products
+    the op census counts (`op_census`'s ``matmul``: two inside each fused ``Attention`` op, which stays
+    float) plus the convolutions (the patch embedding), also counted alone (``convolutions``,
+    ``int8_convolutions``), so that a summary of both reads the same numbers (`describe_int8`)."""
     dq = {t for n in onnx_model.graph.node if n.op_type == "DequantizeLinear" for t in n.output}
-    products = [n for n in onnx_model.graph.node if n.op_type in PRODUCT_OPS + INT8_PRODUCT_OPS]
-    int8 = sum(1 for n in products if n.op_type in INT8_PRODUCT_OPS or all(t in dq for t in n.input[:2]))
-    return {"products": len(products), "int8": int8}
+    nodes = [n for n in onnx_model.graph.node if n.op_type in PRODUCT_OPS + INT8_PRODUCT_OPS]
+    convs = [n for n in nodes if n.op_type in CONV_OPS]
+
+    def in_int8(n) -> bool:
+        return n.op_type in INT8_PRODUCT_OPS or all(t in dq for t in n.input[:2])
+
+    return {"products": op_census(onnx_model)["matmul"] + len(convs), "int8": sum(map(in_int8, nodes)),
+            "convolutions": len(convs), "int8_convolutions": sum(map(in_int8, convs))}
+
+
+def describe_int8(census: dict) -> str:
+    """``19 of 19 matrix products and 1 of 1 convolution in INT8``: the matrix products are the graph census's
+    (``matmul``), the convolutions counted apart, so the two lines of a summary agree."""
+    def count(n: int, of: int, what: str) -> str:
+        return f"{n} of {of} {what}{'' if of == 1 else 's'}"
+
+    convs, int8_convs = census.get("convolutions", 0), census.get("int8_convolutions", 0)
+    text = count(census["int8_products"] - int8_convs, census["products"] - convs, "matrix product")
+    return text + (f" and {count(int8_convs, convs, 'convolution')}" if convs else "") + " in INT8"
 
 
 def _expected_int8(graph, settings: Int8Settings, excluded: set[str]) -> int:

@@ -28,8 +28,9 @@ ATTENTION_OPS = ("Softmax", "Attention")
 ACTIVATION_OPS = ("Erf", "Gelu", "Tanh", "Sigmoid", "Relu", "BiasGelu", "FastGelu")
 
 
-# a product as ONNX writes it, and as ONNX Runtime's dynamic quantization rewrites it (MatMulInteger)
-MATMUL_OPS = ("MatMul", "Gemm", "MatMulInteger")
+# a product as ONNX writes it, and as ONNX Runtime's quantization rewrites it (MatMulInteger; QLinearMatMul and
+# QGemm in its QOperator format)
+MATMUL_OPS = ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "QGemm")
 
 
 # -- ONNX -------------------------------------------------------------------------------
