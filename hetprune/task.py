@@ -357,6 +357,24 @@ def classification(data: DataBundle) -> ClassificationTask:
     return ClassificationTask(data)
 
 
+def check_classes(task, model: nn.Module) -> None:
+    """Refuse classification data whose class count is not the model's output width, where both are known (a
+    classification task's data, a model that returns one ``(N, classes)`` tensor): a model pruned on digits
+    (10 classes) measured on digit-pairs (19) otherwise "passes" a metric check at chance."""
+    data = getattr(task, "data", None)
+    if not isinstance(data, DataBundle):
+        return
+    param = next(model.parameters(), None)
+    x = task.example(1)
+    if param is not None:
+        x = x.to(param.device, param.dtype)
+    with torch.inference_mode():
+        out = model(x)
+    if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[-1] != data.num_classes:
+        raise HetpruneError(f"the model outputs {out.shape[-1]} classes but the data {data.name} has "
+                            f"{data.num_classes}: give the data the model was trained on")
+
+
 def as_task(value) -> Task:
     """A Task as given, or the classification Task of a DataBundle."""
     if isinstance(value, Task):

@@ -261,7 +261,8 @@ def _run_int8(args, out: Path, label, model, recipe, folder, report, base, comma
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     if args.format == "onnx":
         result = export_int8(model, out, task, base=base, opset=args.opset, dynamic_batch=args.dynamic_batch,
-                             batch=args.batch, threads=args.threads, metadata=meta, log=log, **kwargs)
+                             batch=args.batch, threads=args.threads, metadata=meta, log=log,
+                             overwrite=args.overwrite, **kwargs)
     else:
         with tempfile.TemporaryDirectory(prefix="hetprune-hub-int8-") as work:
             result = export_int8(model, Path(work) / INT8_FILE, task, base=base, opset=args.opset,
@@ -288,8 +289,9 @@ def _run_int8(args, out: Path, label, model, recipe, folder, report, base, comma
     chk = result["check"]
     agree = f"top-1 agreement {chk['top1_agreement']:.1%} with the fp32 PyTorch model, " \
         if chk["top1_agreement"] is not None else ""
+    worst = f"; the worst of its {len(chk['outputs'])} outputs" if "outputs" in chk else ""
     print(f"checked in ONNX Runtime on a seeded batch of {chk['images']} validation images: {agree}max abs error "
-          f"{chk['max_abs_error']:.3g} ({chk['relative_error']:.2g} of the largest output)")
+          f"{chk['max_abs_error']:.3g} ({chk['relative_error']:.2g} of the largest output{worst})")
     m = result["metric"]
     print(f"{m['name']} on the validation data through ONNX Runtime: {m['fp32']:.2f} fp32 -> {m['int8']:.2f} INT8 "
           f"(drop {m['drop']:.2f}; --max-drop {result['max_drop']:g})")
