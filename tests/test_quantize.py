@@ -424,8 +424,7 @@ def test_an_existing_file_is_refused_unless_overwrite(models, task, tmp_path, mo
     assert export.read_metadata(out)["calibration"]["images"] == 16
 
 
-def test_data_of_another_class_count_than_the_model_is_refused_before_calibrating(saved, models, tmp_path, capsys,
-                                                                                  monkeypatch):
+def test_data_the_model_was_not_made_for_is_refused_before_calibrating(saved, models, tmp_path, capsys, monkeypatch):
     """S2: a model with 10 classes 'passed' its metric check on digit-pairs (19 classes) at 3.10 % top-1."""
     from hetprune.data import digit_pairs
 
@@ -434,3 +433,8 @@ def test_data_of_another_class_count_than_the_model_is_refused_before_calibratin
          capsys, tmp_path, "the model outputs 10 classes but the data digit-pairs has 19")
     with pytest.raises(HetpruneError, match="^the model outputs 10 classes but the data digit-pairs has 19"):
         export.export_int8(models[1], tmp_path / "m.onnx", digit_pairs())
+    # images of another shape than the model takes are refused the same way
+    kwargs = json.dumps({**TINY_KWARGS, "in_chans": 3})
+    _bad(["export", TINY_SPEC.name, "--model-kwargs", kwargs, "--quantize", "int8", "--data", "digits", "--out",
+          str(tmp_path / "m.onnx")], capsys, tmp_path, "the data digits has images of shape (1, 16, 16), the model "
+                                                       "takes (3, 16, 16)")

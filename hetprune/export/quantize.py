@@ -505,11 +505,11 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
     task = _task_of(task)
     from ..costs import count_macs, count_params
     from ..models import input_shape_of
-    from ..task import check_classes
+    from ..task import check_data_fits
 
     shape = input_shape_of(model)
     fp32_model = copy.deepcopy(model).eval().cpu().float()
-    check_classes(task, fp32_model)
+    check_data_fits(task, fp32_model)
     started = time.perf_counter()
     calib = calibration_images(task, settings.calibration, settings.seed, shape, images) if settings.static \
         else None
