@@ -452,7 +452,7 @@ def layer_errors(merged, twin, task, threads: int, n_images: int = 256) -> list[
     from hetprune.export.calibration import check_images
     from hetprune.models import input_shape_of
 
-    images = check_images(task, n_images, 1, input_shape_of(merged)).numpy()
+    images = check_images(task, n_images, 1, input_shape_of(merged))[0].numpy()
     names = {id(m): n for n, m in merged.named_modules()}
     blocks = adapter_for(merged).blocks(merged)
     merged_blocks = [i for i, b in enumerate(blocks) if hasattr(b.mlp, "fc") and not hasattr(b.mlp, "fc1")]

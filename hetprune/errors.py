@@ -53,17 +53,19 @@ def on_command_line() -> bool:
     return _ON_COMMAND_LINE
 
 
-def option(flag: str, value: str = "", setting: str | None = None) -> str:
+def option(flag: str, value: str = "", setting: str | None = None, arg: str | None = None) -> str:
     """How an error names an option: ``--target-macs 0.5`` on the command line, ``target_macs=0.5`` in a
-    Python call, or ``settings["cost_model"]`` where Python passes it as a setting (``setting``)."""
+    Python call, or ``settings["cost_model"]`` where Python passes it as a setting (``setting``). ``arg`` is
+    the Python argument where its name is not the flag's (``--int8-ops`` is ``ops=``)."""
     if _ON_COMMAND_LINE:
         return f"--{flag}" + (f" {value}" if value else "")
     if setting is not None:
         return f'settings["{setting}"]' + (f" = {value!r}" if value else "")
-    name = flag.replace("-", "_")
+    name = arg or flag.replace("-", "_")
     return f"{name}={value}" if value else name
 
 
-def switch(flag: str) -> str:
-    """An on/off option: ``--overwrite`` on the command line, ``overwrite=True`` in a Python call."""
-    return f"--{flag}" if _ON_COMMAND_LINE else f"{flag.replace('-', '_')}=True"
+def switch(flag: str, arg: str | None = None) -> str:
+    """An on/off option: ``--overwrite`` on the command line, ``overwrite=True`` in a Python call (``arg``:
+    the Python argument where its name is not the flag's)."""
+    return f"--{flag}" if _ON_COMMAND_LINE else f"{arg or flag.replace('-', '_')}=True"

@@ -390,6 +390,30 @@ def classification(data: DataBundle) -> ClassificationTask:
     return ClassificationTask(data)
 
 
+def check_data_fits(task, model: nn.Module) -> None:
+    """Refuse classification data the model was not made for, where both are known (a classification task's
+    data): images of another shape than the model takes, or another class count than the width of its
+    ``(N, classes)`` output. A model pruned on digits (10 classes) measured on digit-pairs (19, the same
+    16x16 images) otherwise "passes" a metric check at chance."""
+    from .models import input_shape_of
+
+    data = getattr(task, "data", None)
+    if not isinstance(data, DataBundle):
+        return
+    x, shape = task.example(1), tuple(input_shape_of(model))
+    if tuple(x.shape[1:]) != shape:
+        raise HetpruneError(f"the data {data.name} has images of shape {tuple(x.shape[1:])}, the model takes "
+                            f"{shape}: give the data the model was trained on")
+    param = next(model.parameters(), None)
+    if param is not None:
+        x = x.to(param.device, param.dtype)
+    with torch.inference_mode():
+        out = model(x)
+    if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[-1] != data.num_classes:
+        raise HetpruneError(f"the model outputs {out.shape[-1]} classes but the data {data.name} has "
+                            f"{data.num_classes}: give the data the model was trained on")
+
+
 def as_task(value) -> Task:
     """A Task as given, or the classification Task of a DataBundle."""
     if isinstance(value, Task):

@@ -268,3 +268,41 @@ def test_measure_refuses_a_bad_budget(tiny_model):
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(HetpruneError, match="budget_s"):
             bench.measure({"m": tiny_model}, SHAPE, [1], device="cpu", budget_s=bad)
+
+
+def _onnx_file(path, dims) -> str:
+    """A one-node ONNX file whose image input has ``dims`` (a string for a free dimension)."""
+    onnx = pytest.importorskip("onnx", reason="the export extra is not installed")
+    from onnx import TensorProto, helper
+
+    io = [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims) for name in ("pixel_values", "logits")]
+    graph = helper.make_graph([helper.make_node("Identity", ["pixel_values"], ["logits"])], "g", io[:1], io[1:])
+    onnx.save(helper.make_model(graph), str(path))
+    return str(path)
+
+
+def test_bench_onnx_files_are_checked_before_any_model_is_exported(pruned_dir, tmp_path, capsys, monkeypatch):
+    """Issue 40, item 12: a fixed-batch file was refused only after every model was exported and verified
+    (25 s on the tiny model, minutes on DeiT-B)."""
+    pytest.importorskip("onnxruntime", reason="the export extra is not installed")
+    import hetprune.export
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("a model was exported before the --onnx files were checked")
+
+    monkeypatch.setattr(hetprune.export, "export_onnx", no_export)
+    fixed = _onnx_file(tmp_path / "fixed.onnx", [1, 1, 16, 16])
+    wide = _onnx_file(tmp_path / "wide.onnx", ["batch", 3, 16, 16])
+    (tmp_path / "notes.onnx").write_text("not a model")
+    ort = ["bench", str(pruned_dir), "--backend", "onnxruntime", *FAST]
+    for files, sizes, message in (
+            (fixed, "1,2", f"--onnx {fixed} has a fixed batch of 1: time it at --batch-sizes 1"),
+            (wide, "1", f"--onnx {wide} takes input ('?', 3, 16, 16), the models here take (batch, 1, 16, 16)"),
+            (str(tmp_path / "notes.onnx"), "1", f"--onnx {tmp_path / 'notes.onnx'} is not a readable ONNX file")):
+        assert main([*ort, "--onnx", files, "--batch-sizes", sizes]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {message}"), err
+    # measure() from Python: the files are opened before the models are exported too
+    with pytest.raises(HetpruneError, match="has a fixed batch of 1"):
+        bench.measure({"m": hetprune.load(pruned_dir)}, SHAPE, [2], device="cpu", backend="onnxruntime",
+                      onnx_files={"f": fixed})

@@ -341,6 +341,58 @@ def test_hub_card_quotes_the_command_that_made_the_model(tmp_path, capsys):
     assert export.quote_command(made) in card
 
 
+# -- issue 40: the Python call -------------------------------------------------------------------
+def _no_export(*args, **kwargs):
+    raise AssertionError("the model was exported before the call's arguments were checked")
+
+
+@pytest.mark.parametrize("batch", [0, -2, 1.5, True])
+def test_a_batch_that_is_not_a_whole_number_of_images_is_refused_before_any_work(batch, tmp_path, monkeypatch):
+    """Item 5: batch=0 wrote a file fixed at batch 0, 'verified' on no image; ONNX Runtime refused every batch."""
+    model, _ = make({}, _depth(attn=[1]))
+    monkeypatch.setattr(export.to_onnx, "_to_onnx", _no_export)
+    monkeypatch.setattr(torch.export, "export", _no_export)
+    for call, name in ((export.export_onnx, "m.onnx"), (export.export_pt2, "m.pt2")):
+        with pytest.raises(HetpruneError) as exc:
+            call(model, tmp_path / name, batch=batch)
+        assert str(exc.value) == f"batch={batch!r} is not a batch size; allowed: a whole number >= 1"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_python_errors_name_the_calls_arguments_not_the_flags(tmp_path, monkeypatch):
+    """Item 11 (audit of hetprune/export): a Python caller never typed --opset or --dtype."""
+    model, _ = make({}, _depth(attn=[1]))
+    monkeypatch.setattr(export.to_onnx, "_to_onnx", _no_export)
+    for kwargs, message in (({"opset": 99}, "opset=99 does not exist"),
+                            ({"dtype": "int8"}, "dtype='int8' is not supported for export; allowed: fp32, fp16")):
+        with pytest.raises(HetpruneError) as exc:
+            export.export_onnx(model, tmp_path / "m.onnx", **kwargs)
+        assert str(exc.value).startswith(message) and "--" not in str(exc.value), str(exc.value)
+
+
+def test_an_existing_file_is_never_replaced_without_overwrite(saved, tmp_path, capsys, monkeypatch):
+    """S1: from Python export_onnx and export_pt2 silently replaced a file at ``out`` (the CLI refused it)."""
+    model, _ = make({}, _depth(attn=[1]))
+    with monkeypatch.context() as m:
+        m.setattr(export.to_onnx, "_to_onnx", _no_export)
+        m.setattr(torch.export, "export", _no_export)
+        for call, name in ((export.export_onnx, "m.onnx"), (export.export_pt2, "m.pt2")):
+            out = tmp_path / name
+            out.write_text("my own file")
+            with pytest.raises(HetpruneError) as exc:
+                call(model, out)
+            assert str(exc.value) == f"output {out} already exists; pass overwrite=True to replace it"
+            assert out.read_text() == "my own file"
+    assert export.export_onnx(model, tmp_path / "m.onnx", overwrite=True)["relative_error"] <= 1e-4
+    assert export.export_pt2(model, tmp_path / "m.pt2", overwrite=True)["relative_error"] <= 1e-4
+    # the command line: refused without --overwrite (its own flag named), replaced with it
+    out = tmp_path / "cli.onnx"
+    out.write_text("my own file")
+    _bad(["export", str(saved), "--out", str(out)], capsys, tmp_path, "already exists; pass --overwrite")
+    rc, printed, _ = run_cli(["export", str(saved), "--out", str(out), "--overwrite"], capsys)
+    assert rc == 0 and "verified in ONNX Runtime" in printed and onnx.load(str(out)).graph.node
+
+
 # NaFlexViT exports since it is traced at the input shape it was built for (not its default config's 384x384).
 # Differential attention takes two softmaxes and four products out per removed site (its two fused attention
 # calls), counted from its forward pass; SigLIP's attention-pool query is a product of constants the exporter keeps

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 
 import pytest
@@ -20,7 +21,7 @@ from hetprune.errors import HetpruneError
 from hetprune.models import build
 from hetprune.recipe import arch_of, recipe_from_model
 
-from conftest import TINY_SPEC
+from conftest import TINY_KWARGS, TINY_SPEC
 
 onnx = pytest.importorskip("onnx", reason="the export extra is not installed")
 pytest.importorskip("onnxruntime.quantization", reason="the export extra is not installed")
@@ -119,6 +120,7 @@ def test_per_tensor_with_parts_in_float_and_dynamic(models, task, tmp_path):
     c = result["census"]
     assert result["float_parts"] == {"head": 1, "patch": 1, "merged": 2}
     assert c["int8_products"] == c["products"] - 4
+    assert (c["convolutions"], c["int8_convolutions"]) == (1, 0)          # the patch embedding, kept in float
     graph = onnx.load(str(tmp_path / "t.onnx"))
     scales = {t.name: t for t in graph.graph.initializer if t.name.endswith("_scale")}
     assert scales and all(len(t.dims) == 0 for t in scales.values())   # one scale per tensor
@@ -140,8 +142,11 @@ def test_a_drop_over_max_drop_leaves_no_file_unless_kept(models, tmp_path):
 
     own = hetprune.Task(train=[(images, labels)], val=[(images, labels)], loss=lambda m, b: m(b[0]).sum(),
                         metric=score, metric_name="score")
-    with pytest.raises(HetpruneError, match="INT8 loses 10.00 of score .* more than --max-drop 1; no file"):
+    with pytest.raises(HetpruneError, match="INT8 loses 10.00 of score .* more than max_drop=1; no file") as exc:
         export.export_int8(merged, tmp_path / "m.onnx", own, calibration=16, max_drop=1.0)
+    # issue 40, item 11: a Python caller is told the call's arguments, not the command line's flags
+    assert "keep=True writes it anyway; scheme='int8-dynamic', or float_parts=['head', 'merged']" in str(exc.value)
+    assert "--" not in str(exc.value)
     assert list(tmp_path.iterdir()) == []
     kept = export.export_int8(merged, tmp_path / "m.onnx", own, calibration=16, max_drop=1.0, keep=True)
     assert kept["kept_over_max_drop"] and kept["metric"]["drop"] == 10.0 and (tmp_path / "m.onnx").is_file()
@@ -175,10 +180,15 @@ def test_cli_int8_then_bench_it_beside_fp32(saved, tmp_path, capsys):
     rc, printed, _ = run_cli(["export", str(saved), "--quantize", "int8", "--dynamic-batch", "--calibration", "32",
                               "--out", str(out)], capsys)
     assert rc == 0 and out.is_file(), printed
-    for text in ("static QDQ, per-channel int8 weights", "3 attention, 2 activation", "20 of 20 products in INT8",
+    for text in ("static QDQ, per-channel int8 weights", "3 attention, 2 activation",
                  "calibrated on 32 images (training data of digits", "top-1 agreement",
                  "top1 on the validation data through ONNX Runtime", "--max-drop 1"):
         assert text in printed, text
+    # issue 40, S5: the graph line and the INT8 count read the same products (it said 19 matrix products, then
+    # "20 of 20 products in INT8": the patch embedding's Conv counted in one and not the other)
+    counts = re.search(r"(\d+) matrix products \(.*\); (\d+) of (\d+) matrix products and (\d+) of (\d+) "
+                       r"convolution in INT8", printed)
+    assert counts and counts.groups() == ("19", "19", "19", "1", "1"), printed
     speed = tmp_path / "speed.json"
     rc, printed, _ = run_cli(["bench", str(saved), "--backend", "onnxruntime", "--onnx", str(out),
                               "--batch-sizes", "2", "--json", str(speed), *FAST], capsys)
@@ -201,7 +211,8 @@ def test_hub_folder_carries_the_int8_file_and_its_card_states_the_metric(saved, 
     m = meta["metric"]
     for text in ("## INT8 (ONNX Runtime)", "static QDQ, per-channel int8 weights",
                  f"| top1 (validation data) | {m['fp32']:.2f} | {m['int8']:.2f} | {m['drop']:.2f} |",
-                 "Calibrated on 32 images (training data of digits, seed 0) in runs of 8, MinMax ranges"):
+                 "Calibrated on 32 images (training data of digits, seed 0) in runs of 8, MinMax ranges",
+                 "19 of 19 matrix products and 1 of 1 convolution in INT8"):
         assert text in card, text
     assert hetprune.load(hub).state_dict().keys() == hetprune.load(saved).state_dict().keys()
     # the INT8 file is hetprune's own: --overwrite replaces the folder, and the last export's INT8 file goes
@@ -283,11 +294,11 @@ def test_a_task_without_images_to_calibrate_on_is_refused(models, tmp_path):
     with pytest.raises(HetpruneError, match="yield no images.*give the Task train=batches of images"):
         export.export_int8(merged, tmp_path / "m.onnx", empty)
     small = hetprune.Task(train=[(images, None)], val=val, loss=loss, metric=lambda m, v: 1.0)
-    with pytest.raises(HetpruneError, match="--calibration 256 is more than the 8 images"):
+    with pytest.raises(HetpruneError, match="^calibration=256 is more than the 8 images"):
         export.export_int8(merged, tmp_path / "m.onnx", small)
     with pytest.raises(HetpruneError, match="needs the model's task"):
         export.export_int8(merged, tmp_path / "m.onnx", None)
-    with pytest.raises(HetpruneError, match="--calibration must be a whole number of images >= 1"):
+    with pytest.raises(HetpruneError, match="^calibration must be a whole number of images >= 1"):
         export.export_int8(merged, tmp_path / "m.onnx", small, calibration=0)
     assert list(tmp_path.iterdir()) == []
 
@@ -298,3 +309,132 @@ def test_the_cli_defaults_are_the_librarys():
         quantize.DEFAULT_CALIBRATION, quantize.CALIBRATION_BATCH, quantize.DEFAULT_MAX_DROP)
     assert export_cmd.DEFAULT_OPS == ",".join(quantize.DEFAULT_OPS)
     assert export_cmd.DEFAULT_FLOAT == ",".join(quantize.DEFAULT_FLOAT)
+
+
+# -- issue 40: the Python call ----------------------------------------------------------------------
+class TwoOutputs(torch.nn.Module):
+    """The tiny ViT backbone under two heads: class logits and per-token logits in a dict (as a detection or
+    segmentation model has several outputs)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = build(hetprune.ModelSpec(TINY_SPEC.name, {**TINY_KWARGS, "num_classes": 0}))
+        self.cls_head, self.token_head = torch.nn.Linear(32, 10), torch.nn.Linear(32, 3)
+
+    def forward(self, x):
+        tokens = self.backbone.forward_features(x)
+        return self.cls_head(tokens[:, 0]), {"tokens": self.token_head(tokens[:, 1:])}
+
+
+def _no_export(*args, **kwargs):
+    raise AssertionError("the model was exported before the call's arguments were checked")
+
+
+def test_a_model_with_several_outputs_quantizes_each_output_checked_and_the_metric_gets_them_all(tmp_path):
+    """Item 8: a raw AttributeError ('tuple' object has no attribute 'shape'); the metric saw the first output."""
+    images, labels = torch.randn(32, 1, 16, 16), torch.randint(0, 10, (32,))
+    seen = []
+
+    def metric(model, val):   # the user's own metric reads the model's own structure
+        hits = total = 0
+        for x, y in val:
+            cls, extra = model(x)
+            seen.append((type(model).__name__, tuple(extra["tokens"].shape)))
+            hits, total = hits + int((cls.argmax(-1) == y).sum()), total + len(y)
+        return 100.0 * hits / total
+
+    task = hetprune.Task(train=[(images, labels)], val=[(images, labels)], metric=metric,
+                         loss=lambda m, b: m(b[0])[0].sum())
+    result = export.export_int8(TwoOutputs().eval(), tmp_path / "two.onnx", task, calibration=16,
+                                dynamic_batch=True, max_drop=100.0)
+    outputs = result["check"]["outputs"]
+    assert [o["output"] for o in outputs] == ["[0]", "[1]['tokens']"]
+    assert all(0.0 <= o["top1_agreement"] <= 1.0 and o["max_abs_error"] > 0 for o in outputs)
+    assert result["check"]["relative_error"] == max(o["relative_error"] for o in outputs)
+    assert ("OnnxModule", (32, 16, 3)) in seen and ("TwoOutputs", (32, 16, 3)) in seen
+    assert [o.name for o in export.onnx_session(tmp_path / "two.onnx").get_outputs()] == ["output_0", "output_1"]
+
+
+def test_dict_batches_quantize_with_the_images_given_and_the_tasks_own_metric(models, tmp_path):
+    """Item 10: the check batch always came from task.val, so dict batches were refused even with images=."""
+    _, merged, _ = models
+    images, labels = torch.randn(32, 1, 16, 16), torch.zeros(32, dtype=torch.long)
+    batches = [{"pixel_values": images[i:i + 8], "labels": labels[i:i + 8]} for i in range(0, 32, 8)]
+    called = []
+
+    def metric(model, val):
+        called.append(type(model).__name__)
+        return sum(float((model(b["pixel_values"]).argmax(-1) == b["labels"]).float().mean()) for b in val)
+
+    task = hetprune.Task(train=batches, val=batches, loss=lambda m, b: m(b["pixel_values"]).sum(), metric=metric,
+                         example=images[:4])
+    result = export.export_int8(merged, tmp_path / "s.onnx", task, images=images, calibration=16, max_drop=100.0)
+    assert result["calibration"]["source"] == "images given"
+    assert result["check"]["source"] == "images given" and result["check"]["images"] == 32
+    assert called == [type(merged).__name__, "OnnxModule"]
+    # int8-dynamic does not calibrate: the check batch is the task's example
+    dynamic = export.export_int8(merged, tmp_path / "d.onnx", task, scheme="int8-dynamic", max_drop=100.0)
+    assert dynamic["check"]["source"] == "the task's example" and dynamic["check"]["images"] == 4
+
+
+def test_one_name_given_as_a_string_is_that_name_not_its_letters(models, task, tmp_path):
+    """Item 11: ops="MatMul" was split into letters ("--int8-ops M,a,t,M,u,l is not a product")."""
+    _, merged, _ = models
+    result = export.export_int8(merged, tmp_path / "s.onnx", task, ops="MatMul", float_parts="head",
+                                calibration=16, dynamic_batch=True)
+    assert result["settings"]["ops"] == ("MatMul",) and result["settings"]["float_parts"] == ("head",)
+    assert result["float_parts"] == {"head": 1} and result["census"]["int8_convolutions"] == 0   # Conv not asked
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"ops": "Add"}, "ops='Add' is not a product ONNX Runtime quantizes here; allowed: a list (or one name) of "
+                     "'MatMul', 'Gemm', 'Conv', or 'all'"),
+    ({"ops": ["Add", "Mul"]}, "ops=['Add', 'Mul'] are not products"),
+    ({"float_parts": "softmax"}, "float_parts='softmax' is not a part of the model; allowed: a list (or one name) "
+                                 "of 'head', 'patch', 'merged'"),
+    ({"calibration_batch": 0}, "calibration_batch must be a whole number >= 1, got 0"),
+    ({"max_drop": -1}, "max_drop must be a number >= 0"),
+    ({"scheme": "int4"}, "scheme='int4' is not a quantization scheme"),
+    ({"calibration": 0}, "calibration must be a whole number of images >= 1"),
+    ({"batch": 0}, "batch=0 is not a batch size; allowed: a whole number >= 1"),
+    ({"batch": 2.5}, "batch=2.5 is not a batch size"),
+])
+def test_python_errors_name_the_calls_arguments_before_any_work(kwargs, message, models, task, tmp_path,
+                                                                 monkeypatch):
+    """Items 9 and 11: batch=0 was a raw onnxruntime InvalidArgument; messages named flags Python never typed."""
+    monkeypatch.setattr(quantize, "export_onnx", _no_export)
+    with pytest.raises(HetpruneError) as exc:
+        export.export_int8(models[1], tmp_path / "m.onnx", task, **kwargs)
+    assert str(exc.value).startswith(message) and "--" not in str(exc.value), str(exc.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_file_is_refused_unless_overwrite(models, task, tmp_path, monkeypatch):
+    """S1: export_int8 silently replaced a file at ``out``."""
+    _, merged, _ = models
+    out = tmp_path / "mine.onnx"
+    out.write_text("my own file")
+    with monkeypatch.context() as m:
+        m.setattr(quantize, "export_onnx", _no_export)
+        with pytest.raises(HetpruneError, match=r"already exists; pass overwrite=True to replace it$"):
+            export.export_int8(merged, out, task, calibration=16)
+    assert out.read_text() == "my own file"
+    export.export_int8(merged, out, task, calibration=16, overwrite=True)
+    assert export.read_metadata(out)["calibration"]["images"] == 16
+
+
+def test_data_the_model_was_not_made_for_is_refused_before_calibrating(saved, models, tmp_path, capsys, monkeypatch):
+    """S2: a model with 10 classes 'passed' its metric check on digit-pairs (19 classes) at 3.10 % top-1."""
+    from hetprune.data import digit_pairs
+
+    monkeypatch.setattr(quantize, "calibration_images", _no_export)
+    _bad(["export", str(saved), "--quantize", "int8", "--data", "digit-pairs", "--out", str(tmp_path / "m.onnx")],
+         capsys, tmp_path, "the model outputs 10 classes but the data digit-pairs has 19")
+    with pytest.raises(HetpruneError, match="^the model outputs 10 classes but the data digit-pairs has 19"):
+        export.export_int8(models[1], tmp_path / "m.onnx", digit_pairs())
+    # images of another shape than the model takes are refused the same way
+    kwargs = json.dumps({**TINY_KWARGS, "in_chans": 3})
+    _bad(["export", TINY_SPEC.name, "--model-kwargs", kwargs, "--quantize", "int8", "--data", "digits", "--out",
+          str(tmp_path / "m.onnx")], capsys, tmp_path, "the data digits has images of shape (1, 16, 16), the model "
+                                                       "takes (3, 16, 16)")

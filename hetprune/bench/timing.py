@@ -135,6 +135,42 @@ def _ort_sessions(models: dict[str, nn.Module], dtype: str, device: torch.device
     return sessions
 
 
+def _check_input(path, dims: list, input_shape: tuple, batch_sizes: list[int]) -> None:
+    """An ONNX file's input dims (None where free) against the models' input and the batch sizes to time."""
+    fixed = [d if isinstance(d, int) and d > 0 else None for d in dims]
+    if len(dims) != len(input_shape) + 1 or any(d is not None and d != want
+                                                 for d, want in zip(fixed[1:], input_shape)):
+        shown = tuple(d if d is not None else "?" for d in fixed)
+        raise HetpruneError(f"--onnx {path} takes input {shown}, the models here take (batch, "
+                            f"{', '.join(map(str, input_shape))})")
+    if fixed[0] is not None and any(b != fixed[0] for b in batch_sizes):
+        raise HetpruneError(f"--onnx {path} has a fixed batch of {fixed[0]}: time it at --batch-sizes {fixed[0]}, "
+                            "or export it with --dynamic-batch")
+
+
+def check_onnx_file(path, input_shape: tuple, batch_sizes: list[int]) -> None:
+    """An ONNX file to time as it is, checked before any model is exported or timed (exporting DeiT-B takes
+    minutes): it exists, is an ONNX model with one image input, and that input takes the models' image
+    shape at every batch size asked for."""
+    from ..export import need
+
+    onnx = need("onnx", "--onnx")
+    if not Path(path).is_file():
+        raise HetpruneError(f"--onnx {path}: no such file")
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception as exc:   # protobuf's decode errors, or an unreadable file
+        why = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HetpruneError(f"--onnx {path} is not a readable ONNX file: {why}") from exc
+    weights = {t.name for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in weights]
+    if len(inputs) != 1 or not graph.node:
+        raise HetpruneError(f"--onnx {path} is not an ONNX model with one image input (it has {len(inputs)} "
+                            f"inputs and {len(graph.node)} nodes)")
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in inputs[0].type.tensor_type.shape.dim]
+    _check_input(path, dims, tuple(input_shape), list(batch_sizes))
+
+
 def _file_sessions(files: dict, input_shape: tuple, batch_sizes: list[int], dtype: str, device: torch.device,
                    threads: int) -> tuple[dict, dict]:
     """ONNX Runtime sessions on ONNX files given as they are (an INT8 export), and their costs: the params and
@@ -146,23 +182,14 @@ def _file_sessions(files: dict, input_shape: tuple, batch_sizes: list[int], dtyp
                             "models hetprune exports itself")
     sessions, costs = {}, {}
     for name, path in files.items():
-        if not Path(path).is_file():
-            raise HetpruneError(f"--onnx {path}: no such file")
+        check_onnx_file(path, input_shape, batch_sizes)
         try:
             session = onnx_session(path, threads=threads, device=device.type)
         except HetpruneError:
             raise
         except Exception as exc:
             raise HetpruneError(f"--onnx {path}: ONNX Runtime cannot load it: {str(exc).splitlines()[0]}") from exc
-        dims = session.get_inputs()[0].shape
-        fixed = [d if isinstance(d, int) else None for d in dims]
-        if len(dims) != len(input_shape) + 1 or any(d is not None and d != want
-                                                     for d, want in zip(fixed[1:], input_shape)):
-            raise HetpruneError(f"--onnx {path} takes input {tuple(dims)}, the models here take (batch, "
-                                f"{', '.join(map(str, input_shape))})")
-        if fixed[0] is not None and any(b != fixed[0] for b in batch_sizes):
-            raise HetpruneError(f"--onnx {path} has a fixed batch of {fixed[0]}: time it at --batch-sizes {fixed[0]}, "
-                                "or export it with --dynamic-batch")
+        _check_input(path, session.get_inputs()[0].shape, input_shape, batch_sizes)
         meta = read_metadata(path) or {}
         sessions[name] = session
         costs[name] = {"params": meta.get("params"), "macs": meta.get("macs")}
@@ -342,11 +369,11 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
 
             import onnxruntime
 
-            tmp = tempfile.TemporaryDirectory(prefix="hetprune-bench-")
-            runnable = _ort_sessions(models, dtype, dev, torch.get_num_threads(), tmp.name, log)
+            # the files first: one that cannot be timed is refused before any model is exported
             files, file_costs = _file_sessions(onnx_files, input_shape, list(batch_sizes), dtype, dev,
                                                torch.get_num_threads())
-            runnable.update(files)
+            tmp = tempfile.TemporaryDirectory(prefix="hetprune-bench-")
+            runnable = {**_ort_sessions(models, dtype, dev, torch.get_num_threads(), tmp.name, log), **files}
             costs.update(file_costs)
             env["onnxruntime"] = onnxruntime.__version__
             env["providers"] = next(iter(runnable.values())).get_providers()[:1]

@@ -98,6 +98,7 @@ def load_model(what: str, kwargs: dict):
 
 def run(args) -> int:
     from ..bench import BACKENDS, format_table, measure
+    from ..bench.timing import check_onnx_file
     from ..io import write_json_atomic
     from ..models import build, input_shape_of
 
@@ -121,6 +122,8 @@ def run(args) -> int:
     sizes = parse_batch_sizes(args.batch_sizes)
     kwargs = parse_model_kwargs(args.model_kwargs)
     label, model, recipe = load_model(args.target, kwargs)
+    for path in files:   # before anything is built, exported or timed (exporting DeiT-B takes minutes)
+        check_onnx_file(path, input_shape_of(model), sizes)
     models = {label: model}
     reference = None
     if args.against:

@@ -211,9 +211,10 @@ def run(args) -> int:
         return _run_int8(args, out, label, model, recipe, folder, report, base, quote_command(argv), started)
     if args.format == "onnx":
         result = export_onnx(model, out, opset=args.opset, dynamic_batch=args.dynamic_batch, dtype=args.dtype,
-                             batch=args.batch, threads=args.threads, base=base)
+                             batch=args.batch, threads=args.threads, base=base, overwrite=args.overwrite)
     elif args.format == "pt2":
-        result = export_pt2(model, out, dynamic_batch=args.dynamic_batch, dtype=args.dtype, batch=args.batch)
+        result = export_pt2(model, out, dynamic_batch=args.dynamic_batch, dtype=args.dtype, batch=args.batch,
+                            overwrite=args.overwrite)
     else:
         typed = tuple(recipe.base.kwargs) if folder is None else ()  # a model name's --model-kwargs: the user's
         result = export_hub(model, recipe, out, label, source=folder, report=report, overwrite=args.overwrite,
@@ -252,6 +253,7 @@ def _run_int8(args, out: Path, label, model, recipe, folder, report, base, comma
     import tempfile
 
     from ..export import INT8_FILE, export_hub, export_int8
+    from ..export.quantize import describe_int8
 
     task = _int8_task(args, recipe, model)
     kwargs = _int8_kwargs(args)
@@ -259,7 +261,8 @@ def _run_int8(args, out: Path, label, model, recipe, folder, report, base, comma
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     if args.format == "onnx":
         result = export_int8(model, out, task, base=base, opset=args.opset, dynamic_batch=args.dynamic_batch,
-                             batch=args.batch, threads=args.threads, metadata=meta, log=log, **kwargs)
+                             batch=args.batch, threads=args.threads, metadata=meta, log=log,
+                             overwrite=args.overwrite, **kwargs)
     else:
         with tempfile.TemporaryDirectory(prefix="hetprune-hub-int8-") as work:
             result = export_int8(model, Path(work) / INT8_FILE, task, base=base, opset=args.opset,
@@ -278,8 +281,7 @@ def _run_int8(args, out: Path, label, model, recipe, folder, report, base, comma
           f"in {seconds:.1f}s")
     c = result["census"]
     floated = ", ".join(f"{p} ({n})" for p, n in result["float_parts"].items())
-    _print_census(c, folder, f"; {c['int8_products']} of {c['products']} products in INT8"
-                             + (f", kept in float: {floated}" if floated else ""))
+    _print_census(c, folder, f"; {describe_int8(c)}" + (f", kept in float: {floated}" if floated else ""))
     cal = result["calibration"]
     if cal:
         print(f"calibrated on {cal['images']} images ({cal['source']}; seed {cal['seed']}, runs of {cal['batch']}, "
@@ -287,8 +289,9 @@ def _run_int8(args, out: Path, label, model, recipe, folder, report, base, comma
     chk = result["check"]
     agree = f"top-1 agreement {chk['top1_agreement']:.1%} with the fp32 PyTorch model, " \
         if chk["top1_agreement"] is not None else ""
+    worst = f"; the worst of its {len(chk['outputs'])} outputs" if "outputs" in chk else ""
     print(f"checked in ONNX Runtime on a seeded batch of {chk['images']} validation images: {agree}max abs error "
-          f"{chk['max_abs_error']:.3g} ({chk['relative_error']:.2g} of the largest output)")
+          f"{chk['max_abs_error']:.3g} ({chk['relative_error']:.2g} of the largest output{worst})")
     m = result["metric"]
     print(f"{m['name']} on the validation data through ONNX Runtime: {m['fp32']:.2f} fp32 -> {m['int8']:.2f} INT8 "
           f"(drop {m['drop']:.2f}; --max-drop {result['max_drop']:g})")

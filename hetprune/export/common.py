@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import HetpruneError
+from ..errors import HetpruneError, option, switch
 from ..io import follow_umask
 
 FORMATS = ("onnx", "pt2", "hub")
@@ -51,7 +51,16 @@ def need(module: str, what: str):
 
 def check_dtype(dtype: str) -> None:
     if dtype not in DTYPES:
-        raise HetpruneError(f"--dtype {dtype!r} is not supported for export; allowed: {', '.join(DTYPES)}")
+        raise HetpruneError(f"{option('dtype', repr(dtype))} is not supported for export; allowed: "
+                            f"{', '.join(DTYPES)}")
+
+
+def check_batch(batch) -> int:
+    """A batch size is a whole number >= 1: a file fixed at batch 0 would be "verified" on no image at all and
+    then refused by the runtime at every real batch."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise HetpruneError(f"{option('batch', repr(batch))} is not a batch size; allowed: a whole number >= 1")
+    return batch
 
 
 def verify_input(model: nn.Module, batch: int) -> torch.Tensor:
@@ -169,7 +178,7 @@ def check_output(out: Path, overwrite: bool, folder: bool = False) -> None:
         if folder != out.is_dir():
             raise HetpruneError(f"output {out} exists and is {'not ' if folder else ''}a folder")
         if not overwrite and (not folder or any(out.iterdir())):
-            raise HetpruneError(f"output {out} already exists; pass --overwrite to replace it")
+            raise HetpruneError(f"output {out} already exists; pass {switch('overwrite')} to replace it")
     tmp = _temp_path(out)  # proves the folder is writable
     tmp.unlink()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import HetpruneError
+from ..errors import HetpruneError, option
 from ..io import ResultFolder
 from ..recipe import RECIPE_FILE, WEIGHTS_FILE
 from .common import verify_input
@@ -140,6 +140,8 @@ def _fmt_top1(value) -> str:
 
 def int8_section(result: dict) -> list[str]:
     """The model card's INT8 section: the scheme, how it was calibrated, and its metric against fp32."""
+    from .quantize import describe_int8
+
     s, m, chk, cal = result["settings"], result["metric"], result["check"], result["calibration"]
     how = "static QDQ" if s["scheme"] == "int8" else "dynamic (activation ranges measured at run time)"
     lines = ["## INT8 (ONNX Runtime)", "",
@@ -153,7 +155,7 @@ def int8_section(result: dict) -> list[str]:
     floated = ", ".join(p for p, n in result["float_parts"].items() if n) or "none"
     c = result["census"]
     ops = ", ".join(s["ops"]) if s["scheme"] == "int8" else "those with a constant weight"
-    lines.append(f"{c['int8_products']} of {c['products']} products in INT8 ({ops}; parts kept "
+    lines.append(f"{describe_int8(c)} ({ops}; parts kept "
                  f"in float: {floated}). On a seeded batch of {chk['images']} validation images the INT8 file agrees "
                  f"with the fp32 model on "
                  + (f"{chk['top1_agreement']:.1%} of top-1 predictions" if chk["top1_agreement"] is not None
@@ -239,7 +241,7 @@ def _speed_rows(bench_json: str | Path | None) -> list[dict] | None:
         return None
     from ..io import read_json
 
-    data = read_json(bench_json, "--bench-json file")
+    data = read_json(bench_json, f"{option('bench-json')} file")
     try:
         env = data["environment"]
         rows = [r for r in data["results"] if r.get("speedup") is not None and r["model"] != data["reference"]]
@@ -247,7 +249,7 @@ def _speed_rows(bench_json: str | Path | None) -> list[dict] | None:
                  "batch_size": r["batch_size"], "speedup": r["speedup"], "mac_ratio": r["mac_ratio"]}
                 for r in rows]
     except (KeyError, TypeError) as exc:
-        raise HetpruneError(f"--bench-json {bench_json} is not a `hetprune bench --json` result "
+        raise HetpruneError(f"{option('bench-json', str(bench_json))} is not a `hetprune bench --json` result "
                             f"with a reference model (missing {exc})") from None
 
 

@@ -44,9 +44,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import HetpruneError
+from .. import tensors
+from ..errors import HetpruneError, on_command_line, option, switch
 from .calibration import calibration_images, check_count, check_images
-from .common import DEFAULT_OPSET, _publish, _temp_path, need
+from .common import DEFAULT_OPSET, _publish, _temp_path, check_batch, check_output, need
 from .ort_model import OnnxModule, fixed_batch
 from .to_onnx import export_onnx, onnx_session, op_census
 
@@ -61,6 +62,7 @@ DEFAULT_OPS = PRODUCT_OPS    # the products in INT8, everything between them flo
 FLOAT_PARTS = ("head", "patch", "merged")
 DEFAULT_FLOAT: tuple[str, ...] = ()
 INT8_PRODUCT_OPS = ("MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "QGemm")
+CONV_OPS = ("Conv", "ConvInteger", "QLinearConv")
 METADATA_KEY = "hetprune.int8"
 
 
@@ -82,25 +84,30 @@ class Int8Settings:
 
     def checked(self) -> "Int8Settings":
         if self.scheme not in SCHEMES:
-            raise HetpruneError(f"--quantize {self.scheme!r} is not a quantization scheme; allowed: "
-                                f"{', '.join(SCHEMES)}")
+            raise HetpruneError(f"{option('quantize', repr(self.scheme), arg='scheme')} is not a quantization scheme; "
+                                f"allowed: {', '.join(SCHEMES)}")
         check_count(self.calibration)
         if isinstance(self.calibration_batch, bool) or not isinstance(self.calibration_batch, int) \
                 or self.calibration_batch < 1:
-            raise HetpruneError(f"--calibration-batch must be a whole number >= 1, got {self.calibration_batch!r}")
-        ops, parts = tuple(self.ops), tuple(self.float_parts)
-        bad = [o for o in ops if o not in PRODUCT_OPS] or ([] if ops else ["(none)"])
-        if bad and ops != (ALL_OPS,):
-            raise HetpruneError(f"--int8-ops {','.join(bad)} is not a product ONNX Runtime quantizes here; "
-                                f"allowed: a comma list of {', '.join(PRODUCT_OPS)}, or {ALL_OPS} (every op its "
+            raise HetpruneError(f"{option('calibration-batch')} must be a whole number >= 1, got "
+                                f"{self.calibration_batch!r}")
+        ops, parts = _names(self.ops, "int8-ops", "ops"), _names(self.float_parts, "float", "float_parts")
+        bad = [o for o in ops if o not in PRODUCT_OPS]
+        if (bad or not ops) and ops != (ALL_OPS,):
+            what = f"{option('int8-ops', _listed(bad), arg='ops')} " + (
+                "is not a product" if len(bad) == 1 else "are not products") + " ONNX Runtime quantizes here" \
+                if bad else f"{option('int8-ops', arg='ops')} names no op"
+            raise HetpruneError(f"{what}; allowed: {_list_of(PRODUCT_OPS)}, or {_listed([ALL_OPS])} (every op its "
                                 "quantizer knows)")
         bad = [p for p in parts if p not in FLOAT_PARTS]
         if bad:
-            raise HetpruneError(f"--float {','.join(bad)} is not a part of the model; allowed: a comma list of "
-                                f"{', '.join(FLOAT_PARTS)}")
+            raise HetpruneError(f"{option('float', _listed(bad), arg='float_parts')} "
+                                f"{'is not a part' if len(bad) == 1 else 'are not parts'} of the model; "
+                                f"allowed: {_list_of(FLOAT_PARTS)}")
         if isinstance(self.max_drop, bool) or not isinstance(self.max_drop, (int, float)) \
                 or not math.isfinite(self.max_drop) or self.max_drop < 0:
-            raise HetpruneError(f"--max-drop must be a number >= 0 (in the metric's units), got {self.max_drop!r}")
+            raise HetpruneError(f"{option('max-drop')} must be a number >= 0 (in the metric's units), got "
+                                f"{self.max_drop!r}")
         return Int8Settings(self.scheme, bool(self.per_channel), self.calibration, self.calibration_batch,
                             int(self.seed), ops, parts, float(self.max_drop), bool(self.keep),
                             bool(self.quantize_outputs), bool(self.fuse))
@@ -118,6 +125,32 @@ class Int8Settings:
         weights = "per-channel" if self.per_channel else "per-tensor"
         how = "static QDQ" if self.static else "dynamic"
         return f"{self.scheme} ({how}, {weights} int8 weights)"
+
+
+def _names(value, flag: str, arg: str) -> tuple[str, ...]:
+    """A list of names as a tuple; one name given as a string is that name (``ops="MatMul"``), not its letters."""
+    if isinstance(value, str):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise HetpruneError(f"{option(flag, repr(value), arg=arg)} is not a list of names") from None
+
+
+def _listed(names) -> str:
+    """Names as the caller writes them: ``head,merged`` on the command line; ``['head', 'merged']`` (one name:
+    ``'head'``) in a Python call."""
+    names = list(names)
+    if on_command_line():
+        return ",".join(names)
+    return repr(names[0]) if len(names) == 1 else repr(names)
+
+
+def _list_of(allowed) -> str:
+    """What a list option allows, as the caller writes it."""
+    if on_command_line():
+        return f"a comma list of {', '.join(allowed)}"
+    return f"a list (or one name) of {', '.join(map(repr, allowed))}"
 
 
 # -- which nodes are which part of the model -----------------------------------------------------
@@ -185,20 +218,39 @@ def part_nodes(graph, model: nn.Module, parts) -> dict[str, list[str]]:
         nodes = [n.name for n in _products(graph) if any(p in _scopes(n) for p in paths)]
         if paths and len(nodes) < len(paths):
             raise HetpruneError(f"cannot find the {len(paths)} merged MLPs in the ONNX graph (its nodes carry no "
-                                "module scopes from the exporter); drop 'merged' from --float")
+                                "module scopes from the exporter); drop 'merged' from "
+                                f"{option('float', arg='float_parts')}")
         found["merged"] = sorted(nodes)
     return found
 
 
 # -- census of an INT8 graph ---------------------------------------------------------------------
 def int8_census(onnx_model) -> dict[str, int]:
-    """The products of a graph (``MatMul``, ``Gemm``, ``Conv`` and their integer forms) and how many of them
-    compute in INT8: an integer op (dynamic quantization), or a product whose two inputs are both
-    dequantized INT8 tensors (QDQ)."""
+    """The products of a graph and how many of them compute in INT8: an integer op (dynamic quantization), or
+    a product whose two inputs are both dequantized INT8 tensors (QDQ). ``products`` are the matrix products
+    the op census counts (`op_census`'s ``matmul``: two inside each fused ``Attention`` op, which stays
+    float) plus the convolutions (the patch embedding), also counted alone (``convolutions``,
+    ``int8_convolutions``), so that a summary of both reads the same numbers (`describe_int8`)."""
     dq = {t for n in onnx_model.graph.node if n.op_type == "DequantizeLinear" for t in n.output}
-    products = [n for n in onnx_model.graph.node if n.op_type in PRODUCT_OPS + INT8_PRODUCT_OPS]
-    int8 = sum(1 for n in products if n.op_type in INT8_PRODUCT_OPS or all(t in dq for t in n.input[:2]))
-    return {"products": len(products), "int8": int8}
+    nodes = [n for n in onnx_model.graph.node if n.op_type in PRODUCT_OPS + INT8_PRODUCT_OPS]
+    convs = [n for n in nodes if n.op_type in CONV_OPS]
+
+    def in_int8(n) -> bool:
+        return n.op_type in INT8_PRODUCT_OPS or all(t in dq for t in n.input[:2])
+
+    return {"products": op_census(onnx_model)["matmul"] + len(convs), "int8": sum(map(in_int8, nodes)),
+            "convolutions": len(convs), "int8_convolutions": sum(map(in_int8, convs))}
+
+
+def describe_int8(census: dict) -> str:
+    """``19 of 19 matrix products and 1 of 1 convolution in INT8``: the matrix products are the graph census's
+    (``matmul``), the convolutions counted apart, so the two lines of a summary agree."""
+    def count(n: int, of: int, what: str) -> str:
+        return f"{n} of {of} {what}{'' if of == 1 else 's'}"
+
+    convs, int8_convs = census.get("convolutions", 0), census.get("int8_convolutions", 0)
+    text = count(census["int8_products"] - int8_convs, census["products"] - convs, "matrix product")
+    return text + (f" and {count(int8_convs, convs, 'convolution')}" if convs else "") + " in INT8"
 
 
 def _expected_int8(graph, settings: Int8Settings, excluded: set[str]) -> int:
@@ -218,7 +270,7 @@ def _expected_int8(graph, settings: Int8Settings, excluded: set[str]) -> int:
 
 
 def _check_int8_graph(path: Path, fp32_census: dict, expected: int) -> dict:
-    onnx = need("onnx", "--quantize")
+    onnx = need("onnx", "INT8 export")
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:
@@ -272,7 +324,7 @@ def _reader(images: np.ndarray, input_name: str, batch: int, fixed: int | None):
 def quantize_file(source: Path, out: Path, settings: Int8Settings, excluded: list[str],
                   images: np.ndarray | None = None) -> None:
     """Quantize the fp32 ONNX file ``source`` into ``out`` with ONNX Runtime's tools, as ``settings`` say."""
-    quantization = need("onnxruntime.quantization", "--quantize")
+    quantization = need("onnxruntime.quantization", "INT8 export")
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
     with _quiet_quantizer():
@@ -302,7 +354,7 @@ def fuse_file(source: Path, out: Path, model: nn.Module, verify_batch: int, thre
     """ONNX Runtime's transformer fusions on the fp32 graph (LayerNorm with the residual add, bias with GELU),
     then the fused graph checked against the PyTorch model as the export was. Attention is left unfused: a
     fused ``Attention`` op would keep its products out of QDQ quantization."""
-    need("onnxruntime.transformers", "--quantize with fusions")
+    need("onnxruntime.transformers", "INT8 export with fusions")
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -318,36 +370,50 @@ def fuse_file(source: Path, out: Path, model: nn.Module, verify_batch: int, thre
 
 # -- checking ------------------------------------------------------------------------------------
 @torch.inference_mode()
-def compare_int8(session, model: nn.Module, images: torch.Tensor) -> dict:
-    """The INT8 file against the fp32 PyTorch model on ``images``: top-1 agreement and output error; an output
-    of the wrong shape, or one that is not finite, is an error."""
-    reference = copy.deepcopy(model).eval().cpu().float()(images)
-    got = OnnxModule(session)(images)
-    if tuple(got.shape) != tuple(reference.shape):
-        raise HetpruneError(f"the INT8 file gives output shape {tuple(got.shape)}, torch gives "
-                            f"{tuple(reference.shape)}; no file was written")
-    if not torch.isfinite(got).all():
-        raise HetpruneError("the INT8 file's output is not finite (NaN or inf) on the check batch; no file "
-                            "was written")
-    err = (got - reference).abs().max().item()
-    scale = max(reference.abs().max().item(), 1e-12)
-    agreement = (got.argmax(-1) == reference.argmax(-1)).float().mean().item() if got.dim() > 1 else None
-    return {"images": len(images), "top1_agreement": agreement, "max_abs_error": err, "relative_error": err / scale}
+def compare_int8(got, reference, images: int) -> dict:
+    """The INT8 file's outputs (``got``, nested as the model nests them, `OnnxModule`) against the fp32 PyTorch
+    model's on ``images`` images, output by output: top-1 agreement (over the last dimension) and error. The
+    figures are the worst output's (lowest agreement, largest relative error); with several outputs each one's
+    are listed under ``outputs``. Outputs of other shapes, or not finite, are an error."""
+    refs, gots = dict(tensors.leaves(reference)), dict(tensors.leaves(got))
+    if tensors.shapes(got) != tensors.shapes(reference):
+        raise HetpruneError(f"the INT8 file gives outputs {tensors.describe(tensors.shapes(got))}, torch gives "
+                            f"{tensors.describe(tensors.shapes(reference))}; no file was written")
+    outputs = []
+    for where, ref in refs.items():
+        ref, out = ref.float(), gots[where].float()
+        if not torch.isfinite(out).all():
+            raise HetpruneError(f"the INT8 file's output{' ' + where if where else ''} is not finite (NaN or inf) "
+                                "on the check batch; no file was written")
+        err = (out - ref).abs().max().item() if ref.numel() else 0.0
+        scale = max(ref.abs().max().item(), 1e-12) if ref.numel() else 1.0
+        agreement = (out.argmax(-1) == ref.argmax(-1)).float().mean().item() if ref.dim() > 1 and ref.numel() \
+            else None
+        outputs.append({"output": where, "top1_agreement": agreement, "max_abs_error": err,
+                        "relative_error": err / scale})
+    worst = max(outputs, key=lambda o: o["relative_error"])
+    agreements = [o["top1_agreement"] for o in outputs if o["top1_agreement"] is not None]
+    result = {"images": images, "top1_agreement": min(agreements) if agreements else None,
+              "max_abs_error": worst["max_abs_error"], "relative_error": worst["relative_error"]}
+    if len(outputs) > 1:
+        result["outputs"] = outputs
+    return result
 
 
-def metric_drop(task, model: nn.Module, session) -> dict:
-    """The task's metric of the fp32 PyTorch model and of the INT8 file (through ONNX Runtime), and the drop
-    (positive: INT8 is worse, whichever way the metric goes)."""
-    fp32 = task.evaluate(copy.deepcopy(model).eval().cpu().float(), device="cpu")
-    int8 = task.evaluate(OnnxModule(session), device="cpu")
-    drop = (fp32 - int8) if task.higher_is_better else (int8 - fp32)
-    return {"name": task.metric_name, "fp32": fp32, "int8": int8, "drop": drop,
+def metric_drop(task, fp32: nn.Module, int8: nn.Module) -> dict:
+    """The task's metric of the fp32 PyTorch model and of the INT8 file (an `OnnxModule`: through ONNX
+    Runtime), each measured by the task's own metric on its own validation data, and the drop (positive:
+    INT8 is worse, whichever way the metric goes)."""
+    fp32_value = task.evaluate(fp32, device="cpu")
+    int8_value = task.evaluate(int8, device="cpu")
+    drop = (fp32_value - int8_value) if task.higher_is_better else (int8_value - fp32_value)
+    return {"name": task.metric_name, "fp32": fp32_value, "int8": int8_value, "drop": drop,
             "higher_is_better": task.higher_is_better}
 
 
 def _write_metadata(path: Path, info: dict) -> None:
     """What was checked, in the file itself (``metadata_props``): scheme, calibration, metric, costs."""
-    onnx = need("onnx", "--quantize")
+    onnx = need("onnx", "INT8 export")
     graph = onnx.load(str(path))
     for prop in list(graph.metadata_props):
         if prop.key == METADATA_KEY:
@@ -368,16 +434,17 @@ def _task_of(task):
     from ..task import as_task
 
     if task is None:
+        how = "pass --data digits, digit-pairs or PATH" if on_command_line() else \
+            "pass task=: a hetprune.Task, or a DataBundle such as hetprune.data.digits()"
         raise HetpruneError("INT8 export needs the model's task: its training images to calibrate on and its "
-                            "validation data for the metric check (on the command line: --data digits, "
-                            "digit-pairs or PATH)")
+                            f"validation data for the metric check; {how}")
     return as_task(task)
 
 
 def _fp32_then_int8(tmp: Path, model: nn.Module, base, settings: Int8Settings, calib, log, **export) -> tuple:
     """The checked fp32 export (in a temporary folder), quantized into ``tmp``: ``(fp32 check, float parts,
     INT8 products asked for, seconds)``."""
-    onnx = need("onnx", "--quantize")
+    onnx = need("onnx", "INT8 export")
     seconds = {}
     with tempfile.TemporaryDirectory(prefix="hetprune-int8-") as work:
         fp32_path = Path(work) / "fp32.onnx"
@@ -408,51 +475,64 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
                 float_parts=DEFAULT_FLOAT, max_drop: float = DEFAULT_MAX_DROP, keep: bool = False,
                 quantize_outputs: bool = False, fuse: bool = False, opset: int = DEFAULT_OPSET,
                 dynamic_batch: bool = False, batch: int = 1, threads: int | None = None,
-                metadata: dict | None = None, log=None) -> dict:
+                metadata: dict | None = None, log=None, overwrite: bool = False) -> dict:
     """Write ``model`` as an INT8 ONNX file at ``out``, checked; return what was checked.
 
     ``task`` (a `hetprune.Task` or a DataBundle) gives the calibration images (its training data, or
-    ``images``) and the metric; ``base`` (the unpruned model) is what the fp32 graph's census is checked
-    against, as in `export_onnx`. ``scheme``: ``int8`` (static QDQ, calibrated on ``calibration``
-    images in runs of ``calibration_batch``, seeded by ``seed``) or ``int8-dynamic``; ``per_channel``: weight
-    scales per output channel (else one per tensor); ``ops``: the product types put in INT8 (``("all",)``:
-    every op type ONNX Runtime's quantizer knows); ``quantize_outputs``: requantize each MatMul's output to
-    INT8 (default: it stays float); ``fuse``: ONNX Runtime's transformer fusions on the fp32 graph first;
-    ``float_parts``: parts of the model kept in float (``head``, ``patch``, ``merged``). The file is written
-    only when every check passes and the metric drops by at most ``max_drop`` (``keep``: write it anyway, and
-    say so). ``metadata``: more to record in the file.
+    ``images``: then they are also the batch the file is compared with the fp32 model on) and the metric,
+    measured by the task's own metric function on its own validation data, the INT8 file run through ONNX
+    Runtime as a module that returns what the model returns (a tuple or dict for a model with several
+    outputs); ``base`` (the unpruned model) is what the fp32 graph's census is checked against, as in
+    `export_onnx`. ``scheme``: ``int8`` (static QDQ, calibrated on ``calibration`` images in runs of
+    ``calibration_batch``, seeded by ``seed``) or ``int8-dynamic``; ``per_channel``: weight scales per output
+    channel (else one per tensor); ``ops``: the product types put in INT8 (``"all"``: every op type ONNX
+    Runtime's quantizer knows); ``quantize_outputs``: requantize each MatMul's output to INT8 (default: it
+    stays float); ``fuse``: ONNX Runtime's transformer fusions on the fp32 graph first; ``float_parts``:
+    parts of the model kept in float (``head``, ``patch``, ``merged``). ``ops`` and ``float_parts`` take a
+    list, or one name as a string. ``batch`` (a whole number >= 1) is the file's batch unless
+    ``dynamic_batch``. The file is written only when every check passes and the metric drops by at most
+    ``max_drop`` (``keep``: write it anyway, and say so); an existing ``out`` is refused before any work
+    unless ``overwrite``. ``metadata``: more to record in the file.
     """
     log = log or (lambda msg: None)
-    settings = Int8Settings(scheme, per_channel, calibration, calibration_batch, seed, tuple(ops),
-                            tuple(float_parts), max_drop, keep, quantize_outputs, fuse).checked()
+    settings = Int8Settings(scheme, per_channel, calibration, calibration_batch, seed, ops, float_parts, max_drop,
+                            keep, quantize_outputs, fuse).checked()
+    check_batch(batch)
+    out = Path(out)
+    check_output(out, overwrite)
     for module in ("onnx", "onnxruntime", "onnxruntime.quantization"):
-        need(module, "--quantize")
+        need(module, "INT8 export")
     task = _task_of(task)
     from ..costs import count_macs, count_params
     from ..models import input_shape_of
+    from ..task import check_data_fits
 
     shape = input_shape_of(model)
+    fp32_model = copy.deepcopy(model).eval().cpu().float()
+    check_data_fits(task, fp32_model)
     started = time.perf_counter()
     calib = calibration_images(task, settings.calibration, settings.seed, shape, images) if settings.static \
         else None
-    check_x = check_images(task, CHECK_IMAGES, settings.seed, shape)
-    out = Path(out)
+    check_x, check_source = check_images(task, CHECK_IMAGES, settings.seed, shape, images)
+    with torch.inference_mode():
+        reference = fp32_model(check_x)
     tmp = _temp_path(out)
     try:
         fp32, parts, expected, seconds = _fp32_then_int8(tmp, model, base, settings, calib, log, opset=opset,
                                                          dynamic_batch=dynamic_batch, batch=batch, threads=threads)
         census = _check_int8_graph(tmp, fp32["census"], expected)
-        session = onnx_session(tmp, threads=threads)
-        check = compare_int8(session, model, check_x)
+        int8_model = OnnxModule(onnx_session(tmp, threads=threads), like=reference)
+        check = {**compare_int8(int8_model(check_x), reference, len(check_x)), "source": check_source}
         log(f"measuring the task's metric ({task.metric_name}) on its validation data through ONNX Runtime ...")
-        metric = metric_drop(task, model, session)
-        del session
+        metric = metric_drop(task, fp32_model, int8_model)
+        del int8_model
         over = metric["drop"] > settings.max_drop
         if over and not settings.keep:
             raise HetpruneError(f"INT8 loses {metric['drop']:.2f} of {metric['name']} ({metric['fp32']:.2f} fp32 -> "
-                                f"{metric['int8']:.2f} INT8), more than --max-drop {settings.max_drop:g}; no file "
-                                "was written (--keep writes it anyway; --quantize int8-dynamic, or --float "
-                                "head,merged, may lose less)")
+                                f"{metric['int8']:.2f} INT8), more than {option('max-drop', f'{settings.max_drop:g}')}"
+                                f"; no file was written ({switch('keep')} writes it anyway; "
+                                f"{option('quantize', _listed(['int8-dynamic']), arg='scheme')}, or "
+                                f"{option('float', _listed(['head', 'merged']), arg='float_parts')}, may lose less)")
         calibration_info = ({"images": len(calib), "source": "images given" if images is not None else
                              f"training data of {task.name}", "seed": settings.seed,
                              "batch": settings.calibration_batch, "method": "MinMax"} if settings.static else None)
@@ -460,7 +540,7 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
                 "float_parts": {p: len(n) for p, n in parts.items()}, "calibration": calibration_info,
                 "metric": metric, "max_drop": settings.max_drop, "kept_over_max_drop": over,
                 "check": check, "census": census, "params": count_params(model),
-                "macs": count_macs(copy.deepcopy(model).eval().cpu().float(), check_x[:1]), **(metadata or {})}
+                "macs": count_macs(fp32_model, check_x[:1]), **(metadata or {})}
         _write_metadata(tmp, info)
         _publish(tmp, out)
     except BaseException:

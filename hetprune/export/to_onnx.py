@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from ..costs import MATMUL_FUNCTIONS
-from ..errors import HetpruneError
+from ..errors import HetpruneError, option
 from .common import (DEFAULT_OPSET, INPUT_NAME, _dynamic_shapes, _example, _prepared, _publish, _quiet_exporter,
-                     _temp_path, _verify_batch, check_dtype, compare_outputs, need, output_names, verify_input)
+                     _temp_path, _verify_batch, check_batch, check_dtype, check_output, compare_outputs, need,
+                     output_names, verify_input)
 
 # ONNX ops that stand for one piece of a ViT (the exporter spells GELU as Erf before opset 20, and
 # attention as MatMul/Softmax/MatMul before opset 23, as one fused Attention op from 23 on)
@@ -27,8 +28,9 @@ ATTENTION_OPS = ("Softmax", "Attention")
 ACTIVATION_OPS = ("Erf", "Gelu", "Tanh", "Sigmoid", "Relu", "BiasGelu", "FastGelu")
 
 
-# a product as ONNX writes it, and as ONNX Runtime's dynamic quantization rewrites it (MatMulInteger)
-MATMUL_OPS = ("MatMul", "Gemm", "MatMulInteger")
+# a product as ONNX writes it, and as ONNX Runtime's quantization rewrites it (MatMulInteger; QLinearMatMul and
+# QGemm in its QOperator format)
+MATMUL_OPS = ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "QGemm")
 
 
 # -- ONNX -------------------------------------------------------------------------------
@@ -208,30 +210,34 @@ def onnx_session(path: str | Path, threads: int | None = None, device: str = "cp
 
 def export_onnx(model: nn.Module, out: str | Path, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False,
                 dtype: str = "fp32", batch: int = 1, threads: int | None = None,
-                base: nn.Module | None = None) -> dict:
+                base: nn.Module | None = None, overwrite: bool = False) -> dict:
     """Write ``model`` as ONNX to ``out``, verified; return what was checked.
 
     The file appears only once ``onnx.checker``, the op census (against the
     graph of ``base``, the unpruned model, when given) and an ONNX Runtime run
-    compared with the PyTorch model have passed.
+    compared with the PyTorch model have passed. ``batch`` (a whole number >= 1)
+    is the file's batch, or the traced one with ``dynamic_batch``. An existing
+    ``out`` is refused before any work unless ``overwrite``.
     """
-    onnx = need("onnx", "--format onnx")
-    need("onnxscript", "--format onnx (torch's exporter)")
-    need("onnxruntime", "--format onnx (verification)")
+    onnx = need("onnx", "ONNX export")
+    need("onnxscript", "ONNX export (torch's exporter)")
+    need("onnxruntime", "ONNX export (its verification)")
     check_dtype(dtype)
+    check_batch(batch)
     newest = onnx.defs.onnx_opset_version()
     if isinstance(opset, bool) or not isinstance(opset, int) or not 1 <= opset <= newest:
-        raise HetpruneError(f"--opset {opset!r} does not exist; onnx {onnx.__version__} knows opsets 1..{newest} "
-                            f"(default {DEFAULT_OPSET})")
+        raise HetpruneError(f"{option('opset', repr(opset))} does not exist; onnx {onnx.__version__} knows opsets "
+                            f"1..{newest} (default {DEFAULT_OPSET})")
     out = Path(out)
+    check_output(out, overwrite)
     m = _prepared(model, dtype)
     tmp = _temp_path(out)
     try:
         program = _to_onnx(m, _example(model, batch, dtype, dynamic_batch), opset, dynamic_batch)
         written = {imp.version for imp in program.model_proto.opset_import if imp.domain in ("", "ai.onnx")}
         if written != {opset}:
-            raise HetpruneError(f"--opset {opset} is not supported by torch {torch.__version__}'s ONNX exporter "
-                                f"(it wrote opset {', '.join(map(str, sorted(written)))}); "
+            raise HetpruneError(f"{option('opset', str(opset))} is not supported by torch {torch.__version__}'s "
+                                f"ONNX exporter (it wrote opset {', '.join(map(str, sorted(written)))}); "
                                 f"use the default {DEFAULT_OPSET} (17 to 25 were verified with torch 2.14)")
         with _quiet_exporter():
             program.save(str(tmp))

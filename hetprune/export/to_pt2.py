@@ -10,15 +10,18 @@ from torch import nn
 
 from ..errors import HetpruneError
 from .common import (_dynamic_shapes, _example, _prepared, _publish, _quiet_exporter, _temp_path, _verify_batch,
-                     check_dtype, compare_outputs, verify_input)
+                     check_batch, check_dtype, check_output, compare_outputs, verify_input)
 
 
 # -- torch.export (.pt2) ----------------------------------------------------------------
 def export_pt2(model: nn.Module, out: str | Path, dynamic_batch: bool = False, dtype: str = "fp32",
-               batch: int = 1) -> dict:
-    """Write ``model`` as a ``torch.export`` program (``.pt2``), read back and compared before the rename."""
+               batch: int = 1, overwrite: bool = False) -> dict:
+    """Write ``model`` as a ``torch.export`` program (``.pt2``), read back and compared before the rename. An
+    existing ``out`` is refused before any work unless ``overwrite``."""
     check_dtype(dtype)
+    check_batch(batch)
     out = Path(out)
+    check_output(out, overwrite)
     m = _prepared(model, dtype)
     tmp = _temp_path(out)
     try:
