@@ -32,7 +32,7 @@ from .models import ModelSpec, model_hash
 from .pipeline import resolve_adapter
 from .plugins import Registry, get_registry
 from .resume import base_key
-from .task import Task, as_task, reuse_tag
+from .task import Task, as_task, check_data_fits, reuse_tag
 
 
 @dataclass
@@ -92,6 +92,7 @@ class RunStart:
             raise HetpruneError(f"the model must be a torch module, got {type(model).__name__}")
         task = as_task(task)
         adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
+        check_data_fits(task, model)   # a digits model on digit-pairs data (10 against 19 classes) fails now
         info = dense_info(model, task, spec, base_info, self.settings)
         reuse_tag(task, self.resume, log)   # says aloud when the task's code cannot be keyed
         return Dense(model, task, adapter, spec, info, base_key(model, info["hash"], spec or ModelSpec.user_built(model)))

@@ -117,3 +117,20 @@ def test_a_bad_setting_from_python_names_the_settings_argument_not_the_command_l
             hetprune.prune(tiny_model(), digits_data, strategy="act-only", budget=1, settings=settings,
                            progress=False, log=lambda m: None)
         assert said in str(caught.value) and "command-line" not in str(caught.value)
+
+
+def test_data_the_model_was_not_made_for_is_refused_by_prune_before_any_work(tmp_path, capsys):
+    """A 10-class model with digit-pairs data (19 sums, the same 16x16 images): one line, nothing trained."""
+    import json
+
+    from conftest import TINY_SPEC
+    from hetprune.io import save_weights
+    from hetprune.models import build
+
+    save_weights(tmp_path / "digits.safetensors", build(TINY_SPEC))   # a model made for digits' 10 classes
+    assert main(["prune", "--strategy", "act-only", "--budget", "2", "--model", TINY_SPEC.name, "--model-kwargs",
+                 json.dumps(TINY_SPEC.kwargs), "--checkpoint", str(tmp_path / "digits.safetensors"),
+                 "--data", "digit-pairs", "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert "the model outputs 10 classes but the data digit-pairs has 19" in err and "Traceback" not in err
+    assert not (tmp_path / "p").exists() and not (tmp_path / "p.work").exists()
