@@ -181,6 +181,24 @@ class PruneJob:
         """The schedule of settings section ``section`` on this job's resolved device and precision."""
         return train_config(self.settings, section, **changes, device=self.device, amp=self.amp)
 
+    def teacher_for(self, cfg: TrainConfig) -> tuple[nn.Module, str]:
+        """The teacher of a fine-tune and its key: the dense model (the default), or the separate model the
+        schedule names (``teacher``: a timm name, with ``teacher_checkpoint`` or ``teacher_pretrained``),
+        built once per job, on the run's device, in eval mode."""
+        if not cfg.teacher:
+            return self.dense, self.base_key
+        spec = ModelSpec(cfg.teacher, dict(cfg.teacher_kwargs))
+        what = (cfg.teacher, cfg.teacher_checkpoint, cfg.teacher_pretrained, repr(sorted(spec.kwargs.items())))
+
+        def build():
+            from .models import build_with_weights
+
+            model = self.place(build_with_weights(spec, pretrained=cfg.teacher_pretrained,
+                                                  checkpoint=cfg.teacher_checkpoint or None)).eval()
+            return model, base_key(model, model_hash(model), spec)
+
+        return self.once(("teacher",) + what, build)
+
     @property
     def example(self) -> torch.Tensor:
         """Two inputs of the task on the run's device: for exactness checks and counting costs."""
@@ -380,9 +398,10 @@ def finetune(job: PruneJob, model: nn.Module, section: str = "finetune", stage: 
     cfg = train_config(job.settings, section, **changes)
     # a checkpoint is reused only for the same start: model (weights, and its structure: removed sites, attention
     # mode, merges, widths; the state dict alone does not show a removed activation), teacher, data
+    teacher, teacher_key = job.teacher_for(cfg)
     key = {"starting weights": weights_key(model), "structure": structure_key(model, model_structure(job, model)),
-           "teacher": job.base_key, "data": job.task.key}
-    return job.task.fit(model, job.dense, cfg, stage, checkpoint_dir=job.workdir / stage, resume=job.resume,
+           "teacher": teacher_key, "data": job.task.key}
+    return job.task.fit(model, teacher, cfg, stage, checkpoint_dir=job.workdir / stage, resume=job.resume,
                         progress=job.progress, desc=f"{job.strategy_name}: {stage}", resume_key=key, log=job.log,
                         on_epoch_end=lambda e, m: job.event("on_epoch_end", stage=stage, epoch=e, metrics=m))
 

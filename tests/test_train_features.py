@@ -154,3 +154,148 @@ def test_each_new_option_has_one_clear_error(item, message):
     with pytest.raises(HetpruneError) as exc:
         config.resolve({}, sets=sets)
     assert message in str(exc.value)
+
+
+# -- 3. drop path ------------------------------------------------------------------------------------------
+
+class Watching(ClassificationSource):
+    """The classification source, recording what the student looked like at each training step."""
+
+    def __init__(self, data, seen: list):
+        super().__init__(data)
+        self.seen = seen
+
+    def loss(self, net, batch, teacher, cfg, device, amp):
+        from timm.layers import DropPath
+
+        model = getattr(net, "module", net)
+        self.seen.append({"drop": [round(m.drop_prob, 6) for m in model.modules() if isinstance(m, DropPath)],
+                          "distilled": getattr(model, "distilled_training", None), "teacher": teacher})
+        return super().loss(net, batch, teacher, cfg, device, amp)
+
+
+def test_drop_path_reaches_the_students_blocks_while_it_trains_and_is_recorded(data):
+    from timm.layers import DropPath
+
+    seen: list = []
+    model = tiny()
+    cfg = TrainConfig(epochs=1, batch_size=16, subset=32, kd="none", drop_path=0.3)
+    train(model, Watching(data, seen), cfg, progress=False)
+    # timm's rule: block i of 4 at 0.3 * i / 3, on both residual branches (block 0's rate is 0: no module)
+    assert seen[0]["drop"] == [0.1, 0.1, 0.2, 0.2, 0.3, 0.3]
+    assert not any(isinstance(m, DropPath) for m in model.modules())   # the model is saved as it was built
+    assert cfg.to_dict()["drop_path"] == 0.3                            # recorded with the schedule
+    plain = tiny()
+    train(plain, data, dataclasses.replace(cfg, drop_path=None), progress=False)
+    assert not same_weights(model, plain)
+
+
+# -- 4. EMA ------------------------------------------------------------------------------------------------
+
+def test_ema_is_evaluated_saved_resumed_and_kept_when_asked(data, tmp_path):
+    cfg = TrainConfig(epochs=2, batch_size=16, subset=32, kd="none", lr=2e-3, ema_decay=0.7, eval_every=1)
+    full = tiny()
+    history = train(full, data, cfg, checkpoint_dir=tmp_path / "full", progress=False)
+    assert all("ema_metric" in h and "metric" in h for h in history)
+    ckpt = torch.load(tmp_path / "full" / "finetune-checkpoint.pt", weights_only=True)
+    ema = ckpt["ema"]
+    assert any(not torch.equal(ema[k], v) for k, v in full.state_dict().items())   # EMA is not the weights
+
+    class Stop(Exception):
+        pass
+
+    def stop(epoch, metrics):
+        raise Stop
+
+    with pytest.raises(Stop):
+        train(tiny(), data, cfg, checkpoint_dir=tmp_path / "part", progress=False, on_epoch_end=stop)
+    train(tiny(), data, cfg, checkpoint_dir=tmp_path / "part", resume=True, progress=False)
+    resumed = torch.load(tmp_path / "part" / "finetune-checkpoint.pt", weights_only=True)["ema"]
+    assert all(torch.allclose(resumed[k], v, atol=1e-6) for k, v in ema.items())   # reloaded, not restarted
+
+    kept = tiny()
+    history = train(kept, data, dataclasses.replace(cfg, keep="ema"), progress=False)
+    assert all(torch.allclose(kept.state_dict()[k], v, atol=1e-6) for k, v in ema.items())
+    assert history[-1]["reported"] == "ema"
+
+
+# -- 5. token distillation and a separate teacher ------------------------------------------------------------
+
+DISTILLED_KWARGS = dict(img_size=16, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=4, num_heads=2)
+
+
+def distilled(seed: int = 0):
+    from hetprune.models import ModelSpec, build
+
+    torch.manual_seed(seed)
+    return build(ModelSpec("deit_tiny_distilled_patch16_224", DISTILLED_KWARGS))
+
+
+def test_token_kd_trains_the_distillation_head_on_the_teachers_answer():
+    from hetprune.train import forward_loss
+
+    student, teacher = distilled(0).train(), tiny(1).eval()
+    student.set_distilled_training(True)
+    x, y = torch.randn(6, 1, 16, 16), torch.randint(0, 10, (6,))
+    cfg = TrainConfig(kd="hard", kd_alpha=0.5, kd_token=True)
+    got = forward_loss(student, x, y, cfg, torch.device("cpu"), "none", teacher)
+    cls, dist_head = student(x)
+    hard = teacher(x).argmax(-1)
+    F = torch.nn.functional
+    assert got.item() == pytest.approx((0.5 * F.cross_entropy(cls, y) + 0.5 * F.cross_entropy(dist_head, hard)).item(),
+                                       rel=1e-6)
+    wrong = 0.5 * F.cross_entropy(cls, y) + 0.5 * F.cross_entropy(cls, hard)   # the class head distilled instead
+    assert abs(got.item() - wrong.item()) > 1e-3
+
+
+def test_the_trainer_switches_distilled_training_on_for_kd_token_only(data):
+    seen: list = []
+    model, teacher = distilled(0), tiny(1).eval()
+    train(model, Watching(data, seen), TrainConfig(epochs=1, batch_size=16, subset=16, kd="hard", kd_token=True),
+          teacher=teacher, progress=False)
+    assert seen[0]["distilled"] is True and model.distilled_training is False
+    with pytest.raises(HetpruneError, match="has none: use a distilled model"):
+        train(tiny(), data, TrainConfig(epochs=1, batch_size=16, subset=16, kd="hard", kd_token=True),
+              teacher=teacher, progress=False)
+
+
+def test_a_distilled_student_prunes_with_token_kd_from_a_separate_teacher_and_exports(tmp_path, monkeypatch):
+    """deit_tiny_distilled-shaped: the adapter, MACs, removal, merge, save/load and ONNX export work, and the
+    fine-tune distils from the teacher the settings name (a checkpoint), not from the dense model."""
+    import hetprune
+    import hetprune.task
+    from hetprune import export
+    from hetprune.costs import cost_summary
+    from hetprune.io import save_weights
+    from hetprune.models import build
+    from hetprune.testing import TINY_SETTINGS, tiny_data
+
+    teacher = tiny(5)
+    save_weights(tmp_path / "teacher.safetensors", teacher)
+    seen = []
+    real = hetprune.task.train
+
+    def spy(model, source, cfg, teacher=None, **kw):
+        seen.append((teacher, cfg))
+        return real(model, source, cfg, teacher=teacher, **kw)
+
+    monkeypatch.setattr(hetprune.task, "train", spy)
+    student = distilled(0)
+    settings = {**TINY_SETTINGS, "scorer": "magnitude",
+                "finetune": {**TINY_SETTINGS["finetune"], "kd": "hard", "kd_token": True,
+                             "teacher": "vit_tiny_patch16_224", "teacher_kwargs": dict(TINY_SPEC.kwargs),
+                             "teacher_checkpoint": str(tmp_path / "teacher.safetensors")}}
+    from hetprune.models import ModelSpec
+
+    result = hetprune.prune(student, tiny_data(), strategy="act-only", budget=2, settings=settings,
+                            out=tmp_path / "out", spec=ModelSpec("deit_tiny_distilled_patch16_224", DISTILLED_KWARGS),
+                            progress=False, log=lambda m: None)
+    (used, cfg), = [(t, c) for t, c in seen if c.kd_token]
+    assert used is not student and hetprune.models.model_hash(used) == hetprune.models.model_hash(teacher)
+    assert result.report["macs"] < result.report["dense_macs"] and result.report["merged"]
+    loaded = hetprune.load(tmp_path / "out")
+    x = torch.randn(3, 1, 16, 16)
+    assert torch.allclose(loaded(x), result.model(x), atol=1e-6)
+    assert cost_summary(loaded, x)["macs"] == result.report["macs"]
+    out = export.export_onnx(result.model, tmp_path / "m.onnx", base=build(result.recipe.base))
+    assert out["relative_error"] <= 1e-4
