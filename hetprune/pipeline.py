@@ -420,6 +420,10 @@ def finetune_and_measure(job: PruneJob, model: nn.Module, after: str) -> tuple[f
     history = finetune(job, model)
     after_ft = job.evaluate(model)
     job.stage_end("finetune", t, metric=after_ft)
+    kept = reported_epoch(history)
+    if kept:
+        job.log(f"[{job.strategy_name}] the fine-tune returns the weights of epoch {kept['epoch']} of {len(history)} "
+                f"({kept['reported']}{' by ' + job.task.metric_name if kept['reported'] == 'best' else ''})")
     job.log(f"[{job.strategy_name}] {job.task.format(before)} after {after}, {job.task.format(after_ft)} after "
             "fine-tune")
     worse = after_ft < before if job.task.higher_is_better else after_ft > before
@@ -431,6 +435,16 @@ def finetune_and_measure(job: PruneJob, model: nn.Module, after: str) -> tuple[f
                 f"{job.task.format(after_ft)}): its schedule does not suit this model and data; try a lower "
                 f"finetune.lr, more epochs or more images{hint}")
     return before, history, after_ft
+
+
+def reported_epoch(history: list[dict]) -> dict | None:
+    """The epoch of a fine-tune's history whose weights it returned when they are not the last epoch's
+    (``keep: best`` or ``ema``): ``{"epoch", "reported"}``; None for the last (the default)."""
+    for h in history or []:
+        if isinstance(h, dict) and h.get("reported"):
+            return {"epoch": h.get("epoch"), "reported": h["reported"], **({"metric": h["metric"]} if "metric" in h
+                                                                          else {})}
+    return None
 
 
 def merge(job: PruneJob, model: nn.Module) -> list[int]:
@@ -573,6 +587,7 @@ class DepthStrategy:
             "metric_before_finetune": metric_pruned,
             "metric": metric,
             "finetune_history": history,
+            **({"finetune_reported": reported_epoch(history)} if reported_epoch(history) else {}),
             **budget_check,
             "seconds": round(time.time() - started, 1),
         }

@@ -232,7 +232,7 @@ def paths_worker(out: Path) -> dict:
 # -- the mixing scenario: mixup / cutmix batches and training on 2 ranks ------------------------------------
 
 MIX_CFG = dict(epochs=1, lr=LR, batch_size=15, subset=45, kd="soft", warmup_epochs=0, mixup=0.8, cutmix=1.0,
-               label_smoothing=0.1)
+               label_smoothing=0.1, accum_steps=2)   # micro-batches too: DDP synchronises the last only
 
 
 def mixed_rows(data, rank: int, world: int, seed: int) -> dict:
@@ -327,7 +327,8 @@ def test_uneven_splits_train_and_evaluate_like_one_process(tmp_path, world):
 
 def test_mixup_and_cutmix_batches_and_training_are_the_same_on_2_ranks(tmp_path):
     """Each rank mixes its own share of a global batch (pairs stay on one rank, lambda and box from the global
-    step), item for item as one process mixes the whole batch; so DDP training with mixing follows it too."""
+    step), item for item as one process mixes the whole batch; so DDP training with mixing (and gradient
+    accumulation over micro-batches) follows it too."""
     from hetprune.data import digits
 
     ranks = run_workers("mix", 2, tmp_path)

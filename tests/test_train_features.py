@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -299,3 +300,202 @@ def test_a_distilled_student_prunes_with_token_kd_from_a_separate_teacher_and_ex
     assert cost_summary(loaded, x)["macs"] == result.report["macs"]
     out = export.export_onnx(result.model, tmp_path / "m.onnx", base=build(result.recipe.base))
     assert out["relative_error"] <= 1e-4
+
+
+# -- 6. gradient accumulation --------------------------------------------------------------------------------
+
+def fp64_bundle(data) -> DataBundle:
+    from torch.utils.data import TensorDataset
+
+    x = data.train.images[:64].double()
+    y = data.train.labels[:64]
+    return DataBundle("digits-fp64", TensorDataset(x, y), TensorDataset(x[:8], y[:8]), 10, 1, 16, "fp64")
+
+
+def test_accumulating_4_micro_batches_is_the_same_update_as_one_batch(data):
+    bundle = fp64_bundle(data)
+    teacher = tiny(1).double().eval()
+    cfg = TrainConfig(epochs=1, batch_size=32, subset=64, kd="soft", lr=1e-3, warmup_epochs=0)
+    whole, parts = tiny().double(), tiny().double()
+    seen: list = []
+    train(whole, bundle, cfg, teacher=teacher, progress=False)
+    train(parts, Watching(bundle, seen), dataclasses.replace(cfg, accum_steps=4), teacher=teacher, progress=False)
+    assert len(seen) == 8   # 2 steps of 4 micro-batches
+    assert same_weights(whole, parts, atol=1e-6)
+
+
+# -- 7. gradient clipping ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["norm", "value"])
+def test_gradients_are_clipped_with_timms_dispatch(data, monkeypatch, mode):
+    import timm.utils
+
+    calls = []
+    real = timm.utils.dispatch_clip_grad
+
+    def spy(parameters, value, mode="norm", norm_type=2.0):
+        parameters = list(parameters)
+        real(parameters, value, mode=mode, norm_type=norm_type)
+        grads = torch.cat([p.grad.flatten() for p in parameters])
+        calls.append((mode, value, grads.norm().item(), grads.abs().max().item()))
+
+    monkeypatch.setattr(timm.utils, "dispatch_clip_grad", spy)
+    model = tiny()
+    train(model, data, TrainConfig(epochs=1, batch_size=16, subset=32, kd="none", clip_grad=0.01, clip_mode=mode),
+          progress=False)
+    assert len(calls) == 2 and all(c[0] == mode and c[1] == 0.01 for c in calls)
+    assert all((c[2] if mode == "norm" else c[3]) <= 0.01 + 1e-6 for c in calls)
+
+
+# -- 8. learning-rate rule, warm-up start and floor -----------------------------------------------------------
+
+def test_learning_rate_scaling_and_settable_warmup_and_floor(data):
+    from hetprune.train import make_scheduler, scaled_lr
+
+    assert scaled_lr(TrainConfig(lr=5e-5, batch_size=4096, lr_scale="linear")) == pytest.approx(4e-4)
+    assert scaled_lr(TrainConfig(lr=5e-5, batch_size=4096, lr_scale="sqrt", lr_base_batch=1024)) == pytest.approx(1e-4)
+    assert scaled_lr(TrainConfig(lr=5e-5, batch_size=4096)) == 5e-5
+    def lrs(cfg, lr, steps=10):
+        sched = make_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr), cfg, lr, steps)
+        return [sched._get_lr(t)[0] for t in range(cfg.epochs * steps + 1)]
+
+    default = lrs(TrainConfig(epochs=4, warmup_epochs=1), 1e-3)
+    assert default[0] == pytest.approx(1e-5) and default[-1] == pytest.approx(1e-5)   # lr * 0.01, as before
+    paper = lrs(TrainConfig(epochs=4, warmup_epochs=1, warmup_lr=1e-6, min_lr=1e-5), 4e-4)
+    assert paper[0] == pytest.approx(1e-6) and paper[-1] == pytest.approx(1e-5) and max(paper) <= 4e-4
+    assert paper[9] == pytest.approx(1e-6 + 0.9 * (4e-4 - 1e-6))   # timm's linear warm-up towards the lr
+    history = train(tiny(), data, TrainConfig(epochs=1, batch_size=16, subset=32, kd="none", lr=1e-3,
+                                              lr_scale="linear", lr_base_batch=32, min_lr=1e-4), progress=False)
+    assert history[0]["lr"] == pytest.approx(1e-4 + 0.5 * (5e-4 - 1e-4) * (1 + math.cos(math.pi * 1 / 2)))
+
+
+# -- 9. evaluation every N epochs, the best epoch kept ------------------------------------------------------
+
+class Scripted(ClassificationSource):
+    """The classification source whose evaluations return the given numbers in turn."""
+
+    def __init__(self, data, values, higher=True):
+        super().__init__(data)
+        self.values, self.higher_is_better = list(values), higher
+
+    def evaluate(self, model, cfg, device, amp, distributed):
+        return self.values.pop(0)
+
+
+@pytest.mark.parametrize("higher,values,best", [(True, [50.0, 80.0, 60.0], 2), (False, [0.5, 0.2, 0.4], 2)])
+def test_the_best_evaluated_epoch_is_kept_and_reported(data, higher, values, best):
+    states = {}
+    model = tiny()
+    cfg = TrainConfig(epochs=3, batch_size=16, subset=32, kd="none", lr=2e-3, eval_every=1, keep="best")
+    history = train(model, Scripted(data, values, higher), cfg, progress=False,
+                    on_epoch_end=lambda e, m: states.update({e: copy.deepcopy(model.state_dict())}))
+    assert [h.get("metric") for h in history] == values
+    assert [h.get("reported") for h in history] == [None, "best", None]
+    assert all(torch.equal(v, states[best][k]) for k, v in model.state_dict().items())
+    assert not all(torch.equal(v, states[3][k]) for k, v in model.state_dict().items())
+    last = tiny()
+    train(last, Scripted(data, list(values)), dataclasses.replace(cfg, keep="last"), progress=False)
+    assert all(torch.equal(v, states[3][k]) for k, v in last.state_dict().items())
+
+
+def test_evaluation_every_n_epochs_and_at_the_last(data):
+    history = train(tiny(), Scripted(data, [1.0, 2.0, 3.0]), TrainConfig(epochs=5, batch_size=16, subset=16,
+                                                                         kd="none", eval_every=2), progress=False)
+    assert [h.get("metric") for h in history] == [None, 1.0, None, 2.0, 3.0]
+
+
+# -- 10. recovery checkpoints inside an epoch ------------------------------------------------------------------
+
+class Interrupted(ClassificationSource):
+    """Raises after ``after`` training steps (a machine that went away)."""
+
+    def __init__(self, data, after: int):
+        super().__init__(data)
+        self.left = after
+
+    def loss(self, net, batch, teacher, cfg, device, amp):
+        if self.left == 0:
+            raise KeyboardInterrupt
+        self.left -= 1
+        return super().loss(net, batch, teacher, cfg, device, amp)
+
+
+def test_a_run_resumed_from_the_middle_of_an_epoch_ends_with_the_uninterrupted_weights(data, tmp_path):
+    """Steps already done are skipped, torch's generator is put back (drop path draws from it), and the EMA
+    and the epoch's loss carry on."""
+    cfg = TrainConfig(epochs=2, batch_size=16, subset=64, kd="soft", lr=2e-3, drop_path=0.2, ema_decay=0.5,
+                      save_every_steps=1, seed=4)
+    teacher = tiny(1).eval()
+    full = tiny()
+    full_history = train(full, data, cfg, teacher=teacher, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(), Interrupted(data, after=6), cfg, teacher=teacher, checkpoint_dir=tmp_path, progress=False)
+    ckpt = torch.load(tmp_path / "finetune-checkpoint.pt", weights_only=True)
+    assert (ckpt["epoch"], ckpt["step"]) == (1, 2)
+    logs: list[str] = []
+    resumed = tiny()
+    history = train(resumed, data, cfg, teacher=teacher, checkpoint_dir=tmp_path, resume=True, progress=False,
+                    log=logs.append)
+    assert any("continues after epoch 1 of 2 and 2 of its 4 steps" in m for m in logs), logs
+    assert same_weights(resumed, full)
+    assert [h["loss"] for h in history] == pytest.approx([h["loss"] for h in full_history], rel=1e-12)
+
+
+# -- 11. compile, fused AdamW, the loss checked without a sync per step ---------------------------------------
+
+def test_compile_reaches_torch_compile(data, monkeypatch):
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: compiled.append(module) or module)
+    model = tiny()
+    train(model, data, TrainConfig(epochs=1, batch_size=16, subset=16, kd="none", compile=True), progress=False)
+    assert compiled == [model]
+    train(tiny(), data, TrainConfig(epochs=1, batch_size=16, subset=16, kd="none"), progress=False)
+    assert len(compiled) == 1
+
+
+def test_adamw_is_fused_on_cuda_only():
+    from hetprune.train import make_optimizer
+
+    model = tiny()
+    assert make_optimizer(model, TrainConfig(), 1e-3, torch.device("cpu")).defaults.get("fused") in (None, False)
+    assert make_optimizer(model, TrainConfig(), 1e-3, torch.device("cuda")).defaults["fused"] is True
+
+
+def test_the_loss_is_checked_every_k_steps_and_still_names_the_first_bad_step(data, tmp_path, monkeypatch):
+    from hetprune import train as training
+
+    checks = []
+    real = training.FiniteWatch.check
+    monkeypatch.setattr(training.FiniteWatch, "check", lambda self: checks.append(1) or real(self))
+    model = tiny()
+    cfg = TrainConfig(epochs=2, batch_size=8, subset=64, kd="none", check_every=4)   # 8 steps per epoch
+    calls = {"n": 0}
+    real_forward = model.forward
+
+    def forward(x):
+        calls["n"] += 1
+        out = real_forward(x)
+        return out * float("nan") if calls["n"] == 11 else out   # epoch 2, step 3
+
+    model.forward = forward
+    with pytest.raises(HetpruneError, match=r"loss became nan at epoch 2, step 3 \(lr .*last good checkpoint"):
+        train(model, data, cfg, checkpoint_dir=tmp_path, progress=False)
+    assert len(checks) == 5   # steps 4 and 8, the epoch's end and its checkpoint; step 12 finds it
+    ckpt = torch.load(tmp_path / "finetune-checkpoint.pt", weights_only=True)
+    assert ckpt["epoch"] == 1 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_a_prune_run_keeping_the_best_epoch_says_so_in_its_report(tmp_path):
+    import hetprune
+    from hetprune.testing import TINY_SETTINGS, tiny_data
+
+    logs: list[str] = []
+    settings = {**TINY_SETTINGS, "scorer": "magnitude",
+                "finetune": {**TINY_SETTINGS["finetune"], "epochs": 2, "eval_every": 1, "keep": "best"}}
+    result = hetprune.prune(tiny(), tiny_data(), strategy="act-only", budget=2, settings=settings, progress=False,
+                            log=logs.append)
+    history = result.report["finetune_history"]
+    best = max(history, key=lambda h: h["metric"])   # first of equals, as the trainer keeps it
+    assert result.report["finetune_reported"] == {"epoch": best["epoch"], "reported": "best", "metric": best["metric"]}
+    assert any(f"returns the weights of epoch {best['epoch']} of 2 (best by top1)" in m for m in logs)
+    assert result.report["metric"] == pytest.approx(best["metric"])
