@@ -499,3 +499,72 @@ def test_a_prune_run_keeping_the_best_epoch_says_so_in_its_report(tmp_path):
     assert result.report["finetune_reported"] == {"epoch": best["epoch"], "reported": "best", "metric": best["metric"]}
     assert any(f"returns the weights of epoch {best['epoch']} of 2 (best by top1)" in m for m in logs)
     assert result.report["metric"] == pytest.approx(best["metric"])
+
+
+# -- 12. repeated augmentation and the paper's ImageFolder transform ------------------------------------------
+
+def test_repeated_augmentation_shows_an_image_k_times_an_epoch_each_drawn_anew(data):
+    from hetprune.data import loader, subset
+
+    sampler = GlobalBatchSampler(30, 10, seed=1, repeats=3)
+    occurrences = [o for batch in sampler.global_batches() for o in batch]
+    items = [o % 30 for o in occurrences]
+    assert len(occurrences) == 30 and len(set(items)) == 10                  # the epoch's length is the data set's
+    assert all(items[3 * k] == items[3 * k + 1] == items[3 * k + 2] for k in range(10))
+    assert sorted(o // 30 for o in occurrences[:3]) == [0, 1, 2]
+    images = subset(data.train, 30, 0)
+    x, _ = next(iter(loader(images, 30, shuffle=True, seed=5, repeats=3)))
+    assert not torch.equal(x[0], x[1]) and not torch.equal(x[1], x[2])     # one image, three shifts
+    plain, repeated = tiny(), tiny()
+    train(plain, data, TrainConfig(epochs=1, batch_size=16, subset=32, kd="none"), progress=False)
+    train(repeated, data, TrainConfig(epochs=1, batch_size=16, subset=32, kd="none", repeats=3), progress=False)
+    assert not same_weights(plain, repeated)
+
+
+def _names(transform) -> list[str]:
+    return [type(t).__name__ for t in transform.transforms]
+
+
+def test_the_paper_augmentation_is_timms_randaugment_erasing_and_bicubic():
+    from timm.data import create_transform
+
+    from hetprune.data import train_transform
+
+    cfg = dict(input_size=(3, 32, 32), interpolation="bilinear", mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=0.9,
+               crop_mode="center")
+    paper = train_transform(cfg, "paper")
+    names = _names(paper)
+    assert "RandAugment" in names and "RandomErasing" in names
+    assert "bicubic" in repr(paper.transforms[0]).lower()   # the crop's interpolation, not the model's bilinear
+    erasing = paper.transforms[names.index("RandomErasing")]
+    assert erasing.probability == 0.25
+    # the old choices are built as they always were
+    assert repr(train_transform(cfg, "light")) == repr(create_transform(**cfg, is_training=True, scale=(0.6, 1.0),
+                                                                          hflip=0.5, color_jitter=None))
+    assert repr(train_transform(cfg, "imagenet")) == repr(create_transform(**cfg, is_training=True))
+    assert repr(train_transform(cfg, "none")) == repr(create_transform(**cfg, is_training=False))
+    with pytest.raises(HetpruneError, match="interpolation must be one of"):
+        config.Augmentation(interpolation="nearest-ish")
+
+
+# -- 13. loaders: one per data set, workers that live across epochs ---------------------------------------
+
+def test_a_loader_is_reused_across_epochs_and_workers_do_not_change_results(data):
+    from hetprune.data import close_loaders, loader, subset
+
+    images = subset(data.train, 32, 0)
+    first = loader(images, 16, shuffle=True, seed=1, workers=1)
+    batches_1 = [b[0] for b in first]
+    worker = first._iterator._workers[0].pid
+    again = loader(images, 16, shuffle=True, seed=2, workers=1)
+    batches_2 = [b[0] for b in again]
+    assert again is first and again._iterator._workers[0].pid == worker   # the same process, a new epoch
+    fresh = [b[0] for b in loader(images, 16, shuffle=True, seed=2, workers=0)]
+    assert all(torch.equal(a, b) for a, b in zip(batches_2, fresh)) and not torch.equal(batches_1[0], fresh[0])
+    close_loaders()
+    with_workers, without = tiny(), tiny()
+    train(with_workers, data, TrainConfig(epochs=2, batch_size=16, subset=32, kd="none", workers=1, drop_path=0.2),
+          progress=False)
+    train(without, data, TrainConfig(epochs=2, batch_size=16, subset=32, kd="none", drop_path=0.2), progress=False)
+    close_loaders()
+    assert same_weights(with_workers, without)
