@@ -209,7 +209,8 @@ class PruneJob:
 
     def stage_start(self, stage: str, **info) -> float:
         contract.enter_stage(stage)  # named by any plugin error raised inside it
-        self.event("on_stage_start", stage=stage, info={"strategy": self.strategy_name, **info})
+        self.event("on_stage_start", stage=stage, info={"strategy": self.strategy_name,
+                                                         "workdir": str(self.workdir), **info})
         return time.time()
 
     def stage_end(self, stage: str, started: float, **info) -> None:

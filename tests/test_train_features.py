@@ -568,3 +568,37 @@ def test_a_loader_is_reused_across_epochs_and_workers_do_not_change_results(data
     train(without, data, TrainConfig(epochs=2, batch_size=16, subset=32, kd="none", drop_path=0.2), progress=False)
     close_loaders()
     assert same_weights(with_workers, without)
+
+
+# -- 14. the training log plugin -----------------------------------------------------------------------------
+
+def test_the_logger_plugin_writes_each_epoch_to_a_csv_and_tensorboard_beside_the_report(tmp_path):
+    import csv
+
+    import hetprune
+    import hetprune_logger
+    from hetprune.testing import TINY_SETTINGS, tiny_data
+
+    hetprune_logger.LOG.__init__()
+    name = hetprune.register_plugin(hetprune_logger, "logger-under-test")
+    try:
+        settings = {**TINY_SETTINGS, "scorer": "magnitude",
+                    "finetune": {**TINY_SETTINGS["finetune"], "epochs": 2, "eval_every": 1}}
+        hetprune.prune(tiny(), tiny_data(), strategy="act-only", budget=2, settings=settings, out=tmp_path / "out",
+                       progress=False, log=lambda m: None)
+    finally:
+        hetprune.unregister_plugin(name)
+        hetprune_logger.LOG.close()
+    work = tmp_path / "out.work"
+    rows = list(csv.DictReader((work / hetprune_logger.CSV_FILE).open()))
+    finetune = [r for r in rows if r["stage"] == "finetune"]
+    assert [r["epoch"] for r in finetune] == ["1", "2"]
+    assert all(float(r["lr"]) > 0 and float(r["images_per_s"]) > 0 and float(r["metric"]) >= 0 for r in finetune)
+    assert (tmp_path / "out" / "report.json").is_file()
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(work / "tensorboard"))
+    events.Reload()
+    assert {"finetune/loss", "finetune/lr", "finetune/metric", "finetune/images_per_s"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("finetune/loss")] == [1, 2]
