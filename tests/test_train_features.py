@@ -602,3 +602,21 @@ def test_the_logger_plugin_writes_each_epoch_to_a_csv_and_tensorboard_beside_the
     events.Reload()
     assert {"finetune/loss", "finetune/lr", "finetune/metric", "finetune/images_per_s"} <= set(events.Tags()["scalars"])
     assert [e.step for e in events.Scalars("finetune/loss")] == [1, 2]
+
+
+def test_the_documented_deit_b_recipe_is_valid_settings():
+    """docs/guides/real-data.md's DeiT-B file resolves (every key known, every value allowed)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from hetprune_hetdpt.strategy import HetDPT
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "real-data.md").read_text(encoding="utf-8")
+    recipe = yaml.safe_load(re.search(r"cat > deit_b_paper.yaml <<'EOF'\n(.*?)\nEOF", text, re.S).group(1))
+    settings = config.resolve(HetDPT.defaults, overrides={**recipe, "device": "cpu"})
+    cfg = config.train_config(settings, "finetune")
+    from hetprune.train import scaled_lr
+
+    assert scaled_lr(cfg) == pytest.approx(4e-4) and cfg.kd_token and cfg.keep == "best" and cfg.repeats == 3
