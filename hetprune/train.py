@@ -444,9 +444,11 @@ def train(
     The recipe options of a long fine-tune (mixup, cutmix, label smoothing,
     drop path, EMA, token distillation, clipping, evaluation every N epochs
     with the best kept): see `hetprune.config.TrainConfig` and the settings
-    reference. Each epoch's history has its loss, learning rate, images per
-    second and, where evaluated, the metric (and the EMA's); the epoch whose
-    weights are returned when they are not the last has ``reported``.
+    reference. Each epoch's history has its loss, learning rate, seconds
+    and, where evaluated, the metric (and the EMA's); ``on_epoch_end`` gets
+    the images per second too (a timing, like ``seconds``, that a rerun does
+    not repeat). The epoch whose weights are returned when they are not the
+    last has ``reported``.
     """
     distributed = dist.active() if distributed is None else (distributed and dist.active())
     rank, world = (dist.rank(), dist.world()) if distributed else (0, 1)
@@ -597,15 +599,14 @@ def _train_epochs(model, source, cfg, teacher, device, amp, scaler, optimizer, s
         totals = epoch_loss.cpu()   # the epoch's one wait for the device
         seconds += time.time() - t0
         metrics = {"epoch": epoch + 1, "loss": float(totals[0] / max(1.0, float(totals[1]))),
-                   "seconds": round(seconds, 2), "lr": last_lr,
-                   "images_per_s": round(images / max(seconds, 1e-9), 1)}
+                   "seconds": round(seconds, 2), "lr": last_lr}
         if eval_every and ((epoch + 1) % eval_every == 0 or epoch + 1 == cfg.epochs):
             best = _evaluate_epoch(model, ema, source, cfg, device, amp, distributed, metrics, best, higher)
         history.append(metrics)
         bar.set_postfix({k: round(v, 4) for k, v in metrics.items() if k in ("loss", "accuracy", "metric")})
         save(epoch + 1)
-        if on_epoch_end is not None:
-            on_epoch_end(epoch + 1, metrics)
+        if on_epoch_end is not None:   # the history keeps what a rerun repeats; the event has the speed too
+            on_epoch_end(epoch + 1, {**metrics, "images_per_s": round(images / max(seconds, 1e-9), 1)})
     return _kept(model, ema, cfg, history, best)
 
 
