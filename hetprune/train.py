@@ -566,6 +566,7 @@ def _train_epochs(model, source, cfg, teacher, device, amp, scaler, optimizer, s
         batches = source.epoch(cfg, seed, rank, world, device, distributed, **({"start": first} if first else {}))
         for step, (batch, share, whole) in enumerate(batches, first):
             done = epoch * steps_per_epoch + step
+            optimizer.zero_grad(set_to_none=True)   # a model may come with gradients (a gate phase's)
             step_loss, flags = _accumulate(net, ddp, source, batch, share, whole, world, cfg, teacher, device, amp,
                                            scaler, distributed)
             stepped, last_lr = True, optimizer.param_groups[0]["lr"]
@@ -641,14 +642,13 @@ def _fp16_decision(flags, scaler, optimizer, distributed: bool, device) -> bool:
     if nan:
         raise NonFiniteLoss(float("nan"))
     if inf:
-        optimizer.zero_grad(set_to_none=True)
         scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
         return False
     return True
 
 
 def _optimizer_step(model, optimizer, scaler, cfg: TrainConfig) -> None:
-    """Clip (timm's ``dispatch_clip_grad``, on unscaled gradients), step, and clear the gradients."""
+    """Clip (timm's ``dispatch_clip_grad``, on unscaled gradients) and step."""
     if cfg.clip_grad is not None:
         from timm.utils import dispatch_clip_grad
 
@@ -656,7 +656,6 @@ def _optimizer_step(model, optimizer, scaler, cfg: TrainConfig) -> None:
         dispatch_clip_grad([p for p in model.parameters() if p.grad is not None], cfg.clip_grad, cfg.clip_mode)
     scaler.step(optimizer)
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
 
 
 def _stopped(desc: str, exc: NonFiniteLoss, epoch: int, step: int, lr: float | None, folder):

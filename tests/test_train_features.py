@@ -620,3 +620,15 @@ def test_the_documented_deit_b_recipe_is_valid_settings():
     from hetprune.train import scaled_lr
 
     assert scaled_lr(cfg) == pytest.approx(4e-4) and cfg.kd_token and cfg.keep == "best" and cfg.repeats == 3
+
+
+def test_gradients_a_model_brings_do_not_leak_into_its_first_step(data):
+    """A model coming out of gate-taylor's phase holds that phase's last gradients; the fine-tune's first step
+    must not add them to its own (it did, for a while, in this branch)."""
+    clean, stale = tiny(), tiny()
+    for p in stale.parameters():
+        p.grad = torch.ones_like(p)
+    cfg = TrainConfig(epochs=1, batch_size=16, subset=16, kd="none")
+    train(clean, data, cfg, progress=False)
+    train(stale, data, cfg, progress=False)
+    assert same_weights(clean, stale)
