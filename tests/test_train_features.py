@@ -632,3 +632,27 @@ def test_gradients_a_model_brings_do_not_leak_into_its_first_step(data):
     train(clean, data, cfg, progress=False)
     train(stale, data, cfg, progress=False)
     assert same_weights(clean, stale)
+
+
+def test_options_a_users_own_batches_cannot_take_are_refused_by_name():
+    from hetprune.task import Task, UserSource
+
+    batches = [(torch.randn(4, 1, 16, 16), torch.randint(0, 10, (4,))) for _ in range(2)]
+    task = Task(batches, batches[:1], lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                lambda m, v: 0.0, name="mine")
+    with pytest.raises(HetpruneError, match="mixup, label_smoothing act on hetprune's own classification batches"):
+        train(tiny(), UserSource(task), TrainConfig(epochs=1, mixup=0.8, label_smoothing=0.1), progress=False)
+    with pytest.raises(HetpruneError, match="accum_steps > 1 cuts hetprune's own"):
+        train(tiny(), UserSource(task), TrainConfig(epochs=1, accum_steps=2), progress=False)
+    history = train(tiny(), UserSource(task), TrainConfig(epochs=2, eval_every=1, keep="best", ema_decay=0.5),
+                    progress=False)
+    assert [h["metric"] for h in history] == [0.0, 0.0] and history[0]["reported"] == "best"
+
+
+def test_an_augmentation_of_ones_own_is_typed():
+    aug = config.augmentation({"name": "mine", "re_prob": 0.5, "scale": [0.3, 1.0], "auto_augment": "rand-m7"})
+    assert aug.scale == (0.3, 1.0) and aug.transform_args()["re_prob"] == 0.5
+    with pytest.raises(HetpruneError, match="unknown key.*re_probability.*allowed: .*re_prob"):
+        config.augmentation({"re_probability": 0.5})
+    with pytest.raises(HetpruneError, match="augment 'heavy' is not one of light, imagenet, none, paper"):
+        config.augmentation("heavy")
