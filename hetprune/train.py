@@ -572,7 +572,7 @@ def _train_epochs(model, source, cfg, teacher, device, amp, scaler, optimizer, s
             stepped, last_lr = True, optimizer.param_groups[0]["lr"]
             if fp16:   # the GradScaler's skip is decided now: one host sync per step, as it always was
                 try:
-                    stepped = _fp16_decision(flags, scaler, optimizer, distributed, device)
+                    stepped = _fp16_decision(flags, scaler, distributed)
                 except NonFiniteLoss as exc:
                     raise _stopped(desc, exc, epoch, step, optimizer.param_groups[0]["lr"],
                                    folder if saved[0] else None) from None
@@ -626,14 +626,15 @@ def _accumulate(net, ddp, source, batch, share, whole, world, cfg, teacher, devi
         quiet = ddp.no_sync() if distributed and i < len(parts) - 1 else contextlib.nullcontext()
         with quiet:
             loss = source.loss(net, micro, teacher, cfg, device, amp)
-            if items:
+            if items:   # python numbers into device tensors: no copy from the host, no wait for the device
                 flags += loss_flags(loss)
-                total += torch.stack([loss.detach().double() * items, loss.new_tensor(items, dtype=torch.float64)])
+                total[0] += loss.detach().double() * items
+                total[1] += items
             scaler.scale(share_weighted(loss, items, whole, world)).backward()
     return total, flags
 
 
-def _fp16_decision(flags, scaler, optimizer, distributed: bool, device) -> bool:
+def _fp16_decision(flags, scaler, distributed: bool) -> bool:
     """Under fp16: a NaN loss stops the run (`NonFiniteLoss`); an inf one is an overflow the GradScaler skips
     (the step dropped, the scale backed off); the ranks' flags are summed so all decide alike."""
     if distributed:
