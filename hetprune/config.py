@@ -114,32 +114,75 @@ def field_types(cls) -> dict[str, tuple]:
     return out
 
 
+LR_SCALES = ("none", "linear", "sqrt")   # timm's rule: lr * (global batch / lr_base_batch), or its square root
+CLIP_MODES = ("norm", "value", "agc")   # timm.utils.dispatch_clip_grad
+KEEPS = ("last", "best", "ema")       # which weights a fine-tune returns
+SCHEDULES = ("finetune", "short_finetune")   # the settings sections that are a TrainConfig
+
+
 @dataclass
 class TrainConfig:
-    """One fine-tune schedule (lives here, not in ``train``, so reading settings never imports torch)."""
+    """One fine-tune schedule (lives here, not in ``train``, so reading settings never imports torch).
+
+    The fields after ``amp`` came with the long-schedule recipes (issue 42). Each defaults to off, and at its
+    default it is left out of `to_dict` and of the settings: every key made from a schedule before them
+    (stored MAP points, compare rows, checkpoints) stays what it was.
+    """
 
     epochs: int = setting(3, "passes over the (subset of the) training images")
     lr: float = setting(5e-4, "the peak learning rate (AdamW, cosine schedule)")
-    batch_size: int = setting(32, "images per optimisation step, over all ranks")
+    batch_size: int = setting(32, "images per optimisation step, over all ranks (the global batch)")
     weight_decay: float = setting(0.05, "AdamW's weight decay (none on norms, biases, LayerScale)")
     warmup_epochs: int = setting(0, "epochs of linear warm-up before the cosine decay")
-    kd: str = setting("soft", "distillation from the dense model: soft (KL at kd_temperature), hard (its "
-                              "argmax as labels) or none")
+    kd: str = setting("soft", "distillation from the teacher: soft (KL at kd_temperature), hard (its argmax as "
+                              "labels) or none")
     kd_temperature: float = setting(2.0, "the soft distillation's temperature")
     kd_alpha: float = setting(0.5, "weight of the distillation term; (1 - alpha) on the labels")
     subset: int | None = setting(None, "train on this many training images (seeded), null = all")
     seed: int = setting(0, "the run's (not settable per schedule)")
     device: str = setting("cpu", "the run's (a device name, or a torch.device already resolved)")
-    workers: int = setting(0, "data-loading worker processes (ImageFolder data)")
+    workers: int = setting(0, "data-loading worker processes (0: the data set's own default; ImageFolder: a share "
+                              "of the CPUs per local process)")
     amp: str = setting("none", "the run's: bf16 | fp16 | none | auto (hetprune.devices.resolve_amp)")
+    # -- issue 42: long-schedule recipes; every one off by default ------------------------------------------
+    mixup: float = setting(0.0, "mixup alpha (0: off); pairs are drawn from the global step, the same on every rank")
+    cutmix: float = setting(0.0, "cutmix alpha (0: off)")
+    mix_prob: float = setting(1.0, "probability that a batch is mixed (with mixup or cutmix on)")
+    mix_switch_prob: float = setting(0.5, "with both on: probability of cutmix rather than mixup")
+    label_smoothing: float = setting(0.0, "label smoothing (folded into the soft targets with mixup)")
+    drop_path: float | None = setting(None, "stochastic depth of the student while it trains (null: as the model is)")
+    ema_decay: float = setting(0.0, "an EMA of the weights (0: none), e.g. 0.99996; evaluated beside them")
+    teacher: str = setting("", "a timm model name: a teacher other than the dense model (\"\": the dense model)")
+    teacher_kwargs: dict = setting(help="the separate teacher's timm kwargs", factory=dict)
+    teacher_checkpoint: str = setting("", "the separate teacher's weights (.safetensors or .pth)")
+    teacher_pretrained: bool = setting(False, "the separate teacher's weights from timm's hub")
+    kd_token: bool = setting(False, "distil into a distilled model's distillation-token head (DeiT)")
+    accum_steps: int = setting(1, "micro-batches per rank that make one global batch (so any batch fits a card)")
+    clip_grad: float | None = setting(None, "gradient clipping (null: none)")
+    clip_mode: str = setting("norm", "norm | value | agc (timm's dispatch_clip_grad)")
+    lr_scale: str = setting("none", "none | linear | sqrt: lr * (batch_size / lr_base_batch) [** 0.5], timm's rule")
+    lr_base_batch: int = setting(512, "the batch the lr is given for (lr_scale)")
+    warmup_lr: float | None = setting(None, "the learning rate warm-up starts from (null: lr * 0.01)")
+    min_lr: float | None = setting(None, "the cosine schedule's floor (null: lr * 0.01)")
+    eval_every: int = setting(0, "evaluate every N epochs and at the last (0: never during the fine-tune)")
+    keep: str = setting("last", "last | best (the best evaluated epoch) | ema (the EMA weights)")
+    save_every_steps: int = setting(0, "recovery checkpoints every N steps inside an epoch (0: at epoch ends only)")
+    compile: bool = setting(False, "torch.compile the training forward")
+    check_every: int = setting(50, "steps between checks that the loss is finite (one host sync per check)")
+    repeats: int = setting(1, "repeated augmentation: each image shown this many times per epoch")
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size", "warmup_epochs", "workers", "seed", "subset"):
+        for name in ("epochs", "batch_size", "warmup_epochs", "workers", "seed", "subset", "accum_steps",
+                     "lr_base_batch", "eval_every", "save_every_steps", "check_every", "repeats"):
             value = getattr(self, name)
             if not (value is None and name == "subset") and (isinstance(value, bool) or not isinstance(value, int)):
                 raise HetpruneError(f"training setting {name} must be a whole number, got {value!r}")
-        for name in ("lr", "weight_decay", "kd_temperature", "kd_alpha"):
+        for name in ("lr", "weight_decay", "kd_temperature", "kd_alpha", "mixup", "cutmix", "mix_prob",
+                     "mix_switch_prob", "label_smoothing", "ema_decay", "drop_path", "clip_grad", "warmup_lr",
+                     "min_lr"):
             value = getattr(self, name)
+            if value is None and name in OPTIONAL_NUMBERS:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise HetpruneError(f"training setting {name} must be a finite number, got {value!r}")
         if self.kd not in KD_MODES:
@@ -153,10 +196,65 @@ class TrainConfig:
             raise HetpruneError(f"kd_temperature must be > 0, got {self.kd_temperature}")
         if self.workers < 0:
             raise HetpruneError(f"workers must be >= 0, got {self.workers}")
+        self._check_recipe_options()
+
+    def _check_recipe_options(self) -> None:
+        """The issue-42 options: each wrong value is one error that names what is allowed."""
+        for name in ("mixup", "cutmix"):
+            if getattr(self, name) < 0:
+                raise HetpruneError(f"{name} is an alpha >= 0 (0: off), got {getattr(self, name)}")
+        for name in ("mix_prob", "mix_switch_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise HetpruneError(f"{name} is a probability within [0, 1], got {getattr(self, name)}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise HetpruneError(f"label_smoothing must be within [0, 1), got {self.label_smoothing}")
+        if self.drop_path is not None and not 0.0 <= self.drop_path < 1.0:
+            raise HetpruneError(f"drop_path must be within [0, 1) or null (the model's own), got {self.drop_path}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise HetpruneError(f"ema_decay must be within [0, 1) (0: no EMA), got {self.ema_decay}")
+        for name, allowed in (("clip_mode", CLIP_MODES), ("lr_scale", LR_SCALES), ("keep", KEEPS)):
+            if getattr(self, name) not in allowed:
+                raise HetpruneError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.clip_grad is not None and self.clip_grad <= 0:
+            raise HetpruneError(f"clip_grad must be > 0 or null (no clipping), got {self.clip_grad}")
+        for name in ("warmup_lr", "min_lr"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise HetpruneError(f"{name} must be >= 0 or null (lr * 0.01), got {getattr(self, name)}")
+        for name, least in (("accum_steps", 1), ("lr_base_batch", 1), ("check_every", 1), ("repeats", 1),
+                            ("eval_every", 0), ("save_every_steps", 0)):
+            if getattr(self, name) < least:
+                raise HetpruneError(f"{name} must be >= {least}, got {getattr(self, name)}")
+        for name in ("teacher", "teacher_checkpoint"):
+            if not isinstance(getattr(self, name), str):
+                raise HetpruneError(f"{name} must be text (\"\": none), got {getattr(self, name)!r}")
+        if not isinstance(self.teacher_kwargs, dict):
+            raise HetpruneError(f"teacher_kwargs must be a mapping, got {self.teacher_kwargs!r}")
+        for name in ("teacher_pretrained", "kd_token", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise HetpruneError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if (self.teacher_checkpoint or self.teacher_pretrained or self.teacher_kwargs) and not self.teacher:
+            raise HetpruneError("teacher_checkpoint, teacher_pretrained and teacher_kwargs describe a separate "
+                                "teacher: name its timm model in teacher too")
+        if self.teacher_checkpoint and self.teacher_pretrained:
+            raise HetpruneError("give the teacher either teacher_checkpoint or teacher_pretrained, not both")
+        if self.kd_token and self.kd == "none":
+            raise HetpruneError("kd_token distils into the distillation token: it needs kd soft or hard, not none")
+        if self.keep == "best" and not self.eval_every:
+            raise HetpruneError("keep: best needs eval_every >= 1 (the epochs it chooses from are the evaluated ones)")
+        if self.keep == "ema" and not self.ema_decay:
+            raise HetpruneError("keep: ema needs ema_decay > 0 (no EMA is kept otherwise)")
+
+    @property
+    def mixes(self) -> bool:
+        """Whether batches are mixed (mixup or cutmix): pairs of a global batch then go to one rank."""
+        return self.mixup > 0 or self.cutmix > 0
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["device"] = str(d["device"])   # a resolved torch.device reads as its name
+        for name, default in RECIPE_DEFAULTS.items():   # off: absent, so keys made before them do not move
+            if d[name] == default:
+                del d[name]
         return d
 
     @classmethod
@@ -166,6 +264,93 @@ class TrainConfig:
         if unknown:
             raise HetpruneError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(sorted(known))}")
         return cls(**d)
+
+
+OPTIONAL_NUMBERS = ("drop_path", "clip_grad", "warmup_lr", "min_lr")   # null: off / the old rule
+_FIRST_RECIPE_FIELD = "mixup"
+RECIPE_DEFAULTS: dict = {}   # the issue-42 fields and their defaults (off), filled below
+
+
+def _recipe_defaults() -> dict:
+    names = [f.name for f in fields(TrainConfig)]
+    base = TrainConfig()
+    return {n: copy.deepcopy(getattr(base, n)) for n in names[names.index(_FIRST_RECIPE_FIELD):]}
+
+
+RECIPE_DEFAULTS.update(_recipe_defaults())
+
+
+INTERPOLATIONS = ("", "bilinear", "bicubic", "random")   # "": the model's own (timm's data config)
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """An ImageFolder's training transform, in the terms of timm's ``create_transform`` (`hetprune.data`
+    builds it). ``--augment NAME`` picks one of `AUGMENTATIONS`; Python may pass its own."""
+
+    name: str = "custom"
+    scale: tuple | None = (0.6, 1.0)   # random-resized-crop area range (None: timm's 8-100 %)
+    hflip: float = 0.5
+    color_jitter: float | None = None  # timm turns it off while RandAugment is on, as DeiT's recipe does
+    auto_augment: str | None = None    # e.g. rand-m9-mstd0.5 (RandAugment, magnitude 9, std 0.5)
+    re_prob: float = 0.0               # random erasing probability
+    re_mode: str = "pixel"
+    interpolation: str = ""
+    plain: bool = False                # the validation transform instead (no augmentation)
+
+    def __post_init__(self):
+        if self.interpolation not in INTERPOLATIONS:
+            raise HetpruneError(f"augmentation interpolation must be one of {', '.join(map(repr, INTERPOLATIONS))}, "
+                                f"got {self.interpolation!r}")
+        for name in ("hflip", "re_prob"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise HetpruneError(f"augmentation {name} is a probability within [0, 1], got {value!r}")
+        if self.auto_augment is not None and not (isinstance(self.auto_augment, str) and
+                                                  self.auto_augment.startswith(("rand", "augmix", "original", "v0"))):
+            raise HetpruneError(f"augmentation auto_augment must be a timm policy string (rand-m9-mstd0.5, augmix-..., "
+                                f"original, v0...), got {self.auto_augment!r}")
+
+    def transform_args(self) -> dict:
+        """The keyword arguments of timm's ``create_transform`` beside the model's data config."""
+        args = {"scale": self.scale, "hflip": self.hflip, "color_jitter": self.color_jitter,
+                "auto_augment": self.auto_augment, "re_prob": self.re_prob, "re_mode": self.re_mode}
+        if self.interpolation:
+            args["interpolation"] = self.interpolation
+        return {k: v for k, v in args.items() if not (k == "scale" and v is None)}
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "augmentation") -> "Augmentation":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise HetpruneError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(sorted(known))}")
+        return cls(**{k: tuple(v) if k == "scale" and isinstance(v, list) else v for k, v in d.items()})
+
+
+# --augment NAME: light (the default), imagenet (timm's recipe from scratch), paper (the DeiT recipe of the
+# authors' long fine-tune), none (the validation transform)
+AUGMENTATIONS: dict[str, Augmentation] = {
+    "light": Augmentation("light", scale=(0.6, 1.0), hflip=0.5, color_jitter=None),
+    "imagenet": Augmentation("imagenet", scale=None, hflip=0.5, color_jitter=0.4, re_mode="const"),
+    "none": Augmentation("none", plain=True),
+    "paper": Augmentation("paper", scale=None, hflip=0.5, color_jitter=0.3, auto_augment="rand-m9-mstd0.5",
+                          re_prob=0.25, re_mode="pixel", interpolation="bicubic"),
+}
+
+
+def augmentation(value) -> Augmentation:
+    """An `Augmentation` from its name (``--augment``), a mapping, or itself; one error naming the names."""
+    if isinstance(value, Augmentation):
+        return value
+    if isinstance(value, dict):
+        return Augmentation.from_dict(value)
+    if value not in AUGMENTATIONS:
+        raise HetpruneError(f"augment {value!r} is not one of {', '.join(AUGMENTATIONS)} (light: crops of 60-100 % "
+                            "and flips, the default; imagenet: timm's full recipe; none: no augmentation; paper: "
+                            "the DeiT recipe of the paper's long fine-tune: RandAugment rand-m9-mstd0.5, random "
+                            "erasing 0.25, bicubic)")
+    return AUGMENTATIONS[value]
 
 
 def _schedule(cfg: TrainConfig) -> dict:
@@ -260,6 +445,7 @@ DECLARED_TYPES: dict[str, tuple] = {
     "finetune.subset": (int, None),
     "short_finetune.subset": (int, None),
     "scoring.subset": (int, None),
+    **{f"{section}.{name}": (float, None) for section in SCHEDULES for name in OPTIONAL_NUMBERS},
 }
 _TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "text", list: "a list",
                dict: "a mapping", None: "null"}
@@ -444,9 +630,10 @@ def resolve(strategies=None, config_file: str | None = None, overrides: dict | N
     fails now, not after an hour of work. Returns the nested dict the job carries (and reports).
     """
     section_defaults, section_types = sections_of(strategies)
-    schema = defaults_for(section_defaults)
+    schema = with_recipe_options(defaults_for(section_defaults))
     declared = {**DECLARED_TYPES, **{k: v for k, v in field_types(RunSettings).items()
                                      if k not in ("finetune", "short_finetune", "scoring")},
+                **{f"{section}.{k}": v for section in SCHEDULES for k, v in field_types(TrainConfig).items()},
                 **section_types, **(types or {})}
     settings = copy.deepcopy(schema)
     if config_file:
@@ -458,6 +645,7 @@ def resolve(strategies=None, config_file: str | None = None, overrides: dict | N
                           schema=schema, declared=declared)
     if sets:
         settings = _merge(settings, parse_set(sets), "--set options", schema=schema, declared=declared)
+    settings = without_recipe_defaults(settings)
     validate(settings, strategies)
     return settings
 
@@ -467,7 +655,7 @@ def validate(settings: dict, strategies=None) -> None:
     batches, and the sections ``strategies`` declare)."""
     RunSettings.of(settings)
     ScoringConfig.of(settings)
-    for section in ("finetune", "short_finetune"):
+    for section in SCHEDULES:
         train_config(settings, section)  # validates the schedule now, not after an hour
     for cls in typed_sections(strategies).values():
         cls.of(settings)
@@ -482,6 +670,28 @@ def changed(settings: dict, **changes) -> dict:
             raise HetpruneError(f"unknown setting {key!r}; settings: {', '.join(sorted(out))}")
         out[key] = copy.deepcopy(value)
     RunSettings.of(out)
+    return out
+
+
+def with_recipe_options(settings: dict) -> dict:
+    """``settings`` whose schedule sections also hold the issue-42 options at their defaults: what a file or
+    ``--set`` may name (the defaults themselves leave them out)."""
+    out = copy.deepcopy(settings)
+    for section in SCHEDULES:
+        if isinstance(out.get(section), dict):
+            out[section] = {**out[section], **{k: copy.deepcopy(v) for k, v in RECIPE_DEFAULTS.items()
+                                               if k not in out[section]}}
+    return out
+
+
+def without_recipe_defaults(settings: dict) -> dict:
+    """``settings`` with every issue-42 option that is at its default (off) left out of the schedule sections,
+    so a run that uses none of them has the settings, and the keys, it had before they existed."""
+    out = copy.deepcopy(settings)
+    for section in SCHEDULES:
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items()
+                            if not (k in RECIPE_DEFAULTS and v == RECIPE_DEFAULTS[k])}
     return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 
 from .cache import fingerprint
+from .config import AUGMENTATIONS, Augmentation, augmentation
 from .errors import HetpruneError
 
 DIGITS = "digits"
@@ -35,6 +36,7 @@ class DataBundle:
     img_size: int
     fingerprint: str
     augment: str | None = None   # an ImageFolder's training augmentation (the embedded sets have their own)
+    workers: int | None = None   # loader workers when a schedule says 0 (ImageFolder: a share of the CPUs)
 
     def describe(self) -> dict:
         return {
@@ -94,36 +96,99 @@ class GlobalBatchSampler(Sampler):
     short last batch, or fewer items than ranks) gets the global batch's first
     item as a stand-in, which `shares` gives zero weight. Without it
     (evaluation, which counts items) a rank yields its real shares only.
+
+    ``pairs`` (mixup and cutmix): item ``i`` of a global batch of ``B`` is
+    mixed with item ``B-1-i`` (timm's batch mode: the batch flipped), so rank
+    ``r`` takes every ``w``-th such pair, firsts then seconds reversed: its
+    own batch flipped pairs the same items, and no rank needs another's.
+    ``repeats`` (repeated augmentation, timm's ``RepeatAugSampler``): the
+    epoch's order holds each item ``repeats`` times in a row, cut to the data
+    set's length; an occurrence is ``item + repeat * n``. ``start`` skips the
+    first global batches (a resumed epoch).
     """
 
     def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool = True, rank: int = 0, world: int = 1,
-                 pad_empty: bool = False):
+                 pad_empty: bool = False, pairs: bool = False, repeats: int = 1, start: int = 0):
         if batch_size < 1:
             raise HetpruneError(f"batch_size must be at least 1, got {batch_size}")
         self.n, self.batch_size, self.seed, self.shuffle, self.rank, self.world = n, batch_size, seed, shuffle, rank, world
-        self.pad_empty = pad_empty
+        self.pad_empty, self.pairs, self.repeats, self.start = pad_empty, pairs, repeats, start
+
+    def set_epoch(self, seed: int, start: int = 0) -> None:
+        """The next epoch's seed, and how many of its global batches to skip."""
+        self.seed, self.start = seed, start
 
     def global_batches(self) -> list[list[int]]:
         order = (torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist()
                  if self.shuffle else list(range(self.n)))
+        if self.repeats > 1:
+            order = [i + r * self.n for i in order for r in range(self.repeats)][:self.n]
         return [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)]
+
+    def share_of(self, batch: list[int]) -> list[int]:
+        """This rank's items of one global batch, in the order its own mixing pairs them."""
+        if not self.pairs:
+            return batch[self.rank::self.world]
+        size = len(batch)
+        groups = list(range((size + 1) // 2))[self.rank::self.world]   # pair k: items k and size-1-k
+        firsts = [batch[k] for k in groups]
+        seconds = [batch[size - 1 - k] for k in groups if size - 1 - k != k]
+        return firsts + seconds[::-1]
 
     def shares(self) -> list[tuple[int, int]]:
         """Per yielded batch, ``(this rank's real items, the global batch's items)``: the weight of this
         rank's mean loss in the global batch's mean (0 for a stand-in)."""
-        return [(len(b[self.rank::self.world]), len(b)) for b in self.global_batches()
-                if self.pad_empty or b[self.rank::self.world]]
+        return [(len(self.share_of(b)), len(b)) for b in self.global_batches()[self.start:]
+                if self.pad_empty or self.share_of(b)]
 
     def __iter__(self):
-        for batch in self.global_batches():
-            mine = batch[self.rank::self.world]
+        out = []
+        for batch in self.global_batches()[self.start:]:
+            mine = self.share_of(batch)
             if mine:
-                yield mine
+                out.append(mine)
             elif self.pad_empty:
-                yield batch[:1]
+                out.append(batch[:1])
+        return iter(out)   # made now: a later set_epoch does not change an epoch under way
 
     def __len__(self) -> int:
         return len(self.shares())
+
+
+class EpochKeys(Sampler):
+    """A `GlobalBatchSampler`'s batches as keys ``(item, epoch seed, repeat)`` for `EpochItems`: the epoch
+    travels with each item, so loader workers that live across epochs draw as a fresh loader would."""
+
+    def __init__(self, sampler: GlobalBatchSampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        n, seed = self.sampler.n, self.sampler.seed
+        return iter([[(o % n, seed, o // n) for o in batch] for batch in self.sampler])
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def shares(self) -> list[tuple[int, int]]:
+        return self.sampler.shares()
+
+
+class EpochItems(Dataset):
+    """``dataset[i]`` drawn for a key ``(i, epoch seed, repeat)``: its augmentation seeded by that epoch, or,
+    for a repeat ``r > 0`` (repeated augmentation), by a seed of its own, so each showing differs."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        if not isinstance(key, tuple):
+            return self.dataset[key]
+        i, seed, repeat = key
+        set_epoch(self.dataset, seed if not repeat else (seed * 1_000_033 + repeat) % (2 ** 31))
+        return self.dataset[i]
 
 
 def digits(img_size: int = 16, val_size: int = 450, seed: int = 0, shift: int = 2) -> DataBundle:
@@ -200,24 +265,24 @@ def read_image(path: str):
         raise HetpruneError(f"cannot read image {path}: {exc}") from None
 
 
-AUGMENTS = ("light", "imagenet", "none")   # training augmentation of an ImageFolder (--augment); light: the default
+AUGMENTS = tuple(AUGMENTATIONS)   # training augmentations of an ImageFolder (--augment); light: the default
 
 
-def train_transform(cfg: dict, augment: str):
-    """The training transform of an ImageFolder: ``light`` (the default: a random crop of 60-100 % of the
-    image, flips; what a fine-tune that recovers a pruned model from its teacher needs), ``imagenet``
-    (timm's full training recipe: crops down to 8 %, flips, colour jitter, as for training from scratch) or
-    ``none`` (the validation transform: resize and centre crop)."""
+def train_transform(cfg: dict, augment) -> object:
+    """The training transform of an ImageFolder, from timm's ``create_transform``: ``light`` (the default: a
+    random crop of 60-100 % of the image, flips; what a fine-tune that recovers a pruned model from its teacher
+    needs), ``imagenet`` (timm's full training recipe: crops down to 8 %, flips, colour jitter, as for training
+    from scratch), ``paper`` (the DeiT recipe of the paper's long fine-tune: RandAugment rand-m9-mstd0.5,
+    random erasing 0.25, bicubic), ``none`` (the validation transform: resize and centre crop), or an
+    `hetprune.config.Augmentation` of one's own."""
     from timm.data import create_transform
 
-    if augment not in AUGMENTS:
-        raise HetpruneError(f"augment {augment!r} is not one of {', '.join(AUGMENTS)} (light: crops of 60-100 % "
-                            "and flips, the default; imagenet: timm's full recipe; none: no augmentation)")
-    if augment == "none":
+    aug = augmentation(augment)
+    if aug.plain:
         return create_transform(**cfg, is_training=False)
-    if augment == "imagenet":
+    if aug.name == "imagenet":   # timm's defaults, as this choice always was
         return create_transform(**cfg, is_training=True)
-    return create_transform(**cfg, is_training=True, scale=(0.6, 1.0), hflip=0.5, color_jitter=None)
+    return create_transform(**{**cfg, **aug.transform_args()}, is_training=True)
 
 
 class SeededItems(Dataset):
@@ -257,9 +322,11 @@ class SeededItems(Dataset):
         return getattr(self.dataset, name)
 
 
-def image_folder(path: str | Path, model: torch.nn.Module, augment: str = "light") -> DataBundle:
+def image_folder(path: str | Path, model: torch.nn.Module, augment="light", workers: int | None = None) -> DataBundle:
     """``PATH/train/<class>/*`` and ``PATH/val/<class>/*`` with timm's transforms for ``model``; the training
-    images augmented as ``augment`` says (`train_transform`), seeded per item."""
+    images augmented as ``augment`` says (a name or an `Augmentation`: `train_transform`), seeded per item.
+    ``workers``: loader processes when a schedule says 0 (None: `default_workers`)."""
+    aug = augmentation(augment)
     from timm.data import create_transform, resolve_data_config
     from torchvision.datasets import ImageFolder
 
@@ -275,7 +342,7 @@ def image_folder(path: str | Path, model: torch.nn.Module, augment: str = "light
     # the model's actual input size wins over its pretrained config (models built with img_size=...)
     cfg["input_size"] = input_shape_of(model)
     try:
-        train = ImageFolder(str(root / "train"), transform=train_transform(cfg, augment), loader=read_image)
+        train = ImageFolder(str(root / "train"), transform=train_transform(cfg, aug), loader=read_image)
         val = ImageFolder(str(root / "val"), transform=create_transform(**cfg, is_training=False), loader=read_image)
     except (FileNotFoundError, OSError) as exc:  # e.g. a class folder with no image in it
         raise HetpruneError(f"data folder {root}: {exc}") from None
@@ -284,21 +351,32 @@ def image_folder(path: str | Path, model: torch.nn.Module, augment: str = "light
     # names, sizes and modification times: a changed image changes the fingerprint (and so every resume key)
     files = sorted((str(Path(p).relative_to(root)), os.stat(p).st_size, os.stat(p).st_mtime_ns)
                    for p, _ in train.samples + val.samples)
-    fp = fingerprint({"data": str(root.resolve()), "files": files, "cfg": cfg, "augment": augment, "seeded": 1})
+    named = AUGMENTATIONS.get(aug.name) == aug   # a named one keys as its name, as it always did
+    fp = fingerprint({"data": str(root.resolve()), "files": files, "cfg": cfg,
+                      "augment": aug.name if named else asdict(aug), "seeded": 1})
     return DataBundle(str(root), SeededItems(train), val, len(train.classes), cfg["input_size"][0],
-                      cfg["input_size"][1], fp, augment=augment)
+                      cfg["input_size"][1], fp, augment=aug.name, workers=default_workers() if workers is None else workers)
 
 
-def load_data(spec: str, model: torch.nn.Module | None = None, seed: int = 0, augment: str = "light") -> DataBundle:
+def default_workers() -> int:
+    """Loader processes for image files: a share of this machine's CPUs per local process (GPU), one left for
+    the process itself, at most 8."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cpus // max(1, local) - 1))
+
+
+def load_data(spec: str, model: torch.nn.Module | None = None, seed: int = 0, augment="light",
+              workers: int | None = None) -> DataBundle:
     """An embedded data set by name (its own fixed augmentation: shifts of a pixel or two), or an ImageFolder
-    root (``augment``: see `train_transform`)."""
+    root (``augment``: see `train_transform`; ``workers``: see `image_folder`)."""
     if spec == DIGITS:
         return digits(seed=seed)
     if spec == DIGIT_PAIRS:
         return digit_pairs(seed=seed)
     if model is None:
         raise HetpruneError("an ImageFolder data set needs the model to resolve its transforms")
-    return image_folder(spec, model, augment=augment)
+    return image_folder(spec, model, augment=augment, workers=workers)
 
 
 def subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
@@ -307,25 +385,73 @@ def subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
         return dataset
     if n <= 0:
         raise HetpruneError(f"a subset needs at least one item, got {n}")
+    key = (id(dataset), n, seed)
+    if key in _SUBSETS and _SUBSETS[key].dataset is dataset:   # the same object: its loader is reused
+        return _SUBSETS[key]
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(dataset), generator=gen)[:n].tolist()
-    return Subset(dataset, sorted(idx))
+    _SUBSETS[key] = Subset(dataset, sorted(idx))
+    while len(_SUBSETS) > 16:
+        _SUBSETS.pop(next(iter(_SUBSETS)))
+    return _SUBSETS[key]
+
+
+_SUBSETS: dict = {}   # recent subsets, so each epoch of a fine-tune reads the same object (and loader)
+
+
+PREFETCH = 4          # batches each loader worker keeps ready
+_LOADERS: dict = {}   # reused loaders (workers that live across epochs), most recently used last
+_MAX_LOADERS = 4
 
 
 def loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int = 0, workers: int = 0,
-           rank: int = 0, world: int = 1, pin_memory: bool = False, pad_empty: bool = False) -> DataLoader:
+           rank: int = 0, world: int = 1, pin_memory: bool = False, pad_empty: bool = False, pairs: bool = False,
+           repeats: int = 1, start: int = 0) -> DataLoader:
     """Batches of ``dataset`` for one epoch seeded by ``seed`` (this rank's share under torchrun).
 
     ``pin_memory`` (for a CUDA run) puts batches in page-locked memory, so the
     copy to the GPU can be non-blocking. ``pad_empty``: every rank gets a batch
     at every step (see `GlobalBatchSampler`; the weights are
-    ``loader.batch_sampler.shares()``).
+    ``loader.batch_sampler.shares()``); ``pairs``, ``repeats`` and ``start``:
+    see `GlobalBatchSampler`.
+
+    With ``workers``, one loader per data set and shape is kept and reused for
+    every epoch: its worker processes stay up (``persistent_workers``), each
+    keeping ``PREFETCH`` batches ready. Each item's key carries the epoch
+    (`EpochKeys`), so its draws are those a fresh loader would make. Loaders
+    draw nothing from torch's global generator (their own ``generator``), so
+    what a model draws while it trains does not depend on the workers.
     """
-    set_epoch(dataset, seed)
-    sampler = GlobalBatchSampler(len(dataset), batch_size, seed, shuffle=shuffle, rank=rank, world=world,
-                                 pad_empty=pad_empty)
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=workers, persistent_workers=False,
-                      pin_memory=pin_memory, worker_init_fn=seed_worker if workers else None)
+    shape = (id(dataset), batch_size, shuffle, workers, rank, world, pin_memory, pad_empty, pairs, repeats)
+    cached = _LOADERS.pop(shape, None) if workers else None
+    if cached is None:
+        sampler = GlobalBatchSampler(len(dataset), batch_size, seed, shuffle=shuffle, rank=rank, world=world,
+                                     pad_empty=pad_empty, pairs=pairs, repeats=repeats, start=start)
+        cached = DataLoader(EpochItems(dataset), batch_sampler=EpochKeys(sampler), num_workers=workers,
+                            persistent_workers=workers > 0, prefetch_factor=PREFETCH if workers else None,
+                            pin_memory=pin_memory, worker_init_fn=seed_worker if workers else None,
+                            generator=torch.Generator())
+        cached.source = dataset   # held, so the id in the shape is not reused while the loader lives
+    cached.batch_sampler.sampler.set_epoch(seed, start)
+    if workers:
+        _LOADERS[shape] = cached
+        while len(_LOADERS) > _MAX_LOADERS:
+            close_loader(_LOADERS.pop(next(iter(_LOADERS))))
+    return cached
+
+
+def close_loader(data_loader: DataLoader) -> None:
+    """Stop a reused loader's worker processes now (rather than when it is collected)."""
+    it = getattr(data_loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+    data_loader._iterator = None
+
+
+def close_loaders() -> None:
+    """Stop every reused loader's workers (the end of a run, or a test)."""
+    while _LOADERS:
+        close_loader(_LOADERS.pop(next(iter(_LOADERS))))
 
 
 def seed_everything(seed: int) -> None:

@@ -114,3 +114,10 @@ def sum_tensor(t: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
+
+
+def min_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The elementwise minimum of ``t`` over the ranks (``t`` itself outside torchrun)."""
+    if active():
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return t

@@ -147,8 +147,8 @@ def register_cost_models(register: Register) -> None:
 @hookspec
 def on_stage_start(stage: str, info: dict) -> None:
     """Observe: a pipeline stage (``allocate``, ``select``, ``finetune``,
-    ``merge``, ``measure``, ...) is starting. ``info`` names the strategy and
-    the settings of the stage."""
+    ``merge``, ``measure``, ...) is starting. ``info`` names the strategy, the
+    run's work folder (``workdir``) and the settings of the stage."""
 
 
 @hookspec
@@ -166,4 +166,6 @@ def on_point_collected(point: dict) -> None:
 @hookspec
 def on_epoch_end(stage: str, epoch: int, metrics: dict) -> None:
     """Observe: a training epoch ended inside ``stage``; ``metrics`` has at
-    least ``loss`` and, where evaluated, ``accuracy``."""
+    least ``loss``; a fine-tune's epochs also ``lr``, ``images_per_s`` and
+    ``seconds`` and, where evaluated, ``metric`` (``accuracy`` too for top-1)
+    and ``ema_metric``."""

@@ -33,6 +33,7 @@ class BlockLayout:
     mlp: str = "mlp"
     mlp_scale: str | None = "ls2"
     drop_path2: str | None = "drop_path2"
+    drop_path1: str | None = "drop_path1"   # the attention branch's stochastic depth (a fine-tune's drop_path)
     act: str = "act"            # the activation, a child of the MLP (which has ``fc1`` and ``fc2``)
 
 

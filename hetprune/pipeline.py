@@ -205,6 +205,24 @@ class PruneJob:
         """The schedule of settings section ``section`` on this job's resolved device and precision."""
         return self.config.schedule(section, device=self.device, amp=self.amp, **changes)
 
+    def teacher_for(self, cfg: TrainConfig) -> tuple[nn.Module, str]:
+        """The teacher of a fine-tune and its key: the dense model (the default), or the separate model the
+        schedule names (``teacher``: a timm name, with ``teacher_checkpoint`` or ``teacher_pretrained``),
+        built once per job, on the run's device, in eval mode."""
+        if not cfg.teacher:
+            return self.dense, self.base_key
+        spec = ModelSpec(cfg.teacher, dict(cfg.teacher_kwargs))
+        what = (cfg.teacher, cfg.teacher_checkpoint, cfg.teacher_pretrained, repr(sorted(spec.kwargs.items())))
+
+        def build():
+            from .models import build_with_weights
+
+            model = self.place(build_with_weights(spec, pretrained=cfg.teacher_pretrained,
+                                                  checkpoint=cfg.teacher_checkpoint or None)).eval()
+            return model, base_key(model, model_hash(model), spec)
+
+        return self.once(("teacher",) + what, build)
+
     @property
     def example(self) -> torch.Tensor:
         """Two inputs of the task on the run's device: for exactness checks and counting costs."""
@@ -215,7 +233,8 @@ class PruneJob:
 
     def stage_start(self, stage: str, **info) -> float:
         contract.enter_stage(stage)  # named by any plugin error raised inside it
-        self.event("on_stage_start", stage=stage, info={"strategy": self.strategy_name, **info})
+        self.event("on_stage_start", stage=stage, info={"strategy": self.strategy_name,
+                                                         "workdir": str(self.workdir), **info})
         return time.time()
 
     def stage_end(self, stage: str, started: float, **info) -> None:
@@ -409,9 +428,10 @@ def finetune(job: PruneJob, model: nn.Module, section: str = "finetune", stage: 
     cfg = job.config.schedule(section, **changes)
     # a checkpoint is reused only for the same start: model (weights, and its structure: removed sites, attention
     # mode, merges, widths; the state dict alone does not show a removed activation), teacher, data
+    teacher, teacher_key = job.teacher_for(cfg)
     key = {"starting weights": weights_key(model), "structure": structure_key(model, model_structure(job, model)),
-           "teacher": job.base_key, "data": job.task.key}
-    return job.task.fit(model, job.dense, cfg, stage, checkpoint_dir=job.workdir / stage, resume=job.resume,
+           "teacher": teacher_key, "data": job.task.key}
+    return job.task.fit(model, teacher, cfg, stage, checkpoint_dir=job.workdir / stage, resume=job.resume,
                         progress=job.progress, desc=f"{job.strategy_name}: {stage}", resume_key=key, log=job.log,
                         on_epoch_end=lambda e, m: job.event("on_epoch_end", stage=stage, epoch=e, metrics=m))
 
@@ -430,6 +450,10 @@ def finetune_and_measure(job: PruneJob, model: nn.Module, after: str) -> tuple[f
     history = finetune(job, model)
     after_ft = job.evaluate(model)
     job.stage_end("finetune", t, metric=after_ft)
+    kept = reported_epoch(history)
+    if kept:
+        job.log(f"[{job.strategy_name}] the fine-tune returns the weights of epoch {kept['epoch']} of {len(history)} "
+                f"({kept['reported']}{' by ' + job.task.metric_name if kept['reported'] == 'best' else ''})")
     job.log(f"[{job.strategy_name}] {job.task.format(before)} after {after}, {job.task.format(after_ft)} after "
             "fine-tune")
     worse = after_ft < before if job.task.higher_is_better else after_ft > before
@@ -441,6 +465,16 @@ def finetune_and_measure(job: PruneJob, model: nn.Module, after: str) -> tuple[f
                 f"{job.task.format(after_ft)}): its schedule does not suit this model and data; try a lower "
                 f"finetune.lr, more epochs or more images{hint}")
     return before, history, after_ft
+
+
+def reported_epoch(history: list[dict]) -> dict | None:
+    """The epoch of a fine-tune's history whose weights it returned when they are not the last epoch's
+    (``keep: best`` or ``ema``): ``{"epoch", "reported"}``; None for the last (the default)."""
+    for h in history or []:
+        if isinstance(h, dict) and h.get("reported"):
+            return {"epoch": h.get("epoch"), "reported": h["reported"], **({"metric": h["metric"]} if "metric" in h
+                                                                          else {})}
+    return None
 
 
 def merge(job: PruneJob, model: nn.Module) -> list[int]:
@@ -583,6 +617,7 @@ class DepthStrategy:
             "metric_before_finetune": metric_pruned,
             "metric": metric,
             "finetune_history": history,
+            **({"finetune_reported": reported_epoch(history)} if reported_epoch(history) else {}),
             **budget_check,
             "seconds": round(time.time() - started, 1),
         }

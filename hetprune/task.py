@@ -273,6 +273,28 @@ class UserSource:
     def __init__(self, task: Task):
         self.task = task
 
+    @property
+    def metric_name(self) -> str:
+        return self.task.metric_name
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.task.higher_is_better
+
+    def check(self, cfg: TrainConfig) -> None:
+        """Refuse the schedule options that need hetprune's own (images, labels) batches: one error naming them."""
+        used = [name for name, on in (("mixup", cfg.mixup > 0), ("cutmix", cfg.cutmix > 0),
+                                      ("label_smoothing", cfg.label_smoothing > 0), ("repeats", cfg.repeats > 1),
+                                      ("kd_token", cfg.kd_token)) if on]
+        if used:
+            raise HetpruneError(f"{', '.join(used)} act on hetprune's own classification batches and loss; the task "
+                                f"{self.task.name} brings its own loader and loss: do them there (Task(finetune=...)),"
+                                " or leave them off")
+
+    def evaluate(self, model: nn.Module, cfg: TrainConfig, device: torch.device, amp: str, distributed: bool) -> float:
+        """The task's metric (an epoch's evaluation, ``eval_every``)."""
+        return self.task.evaluate(model, device, amp=amp, workers=cfg.workers, distributed=distributed)
+
     def _limit(self, cfg: TrainConfig) -> int | None:
         """Batches of the loader's own batch size that hold ``subset`` items (None: every batch). Counted
         in items as a DataLoader's are, also for a list of batches, which has no batch size."""
@@ -305,17 +327,19 @@ class UserSource:
             return (train[i] for i in order)
         return iter(train)
 
-    def epoch(self, cfg: TrainConfig, seed: int, rank: int, world: int, device: torch.device, distributed: bool):
+    def epoch(self, cfg: TrainConfig, seed: int, rank: int, world: int, device: torch.device, distributed: bool,
+              start: int = 0):
         limit, n = self._limit(cfg), 0
         batches = self._ordered(seed)
         while limit is None or n < limit:
             batch = next(batches, _END)
-            if distributed:
+            if distributed and n >= start:
                 self._same_step(batch is not _END, n, rank, world, device)
             if batch is _END:
                 break
             n += 1
-            yield devices.place(batch, device), 1, world   # DDP's mean of the ranks' means
+            if n > start:   # a resumed epoch skips the steps already done (the loader reads them again)
+                yield devices.place(batch, device), 1, world   # DDP's mean of the ranks' means
         if n == 0:
             raise HetpruneError(f"the task's train data ({self.task.name}) yields no batch")
 
@@ -348,6 +372,7 @@ class ClassificationTask(Task):
     def evaluate(self, model, device="cpu", amp="none", workers=0, distributed=None) -> float:
         """Top-1 in percent; under torchrun each rank takes a share and the counts are summed, unless
         ``distributed=False`` (a rank's own model, e.g. a MAP point, on the whole val set)."""
+        workers = workers or int(self.data.workers or 0)   # 0: the data set's own default
         if distributed is False:
             device = devices.resolve(device)
             return evaluate(model, loader(self.data.val, 256, shuffle=False, workers=workers,
@@ -360,6 +385,7 @@ class ClassificationTask(Task):
     def scoring_batches(self, items, batch_size, n_batches, seed, workers=0, pin_memory=False):
         """A seeded subset of ``items`` training images in fixed batches: the first ``n_batches`` of them."""
         data = subset(self.data.train, items, seed)
+        workers = workers or int(self.data.workers or 0)
         for i, batch in enumerate(loader(data, batch_size, shuffle=False, workers=workers, pin_memory=pin_memory)):
             if i >= n_batches:
                 break

@@ -21,6 +21,7 @@ from . import devices
 from . import distributed as dist
 from .config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.train too
 from .data import DataBundle, loader, subset
+from .mixing import mix_batch
 from .errors import HetpruneError
 from .io import note_saved
 from .resume import made_when, now, reusable
@@ -42,12 +43,33 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mode: st
     return student_logits.new_zeros(())
 
 
+def label_loss(logits: torch.Tensor, targets: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+    """The loss on the labels: timm's ``SoftTargetCrossEntropy`` on mixed (soft) targets, whose label
+    smoothing is already folded in; timm's ``LabelSmoothingCrossEntropy`` on class indices with
+    ``smoothing``; plain cross-entropy otherwise (the default, as it always was)."""
+    if targets.dim() == logits.dim():
+        from timm.loss import SoftTargetCrossEntropy
+
+        return SoftTargetCrossEntropy()(logits, targets)
+    if smoothing > 0:
+        from timm.loss import LabelSmoothingCrossEntropy
+
+        return LabelSmoothingCrossEntropy(smoothing)(logits, targets)
+    return F.cross_entropy(logits, targets)
+
+
 def training_loss(student_logits, labels, teacher_logits, cfg: TrainConfig) -> torch.Tensor:
-    ce = F.cross_entropy(student_logits, labels)
+    """The labels' loss, plus ``kd_alpha`` times the distillation term. ``student_logits`` may be a
+    distilled model's ``(class head, distillation head)`` (`kd_token`): the labels train the class head, the
+    teacher the distillation head (DeiT's hard distillation)."""
+    dist_logits = None
+    if isinstance(student_logits, (tuple, list)):
+        student_logits, dist_logits = student_logits
+    ce = label_loss(student_logits, labels, cfg.label_smoothing)
     if cfg.kd == "none" or teacher_logits is None:
         return ce
-    return (1 - cfg.kd_alpha) * ce + cfg.kd_alpha * kd_loss(student_logits, teacher_logits, cfg.kd,
-                                                            cfg.kd_temperature)
+    kd_input = dist_logits if dist_logits is not None else student_logits
+    return (1 - cfg.kd_alpha) * ce + cfg.kd_alpha * kd_loss(kd_input, teacher_logits, cfg.kd, cfg.kd_temperature)
 
 
 class NonFiniteLoss(HetpruneError):
@@ -71,7 +93,8 @@ def forward_loss(net: nn.Module, x, y, cfg: TrainConfig, device: torch.device, a
             with torch.no_grad():
                 teacher_logits = _at_least_fp32(teacher(x))
         logits = net(x)
-    return training_loss(_at_least_fp32(logits), y, teacher_logits, cfg)
+    logits = tuple(map(_at_least_fp32, logits)) if isinstance(logits, (tuple, list)) else _at_least_fp32(logits)
+    return training_loss(logits, y, teacher_logits, cfg)
 
 
 def grad_scaler(device: torch.device, amp: str) -> torch.amp.GradScaler:
@@ -160,7 +183,9 @@ def _checkpoint_path(folder: Path) -> Path:
 
 
 def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, history: list, cfg: TrainConfig,
-                     scaler=None, key: dict | None = None):
+                     scaler=None, key: dict | None = None, extra: dict | None = None):
+    """The fine-tune's state after ``epoch`` whole epochs (``extra``: the steps done in the next one, the
+    EMA, the best epoch's weights), written atomically by rank 0."""
     import os
     import tempfile
 
@@ -170,7 +195,8 @@ def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, hist
     folder.mkdir(parents=True, exist_ok=True)
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict(), "epoch": epoch, "history": history, "config": cfg.to_dict(),
-             "scaler": scaler.state_dict() if scaler is not None else {}, "key": key or {}, "saved_at": now()}
+             "scaler": scaler.state_dict() if scaler is not None else {}, "key": key or {}, "saved_at": now(),
+             **(extra or {})}
     fd, tmp = tempfile.mkstemp(prefix=".ckpt.", dir=folder)
     os.close(fd)
     try:
@@ -193,6 +219,12 @@ def _load_checkpoint(folder: Path) -> dict | None:
                             "delete it to start this fine-tune over") from exc
 
 
+def workers_for(data: DataBundle, cfg: TrainConfig) -> int:
+    """Loader processes: the schedule's ``workers``, else the data set's own default (ImageFolder: a share of
+    the CPUs; the embedded sets: none)."""
+    return cfg.workers or int(getattr(data, "workers", None) or 0)
+
+
 class ClassificationSource:
     """What `train` iterates for a classification `DataBundle` (the default Task).
 
@@ -201,9 +233,14 @@ class ClassificationSource:
     ``whole``), and computes a batch's loss; [`hetprune.task.Task`][hetprune.task.Task]
     gives one for a user's own loader and loss. This one takes a seeded
     subset, splits every global batch across ranks (a rank with no item gets
-    a zero-weight stand-in, so every rank takes every step), and trains on
-    cross-entropy + KD from the teacher.
+    a zero-weight stand-in, so every rank takes every step), mixes it
+    (``mixup``/``cutmix``: `hetprune.mixing`), and trains on cross-entropy
+    (or soft targets) + KD from the teacher.
     """
+
+    metric_name = "top1"
+    higher_is_better = True
+    splits = True   # a batch is (images, labels): `train` can cut it into micro-batches (accum_steps)
 
     def __init__(self, data: DataBundle):
         self.data = data
@@ -211,12 +248,18 @@ class ClassificationSource:
     def steps_per_epoch(self, cfg: TrainConfig) -> int:
         return max(1, math.ceil(len(subset(self.data.train, cfg.subset, cfg.seed)) / cfg.batch_size))
 
-    def epoch(self, cfg: TrainConfig, seed: int, rank: int, world: int, device: torch.device, distributed: bool):
+    def epoch(self, cfg: TrainConfig, seed: int, rank: int, world: int, device: torch.device, distributed: bool,
+              start: int = 0):
+        """This rank's batches of the epoch seeded ``seed``, from global batch ``start`` on."""
         train_set = subset(self.data.train, cfg.subset, cfg.seed)
-        batches = loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=cfg.workers, rank=rank,
-                         world=world, pin_memory=device.type == "cuda", pad_empty=distributed)
-        for batch, (share, whole) in zip(batches, batches.batch_sampler.shares()):
-            yield devices.place(tuple(batch), device), share, whole
+        batches = loader(train_set, cfg.batch_size, shuffle=True, seed=seed, workers=workers_for(self.data, cfg),
+                         rank=rank, world=world, pin_memory=device.type == "cuda", pad_empty=distributed,
+                         pairs=cfg.mixes, repeats=cfg.repeats, start=start)
+        for step, (batch, (share, whole)) in enumerate(zip(batches, batches.batch_sampler.shares()), start):
+            x, y = devices.place(tuple(batch), device)
+            if cfg.mixes:
+                x, y = mix_batch(x, y, cfg, self.data.num_classes, seed, step)
+            yield (x, y), share, whole
 
     def loss(self, net: nn.Module, batch, teacher: nn.Module | None, cfg: TrainConfig, device: torch.device,
              amp: str) -> torch.Tensor:
@@ -224,10 +267,130 @@ class ClassificationSource:
         return forward_loss(net, x, y, cfg, device, amp, teacher)
 
     def evaluate(self, model: nn.Module, cfg: TrainConfig, device: torch.device, amp: str, distributed: bool) -> float:
+        workers = workers_for(self.data, cfg)
         if distributed:
-            return evaluate_dataset(model, self.data.val, device, workers=cfg.workers, amp=amp)
-        return evaluate(model, loader(self.data.val, 256, shuffle=False, workers=cfg.workers,
+            return evaluate_dataset(model, self.data.val, device, workers=workers, amp=amp)
+        return evaluate(model, loader(self.data.val, 256, shuffle=False, workers=workers,
                                       pin_memory=device.type == "cuda"), device, amp=amp)
+
+
+# -- pieces of the training loop ------------------------------------------------------------------------------
+
+def scaled_lr(cfg: TrainConfig) -> float:
+    """timm's learning-rate rule: ``lr * (batch_size / lr_base_batch)`` (``linear``) or its square root
+    (``sqrt``); ``none`` leaves ``lr`` as given. ``batch_size`` is the global batch."""
+    if cfg.lr_scale == "none":
+        return cfg.lr
+    ratio = cfg.batch_size / cfg.lr_base_batch
+    return cfg.lr * (ratio if cfg.lr_scale == "linear" else math.sqrt(ratio))
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, lr: float, device: torch.device):
+    """timm's AdamW (no weight decay on norms, biases, tokens); fused on CUDA, where torch has that kernel."""
+    from timm.optim import create_optimizer_v2
+
+    fused = {"fused": True} if device.type == "cuda" else {}
+    return create_optimizer_v2(model, opt="adamw", lr=lr, weight_decay=cfg.weight_decay, **fused)
+
+
+def make_scheduler(optimizer, cfg: TrainConfig, lr: float, steps_per_epoch: int):
+    """timm's cosine schedule per step: warm-up over ``warmup_epochs`` from ``warmup_lr``, down to ``min_lr``
+    (each ``lr * 0.01`` unless given: the schedule every fine-tune had before they were settable)."""
+    from timm.scheduler import CosineLRScheduler
+
+    total = max(1, cfg.epochs * steps_per_epoch)
+    warmup_lr = lr * 0.01 if cfg.warmup_lr is None else cfg.warmup_lr
+    min_lr = lr * 0.01 if cfg.min_lr is None else cfg.min_lr
+    return CosineLRScheduler(optimizer, t_initial=total, warmup_t=cfg.warmup_epochs * steps_per_epoch,
+                             warmup_lr_init=warmup_lr, lr_min=min_lr, t_in_epochs=False)
+
+
+def set_drop_path(model: nn.Module, rate: float) -> Callable[[], None]:
+    """Stochastic depth on ``model``'s residual branches while it trains, at timm's rule (``rate * i / (depth
+    - 1)`` for block ``i``), through the drop-path slots its adapter names; returns what puts the model's own
+    modules back (a pruned model is saved as it was built)."""
+    from timm.layers import DropPath
+
+    from .adapters import adapter_for
+
+    adapter = adapter_for(model)
+    slots = adapter.drop_path_slots(model)
+    if not any(slots):
+        raise HetpruneError(f"drop_path: the {adapter.name} adapter names no drop-path slot in "
+                            f"{type(model).__name__}; leave drop_path null for this model")
+    saved = []
+    depth = len(slots)
+    for i, block_slots in enumerate(slots):
+        p = rate * i / max(1, depth - 1)
+        for owner, name in block_slots:
+            saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, DropPath(p) if p > 0 else nn.Identity())
+
+    def restore():
+        for owner, name, module in saved:
+            setattr(owner, name, module)
+
+    return restore
+
+
+def distilled_training(model: nn.Module, on: bool) -> bool:
+    """Switch a distilled model (timm's ``VisionTransformerDistilled``) to return ``(class head,
+    distillation head)`` while it trains; returns the setting it had. One error for any other model."""
+    if not hasattr(model, "set_distilled_training"):
+        raise HetpruneError(f"kd_token distils into a distillation token, and {type(model).__name__} has none: "
+                            "use a distilled model (e.g. deit_base_distilled_patch16_224) or leave kd_token off")
+    before = bool(getattr(model, "distilled_training", False))
+    model.set_distilled_training(on)
+    return before
+
+
+def split_batch(batch, parts: int) -> list[tuple[tuple, int]]:
+    """``(images, targets)`` cut into at most ``parts`` micro-batches, each with its item count."""
+    x, y = batch
+    n = min(parts, len(x))
+    return [((xi, yi), len(xi)) for xi, yi in zip(torch.tensor_split(x, n), torch.tensor_split(y, n))]
+
+
+class FiniteWatch:
+    """Non-finite losses, flagged on the device step by step and read every ``check_every`` steps: one host
+    sync per check, not one per step. A check finds the first bad step of every rank (all ranks check
+    together, so all stop together) and `check` raises `NonFiniteLoss` for it."""
+
+    NONE = 2 ** 62
+
+    def __init__(self, device: torch.device, distributed: bool):
+        self.device, self.distributed = device, distributed
+        self.first = torch.full((), self.NONE, dtype=torch.long, device=device)
+        self.nan = torch.zeros((), dtype=torch.bool, device=device)
+        self.lrs: dict[int, float] = {}
+
+    def note(self, flags: torch.Tensor, step: int, lr: float) -> None:
+        """``flags`` ``[NaNs, infs]`` of global step ``step`` (counted from the run's first step)."""
+        fresh = (flags.sum() > 0) & (self.first == self.NONE)
+        self.first = torch.where(fresh, torch.full_like(self.first, step), self.first)
+        self.nan = torch.where(fresh, flags[0] > 0, self.nan)
+        self.lrs[step] = lr
+
+    def check(self) -> None:
+        first = self.first.clone()
+        if self.distributed:
+            first = dist.min_tensor(first)
+        step = int(first.item())
+        if step == self.NONE:
+            self.lrs.clear()
+            return
+        nan = (self.nan & (self.first == step)).double()
+        if self.distributed:
+            nan = dist.sum_tensor(nan)
+        exc = NonFiniteLoss(float("nan") if nan.item() > 0 else float("inf"))
+        exc.step, exc.lr = step, self.lrs.get(step)
+        raise exc
+
+
+def loss_flags(loss: torch.Tensor) -> torch.Tensor:
+    """``[is NaN, is inf]`` of a loss, on its device."""
+    loss = loss.detach()
+    return torch.stack([torch.isnan(loss), torch.isinf(loss)]).double()
 
 
 def train(
@@ -248,12 +411,17 @@ def train(
     """Train ``model`` in place on ``data`` (a `DataBundle`, or a training source such as
     `ClassificationSource` or a Task's); returns the per-epoch history.
 
-    With ``checkpoint_dir``, a checkpoint is written after every epoch and
-    ``resume=True`` continues from it. Each epoch's data order and
-    augmentation are seeded by ``(seed, epoch)``, so a resumed run repeats
-    the uninterrupted one. A NaN loss (or an inf one without fp16) stops
-    training with an error and leaves the last good checkpoint in place; an
-    inf loss under fp16 is an overflow: the GradScaler skips that step.
+    With ``checkpoint_dir``, a checkpoint is written after every epoch (and
+    every ``save_every_steps`` steps inside one) and ``resume=True``
+    continues from it. Each epoch's data order and augmentation are seeded
+    by ``(seed, epoch)`` (and each item's by its index), so a resumed run
+    repeats the uninterrupted one, also from the middle of an epoch (the
+    steps done are skipped, and torch's generator is put back as it was).
+    A NaN loss (or an inf one without fp16) stops training with an error
+    and leaves the last good checkpoint in place; the loss is checked on
+    the device and read every ``check_every`` steps and before every
+    checkpoint, so no step waits for the host. An inf loss under fp16 is an
+    overflow: the GradScaler skips that step (checked every step).
 
     The checkpoint carries ``resume_key`` (what the run started from: the
     model's weights, the teacher, the data) and the training settings; a
@@ -263,21 +431,25 @@ def train(
     Under torchrun (``distributed`` defaults to whether a process group is
     active) the model is wrapped in DistributedDataParallel and every global
     batch of ``cfg.batch_size`` items is split across ranks (any batch size:
-    shares may differ by one item). Every rank takes every step, and each
-    rank's loss is weighted by its share of the global batch
-    (`share_weighted`; a rank with no item takes part with weight 0), so
-    the run follows the single-process one up to rounding;
-    ``distributed=False`` trains this rank's model alone (e.g. one MAP point
-    per rank).
+    shares may differ by one item, two when batches are mixed). Every rank
+    takes every step, and each rank's loss is weighted by its share of the
+    global batch (`share_weighted`; a rank with no item takes part with
+    weight 0), so the run follows the single-process one up to rounding;
+    ``accum_steps`` cuts each rank's share into micro-batches whose
+    gradients add up to the same step. ``distributed=False`` trains this
+    rank's model alone (e.g. one MAP point per rank).
 
     ``cfg.amp`` runs the forward passes under autocast (bf16, or fp16 with a
     GradScaler); the loss, KD term included, is computed in fp32 (or wider).
-    Each step is `forward_loss` and `optimisation_step`, which
-    other training loops (gate-taylor's gate phase) share.
+    The recipe options of a long fine-tune (mixup, cutmix, label smoothing,
+    drop path, EMA, token distillation, clipping, evaluation every N epochs
+    with the best kept): see `hetprune.config.TrainConfig` and the settings
+    reference. Each epoch's history has its loss, learning rate, seconds
+    and, where evaluated, the metric (and the EMA's); ``on_epoch_end`` gets
+    the images per second too (a timing, like ``seconds``, that a rerun does
+    not repeat). The epoch whose weights are returned when they are not the
+    last has ``reported``.
     """
-    from timm.optim import create_optimizer_v2
-    from timm.scheduler import CosineLRScheduler
-
     distributed = dist.active() if distributed is None else (distributed and dist.active())
     rank, world = (dist.rank(), dist.world()) if distributed else (0, 1)
     device = devices.resolve(cfg.device)
@@ -287,13 +459,22 @@ def train(
         devices.place(teacher, device).eval()
     scaler = grad_scaler(device, amp)
     source = data if hasattr(data, "epoch") else ClassificationSource(data)
+    if getattr(source, "check", None):
+        source.check(cfg)
+    if cfg.accum_steps > 1 and not getattr(source, "splits", False):
+        raise HetpruneError("accum_steps > 1 cuts hetprune's own (images, labels) batches; a Task's own loader "
+                            "sets its own batch size: give it smaller batches instead")
     steps_per_epoch = source.steps_per_epoch(cfg)
-    total = max(1, cfg.epochs * steps_per_epoch)
-    optimizer = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = CosineLRScheduler(optimizer, t_initial=total, warmup_t=cfg.warmup_epochs * steps_per_epoch,
-                                  warmup_lr_init=cfg.lr * 0.01, lr_min=cfg.lr * 0.01, t_in_epochs=False)
+    lr = scaled_lr(cfg)
+    optimizer = make_optimizer(model, cfg, lr, device)
+    scheduler = make_scheduler(optimizer, cfg, lr, steps_per_epoch)
+    ema = None
+    if cfg.ema_decay:
+        from timm.utils import ModelEmaV3
+
+        ema = ModelEmaV3(model, decay=cfg.ema_decay)
     folder = Path(checkpoint_dir) if checkpoint_dir else None
-    start_epoch, history = 0, []
+    start_epoch, start_step, history, best, carried = 0, 0, [], None, None
     if folder is not None and resume:
         ckpt = _load_checkpoint(folder)
         current = {**(resume_key or {}), "training settings": cfg.to_dict()}
@@ -304,50 +485,214 @@ def train(
             scheduler.load_state_dict(ckpt["scheduler"])
             if ckpt.get("scaler"):
                 scaler.load_state_dict(ckpt["scaler"])
+            if ema is not None and ckpt.get("ema"):
+                ema.module.load_state_dict(ckpt["ema"])
+            best = ckpt.get("best")
             start_epoch, history = ckpt["epoch"], list(ckpt["history"])
-            log(f"resume: {desc} continues after epoch {start_epoch} of {cfg.epochs}, from the checkpoint in "
-                f"{folder} saved {made_when([ckpt], 'saved_at')}")
-    net = model
+            start_step = int(ckpt.get("step", 0))
+            carried = ckpt.get("within") if start_step else None
+            where = f" and {start_step} of its {steps_per_epoch} steps" if start_step else ""
+            log(f"resume: {desc} continues after epoch {start_epoch} of {cfg.epochs}{where}, from the checkpoint "
+                f"in {folder} saved {made_when([ckpt], 'saved_at')}")
+    restore_drop_path = set_drop_path(model, cfg.drop_path) if cfg.drop_path is not None else None
+    was_distilled = distilled_training(model, True) if cfg.kd_token else None
+    try:
+        history = _train_epochs(model, source, cfg, teacher, device, amp, scaler, optimizer, scheduler, ema, folder,
+                                start_epoch, start_step, history, best, carried, steps_per_epoch, distributed, rank,
+                                world, progress, desc, on_epoch_end, eval_each_epoch, resume_key)
+    finally:
+        if restore_drop_path is not None:
+            restore_drop_path()
+        if was_distilled is not None:
+            model.set_distilled_training(was_distilled)
+    model.eval()
+    return history
+
+
+def _train_epochs(model, source, cfg, teacher, device, amp, scaler, optimizer, scheduler, ema, folder, start_epoch,
+                  start_step, history, best, carried, steps_per_epoch, distributed, rank, world, progress, desc,
+                  on_epoch_end, eval_each_epoch, resume_key) -> list[dict]:
+    """The epochs of `train`, from ``start_epoch`` (and ``start_step`` within it); returns the history."""
+    net = ddp = model
     if distributed:
         from torch.nn.parallel import DistributedDataParallel
 
         dist.broadcast_module(model)
-        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        net = ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.compile:
+        net = torch.compile(net)
+    eval_every = cfg.eval_every or (1 if eval_each_epoch else 0)
+    higher = getattr(source, "higher_is_better", True)
+    watch = FiniteWatch(device, distributed)
+    fp16 = scaler.is_enabled()
+    saved = [folder is not None and (start_epoch > 0 or start_step > 0)]   # a good checkpoint exists
+
+    def save(epoch_done: int, extra: dict | None = None) -> None:
+        if folder is None:
+            return
+        if not fp16:
+            stop_if_nonfinite()   # nothing non-finite reaches a checkpoint
+        state = {**({"ema": ema.module.state_dict()} if ema is not None else {}),
+                 **({"best": best} if best is not None else {}), **(extra or {})}
+        _save_checkpoint(folder, model, optimizer, scheduler, epoch_done, history, cfg, scaler, resume_key, state)
+        saved[0] = True
+        if distributed:
+            dist.barrier()
+
+    def stop_if_nonfinite() -> None:
+        try:
+            watch.check()
+        except NonFiniteLoss as exc:
+            raise _stopped(desc, exc, exc.step // steps_per_epoch, exc.step % steps_per_epoch, exc.lr,
+                           folder if saved[0] else None) from None
+
     # disable=None: tqdm shows itself on a terminal only, so logs stay readable
     bar = tqdm(range(start_epoch, cfg.epochs), desc=desc, disable=None if progress and rank == 0 else True, leave=False,
                dynamic_ncols=True, initial=start_epoch, total=cfg.epochs)
     for epoch in bar:
         model.train()
         seed = cfg.seed * 100_003 + epoch
-        torch.manual_seed(seed)
-        epoch_loss, t0 = torch.zeros(2, dtype=torch.float64), time.time()
-        for step, (batch, share, whole) in enumerate(source.epoch(cfg, seed, rank, world, device, distributed)):
-            loss = source.loss(net, batch, teacher, cfg, device, amp)
-            try:
-                stepped = optimisation_step(share_weighted(loss, share, whole, world), [optimizer], scaler, device,
-                                            distributed)
-            except NonFiniteLoss as exc:
-                where = f"; the last good checkpoint is {_checkpoint_path(folder)}" if folder and epoch else ""
-                raise HetpruneError(f"{desc}: loss became {exc.value} at epoch {epoch + 1}, step {step + 1} "
-                                    f"(lr {optimizer.param_groups[0]['lr']:.2e}); stopped{where}. "
-                                    "Lower the learning rate or check the data.") from None
-            scheduler.step_update(epoch * steps_per_epoch + step + 1)
-            if stepped and share:   # an fp16 overflow the GradScaler skipped adds no inf to the epoch's loss
-                epoch_loss[0] += loss.item() * share
-                epoch_loss[1] += share
+        first = start_step if epoch == start_epoch else 0
+        if first and carried:   # the middle of an epoch: torch's generator as the uninterrupted run had it
+            torch.set_rng_state(carried["rng"])
+            if device.type == "cuda" and carried.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(carried["cuda_rng"], device)
+            epoch_loss = carried["loss"].to(device)
+            images, seconds = int(carried["images"]), float(carried["seconds"])
+        else:
+            torch.manual_seed(seed)
+            epoch_loss, images, seconds = torch.zeros(2, dtype=torch.float64, device=device), 0, 0.0
+        t0, last_lr = time.time(), optimizer.param_groups[0]["lr"]
+        batches = source.epoch(cfg, seed, rank, world, device, distributed, **({"start": first} if first else {}))
+        for step, (batch, share, whole) in enumerate(batches, first):
+            done = epoch * steps_per_epoch + step
+            optimizer.zero_grad(set_to_none=True)   # a model may come with gradients (a gate phase's)
+            step_loss, flags = _accumulate(net, ddp, source, batch, share, whole, world, cfg, teacher, device, amp,
+                                           scaler, distributed)
+            stepped, last_lr = True, optimizer.param_groups[0]["lr"]
+            if fp16:   # the GradScaler's skip is decided now: one host sync per step, as it always was
+                try:
+                    stepped = _fp16_decision(flags, scaler, distributed)
+                except NonFiniteLoss as exc:
+                    raise _stopped(desc, exc, epoch, step, optimizer.param_groups[0]["lr"],
+                                   folder if saved[0] else None) from None
+            else:
+                watch.note(flags, done, optimizer.param_groups[0]["lr"])
+            if stepped:
+                _optimizer_step(model, optimizer, scaler, cfg)
+                if ema is not None:
+                    ema.update(model, step=done + 1)
+                epoch_loss += step_loss
+            scheduler.step_update(done + 1)
+            images += whole
+            if not fp16 and (done + 1) % cfg.check_every == 0:
+                stop_if_nonfinite()
+            if cfg.save_every_steps and (step + 1) % cfg.save_every_steps == 0 and step + 1 < steps_per_epoch:
+                loss_now = epoch_loss.detach().cpu()
+                within = {"rng": torch.get_rng_state(), "loss": loss_now, "images": images,
+                          "seconds": seconds + time.time() - t0,
+                          **({"cuda_rng": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})}
+                save(epoch, {"step": step + 1, "within": within})
+        if not fp16:
+            stop_if_nonfinite()
         if distributed:
-            epoch_loss = dist.sum_tensor(epoch_loss.to(device)).cpu()
-        metrics = {"epoch": epoch + 1, "loss": float(epoch_loss[0] / max(1.0, float(epoch_loss[1]))),
-                   "seconds": round(time.time() - t0, 2)}
-        if eval_each_epoch:
-            metrics["accuracy"] = source.evaluate(model, cfg, device, amp, distributed)
+            epoch_loss = dist.sum_tensor(epoch_loss)
+        totals = epoch_loss.cpu()   # the epoch's one wait for the device
+        seconds += time.time() - t0
+        metrics = {"epoch": epoch + 1, "loss": float(totals[0] / max(1.0, float(totals[1]))),
+                   "seconds": round(seconds, 2), "lr": last_lr}
+        if eval_every and ((epoch + 1) % eval_every == 0 or epoch + 1 == cfg.epochs):
+            best = _evaluate_epoch(model, ema, source, cfg, device, amp, distributed, metrics, best, higher)
         history.append(metrics)
-        bar.set_postfix({k: round(v, 4) for k, v in metrics.items() if k in ("loss", "accuracy")})
-        if folder is not None:
-            _save_checkpoint(folder, model, optimizer, scheduler, epoch + 1, history, cfg, scaler, resume_key)
-            if distributed:
-                dist.barrier()
-        if on_epoch_end is not None:
-            on_epoch_end(epoch + 1, metrics)
-    model.eval()
+        bar.set_postfix({k: round(v, 4) for k, v in metrics.items() if k in ("loss", "accuracy", "metric")})
+        save(epoch + 1)
+        if on_epoch_end is not None:   # the history keeps what a rerun repeats; the event has the speed too
+            on_epoch_end(epoch + 1, {**metrics, "images_per_s": round(images / max(seconds, 1e-9), 1)})
+    return _kept(model, ema, cfg, history, best)
+
+
+def _accumulate(net, ddp, source, batch, share, whole, world, cfg, teacher, device, amp, scaler, distributed):
+    """One global batch's gradients (this rank's share, in ``accum_steps`` micro-batches, DDP synchronising
+    the last only): ``(sum of item losses, [NaNs, infs] among them)``, both on the device."""
+    import contextlib
+
+    parts = split_batch(batch, cfg.accum_steps) if cfg.accum_steps > 1 else [(batch, share)]
+    if cfg.accum_steps > 1 and not share:
+        parts = parts[:1]
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    flags = torch.zeros(2, dtype=torch.float64, device=device)
+    for i, (micro, items) in enumerate(parts):
+        items = items if share else 0
+        quiet = ddp.no_sync() if distributed and i < len(parts) - 1 else contextlib.nullcontext()
+        with quiet:
+            loss = source.loss(net, micro, teacher, cfg, device, amp)
+            if items:   # python numbers into device tensors: no copy from the host, no wait for the device
+                flags += loss_flags(loss)
+                total[0] += loss.detach().double() * items
+                total[1] += items
+            scaler.scale(share_weighted(loss, items, whole, world)).backward()
+    return total, flags
+
+
+def _fp16_decision(flags, scaler, distributed: bool) -> bool:
+    """Under fp16: a NaN loss stops the run (`NonFiniteLoss`); an inf one is an overflow the GradScaler skips
+    (the step dropped, the scale backed off); the ranks' flags are summed so all decide alike."""
+    if distributed:
+        flags = dist.sum_tensor(flags)
+    nan, inf = (bool(v) for v in flags.tolist())
+    if nan:
+        raise NonFiniteLoss(float("nan"))
+    if inf:
+        scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
+        return False
+    return True
+
+
+def _optimizer_step(model, optimizer, scaler, cfg: TrainConfig) -> None:
+    """Clip (timm's ``dispatch_clip_grad``, on unscaled gradients) and step."""
+    if cfg.clip_grad is not None:
+        from timm.utils import dispatch_clip_grad
+
+        scaler.unscale_(optimizer)
+        dispatch_clip_grad([p for p in model.parameters() if p.grad is not None], cfg.clip_grad, cfg.clip_mode)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+def _stopped(desc: str, exc: NonFiniteLoss, epoch: int, step: int, lr: float | None, folder):
+    """The error that stops a run whose loss is no longer finite, naming where, and the last good checkpoint
+    (``folder``: None when there is none yet)."""
+    where = f"; the last good checkpoint is {_checkpoint_path(folder)}" if folder else ""
+    rate = f" (lr {lr:.2e})" if lr is not None else ""
+    return HetpruneError(f"{desc}: loss became {exc.value} at epoch {epoch + 1}, step {step + 1}{rate}; "
+                         f"stopped{where}. Lower the learning rate or check the data.")
+
+
+def _evaluate_epoch(model, ema, source, cfg, device, amp, distributed, metrics: dict, best, higher: bool):
+    """The metric of this epoch's weights (and of the EMA's) into ``metrics``; returns the best so far (its
+    epoch, metric and, when ``keep: best``, its weights)."""
+    value = source.evaluate(model, cfg, device, amp, distributed)
+    metrics["metric"] = value
+    if getattr(source, "metric_name", None) == "top1":
+        metrics["accuracy"] = value   # the key an evaluated epoch always had
+    if ema is not None:
+        metrics["ema_metric"] = source.evaluate(ema.module, cfg, device, amp, distributed)
+    better = best is None or (value > best["metric"] if higher else value < best["metric"])
+    if not better:
+        return best
+    weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if cfg.keep == "best" else None
+    return {"epoch": metrics["epoch"], "metric": value, **({"model": weights} if weights is not None else {})}
+
+
+def _kept(model, ema, cfg: TrainConfig, history: list[dict], best) -> list[dict]:
+    """Put the weights ``keep`` asks for into ``model`` and mark their epoch ``reported`` in the history."""
+    if cfg.keep == "best" and best is not None and best.get("model") is not None:
+        model.load_state_dict(best["model"])
+        for h in history:
+            if h["epoch"] == best["epoch"]:
+                h["reported"] = "best"
+    elif cfg.keep == "ema" and ema is not None:
+        model.load_state_dict(ema.module.state_dict())
+        if history:
+            history[-1]["reported"] = "ema"
     return history

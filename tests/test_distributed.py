@@ -229,13 +229,53 @@ def paths_worker(out: Path) -> dict:
     return {"points": json.dumps(points, sort_keys=True), "fine_tunes": len(fine_tunes)}
 
 
+# -- the mixing scenario: mixup / cutmix batches and training on 2 ranks ------------------------------------
+
+MIX_CFG = dict(epochs=1, lr=LR, batch_size=15, subset=45, kd="soft", warmup_epochs=0, mixup=0.8, cutmix=1.0,
+               label_smoothing=0.1, accum_steps=2)   # micro-batches too: DDP synchronises the last only
+
+
+def mixed_rows(data, rank: int, world: int, seed: int) -> dict:
+    """Item index -> (mixed image, soft target) of the first two global batches, this rank's share."""
+    from hetprune.train import ClassificationSource, TrainConfig
+
+    cfg = TrainConfig(**MIX_CFG, seed=seed)
+    from hetprune.data import GlobalBatchSampler
+
+    sampler = GlobalBatchSampler(45, 15, seed, rank=rank, world=world, pad_empty=world > 1, pairs=True)
+    out = {}
+    for (batch, share, _), items, _ in zip(ClassificationSource(data).epoch(cfg, seed, rank, world,
+                                                                            torch.device("cpu"), world > 1),
+                                           sampler, range(2)):
+        for i, item in enumerate(items[:share]):
+            out[item] = (batch[0][i], batch[1][i])
+    return out
+
+
+def mix_train(data, seed: int = 0) -> torch.nn.Module:
+    from hetprune.train import TrainConfig, train
+
+    model, teacher = tiny(0), tiny(1).eval()
+    train(model, data, TrainConfig(**MIX_CFG, seed=seed), teacher=teacher, progress=False)
+    return model
+
+
+def mix_worker(out: Path) -> dict:
+    from hetprune import distributed as dist
+    from hetprune.data import digits
+
+    data = digits()
+    return {"rows": {seed: mixed_rows(data, dist.rank(), dist.world(), seed) for seed in (0, 1)},
+            "state": mix_train(data).state_dict()}
+
+
 def worker(scenario: str, out: Path) -> int:
     from hetprune import distributed as dist
 
     torch.set_num_threads(1)
     dist.init_from_env("cpu")
     result = {"train": training_worker, "plan": planning_worker, "task": task_worker,
-              "retrain": retrain_worker, "paths": paths_worker}[scenario](out)
+              "retrain": retrain_worker, "paths": paths_worker, "mix": mix_worker}[scenario](out)
     torch.save(result, out / f"rank{dist.rank()}.pt")
     dist.barrier()
     return 0
@@ -283,6 +323,26 @@ def test_uneven_splits_train_and_evaluate_like_one_process(tmp_path, world):
             ddp_model = tiny(0)
             ddp_model.load_state_dict(got[case]["state"])
             assert got[case]["top1"] == evaluate_dataset(ddp_model, val_set(data), batch_size=2), (case, r)
+
+
+def test_mixup_and_cutmix_batches_and_training_are_the_same_on_2_ranks(tmp_path):
+    """Each rank mixes its own share of a global batch (pairs stay on one rank, lambda and box from the global
+    step), item for item as one process mixes the whole batch; so DDP training with mixing (and gradient
+    accumulation over micro-batches) follows it too."""
+    from hetprune.data import digits
+
+    ranks = run_workers("mix", 2, tmp_path)
+    data = digits()
+    for seed in (0, 1):
+        single = mixed_rows(data, 0, 1, seed)
+        got = {**ranks[0]["rows"][seed], **ranks[1]["rows"][seed]}
+        assert sorted(got) == sorted(single) and not set(ranks[0]["rows"][seed]) & set(ranks[1]["rows"][seed])
+        for item, (x, y) in single.items():
+            assert torch.equal(got[item][0], x) and torch.equal(got[item][1], y), (seed, item)
+    model = mix_train(data)
+    for got in ranks:
+        err = max((model.state_dict()[k] - v).abs().max().item() for k, v in got["state"].items())
+        assert err < 3e-4, err
 
 
 def test_every_rank_plans_from_rank_0s_costs(tmp_path):

@@ -16,7 +16,7 @@ LAYERS = {
                    "points", "tensors"],
     "model": ["layers", "adapters", "adapters.base", "adapters.generic", "adapters.lookup", "adapters.nested",
               "sites", "surgery", "widths", "costs", "models", "recipe", "model_checks"],
-    "training": ["data", "train", "resume", "task", "embedded"],
+    "training": ["data", "mixing", "train", "resume", "task", "embedded"],
     "pruning": ["budget", "cost_model", "pipeline", "result_checks", "run_start"],
     "measuring": ["bench", "bench.*", "latency", "export", "export.*"],
     "harness": ["api", "compare", "compare.*", "ablate", "testing"],

@@ -243,3 +243,20 @@ def test_the_augmentation_is_an_option_and_light_by_default(image_folder):
     assert "RandomHorizontalFlip" in kinds["light"] and "RandomHorizontalFlip" not in kinds["none"]
     with pytest.raises(HetpruneError, match="augment 'heavy' is not one of light, imagenet, none"):
         load_folder(image_folder, model, augment="heavy")
+
+
+def test_an_image_folder_has_loader_workers_by_default_and_the_paper_augmentation(image_folder, tmp_path):
+    """A share of the CPUs per local process, unless --workers says otherwise (0: none); --augment paper is
+    the DeiT recipe of the paper's long fine-tune, recorded as such."""
+    from hetprune.data import default_workers, image_folder as load_folder
+
+    model = build(ModelSpec("vit_tiny_patch16_224", RGB_KWARGS))
+    data = load_folder(image_folder, model, augment="paper")
+    assert data.workers == default_workers() >= 1 and data.augment == "paper"
+    assert data.fingerprint != load_folder(image_folder, model).fingerprint
+    kinds = [type(t).__name__ for t in data.train.dataset.transform.transforms]
+    assert "RandAugment" in kinds and "RandomErasing" in kinds
+    out = tmp_path / "out"
+    assert main(["prune", *rgb_args(), "--data", str(image_folder), "--strategy", "act-only", "--budget", "1",
+                 "--scorer", "magnitude", "--augment", "paper", "--workers", "0", "--out", str(out), *FAST]) == 0
+    assert json.loads((out / "recipe.json").read_text())["provenance"]["data"]["augment"] == "paper"

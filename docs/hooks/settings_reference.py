@@ -59,7 +59,8 @@ def schedules_table(config) -> list[str]:
     for f in dataclasses.fields(config.TrainConfig):
         if f.name in config.RUN_KEYS:
             continue
-        shown = [run.finetune.get(f.name), run.short_finetune.get(f.name)]
+        bare = _default(f).strip("`")   # a long-schedule option absent from the defaults: off, as TrainConfig has it
+        shown = [run.finetune.get(f.name, bare), run.short_finetune.get(f.name, bare)]
         lines.append(f"| `{f.name}` | {_cell(_type(hints.get(f.name)))} | "
                      + " | ".join(f"`{'null' if v is None else v}`" for v in shown)
                      + f" | {_cell(f.metadata.get('help', ''))} |")

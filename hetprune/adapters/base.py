@@ -155,6 +155,12 @@ class Adapter:
         each branch with its norm; a removed branch is absent."""
         return {}
 
+    def drop_path_slots(self, model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+        """Per block (in `blocks` order), ``(owner, child name)`` of each residual branch's stochastic-depth
+        module (a drop path, or the identity standing in for one): where a fine-tune's ``drop_path`` goes.
+        Default: none (the adapter cannot set one)."""
+        return []
+
     # -- cost and facts -------------------------------------------------------------------
     def is_attention(self, module: nn.Module) -> bool:
         """Whether ``module`` is an attention module whose matmuls `attention_macs` counts."""
@@ -273,6 +279,16 @@ class PreNormAdapter(Adapter):
 
     def _block(self, model: nn.Module, index: int) -> nn.Module:
         return self.blocks(model)[index]
+
+    def drop_path_slots(self, model):
+        from timm.layers import DropPath
+
+        out = []
+        for b in self.blocks(model):
+            L = self.layout_of(b)
+            names = dict.fromkeys(n for n in (L.drop_path1, L.drop_path2) if n)   # CaiT: one for both
+            out.append([(b, n) for n in names if isinstance(getattr(b, n, None), (nn.Identity, DropPath))])
+        return out
 
     def _mlp(self, block: nn.Module) -> nn.Module:
         return getattr(block, self.layout_of(block).mlp)

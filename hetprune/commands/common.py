@@ -31,11 +31,12 @@ def add_model_arguments(p, data: bool = True) -> None:
                        help="an embedded data set: 'digits' (the default; scikit-learn's digits) or "
                             "'digit-pairs' (two digits side by side, labelled by their sum), or an ImageFolder "
                             "root with train/ and val/")
-        g.add_argument("--augment", default="light", choices=("light", "imagenet", "none"),
+        g.add_argument("--augment", default="light", choices=("light", "imagenet", "none", "paper"),
                        help="training augmentation of an ImageFolder --data (default light: random crops of 60-100 %% "
                             "of the image and flips; imagenet: timm's full training recipe, crops down to 8 %% and "
-                            "colour jitter; none: the validation transform). The embedded data sets shift by a "
-                            "pixel or two, always")
+                            "colour jitter; none: the validation transform; paper: the DeiT recipe of the paper's "
+                            "long fine-tune, RandAugment rand-m9-mstd0.5, random erasing 0.25, bicubic). The "
+                            "embedded data sets shift by a pixel or two, always")
         s = g.add_mutually_exclusive_group()
         s.add_argument("--subset", type=int, metavar="N",
                        help="training images for the short fine-tunes (sets short_finetune.subset; hetdpt's MAP "
@@ -43,7 +44,9 @@ def add_model_arguments(p, data: bool = True) -> None:
         s.add_argument("--subset-frac", type=float, metavar="F",
                        help="the same as a fraction of the training set, e.g. 0.01")
         g.add_argument("--workers", type=int, metavar="N",
-                       help="data-loading worker processes for every fine-tune (default 0)")
+                       help="data-loading worker processes for every fine-tune, evaluation and scoring (default: "
+                            "none for the embedded data sets; for an ImageFolder a share of the CPUs per local "
+                            "process, at most 8; 0 turns them off)")
 
 
 def embedded_name(args) -> str:
@@ -153,6 +156,8 @@ def apply_data_options(args, settings: dict, data) -> None:
             raise HetpruneError(f"--workers must be >= 0, got {args.workers}")
         for section in ("finetune", "short_finetune"):
             settings[section]["workers"] = args.workers
+        if hasattr(data, "workers"):
+            data.workers = args.workers   # --workers 0 also turns off an ImageFolder's default workers
 
 
 def command_line(args) -> str | None:

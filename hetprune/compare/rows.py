@@ -217,7 +217,8 @@ def _worker(payload: dict) -> dict:
     model_spec = ModelSpec.from_dict(payload["model_spec"])
     dense = build(model_spec)
     load_state_into(dense, load_weights(payload["dense_weights"]), "dense model")
-    data = load_data(payload["data_spec"], dense, seed=payload["data_seed"], augment=payload["augment"] or "light")
+    data = load_data(payload["data_spec"], dense, seed=payload["data_seed"], augment=payload["augment"] or "light",
+                     workers=payload.get("workers"))
     plan = RowPlan.from_payload(payload["plan"])
     return run_one(plan, get_registry(), dense, model_spec, classification(data), payload["base_info"],
                    Path(payload["out"]),
@@ -280,7 +281,8 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         dense_path = out / "work" / "dense.safetensors"
         save_weights(dense_path, dense)
         common = {"model_spec": model_spec.to_dict(), "dense_weights": str(dense_path), "data_spec": data_spec,
-                  "data_seed": 0, "augment": getattr(getattr(task, "data", None), "augment", None), "base_info": base_info, "out": str(out), "resume": resume,
+                  "data_seed": 0, "augment": getattr(getattr(task, "data", None), "augment", None),
+                  "workers": getattr(getattr(task, "data", None), "workers", None), "base_info": base_info, "out": str(out), "resume": resume,
                   "plugin_modules": extra_modules()}
         log(f"running {len(todo)} rows in {jobs} parallel processes ...")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:

@@ -144,7 +144,8 @@ class PointScheme:
     def finetune(self, model, schedule: str) -> None:
         """One point fine-tune on this rank alone, with the job's device and precision."""
         job = self.job
-        job.task.fit(model, job.dense, job.train_config(schedule), "point", progress=False, desc="MAP point",
+        cfg = job.train_config(schedule)
+        job.task.fit(model, job.teacher_for(cfg)[0], cfg, "point", progress=False, desc="MAP point",
                      distributed=False)
 
     def scoring(self, *folder: str):

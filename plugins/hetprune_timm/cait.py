@@ -26,7 +26,7 @@ class TimmCaiT(PreNormAdapter):
     model_types = (Cait,)
     block_types = (LayerScaleBlock,)
     attention_types = (TalkingHeadAttn, ClassAttn)
-    layout = BlockLayout(attn_scale="gamma_1", mlp_scale="gamma_2", drop_path2="drop_path")
+    layout = BlockLayout(attn_scale="gamma_1", mlp_scale="gamma_2", drop_path2="drop_path", drop_path1="drop_path")
 
     def max_removals(self, model):
         n = len(model.blocks)

@@ -84,7 +84,8 @@ def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: 
         chosen = orders["attn"][:a] + orders["act"][:m]
         remove_sites(job, model, chosen)
         info = width_prune(job, model, target, stage="share-point")
-        job.task.fit(model, job.dense, cfg, "share", progress=False, desc="share point", distributed=False)
+        job.task.fit(model, job.teacher_for(cfg)[0], cfg, "share", progress=False, desc="share point",
+                     distributed=False)
         acc = job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers, distributed=False)
         point = {"n_attn": a, "n_act": m, "metric": acc, "sites": [str(s) for s in chosen], "macs": info["macs"],
                  "seconds": round(time.time() - t0, 2)}
