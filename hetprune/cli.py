@@ -52,10 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
 def one_line(message: str, debug: bool = False) -> str:
     """An error is one line: a message that runs on (a library's text quoted in it) is cut at its first line,
     and the rest is left to --debug, whose traceback holds all of it."""
+    message = worker_message(message)
     first, _, rest = message.strip().partition("\n")
     if not rest.strip():
         return first
     return first if debug else f"{first} (--debug shows the rest)"
+
+
+def worker_message(message: str) -> str:
+    """The message of an error raised in a DataLoader worker (an unreadable image), which torch re-raises as
+    ``Caught HetpruneError in DataLoader worker process 0.`` followed by the worker's traceback: the
+    traceback's last line, without its exception's name."""
+    if not message.startswith("Caught ") or "Original Traceback" not in message:
+        return message
+    last = [line for line in message.strip().splitlines() if line.strip()][-1]
+    name, sep, text = last.partition(": ")
+    return text if sep and name.split(".")[-1].endswith(("Error", "Exception")) else last
 
 
 def main(argv: list[str] | None = None) -> int:

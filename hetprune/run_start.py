@@ -92,6 +92,7 @@ class RunStart:
             raise HetpruneError(f"the model must be a torch module, got {type(model).__name__}")
         task = as_task(task)
         adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
+        devices.place(model, self.device)
         check_data_fits(task, model)   # a digits model on digit-pairs data (10 against 19 classes) fails now
         info = dense_info(model, task, spec, base_info, self.settings)
         reuse_tag(task, self.resume, log)   # says aloud when the task's code cannot be keyed

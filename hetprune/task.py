@@ -432,7 +432,7 @@ def check_data_fits(task, model: nn.Module) -> None:
                             f"{shape}: give the data the model was trained on")
     param = next(model.parameters(), None)
     if param is not None:
-        x = x.to(param.device, param.dtype)
+        x = devices.place(x, param.device).to(param.dtype)
     with torch.inference_mode():
         out = model(x)
     if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[-1] != data.num_classes:
