@@ -198,7 +198,8 @@ def write(out: Path, result: dict) -> None:
 
 
 def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, predictors=None, scorers=(),
-           tolerance: float = 0.3, settings: dict | None = None, out: str | Path = "runs/ablate",
+           tolerance: float = 0.3, settings: dict | None = None, config: str | None = None,
+           out: str | Path = "runs/ablate",
            resume: bool = False, overwrite: bool = False, jobs: int = 1, spec=None, base_info: dict | None = None,
            registry=None, device: str | None = None, amp: str | None = None, adapter=None,
            data_spec: str | None = None, meta: dict | None = None, log=print, progress: bool = True,
@@ -230,7 +231,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     if start is None:
         start = start_run([strategy], [budget if isinstance(budget, Budget) else Budget(sites=budget)],
                           folder=ABLATION_FOLDER, out=out, resume=resume, overwrite=overwrite, settings=settings,
-                          overrides={"device": device, "amp": amp}, registry=registry)
+                          config_file=config, overrides={"device": device, "amp": amp}, registry=registry)
     registry, strat, the_budget, run_settings = start.registry, start.strategy, start.budget, start.settings
     if not all(hasattr(strat, m) for m in ("point_plan", "collect_points", "predictor", "predictor_name")):
         raise HetpruneError(f"strategy {strat.name!r} has no cheap predictor points (point_plan, collect_points, "

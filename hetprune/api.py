@@ -70,7 +70,8 @@ def check_out(out: Path, overwrite: bool) -> Path:
 
 def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | Budget | None = None, *,
           target_macs: float | None = None, target_speedup: float | None = None,
-          target_latency: float | None = None, settings: dict | None = None, out: str | Path | None = None,
+          target_latency: float | None = None, settings: dict | None = None, config: str | None = None,
+          out: str | Path | None = None,
           resume: bool = False, overwrite: bool = False, device: str | None = None, amp: str | None = None,
           seed: int | None = None, adapter: Adapter | None = None, registry: Registry | None = None,
           spec: ModelSpec | None = None, base_info: dict | None = None, progress: bool = True,
@@ -83,7 +84,9 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     its modules' train/eval modes and its device are restored at the end). Give one budget: ``budget`` (sites), ``target_macs``,
     ``target_speedup`` or ``target_latency``. ``settings`` is a nested dict
     over the strategy's defaults (e.g. ``{"finetune": {"epochs": 10}}``;
-    ``hetprune prune --help`` and the docs list them). With ``out`` the
+    the [settings reference](../reference/settings.md) lists them), ``config`` a YAML file or a shipped
+    config's name (``"deit-b-paper"``, ``"deit-s-paper"``, ``"quick"``) under it. On real data (an ImageFolder,
+    or a training set far larger than the embedded benchmarks') a run whose schedules nobody chose stops. With ``out`` the
     result is saved there (``recipe.json``, ``model.safetensors``,
     ``report.json``) and checkpoints go beside it (``OUT.work``), so
     ``resume=True`` continues an interrupted run; without it the run works in
@@ -101,6 +104,7 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     if start is None:
         start = run_start.start_run([strategy], [make_budget(budget, target_macs, target_speedup, target_latency)],
                           folder=PRUNED_MODEL, out=out, resume=resume, overwrite=overwrite, settings=settings,
+                          config_file=config,
                           overrides={"device": device, "amp": amp, "seed": seed}, registry=registry)
     strat, name = start.strategy, getattr(start.strategy, "name", type(start.strategy).__name__)
     seed_everything(start.config.seed)

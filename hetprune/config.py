@@ -397,7 +397,8 @@ class RunSettings(Section):
     cost_model_options: dict = setting(help="per cost model name, its options, e.g. {latency: {batch_size: 1}}",
                                        factory=dict)
     seed: int = setting(0, "the run's seed: data order, augmentation, random draws")
-    device: str = setting("cpu", "cpu | cuda | cuda:N | auto, resolved once when a command starts")
+    device: str = setting("auto", "auto (cuda where there is one, else cpu) | cpu | cuda | cuda:N, resolved once "
+                                  "when a run starts; the log says which")
     amp: str = setting("auto", "bf16 | fp16 | none; auto = bf16 on CUDA with native bf16, else none")
     finetune: dict = setting(help="the fine-tune after pruning (a schedule: see below)",
                              factory=lambda: _schedule(TrainConfig(epochs=3, lr=5e-4, subset=300, kd="soft")))
@@ -405,8 +406,13 @@ class RunSettings(Section):
                                    factory=lambda: _schedule(TrainConfig(epochs=2, lr=5e-4, subset=150, kd="soft")))
     scoring: dict = setting(help="the batches one-shot scorers read (see ScoringConfig)",
                             factory=lambda: ScoringConfig().to_dict())
+    # -- left out of a run's settings while unset (OMITTED), so keys made before them do not move -------------
+    augment: str | None = setting(None, "an ImageFolder's training augmentation: light, imagenet, none or paper "
+                                        "(null: the --augment option's, light by default)")
 
     def __post_init__(self):
+        self.need("augment", self.augment is None or self.augment in AUGMENTATIONS,
+                  f"one of {', '.join(AUGMENTATIONS)} or null")
         for name in ("scorer", "attn_remover", "act_remover", "cost_model", "device"):
             self.need(name, isinstance(getattr(self, name), str) and getattr(self, name) != "", "a name")
         self.need("mergers", isinstance(self.mergers, list) and all(isinstance(m, str) for m in self.mergers),
@@ -437,7 +443,8 @@ class RunSettings(Section):
         return dict(getattr(self, f"{kind}_options").get(name) or {})
 
 
-CORE_DEFAULTS: dict = RunSettings().to_dict()
+OMITTED = {"augment": None}   # top-level settings left out of a run's settings at these values
+CORE_DEFAULTS: dict = {k: v for k, v in RunSettings().to_dict().items() if k not in OMITTED}
 
 
 # The type of settings whose default is null, or that may be set to null ("all images").
@@ -580,10 +587,28 @@ def yaml_problem(exc: Exception) -> str:
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """The names of the configs that ship with hetprune (``--config deit-b-paper``)."""
+    return sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.yaml"))
+
+
+def config_path(name: str | Path) -> Path:
+    """A config file's path: a file, else the shipped config of that name; one error naming the shipped ones."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = SHIPPED_CONFIGS / f"{name}.yaml"
+    if path.name == str(name) and shipped.is_file():
+        return shipped
+    raise HetpruneError(f"config file {name} does not exist; shipped configs: {', '.join(shipped_configs())} "
+                        f"(their files: {SHIPPED_CONFIGS})")
+
+
 def read_yaml(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise HetpruneError(f"config file {path} does not exist")
+    path = config_path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:  # PyYAML's text is several lines with carets: one line here, all under --debug
@@ -637,8 +662,10 @@ def resolve(strategies=None, config_file: str | None = None, overrides: dict | N
                 **section_types, **(types or {})}
     settings = copy.deepcopy(schema)
     if config_file:
-        settings = _merge(settings, read_yaml(config_file), f"config file {config_file}", schema=schema,
-                          declared=declared)
+        given = read_yaml(config_file)
+        if config_path(config_file).parent == SHIPPED_CONFIGS:   # made for hetdpt: another strategy takes the rest
+            given = {k: v for k, v in given.items() if k in schema}
+        settings = _merge(settings, given, f"config file {config_file}", schema=schema, declared=declared)
     if overrides:
         where = "command-line options" if on_command_line() else "the settings argument"   # from Python
         settings = _merge(settings, {k: v for k, v in overrides.items() if v is not None}, where,
@@ -674,9 +701,9 @@ def changed(settings: dict, **changes) -> dict:
 
 
 def with_recipe_options(settings: dict) -> dict:
-    """``settings`` whose schedule sections also hold the issue-42 options at their defaults: what a file or
-    ``--set`` may name (the defaults themselves leave them out)."""
-    out = copy.deepcopy(settings)
+    """``settings`` whose schedule sections also hold the issue-42 options at their defaults, and the top level
+    its `OMITTED` settings: what a file or ``--set`` may name (the defaults themselves leave them out)."""
+    out = {**copy.deepcopy(OMITTED), **copy.deepcopy(settings)}
     for section in SCHEDULES:
         if isinstance(out.get(section), dict):
             out[section] = {**out[section], **{k: copy.deepcopy(v) for k, v in RECIPE_DEFAULTS.items()
@@ -692,6 +719,9 @@ def without_recipe_defaults(settings: dict) -> dict:
         if isinstance(out.get(section), dict):
             out[section] = {k: v for k, v in out[section].items()
                             if not (k in RECIPE_DEFAULTS and v == RECIPE_DEFAULTS[k])}
+    for key, default in OMITTED.items():
+        if key in out and out[key] == default:
+            del out[key]
     return out
 
 

@@ -87,6 +87,16 @@ def resolve(name: str | torch.device | None) -> torch.device:
     return torch.device(text)
 
 
+def describe(device: torch.device, amp: str, world: int = 1) -> str:
+    """The device a run resolved to, for its log: ``cuda:0 (NVIDIA H200), 8 ranks, amp bf16`` or ``cpu``."""
+    what = str(device)
+    if device.type == "cuda":
+        what += f" ({torch.cuda.get_device_name(device)})"
+    if world > 1:
+        what += f", {world} ranks"
+    return what + (f", amp {amp}" if amp != "none" else "")
+
+
 def place(obj, device: torch.device):
     """Move a model (in place; returned) or a tensor, or tuples, lists, namedtuples and dicts of them (nested;
     each of its own type), to ``device``.

@@ -26,7 +26,8 @@ from . import cost_model, devices
 from . import distributed as dist
 from .adapters import Adapter
 from .budget import Budget
-from .errors import HetpruneError
+from .data import EMBEDDED, DataBundle
+from .errors import HetpruneError, option
 from .io import ResultFolder, check_result_folder, make_result_folder
 from .models import ModelSpec, model_hash
 from .pipeline import resolve_adapter
@@ -61,6 +62,7 @@ class RunStart:
     resume: bool = False
     overwrite: bool = False
     folder: ResultFolder | None = None
+    schedules_chosen: bool = False   # whether the caller chose the fine-tune schedules (a config, finetune.*, ...)
     _prepared: bool = field(default=False, repr=False)
 
     @property
@@ -92,6 +94,10 @@ class RunStart:
             raise HetpruneError(f"the model must be a torch module, got {type(model).__name__}")
         task = as_task(task)
         adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
+        if dist.is_main():
+            log(f"device: {devices.describe(self.device, self.config.amp, dist.world())}")
+        if not self.schedules_chosen:
+            check_schedules_fit(task, self.config)   # ImageNet with the embedded benchmarks' toy schedule stops here
         devices.place(model, self.device)
         check_data_fits(task, model)   # a digits model on digit-pairs data (10 against 19 classes) fails now
         info = dense_info(model, task, spec, base_info, self.settings)
@@ -122,7 +128,37 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
         if folder is None:
             raise HetpruneError("an output folder needs the kind of result it holds")
         where = check_result_folder(out, folder, overwrite, resume=resume and folder.resumable)
-    return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder)
+    chosen = bool(config_file) or any(k in config_mod.SCHEDULES for k in given) or any(
+        item.partition("=")[0].strip().split(".")[0] in config_mod.SCHEDULES for item in sets or [])
+    return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder, chosen)
+
+
+# the default schedules were made for the embedded benchmarks; a training set this many times larger than what
+# the default fine-tune sees is data they were not meant for
+FAR_LARGER = 10
+
+
+def check_schedules_fit(task: Task, run: config_mod.RunSettings) -> None:
+    """Stop a run on real data (an ImageFolder, or a task whose training set is far larger than the default
+    schedules see) whose fine-tune schedules nobody chose: the defaults are the embedded benchmarks' toy
+    schedules, and would fine-tune DeiT-B on 900 of ImageNet's 1,281,167 training images without a word."""
+    data = getattr(task, "data", None)
+    if isinstance(data, DataBundle) and data.name in EMBEDDED:
+        return
+    n = task.train_size
+    if n is None:
+        return
+    final, short = run.schedule("finetune"), run.schedule("short_finetune")
+    sees = final.epochs * min(final.subset or n, n)
+    if not (isinstance(data, DataBundle) or n > FAR_LARGER * sees):
+        return
+    distinct, point = min(final.subset or n, n), short.epochs * min(short.subset or n, n)
+    shipped = " | ".join(option("config", name) for name in config_mod.shipped_configs())
+    raise HetpruneError(
+        f"the default fine-tune schedules are the embedded benchmarks' toy ones: the fine-tune would see "
+        f"{distinct:,} of {n:,} training images ({final.epochs} epochs, {sees:,} image passes) and a MAP point "
+        f"{point:,} image passes; choose schedules for this data: a shipped config ({shipped}), your own "
+        f"{option('config', 'FILE')}, or finetune.* and short_finetune.* settings")
 
 
 def run_device(settings: dict) -> torch.device:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import hetprune
 from hetprune import HetpruneError, devices
 from hetprune.cli import main
 
@@ -283,3 +284,17 @@ def test_train_under_fp16_skips_an_overflowing_step_instead_of_stopping(tiny_mod
     assert len(calls) == 4 and history[0]["loss"] < float("inf")   # the inf step is left out of the mean
     ckpt = torch.load(str(tmp_path / "finetune-checkpoint.pt"), weights_only=True)
     assert ckpt["scaler"]["scale"] == 2.0 ** 7                  # one step skipped, the scale backed off once
+
+
+def test_the_device_defaults_to_auto_and_the_run_says_which_it_resolved_to(digits_data):
+    from hetprune import config
+    from hetprune.testing import TINY_SETTINGS, tiny_model
+
+    assert config.CORE_DEFAULTS["device"] == "auto"
+    said = []
+    settings = {k: v for k, v in TINY_SETTINGS.items() if k != "device"}   # the default, not cpu given
+    result = hetprune.prune(tiny_model(), digits_data, "act-only", 1, settings={**settings, "scorer": "magnitude"},
+                            progress=False, log=said.append)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert result.report["settings"]["device"] == expected
+    assert any(line.startswith(f"device: {expected}") for line in said), said

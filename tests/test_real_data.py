@@ -260,3 +260,61 @@ def test_an_image_folder_has_loader_workers_by_default_and_the_paper_augmentatio
     assert main(["prune", *rgb_args(), "--data", str(image_folder), "--strategy", "act-only", "--budget", "1",
                  "--scorer", "magnitude", "--augment", "paper", "--workers", "0", "--out", str(out), *FAST]) == 0
     assert json.loads((out / "recipe.json").read_text())["provenance"]["data"]["augment"] == "paper"
+
+
+# -- real data gets a real schedule, or a clear stop (issue 42, item 1) ---------------------------------------
+
+def test_an_image_folder_run_without_chosen_schedules_stops_with_one_line_naming_the_shipped_configs(
+        image_folder, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["prune", *rgb_args(), "--data", str(image_folder), "--strategy", "act-only", "--budget", "1",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the fine-tune would see 30 of 30 training images (3 epochs, 90 image passes)" in err[0]
+    assert "--config deit-b-paper | --config deit-s-paper | --config quick" in err[0] and "--config FILE" in err[0]
+    assert "finetune.* and short_finetune.* settings" in err[0]
+    assert not out.exists() and not (tmp_path / "o.work").exists()
+    # a schedule chosen by hand runs (one epoch, no point fine-tune): the stop is about unchosen schedules only
+    assert main(["prune", *rgb_args(), "--data", str(image_folder), "--strategy", "act-only", "--budget", "1",
+                 "--scorer", "magnitude", "--workers", "0", "--out", str(out), *FAST]) == 0
+
+
+def test_a_large_task_from_python_without_chosen_schedules_stops_and_says_what_the_default_would_see(tmp_path):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from hetprune.testing import tiny_model
+
+    big = TensorDataset(torch.zeros(20_000, 1, 16, 16), torch.zeros(20_000, dtype=torch.long))
+    task = hetprune.Task(train=DataLoader(big, batch_size=64), val=[(torch.zeros(4, 1, 16, 16),
+                                                                     torch.zeros(4, dtype=torch.long))],
+                         loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                         metric=lambda m, v: 50.0)
+    with pytest.raises(HetpruneError) as caught:
+        hetprune.prune(tiny_model(), task, "act-only", 1, progress=False, log=lambda m: None)
+    text = str(caught.value)
+    assert "the fine-tune would see 300 of 20,000 training images (3 epochs, 900 image passes)" in text
+    assert "config=deit-b-paper | config=deit-s-paper | config=quick" in text and "--" not in text
+
+
+def test_the_shipped_configs_resolve_and_say_where_each_value_came_from():
+    from hetprune import config
+    from hetprune.plugins import get_registry
+
+    hetdpt = get_registry().build("strategy", "hetdpt")
+    paper = config.resolve(hetdpt, "deit-b-paper")
+    ft = config.RunSettings.of(paper).schedule("finetune")
+    assert (ft.epochs, ft.batch_size, ft.lr, ft.lr_scale, ft.weight_decay, ft.warmup_epochs) == \
+        (400, 4096, 5e-5, "linear", 0.08, 10)
+    assert (ft.warmup_lr, ft.min_lr, ft.kd, ft.kd_alpha, ft.kd_token, ft.teacher) == \
+        (1e-6, 1e-5, "hard", 0.5, True, "deit_base_patch16_224")
+    assert (ft.mixup, ft.cutmix, ft.label_smoothing, ft.drop_path, ft.ema_decay, ft.repeats, ft.keep) == \
+        (0.8, 1.0, 0.1, 0.1, 0.99996, 3, "best")
+    assert paper["augment"] == "paper" and paper["hetdpt"]["predictor"] == "poly"
+    for name in config.shipped_configs():   # every value line of a shipped config says where it came from
+        text = (config.SHIPPED_CONFIGS / f"{name}.yaml").read_text().splitlines()
+        assert text[0].startswith("#"), name
+    for line in (config.SHIPPED_CONFIGS / "deit-b-paper.yaml").read_text().splitlines():
+        if ":" in line and not line.lstrip().startswith("#") and not line.rstrip().endswith(":"):
+            assert "#" in line, f"deit-b-paper.yaml: say where this value came from: {line}"
+    # a shipped config's hetdpt section does not stop a strategy without one
+    assert "hetdpt" not in config.resolve(get_registry().build("strategy", "mix50"), "quick")

@@ -15,7 +15,7 @@ import shlex
 
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, data_for, data_line
+from .common import add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line
 from .compare_cmd import int_list
 from .prune_cmd import add_budget_arguments, budget_from, settings_options
 
@@ -39,7 +39,7 @@ def add_arguments(p) -> None:
     g.add_argument("--config", metavar="FILE")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     g.add_argument("--scorer", metavar="NAME", help="scorer of the ground-truth splits (default gate-taylor)")
-    g.add_argument("--device", metavar="auto|cpu|cuda|cuda:N", help="as for prune (default cpu)")
+    g.add_argument("--device", metavar="auto|cpu|cuda|cuda:N", help="as for prune (default auto)")
     g.add_argument("--amp", metavar="auto|bf16|fp16|none", help="as for prune (default auto)")
     g.add_argument("--cost-model", metavar="auto|macs|latency", help="what --target-speedup counts (as for prune)")
     g.add_argument("--latency-batch", type=int, metavar="N", help="as for prune (default 64)")
@@ -79,6 +79,7 @@ def _run(args) -> int:
         registry.component("predictor", name)   # unknown names fail before the base model is trained
     for name in scorers:
         registry.component("scorer", name)
+    augment_from(args, start)
     if dist.is_main():
         print(data_line(args, "ablate"), flush=True)
     dense, model_spec, base_info = base_model(args, device=start.config.device)

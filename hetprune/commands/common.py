@@ -31,8 +31,9 @@ def add_model_arguments(p, data: bool = True) -> None:
                        help="an embedded data set: 'digits' (the default; scikit-learn's digits) or "
                             "'digit-pairs' (two digits side by side, labelled by their sum), or an ImageFolder "
                             "root with train/ and val/")
-        g.add_argument("--augment", default="light", choices=("light", "imagenet", "none", "paper"),
-                       help="training augmentation of an ImageFolder --data (default light: random crops of 60-100 %% "
+        g.add_argument("--augment", default=None, choices=("light", "imagenet", "none", "paper"),
+                       help="training augmentation of an ImageFolder --data (default: the settings' augment, else "
+                            "light: random crops of 60-100 %% "
                             "of the image and flips; imagenet: timm's full training recipe, crops down to 8 %% and "
                             "colour jitter; none: the validation transform; paper: the DeiT recipe of the paper's "
                             "long fine-tune, RandAugment rand-m9-mstd0.5, random erasing 0.25, bicubic). The "
@@ -122,7 +123,7 @@ def data_line(args, command: str, defaulted: bool | None = None) -> str:
 
     data = args.data or DIGITS
     if data not in EMBEDDED:
-        return f"hetprune {command}: data {data} (ImageFolder, --augment {getattr(args, 'augment', 'light')})"
+        return f"hetprune {command}: data {data} (ImageFolder, --augment {getattr(args, 'augment', None) or 'light'})"
     other = DIGIT_PAIRS if data == DIGITS else DIGITS
     defaulted = not args.data if defaulted is None else defaulted
     why = f", the default of hetprune {command}" if defaulted else ""
@@ -138,7 +139,14 @@ def data_for(args, model, seed: int = 0):
     embedded_name(args)  # a bad value: one error listing the allowed names
     if args.model and spec in EMBEDDED and not args.checkpoint:
         raise HetpruneError(f"--model NAME needs --data PATH (an ImageFolder) or a --checkpoint trained on {spec}")
-    return load_data(spec, model, seed=seed, augment=getattr(args, "augment", "light"))
+    return load_data(spec, model, seed=seed, augment=getattr(args, "augment", None) or "light")
+
+
+def augment_from(args, start) -> None:
+    """``--augment``, else the run's ``augment`` setting (a shipped config's), else light: before the data is
+    loaded and its first line printed."""
+    if hasattr(args, "augment"):
+        args.augment = args.augment or start.config.augment or "light"
 
 
 def apply_data_options(args, settings: dict, data) -> None:

@@ -14,7 +14,7 @@ import shlex
 
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, data_for, data_line
+from .common import add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line
 from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, settings_options
 
 HELP = "run several strategies under one harness and tabulate/plot the results"
@@ -99,6 +99,7 @@ def _run(args) -> int:
     batch_sizes = int_list(args.batch_sizes, "--batch-sizes")
     start = start_run(strategies, budgets, folder=COMPARE_FOLDER, out=args.out, resume=args.resume,
                       overwrite=args.overwrite, registry=registry, **settings_options(args, strategies))
+    augment_from(args, start)
     if dist.is_main():   # the output folder was checked above, before the base model is trained
         print(data_line(args, "compare", defaulted), flush=True)
     dense, model_spec, base_info = base_model(args, device=start.config.device)

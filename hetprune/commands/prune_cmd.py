@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import config as config_mod
 from ..errors import HetpruneError
 from ..plugins import get_registry
-from .common import add_model_arguments, apply_data_options, base_model, command_line, data_for, data_line
+from .common import add_model_arguments, apply_data_options, augment_from, base_model, command_line, data_for, data_line
 
 HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
 
@@ -53,7 +53,8 @@ def add_settings_arguments(p) -> None:
                    help="width strategies: keep head dims, MLP hidden and embedding widths multiples of N "
                         "(default 8; sets width.pruner_options.round_to)")
     g.add_argument("--device", metavar="auto|cpu|cuda|cuda:N",
-                   help="where every model and batch of the run lives (default cpu; auto = cuda if present)")
+                   help="where every model and batch of the run lives (default auto: cuda where there is a GPU, "
+                        "else cpu; the first line says which)")
     g.add_argument("--amp", metavar="auto|bf16|fp16|none",
                    help="mixed precision of fine-tuning and evaluation (default auto: bf16 on CUDA where native, "
                         "else none)")
@@ -151,6 +152,7 @@ def run(args) -> int:
     start = start_run([strategy], [budget], folder=PRUNED_MODEL, out=out, resume=args.resume,
                       overwrite=args.overwrite, registry=registry, **settings_options(args, [strategy]))
     settings = start.settings   # unknown names and a bad output folder failed above, before any model is built
+    augment_from(args, start)
     if dist.is_main():
         print(data_line(args, "prune"), flush=True)
     import torch
