@@ -203,7 +203,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
            resume: bool = False, overwrite: bool = False, jobs: int = 1, spec=None, base_info: dict | None = None,
            registry=None, device: str | None = None, amp: str | None = None, adapter=None,
            data_spec: str | None = None, meta: dict | None = None, log=print, progress: bool = True,
-           start=None) -> dict:
+           start=None, plan: bool = False, plan_probe: float = 45.0):
     """Does the strategy's predictor, fitted on cheap points, pick the split full fine-tuning finds best,
     on ``model`` for ``task``? (and, with ``scorers``, which scorer's sites recover best at that split)
 
@@ -211,14 +211,18 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     split is then fine-tuned with the full schedule (the ground truth, saved as it finishes: ``resume=True``
     continues). ``budget`` is a site count or a [`Budget`][hetprune.budget.Budget]. Writes ablation.json,
     ablation.md and splits.png (scorers.png) to ``out`` and returns the result dict. ``start`` is a run
-    already started with [`start_run`][hetprune.run_start.start_run] (the command line's).
+    already started with [`start_run`][hetprune.run_start.start_run] (the command line's). ``plan=True``
+    trains nothing and returns the [`Plan`][hetprune.plan.Plan]: the cheap points of every seed, then every
+    truth row and scorer row (see [`hetprune.prune`][hetprune.api.prune]).
     """
     import math
 
     from . import cost_model
     from . import distributed as dist
     from .budget import Budget
-    from .compare import python_call
+    from .compare import plan_of_rows, python_call
+    from .plan import check_probe
+    from .run_start import run_key
     from .compare.rows import run_rows
     from .pipeline import PruneJob
     from .run_start import as_given, start_run
@@ -227,6 +231,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
         raise HetpruneError(f"tolerance must be a finite number >= 0, got {tolerance}")
     if jobs < 1:
         raise HetpruneError(f"jobs must be >= 1, got {jobs}")
+    plan_probe = check_probe(plan_probe) if plan else plan_probe
     seeds = distinct([whole_number(s, "a seed") for s in seeds], option("seeds"))
     if start is None:
         start = start_run([strategy], [budget if isinstance(budget, Budget) else Budget(sites=budget)],
@@ -246,13 +251,13 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
         registry.component("scorer", name)
     with no_empty_folder_on_error(start.out), as_given(model):   # bad input found later leaves no folder behind
         out = start.prepare_out()
-        dense = start.attach(model, task, spec, base_info, adapter, log)
+        dense = start.attach(model, task, spec, base_info, adapter, log, measure=not plan)
         task, adapter, info = dense.task, dense.adapter, dense.info
         sign = 1 if task.higher_is_better else -1
         log = log if dist.is_main() else (lambda msg: None)
 
         # 1. cheap points, exactly as the strategy collects them (one set per seed)
-        points, pairs = [], None
+        points, pairs, cheap = [], None, []
         for seed in seeds:
             job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=the_budget,
                            settings=config_mod.changed(run_settings, seed=seed), registry=registry,
@@ -261,8 +266,20 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
                            adapter=adapter, progress=progress)
             with job.serving():
                 pairs = job.feasible_pairs()
+                if plan:
+                    cheap.append(("cheap points", list(strat.plan_allocation(job))))
+                    continue
                 log(f"cheap points, seed {seed} ...")
                 points += strat.collect_points(job, strat.point_plan(job, pairs))
+        if plan:
+            plans = split_plans(pairs, seeds, run_settings, the_budget, dense.key, task.key, kind="truth",
+                                unused=(section,))
+            plans += [p for name in scorers for p in split_plans(pairs[:1], seeds, run_settings, the_budget,
+                                                                 dense.key, task.key, scorer=name, kind="scorer",
+                                                                 unused=(section,))]
+            return plan_of_rows(plans, registry, model, spec, task, info, out, adapter, log, plan_probe,
+                                run_key(start, dense, strat.name), f"ablate {strat.name}, {the_budget.describe()}, "
+                                f"seeds {seeds}", group=lambda p: p.id.split("-")[0] + " rows", before=cheap)
         triples = [(p["n_attn"], p["n_act"], metric_of(p)) for p in points]
 
         # 2. every predictor on the same points

@@ -33,9 +33,11 @@ from .io import check_result_folder, no_empty_folder_on_error
 from .models import ModelSpec
 from .pipeline import PruneJob, PruneResult
 from .plugins import Registry
+from .plan import PROBE_SECONDS, Plan, check_probe, probe, read_probe, val_size
+from .plan import write as write_plan
 from .recipe import PRUNED_MODEL, REPORT_FILE, save
 from . import run_start
-from .run_start import RunStart, as_given, check_names, dense_info, run_device  # noqa: F401 - public here
+from .run_start import RunStart, as_given, check_names, dense_info, run_device, run_key  # noqa: F401 - public here
 from .task import Task
 
 
@@ -76,7 +78,8 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
           seed: int | None = None, adapter: Adapter | None = None, registry: Registry | None = None,
           spec: ModelSpec | None = None, base_info: dict | None = None, progress: bool = True,
           log: Callable[[str], None] = print, provenance: dict | None = None,
-          start: RunStart | None = None) -> PruneResult:
+          start: RunStart | None = None, plan: bool = False,
+          plan_probe: float = PROBE_SECONDS) -> PruneResult | Plan:
     """Prune ``model`` for ``task`` with one strategy; returns the pruned model, its recipe and its report.
 
     ``model`` is not changed: the strategy prunes a copy, and the dense model
@@ -96,11 +99,17 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     a user-built base. ``start`` is a run already started with
     [`start_run`][hetprune.run_start.start_run] (the command line starts one
     before it builds the base model); the run's own arguments are then its.
+
+    ``plan=True`` trains nothing and returns a [`Plan`][hetprune.plan.Plan]: every stage with its
+    fine-tunes and images, and after a probe of ``plan_probe`` seconds of the final fine-tune's real step
+    (0: none) its rates, memory, hours and GPU-hours; it is written to ``OUT.work/plan.json``, and the run
+    that follows reports the probe (``report["plan_probe"]``).
     """
     if not isinstance(model, nn.Module):
         raise HetpruneError(f"prune() takes a torch module as its model, got {type(model).__name__}")
     if out is None and resume:
         raise HetpruneError("resume=True needs out=FOLDER: checkpoints live beside the result")
+    plan_probe = check_probe(plan_probe) if plan else plan_probe
     if start is None:
         start = run_start.start_run([strategy], [make_budget(budget, target_macs, target_speedup, target_latency)],
                           folder=PRUNED_MODEL, out=out, resume=resume, overwrite=overwrite, settings=settings,
@@ -109,17 +118,46 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     strat, name = start.strategy, getattr(start.strategy, "name", type(start.strategy).__name__)
     seed_everything(start.config.seed)
     with _workdir(start.out) as workdir, as_given(model):
-        dense = start.attach(model, task, spec, base_info, adapter, log)   # adapter checked first
+        dense = start.attach(model, task, spec, base_info, adapter, log, measure=not plan)   # adapter checked first
         job = PruneJob(dense=model, spec=spec, data=None, task=dense.task, budget=start.budget,
                        settings=start.settings, registry=start.registry, workdir=workdir, resume=start.resume,
                        progress=progress, log=log, strategy_name=name, adapter=dense.adapter, base_info=dense.info)
+        key = run_key(start, dense, name)
         with job.serving():
+            if plan:
+                return make_plan(job, strat, plan_title(job, name, start.budget.describe()), key, plan_probe,
+                                 workdir)
             result = strat.run(job)
+            result.report["plan_probe"] = read_probe(workdir, key)   # what a --plan of this run measured
             if start.out is not None and dist.is_main():   # under torchrun rank 0 writes
                 result.recipe.provenance.update(provenance or {})
                 save(start.out, result.model, result.recipe, overwrite=start.overwrite,
                      extra_files={REPORT_FILE: result.report})
     return result
+
+
+def plan_title(job: PruneJob, what: str, budget: str) -> str:
+    """A plan's first line: strategy and budget, the base model, the data's sizes and the ranks."""
+    val = val_size(job.task)
+    train = job.task.train_size
+    sizes = f"{train:,} train / {val:,} val images" if train is not None and val is not None else "sizes unknown"
+    return f"{what}, {budget}; {job.spec.name}; data {job.task.name} ({sizes}); {dist.world()} rank(s)"
+
+
+def make_plan(job: PruneJob, strategy, title: str, key: str, probe_s: float, workdir: Path | None) -> Plan:
+    """The plan of one job: its strategy's steps (a strategy that does not describe them says so), the
+    probe, written where the run finds it (rank 0)."""
+    if hasattr(strategy, "plan"):
+        steps = list(strategy.plan(job))
+        notes = []
+    else:
+        steps = []
+        notes = [f"strategy {job.strategy_name} does not describe its stages (no plan method)"]
+    found = probe(job, probe_s) if probe_s > 0 else None
+    made = Plan(title, steps, found, key, dist.world(), notes)
+    if workdir is not None and dist.is_main():
+        write_plan(made, workdir)
+    return made
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from .data import DataBundle
 from .adapters import Adapter, adapter_for, serving
 from .errors import HetpruneError
 from .models import ModelSpec, model_hash
+from .plan import PlanStep, evaluation_step, finetune_step
 from .plugins import Registry
 from .recipe import Recipe, arch_of, recipe_from_model
 from .resume import base_key, structure_key, weights_key
@@ -622,6 +623,33 @@ class DepthStrategy:
             "seconds": round(time.time() - started, 1),
         }
         return finish(job, model, report, fold_norm=job.folds_norm)
+
+    # -- the plan (--plan): the stages above, counted, nothing run ------------------------------------------
+    def plan(self, job: PruneJob) -> list[PlanStep]:
+        """The run's stages without running them: the allocation's (`plan_allocation`), the selection (a scorer
+        with a training phase describes it: ``plan(job, counts)``), the final fine-tune, and the evaluations
+        (the dense model, and the pruned one before and after its fine-tune)."""
+        most = self.plan_sites(job)
+        counts = {"attn": most - most // 2, "act": most // 2}   # a scorer's phase counts the removals, not the split
+        steps = list(self.plan_allocation(job))
+        scorer = job.registry.build("scorer", job.config.scorer, **job.config.options_for("scorer", job.config.scorer))
+        if hasattr(scorer, "plan"):
+            steps.append(scorer.plan(job, counts))
+        cfg = job.config.schedule("finetune")
+        steps.append(finetune_step(job, "finetune", "stage 2: fine-tune", f"{cfg.epochs} epochs, batch {cfg.batch_size}"))
+        steps.append(evaluation_step(job, "evaluations", "dense; pruned before and after its fine-tune", 3))
+        return steps
+
+    def plan_allocation(self, job: PruneJob) -> list[PlanStep]:
+        """What the allocation costs (nothing for a fixed rule; HetDPT's points and checks)."""
+        return []
+
+    @staticmethod
+    def plan_sites(job: PruneJob) -> int:
+        """The most sites the budget removes (a cost target: its feasible split with the most)."""
+        if job.budget.sites is not None:
+            return job.budget.sites
+        return max((a + m for a, m in job.feasible_pairs()), default=0)
 
     def meet_budget(self, job: PruneJob, model: nn.Module) -> tuple[dict, dict]:
         """Check the pruned model's own cost against a cost target, and correct it: ``(removal records,

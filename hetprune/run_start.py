@@ -87,9 +87,10 @@ class RunStart:
         return self.out
 
     def attach(self, model: nn.Module, task, spec: ModelSpec | None = None, base_info: dict | None = None,
-               adapter: Adapter | None = None, log: Callable[[str], None] = print) -> Dense:
+               adapter: Adapter | None = None, log: Callable[[str], None] = print, measure: bool = True) -> Dense:
         """The run's base model: checked to be a module an adapter serves (or ``adapter``'s), its task, and
-        its provenance and metric on the task (measured on the run's device, as every pruned model will be)."""
+        its provenance and metric on the task (measured on the run's device, as every pruned model will be;
+        not with ``measure=False``: a plan evaluates nothing)."""
         if not isinstance(model, nn.Module):
             raise HetpruneError(f"the model must be a torch module, got {type(model).__name__}")
         task = as_task(task)
@@ -100,7 +101,7 @@ class RunStart:
             check_schedules_fit(task, self.config)   # ImageNet with the embedded benchmarks' toy schedule stops here
         devices.place(model, self.device)
         check_data_fits(task, model)   # a digits model on digit-pairs data (10 against 19 classes) fails now
-        info = dense_info(model, task, spec, base_info, self.settings)
+        info = dense_info(model, task, spec, base_info, self.settings, measure)
         reuse_tag(task, self.resume, log)   # says aloud when the task's code cannot be keyed
         return Dense(model, task, adapter, spec, info, base_key(model, info["hash"], spec or ModelSpec.user_built(model)))
 
@@ -197,7 +198,8 @@ def check_names(registry: Registry, settings: dict) -> None:
             raise HetpruneError(f"setting {where}: {exc}") from None
 
 
-def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: dict | None, settings: dict) -> dict:
+def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: dict | None, settings: dict,
+               measure: bool = True) -> dict:
     """The dense model's provenance for a run: where it came from, its hash, and its metric on the task
     (measured on the run's device, as every pruned model will be; ``top1`` too for a classification task)."""
     info = dict(base_info or {})
@@ -206,11 +208,21 @@ def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: 
     run = config_mod.RunSettings.of(settings)
     device = devices.resolve(run.device)
     devices.place(model, device)
-    if "metric" not in info:
+    if "metric" not in info and measure:
         info["metric"] = task.evaluate(model, device, amp=run.amp, workers=run.schedule("finetune").workers)
-    if task.metric_name == "top1":
+    if task.metric_name == "top1" and "metric" in info:
         info["top1"] = info["metric"]
     return info
+
+
+def run_key(start: RunStart, dense: Dense, strategy_name: str) -> str:
+    """What a run's plan was made for (its settings, budgets, base model, task and ranks): the run reports
+    the probe of a ``--plan`` with the same key."""
+    from .cache import fingerprint
+
+    return fingerprint({"strategy": strategy_name, "settings": start.settings,
+                        "budgets": [b.to_dict() for b in start.budgets], "base": dense.key, "task": dense.task.key,
+                        "world": dist.world()})
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ LAYERS = {
     "model": ["layers", "adapters", "adapters.base", "adapters.generic", "adapters.lookup", "adapters.nested",
               "sites", "surgery", "widths", "costs", "models", "recipe", "model_checks"],
     "training": ["data", "mixing", "train", "resume", "task", "embedded"],
-    "pruning": ["budget", "cost_model", "pipeline", "result_checks", "run_start"],
+    "pruning": ["budget", "cost_model", "plan", "pipeline", "result_checks", "run_start"],
     "measuring": ["bench", "bench.*", "latency", "export", "export.*"],
     "harness": ["api", "compare", "compare.*", "ablate", "testing"],
     "cli": ["cli", "__main__", "commands", "commands.*"],

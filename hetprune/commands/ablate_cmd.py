@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import shlex
+from pathlib import Path
 
 from ..errors import HetpruneError
 from ..plugins import get_registry
 from .common import add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line
 from .compare_cmd import int_list
-from .prune_cmd import add_budget_arguments, budget_from, settings_options
+from .prune_cmd import add_budget_arguments, add_plan_arguments, budget_from, settings_options
 
 HELP = "does the predictor's pick match full fine-tuning? (and which scorer recovers best)"
 
@@ -45,6 +46,7 @@ def add_arguments(p) -> None:
     g.add_argument("--latency-batch", type=int, metavar="N", help="as for prune (default 64)")
     g.add_argument("--resume", action="store_true", help="reuse finished splits and points in --out")
     g.add_argument("--overwrite", action="store_true", help="start over in an --out holding an earlier ablation")
+    add_plan_arguments(g)
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="fine-tune N splits at once (processes)")
     p.add_argument("--out", default="runs/ablate", metavar="DIR")
 
@@ -88,7 +90,13 @@ def _run(args) -> int:
     command = "hetprune " + " ".join(shlex.quote(a) for a in args.argv)
     result = ablate(dense, classification(data), strategy.name, budget, seeds, predictors=predictors,
                     scorers=scorers, tolerance=args.tolerance, start=start, out=args.out, jobs=args.jobs,
-                    spec=model_spec, base_info=base_info, data_spec=args.data or "digits", meta={"command": command})
+                    spec=model_spec, base_info=base_info, data_spec=args.data or "digits", meta={"command": command},
+                    plan=args.plan, plan_probe=args.plan_probe)
+    if args.plan:
+        if dist.is_main():
+            print(result.text())
+            print(f"wrote {Path(args.out) / 'work' / 'plan.json'}")
+        return 0
     if not dist.is_main():
         return 0
     print()

@@ -11,6 +11,7 @@ timer. Writes results.md, results.csv, results.json and pareto.png to --out.
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from ..errors import HetpruneError
 from ..plugins import get_registry
@@ -109,7 +110,13 @@ def _run(args) -> int:
     result = compare(dense, classification(data), names, budgets, seeds, start=start, out=args.out,
                      batch_sizes=batch_sizes, speed_budget_s=args.speed_budget, jobs=args.jobs,
                      spec=model_spec, base_info=base_info, data_spec=args.data or "digits",
-                     meta={"model": model_spec.name if args.model else base_info["source"], "command": command})
+                     meta={"model": model_spec.name if args.model else base_info["source"], "command": command},
+                     plan=args.plan, plan_probe=args.plan_probe)
+    if args.plan:
+        if dist.is_main():
+            print(result.text())
+            print(f"wrote {Path(args.out) / 'work' / 'plan.json'}")
+        return 0
     if not dist.is_main():
         return 0
     print()

@@ -58,8 +58,19 @@ def add_settings_arguments(p) -> None:
     g.add_argument("--amp", metavar="auto|bf16|fp16|none",
                    help="mixed precision of fine-tuning and evaluation (default auto: bf16 on CUDA where native, "
                         "else none)")
+    add_plan_arguments(g)
     g.add_argument("--resume", action="store_true", help="continue from checkpoints in the work folder")
     g.add_argument("--overwrite", action="store_true", help="replace an output folder holding another result")
+
+
+def add_plan_arguments(g) -> None:
+    g.add_argument("--plan", action="store_true",
+                   help="train nothing: print every stage with its fine-tunes, images and evaluations, and after a "
+                        "short probe of the final fine-tune's real step on this device, images/s, peak memory and "
+                        "the hours and GPU-hours of each stage (written to the work folder; the run that follows "
+                        "reports the probe)")
+    g.add_argument("--plan-probe", type=float, default=45.0, metavar="S",
+                   help="seconds the --plan probe times the training step (default 45; 0: no probe, counts only)")
 
 
 def add_arguments(p) -> None:
@@ -162,7 +173,13 @@ def run(args) -> int:
     data = data_for(args, dense, seed=0)
     apply_data_options(args, settings, data)
     result = prune(dense, classification(data), start=start, spec=spec, base_info=base_info, out=out,
-                   resume=args.resume, provenance={"command": command_line(args)})   # quoted by model cards
+                   resume=args.resume, provenance={"command": command_line(args)},   # quoted by model cards
+                   plan=args.plan, plan_probe=args.plan_probe)
+    if args.plan:
+        if dist.is_main():
+            print(result.text())
+            print(f"wrote {out.with_name(out.name + '.work') / 'plan.json'}")
+        return 0
     if not dist.is_main():  # under torchrun rank 0 writes and reports
         return 0
     r = result.report

@@ -23,7 +23,10 @@ from .. import distributed as dist
 from ..budget import Budget
 from ..errors import HetpruneError, option
 from ..io import no_empty_folder_on_error
+from ..pipeline import PruneJob
+from ..plan import check_probe, read_probe
 from ..plugins import Registry
+from ..run_start import run_key
 # the names other modules, benchmarks and tests import from hetprune.compare
 from .report import aggregate, base_text, budget_text, markdown_table, mean_std, rows_csv, write_outputs  # noqa: F401
 from .rows import (COMPARE_FOLDER, ROWS_FILE, CompareSpec, RowPlan, RowStore, distinct, plan_rows,  # noqa: F401
@@ -47,6 +50,33 @@ class CompareResult:
     out: Path
 
 
+def plan_of_rows(plans: list[RowPlan], registry, model, spec, task, info: dict, out: Path, adapter, log,
+                 probe_s: float, key: str, title: str, group=lambda plan: plan.label or plan.strategy,
+                 before: list | None = None):
+    """The plan of a harness's rows (a compare's, an ablation's): each row's job planned by its strategy,
+    summed per ``group``; one probe of the final fine-tune (the rows share the schedule); written to
+    ``OUT/work/plan.json``."""
+    from ..pipeline import FixedSplit
+    from ..plan import Plan, grouped, probe, write
+
+    rows, first = list(before or []), None
+    for row in plans:
+        strategy = FixedSplit(*row.split) if row.split else registry.build("strategy", row.strategy)
+        job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=row.budget, settings=row.settings,
+                       registry=registry, workdir=out / "work" / row.id, shared_dir=out / "work" / "shared",
+                       base_info=dict(info), progress=False, log=log, strategy_name=row.label or row.strategy,
+                       adapter=adapter)
+        with job.serving():
+            rows.append((group(row), list(strategy.plan(job)) if hasattr(strategy, "plan") else []))
+        first = first or job
+    with first.serving():
+        found = probe(first, probe_s) if probe_s > 0 and first is not None else None
+    made = Plan(title, grouped(rows), found, key, dist.world())
+    if dist.is_main():
+        write(made, out / "work")
+    return made
+
+
 def python_call(function: str, **arguments) -> str:
     """How a Python call is named in a results file (where a command line would be): ``hetprune.compare(model,
     task, strategies=[...], ...)``."""
@@ -59,7 +89,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
             jobs: int = 1, spec=None, base_info: dict | None = None,
             registry: Registry | None = None, device: str | None = None, amp: str | None = None, adapter=None,
             data_spec: str | None = None, meta: dict | None = None, log: Callable[[str], None] = print,
-            progress: bool = True, start=None) -> CompareResult:
+            progress: bool = True, start=None, plan: bool = False, plan_probe: float = 45.0):
     """Run several strategies on ``model`` for ``task`` under one harness: the same dense model, data,
     settings, seeds and timer; write ``results.md``, ``results.csv``, ``results.json`` and ``pareto.png``
     to ``out`` and return the rows.
@@ -70,6 +100,8 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     every other argument means what it means for [`hetprune.prune`][hetprune.api.prune]. Finished rows are kept as they
     finish, so ``resume=True`` continues an interrupted comparison. ``start`` is a run already started with
     [`start_run`][hetprune.run_start.start_run] (the command line's); the run's own arguments are then its.
+    ``plan=True`` trains nothing and returns the [`Plan`][hetprune.plan.Plan] of every row, summed per
+    strategy (see [`hetprune.prune`][hetprune.api.prune]); it goes to ``OUT/work/plan.json``.
     """
     from .. import cost_model, devices
     from ..run_start import as_given, start_run
@@ -88,6 +120,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
         raise HetpruneError("jobs > 1 runs rows in parallel processes on one machine; under torchrun use jobs=1")
     if not (isinstance(speed_budget_s, (int, float)) and speed_budget_s >= 0):
         raise HetpruneError(f"speed_budget_s must be a number of seconds >= 0, got {speed_budget_s!r}")
+    plan_probe = check_probe(plan_probe) if plan else plan_probe
     if start is None:
         the_budgets = distinct([b if isinstance(b, Budget) else Budget(sites=whole_number(b, "a budget"))
                                 for b in budgets], option("budgets"))
@@ -102,9 +135,13 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
         out = start.prepare_out()
         spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
                             device=start.config.device, speed_budget_s=float(speed_budget_s))
-        dense = start.attach(model, task, spec, base_info, adapter, log)
+        dense = start.attach(model, task, spec, base_info, adapter, log, measure=not plan)
         task, adapter, info = dense.task, dense.adapter, dense.info
         plans = plan_rows(spec_, dense.key, task.key)
+        key = run_key(start, dense, ",".join(names))
+        if plan:
+            return plan_of_rows(plans, registry, model, spec, task, info, out, adapter, log, plan_probe, key,
+                                f"compare {', '.join(names)}, {len(plans)} rows")
         rows = run_rows(plans, registry, model, spec, task, info, out, resume=start.resume, jobs=jobs,
                         data_spec=data_spec, adapter=adapter, log=log, progress=progress)
         if not dist.is_main():  # rank 0 times the models and writes the results
@@ -127,5 +164,5 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
                                 {"model": spec.name if spec is not None else info["source"],
                                  "data": task.name, "metric_name": task.metric_name,
                                  "higher_is_better": task.higher_is_better, "base": info, "command": call,
-                                 **(meta or {})})
+                                 "plan_probe": read_probe(out / "work", key), **(meta or {})})
         return CompareResult(rows, written["aggregates"], dense_row, written["markdown"], out)

@@ -31,6 +31,7 @@ from hetprune import distributed as dist
 from hetprune.cache import fingerprint
 from hetprune.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context, select_sites
 from hetprune.config import RunSettings
+from hetprune.plan import finetune_step
 from hetprune.points import PointStore
 
 from .options import FINETUNES, HetDPTOptions  # noqa: F401 - FINETUNES: its old home
@@ -102,6 +103,25 @@ class PointScheme:
         """Past the paper (``hetdpt.verify``): each split of ``pairs`` measured. Here: as this scheme measures
         any split, a point of it (reused where measured); progressive points override it."""
         return {(p["n_attn"], p["n_act"]): p for p in self.collect(list(pairs))}
+
+    def plan_steps(self, plan: list[tuple[int, int]], pairs: list[tuple[int, int]]) -> list:
+        """What measuring ``plan`` costs (``--plan``): here one fine-tune and one evaluation per point, and the
+        checks (``hetdpt.verify``); schemes that measure otherwise override it."""
+        steps = [finetune_step(self.job, self.finetune_section(), "stage 1: MAP points",
+                               f"{len(plan)} points, one fine-tune each", len(plan), len(plan))]
+        return steps + self.plan_checks()
+
+    def finetune_section(self) -> str:
+        """The schedule a point is fine-tuned on."""
+        return resolve_finetune(self.job.settings, self.job.task.train_size, self.name)
+
+    def plan_checks(self) -> list:
+        verify = self.options.verify
+        if not verify:
+            return []
+        return [finetune_step(self.job, resolve_finetune({**self.job.settings, "hetdpt": {
+            **self.options.to_dict(), "point_finetune": "auto"}}, self.job.task.train_size, "oneshot"),
+            "stage 1: checks", f"the {verify} best predicted splits, past the paper", verify, verify)]
 
     # -- shared ------------------------------------------------------------------------------------
     def store(self, key: str | None = None, name: str = "map-points.jsonl") -> PointStore:
@@ -270,6 +290,16 @@ class GradualPoints(PointScheme):
         return fingerprint({**self.common, "point_selection": "gradual", "scorer": self.selector,
                             "scorer_options": self.selector_options, "selector_schedule": run.short_finetune,
                             "scoring": run.scoring})
+
+    def plan_steps(self, plan, pairs):
+        """Each point is the selector's own phase for its split, then an evaluation (``--plan``)."""
+        from hetprune.plan import PlanStep, val_size
+
+        selector = self.job.registry.build("scorer", self.selector, **self.selector_options)
+        images = sum(selector.plan(self.job, {"attn": a, "act": m}).train_images if hasattr(selector, "plan") else 0
+                     for a, m in plan)
+        return [PlanStep("stage 1: MAP points", f"{len(plan)} points, each the selector's own phase", len(plan),
+                         images, len(plan) * (val_size(self.job.task) or 0)), *self.plan_checks()]
 
     def images(self, removals: int) -> int | None:
         """Images the selector trains on for ``removals`` removals, where it says (gate-taylor's epochs)."""

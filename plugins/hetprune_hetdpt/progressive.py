@@ -13,6 +13,7 @@ from hetprune import HetpruneError, Site, sites
 from hetprune import distributed as dist
 from hetprune.cache import fingerprint
 from hetprune.pipeline import PruneJob, rank_lowest, remove_sites
+from hetprune.plan import finetune_step
 from hetprune.points import PointStore
 
 from .paths import OTHER, Path as PointPath, paths_for
@@ -63,6 +64,20 @@ class ProgressivePoints(PointScheme):
         for path in self._paths:
             plan |= set(path.recorded)
         return sorted(plan, key=lambda p: (p[0] + p[1], p))
+
+    def plan_steps(self, plan, pairs):
+        """The paths counted (``--plan``): one short fine-tune per step (a step is ``path_stride`` removals),
+        one evaluation per recorded point, the dense point's evaluation, and the checks."""
+        self.plan(pairs)
+        wanted = set(plan)
+        steps = 0
+        for path in self._paths:
+            reach = max((sum(q) for q in path.recorded if q in wanted), default=0)
+            steps += sum(1 for a, m in path.steps if a + m <= reach)
+        points = len(plan)
+        return [finetune_step(self.job, self.section, "stage 1: MAP points",
+                              f"{len(self._paths)} paths, {steps} steps, {points} points", steps, points),
+                *self.plan_checks()]
 
     def collect(self, plan):
         # rank 0's paths on every rank (under torchrun only rank 0 may have made the plan); a plan made

@@ -234,6 +234,18 @@ class GateTaylorScorer:
         """One-shot fallback: the gate gradient on the scoring batches (same as ``taylor``)."""
         return TaylorScorer().score(model, sites, ctx)
 
+    def plan(self, job, counts: dict[str, int]):
+        """The gate phase counted (``--plan``): warm-up plus ``epochs_per_removal`` per removal, each epoch over
+        the scoring subset, with short_finetune's batch and optimiser (at most ``counts`` removals)."""
+        from hetprune.plan import PlanStep, epoch_images
+
+        removals = len(self.schedule(counts))
+        epochs = self.warmup_epochs + self.epochs_per_removal * removals
+        cfg = job.config.schedule("short_finetune", subset=job.config.scoring_batches.subset)
+        per = epoch_images(cfg, job.task.train_size) or 0
+        return PlanStep("select: gate phase", f"{epochs} epochs x {per:,} images, up to {removals} removals",
+                        1, epochs * per, 0)
+
     @staticmethod
     def schedule(counts: dict[str, int]) -> list[str]:
         """The kinds due at each removal: alternating, attention first, until both are met."""

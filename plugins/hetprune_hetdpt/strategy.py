@@ -80,6 +80,14 @@ class HetDPT(DepthStrategy):
         name = name or opts.predictor
         return job.registry.build("predictor", name, **opts.predictor_options_for(name))
 
+    def plan_allocation(self, job: PruneJob) -> list:
+        """Stage 1 counted (``--plan``): the scheme's points and, past the paper, the checks."""
+        pairs = job.feasible_pairs()
+        if len(pairs) <= 1:
+            return []
+        scheme = self.scheme(job)
+        return scheme.plan_steps(scheme.plan(pairs), pairs)
+
     # -- stage 1: allocation ---------------------------------------------------
     def predictor_for(self, job: PruneJob, plan: list[tuple[int, int]], what: str = "this budget and model"):
         """The configured predictor (``hetdpt.predictor`` with its options), refused before any point is

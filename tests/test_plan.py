@@ -1,0 +1,124 @@
+"""``--plan`` (issue 42, item 6): every stage with its fine-tunes and images, nothing trained; the probe's numbers
+kept by the run that follows; the paper's DeiT-B recipe planned at ImageNet's size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import hetprune
+from hetprune import plan as plan_mod
+from hetprune.cli import main
+from hetprune.io import save_weights
+from hetprune.models import build
+from conftest import TINY_SPEC
+
+FAST = ["--set", "finetune.epochs=1", "--set", "finetune.subset=32", "--set", "short_finetune.epochs=1",
+        "--set", "short_finetune.subset=16", "--set", "scoring.subset=16", "--set", "scoring.batches=1"]
+
+
+def tiny_cli(tmp_path) -> list[str]:
+    save_weights(tmp_path / "tiny.safetensors", build(TINY_SPEC))
+    return ["--model", TINY_SPEC.name, "--model-kwargs", json.dumps(TINY_SPEC.kwargs),
+            "--checkpoint", str(tmp_path / "tiny.safetensors")]
+
+
+def test_plan_prints_every_stage_and_trains_nothing(tmp_path, capsys, monkeypatch):
+    def never(*a, **k):
+        raise AssertionError("--plan --plan-probe 0 trained something")
+
+    from hetprune.task import Task
+
+    monkeypatch.setattr(Task, "fit", never)   # every fine-tune goes through a task's fit
+    out = tmp_path / "out"
+    assert main(["prune", *tiny_cli(tmp_path), "--strategy", "hetdpt", "--budget", "4", *FAST,
+                 "--set", "hetdpt.verify=0", "--plan",
+                 "--plan-probe", "0", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    for stage in ("stage 1: MAP points", "select: gate phase", "stage 2: fine-tune", "evaluations", "total"):
+        assert stage in text, text
+    assert "no probe" in text
+    assert not out.exists()   # no result: the work folder holds the plan only
+    assert [p.name for p in (tmp_path / "out.work").iterdir()] == ["plan.json"]
+    written = json.loads((tmp_path / "out.work" / "plan.json").read_text())
+    final = next(s for s in written["steps"] if s["stage"] == "stage 2: fine-tune")
+    assert final["train_images"] == 1 * 32 and final["fine_tunes"] == 1
+
+
+def test_the_run_after_a_plan_reports_its_probe(tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["prune", *tiny_cli(tmp_path), "--strategy", "act-only", "--scorer", "magnitude", "--budget", "2",
+            *FAST, "--out", str(out)]
+    assert main([*args, "--plan", "--plan-probe", "0.5"]) == 0
+    probe = json.loads((tmp_path / "out.work" / "plan.json").read_text())["probe"]
+    assert probe["train_ips"] > 0 and probe["eval_ips"] > 0 and probe["steps"] >= 4 and probe["teacher"]
+    assert "images/s training" in capsys.readouterr().out
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["plan_probe"] == probe
+    assert main([*args, "--set", "finetune.epochs=2", "--overwrite"]) == 0   # another run: not its probe
+    assert json.loads((out / "report.json").read_text())["plan_probe"] is None
+
+
+class Sized(Dataset):
+    """A data set of the given length whose items are made when read (only the plan's example is)."""
+
+    def __init__(self, n: int, classes: int = 1000):
+        self.n, self.classes = n, classes
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.zeros(3, 224, 224), i % self.classes
+
+
+def test_the_paper_recipe_planned_on_deit_b_at_imagenet_size_has_the_releases_images():
+    torch.manual_seed(0)
+    model = hetprune.models.build(hetprune.models.ModelSpec("deit_base_distilled_patch16_224"))
+    task = hetprune.Task(train=DataLoader(Sized(1_281_167), batch_size=4), val=DataLoader(Sized(50_000), batch_size=4),
+                         loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                         metric=lambda m, v: 0.0, name="imagenet-sized")
+    made = hetprune.prune(model, task, "hetdpt", 10, config="deit-b-paper", amp="none", plan=True, plan_probe=0,
+                          progress=False, log=lambda m: None)
+    steps = {s.stage: s for s in made.steps}
+    assert steps["stage 2: fine-tune"].train_images == 400 * 1_281_167   # 512,466,800: the release's 400 epochs
+    assert steps["stage 2: fine-tune"].eval_images == 400 * 50_000       # evaluated every epoch, the best kept
+    assert steps["select: gate phase"].train_images == (3 + 8 * 10) * 1_281_167   # the search: all of ImageNet
+    points = steps["stage 1: MAP points"]
+    assert points.train_images == points.fine_tunes * 10 * 106_764       # 10 epochs on 1/12 of ImageNet each
+    assert "stage 1: checks" not in steps                                # verify 0: the paper's argmax
+    assert "400 epochs, batch 4096" in steps["stage 2: fine-tune"].what
+
+
+@pytest.mark.parametrize("command", [["compare", "--strategies", "hetdpt,mix50", "--budgets", "2,4"],
+                                     ["ablate", "--budget", "2", "--seeds", "0,1"]])
+def test_compare_and_ablate_plan_their_rows_and_train_nothing(tmp_path, capsys, monkeypatch, command):
+    from hetprune.task import Task
+
+    def never(*a, **k):
+        raise AssertionError("--plan trained something")
+
+    monkeypatch.setattr(Task, "fit", never)
+    out = tmp_path / "out"
+    assert main([*command, *tiny_cli(tmp_path), "--data", "digits", *FAST, "--set", "hetdpt.verify=0",
+                 "--plan", "--plan-probe", "0", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    written = json.loads((out / "work" / "plan.json").read_text())
+    stages = [s["stage"] for s in written["steps"]]
+    if command[0] == "compare":
+        assert "hetdpt: stage 1: MAP points" in stages and "mix50: stage 2: fine-tune" in stages
+        mix = next(s for s in written["steps"] if s["stage"] == "mix50: stage 2: fine-tune")
+        assert mix["fine_tunes"] == 2 and mix["what"].startswith("2 rows")   # two budgets, one seed
+    else:
+        assert "cheap points: stage 1: MAP points" in stages and "truth rows: stage 2: fine-tune" in stages
+    assert "total" in text and not (out / "rows.jsonl").exists()
+
+
+def test_a_bad_probe_length_is_one_line(tmp_path, capsys):
+    assert main(["prune", *tiny_cli(tmp_path), "--budget", "2", "--plan", "--plan-probe", "-1",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "--plan-probe -1.0 is not a number of seconds >= 0" in capsys.readouterr().err
