@@ -142,30 +142,32 @@ def probe(job, seconds: float = PROBE_SECONDS, section: str = "finetune") -> Pro
     student = job.place(copy.deepcopy(job.dense))
     quiet = dict(progress=False, log=lambda m: None)
 
-    def steps(k: int) -> float:
-        subset = k * cfg.batch_size if n is None else min(k * cfg.batch_size, n)
-        run = TrainConfig.from_dict({**cfg.to_dict(), "device": device, "epochs": 1, "subset": subset,
+    def steps(k: int) -> tuple[int, float]:
+        """About ``k`` training steps (whole epochs of the data where it holds fewer): images trained, seconds."""
+        images = k * cfg.batch_size
+        epochs, subset = (1, images) if n is None or images <= n else (math.ceil(images / n), n)
+        run = TrainConfig.from_dict({**cfg.to_dict(), "device": device, "epochs": epochs, "subset": subset,
                                      "eval_every": 0, "keep": "last", "save_every_steps": 0, "warmup_epochs": 0})
-        dist.barrier() if dist.active() else None
+        if dist.active():
+            dist.barrier()
         t0 = time.perf_counter()
         job.task.fit(student, teacher, run, "plan-probe", **quiet)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return time.perf_counter() - t0
+        return epochs * subset, time.perf_counter() - t0
 
-    warm = steps(2)    # allocation, compilation, workers starting: not timed
-    base = steps(2)    # a fine-tune's own start-up cost, plus two steps
-    per_step = max(base / 2, 1e-6)
-    k = max(4, min(10_000, int(seconds / per_step)))
-    if n is not None:
-        k = max(4, min(k, n // cfg.batch_size))
-    took = steps(k)
-    train_ips = (k - 2) * cfg.batch_size / max(took - base, 1e-9)   # the start-up cost cancels out
+    _, warm = steps(2)                 # allocation, compilation, workers starting: not timed
+    base_images, base = steps(2)       # a fine-tune's own start-up cost, plus about two steps
+    per_image = max(base / base_images, 1e-9)
+    k = max(4, min(10_000, int(seconds / per_image / cfg.batch_size)))
+    images, took = steps(k)
+    train_ips = (images - base_images) / max(took - base, 1e-9)   # the start-up cost cancels out
     eval_ips = _eval_rate(job, max(1.0, seconds / 6))
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
     note = "" if device.type == "cuda" else "on the CPU: no device memory to report"
     return Probe(round(train_ips, 1), round(eval_ips, 1), None if peak is None else round(peak, 2),
-                 round(warm + base + took, 1), k, cfg.batch_size, str(device), job.amp, world, teacher is not None,
+                 round(warm + base + took, 1), math.ceil(images / cfg.batch_size), cfg.batch_size, str(device),
+                 job.amp, world, teacher is not None,
                  section, note, round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None)
 
 
