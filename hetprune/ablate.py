@@ -15,8 +15,7 @@ from scipy import stats
 
 from . import config as config_mod
 from .cache import fingerprint
-from .compare.report import mean_std
-from .compare.rows import ROWS_FILE, RowPlan, distinct, whole_number
+from .compare import ROWS_FILE, RowPlan, distinct, mean_std, whole_number
 from .errors import HetpruneError, option
 from .io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic
 from .points import metric_of
@@ -223,7 +222,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     from .compare import plan_of_rows, python_call
     from .plan import check_probe
     from .run_start import run_key
-    from .compare.rows import run_rows
+    from .compare import run_rows
     from .pipeline import PruneJob
     from .run_start import as_given, start_run
 

@@ -24,7 +24,6 @@ from typing import Callable
 from torch import nn
 
 from . import distributed as dist
-from . import result_checks  # noqa: F401 - adds the strategy rule: every result is checked and reloaded
 from .adapters import Adapter
 from .budget import Budget
 from .data import seed_everything

@@ -7,10 +7,12 @@ stage and what was wrong.
 The rules live once, as functions per kind and method in `RULES`: here
 those that need no model surgery (predictors, cost models, adapters), in
 `hetprune.model_checks` those that run a model (scorers, removers,
-mergers, width pruners) and in `hetprune.result_checks` the strategy's;
-those two add themselves from above, so this module and the registry stay at
-the bottom of the import layers. ``hetprune.testing`` runs the same rules,
-plus deeper ones, on tiny models.
+mergers, width pruners) and in `hetprune.result_checks` the strategy's.
+Those two sit above the modules they need, so this module names them in
+`RULE_HOMES` and `rules_for` loads a kind's rules the first time the
+registry builds a component of that kind: the wiring is this one table,
+no component runs unchecked, and a kind without rules is an error.
+``hetprune.testing`` runs the same rules, plus deeper ones, on tiny models.
 Exceptions raised by hetprune's own code (the core, or a built-in plugin) are
 hetprune's bugs and pass through unchanged, traceback and all.
 """
@@ -107,6 +109,11 @@ def _under(filename: str, roots: list[str]) -> bool:
 
 def plugin_fault(exc: BaseException, origin: Origin, ours: list[str], skip: int = 1) -> bool:
     """Whether ``exc`` (raised through a component call) is the plugin's fault rather than hetprune's.
+
+    Why file paths: a plugin may be an installed distribution, a local module given with ``--plugin`` or
+    code registered in a session; the one thing every exception carries about who raised it is its
+    traceback, and the file of each frame says whose code that frame ran (hetprune's folder, a built-in
+    plugin's, the plugin's own ``homes``, or a library's).
 
     The innermost frame in either hetprune's code (``ours``: the core and the
     built-in plugins) or the plugin's own code decides; frames in libraries
@@ -337,9 +344,30 @@ RULES: dict[str, dict[str, Callable]] = {
 }
 
 
+# the modules holding the rules of the kinds whose checks run a model or a whole strategy; each calls
+# `add_rules` for its kinds when imported (by `rules_for`, the first time a component of the kind is built)
+RULE_HOMES: dict[str, str] = {
+    "scorer": "hetprune.model_checks", "remover": "hetprune.model_checks", "merger": "hetprune.model_checks",
+    "width_pruner": "hetprune.model_checks", "strategy": "hetprune.result_checks",
+}
+
+
 def add_rules(kind: str, rules: dict[str, Callable]) -> None:
     """Check ``kind``'s methods with ``rules`` (method name -> rule) from now on."""
     RULES.setdefault(kind, {}).update(rules)
+
+
+def rules_for(kind: str) -> dict[str, Callable]:
+    """The rules of ``kind``, loaded from its home (`RULE_HOMES`) the first time; a kind without rules is an
+    error, so no component is ever built unchecked."""
+    if kind not in RULES and kind in RULE_HOMES:
+        import importlib
+
+        importlib.import_module(RULE_HOMES[kind])
+    if not RULES.get(kind):
+        raise HetpruneError(f"the plugin contract has no rules for components of kind {kind!r}; kinds with "
+                            f"rules: {', '.join(sorted(set(RULES) | set(RULE_HOMES)))}")
+    return RULES[kind]
 
 
 # -- the proxy ----------------------------------------------------------------------------------------
@@ -358,13 +386,16 @@ class Checked:
                             ("_origin", None), ("_ours_fn", ours)):
             object.__setattr__(self, attr, value)
 
+    # A checked component stands in for the plugin's object everywhere hetprune and plugins hold one, so
+    # ``isinstance(component, TheClass)`` must keep answering for the plugin's class: ``__class__`` reports
+    # the target's type (``type(component)`` still says Checked; `unwrap` gives the object itself).
     @property
-    def __class__(self):  # isinstance(component, TheClass) keeps working
+    def __class__(self):
         return type(self._target)
 
     def __getattr__(self, attr: str):
         value = getattr(self._target, attr)
-        rule = RULES.get(self._kind, {}).get(attr)
+        rule = rules_for(self._kind).get(attr)
         if rule is None or not callable(value):
             return value
         return partial(self._call, attr, value, rule)

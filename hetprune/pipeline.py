@@ -21,7 +21,7 @@ from typing import Callable, TypeVar
 import torch
 from torch import nn
 
-from . import contract, devices, model_checks  # noqa: F401 - model_checks adds the rules for the components run here
+from . import contract, devices, model_checks
 from . import distributed as dist
 from .budget import Budget, feasible_pairs, kinds_by_saving, max_per_kind, reached_cost
 from .config import RunSettings, Section

@@ -22,7 +22,7 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .contract import Checked, Origin, code_home, plugin_fault
+from .contract import Checked, Origin, code_home, plugin_fault, rules_for
 from .errors import HetpruneError, PluginError
 
 KINDS = {
@@ -137,6 +137,7 @@ class Registry:
         """Build a component by name, wrapped so that every call is checked against the plugin contract
         (`hetprune.contract`); its faults are errors naming the plugin."""
         comp = self.component(kind, name)
+        rules_for(kind)   # the kind's rules, loaded now: a component never runs unchecked
         origin = lambda: self.origin(comp.plugin, comp.factory)  # noqa: E731 - only needed for a message
         try:
             obj = comp.build(**options)

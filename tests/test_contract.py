@@ -636,3 +636,46 @@ def test_a_broken_adapter_is_caught_by_the_contract_naming_it(cls, call, expecte
     assert (info.value.plugin, info.value.kind, info.value.component) == ("broken", "architecture", cls.name)
     assert str(info.value).startswith(f"plugin 'broken' (registered in code, no version): architecture "
                                       f"'{cls.name}' broke the plugin contract")
+
+
+# -- explicit contract wiring (issue 41, item 4) ---------------------------------------------------------------
+
+def test_the_registry_loads_the_rules_of_every_kind_it_builds_before_anything_imports_them():
+    """A component built before any pipeline code is imported is checked: the registry loads its kind's rules
+    (the side-effect imports that used to add them are gone)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from hetprune.plugins import get_registry
+from hetprune import contract
+assert "hetprune.model_checks" not in sys.modules and "hetprune.pipeline" not in sys.modules
+r = get_registry()
+r.build("scorer", "magnitude")
+assert "score" in contract.RULES["scorer"] and "remove" in contract.RULES["remover"]
+r.build("strategy", "mix50")
+assert "run" in contract.RULES["strategy"]
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_every_kind_has_rules_and_a_kind_without_is_an_error():
+    from hetprune import contract
+    from hetprune.plugins import KINDS
+
+    for kind in KINDS:
+        assert contract.rules_for(kind), kind
+    with pytest.raises(HetpruneError, match="no rules for components of kind 'gadget'"):
+        contract.rules_for("gadget")
+
+
+def test_no_module_imports_the_checks_for_their_side_effect():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "hetprune"
+    hits = [f"{p}: {line.strip()}" for p in root.rglob("*.py") for line in p.read_text().splitlines()
+            if ("import result_checks" in line or "import model_checks" in line) and "noqa: F401" in line]
+    assert not hits, hits

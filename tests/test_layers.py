@@ -44,10 +44,10 @@ def modules() -> dict[str, Path]:
 
 
 def imports(name: str, path: Path, known: dict) -> set[str]:
-    """The hetprune modules ``name`` imports, wherever the import stands (not under TYPE_CHECKING)."""
+    """The hetprune modules ``name`` imports, wherever the import stands (inside functions and under
+    TYPE_CHECKING too: a type-only import still ties the modules together)."""
     tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for sub in node.body for n in ast.walk(sub)}
+    skip: set = set()
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
     for node in ast.walk(tree):
@@ -98,3 +98,9 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def f():\n    from .pipeline import PruneJob\n    from . import api\n")
     assert imports("sites", path, modules()) == {"pipeline", "api"}
+
+
+def test_a_type_checking_import_counts(tmp_path):
+    code = tmp_path / "x.py"
+    code.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .rows import CompareSpec\n")
+    assert imports("compare.report", code, {"compare.rows": None, "compare.report": None}) == {"compare.rows"}

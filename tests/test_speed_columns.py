@@ -12,7 +12,7 @@ import pytest
 import hetprune
 from hetprune import bench
 from hetprune.compare.report import aggregate, speed_notes, untrusted_timing, write_outputs
-from hetprune.compare.rows import CompareSpec
+from hetprune.compare import CompareSpec
 from hetprune.compare.timing import attach_speed, measure_rows
 from hetprune.recipe import save
 

@@ -29,8 +29,8 @@ from ..plugins import Registry
 from ..run_start import run_key
 # the names other modules, benchmarks and tests import from hetprune.compare
 from .report import aggregate, base_text, budget_text, markdown_table, mean_std, rows_csv, write_outputs  # noqa: F401
-from .rows import (COMPARE_FOLDER, ROWS_FILE, CompareSpec, RowPlan, RowStore, distinct, plan_rows,  # noqa: F401
-                   prepare_out, row_id, row_key, run_one, run_rows, whole_number)
+from .rows import COMPARE_FOLDER, ROWS_FILE, RowStore, plan_rows, prepare_out, run_one, run_rows  # noqa: F401
+from .spec import CompareSpec, RowPlan, distinct, row_id, row_key, whole_number  # noqa: F401
 from .report import untrusted_timing  # noqa: F401
 from .timing import attach_speed, measure_rows, structure_of  # noqa: F401
 

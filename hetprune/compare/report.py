@@ -9,12 +9,10 @@ import json
 import os
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..io import write_json_atomic, write_text_atomic
 
-if TYPE_CHECKING:   # the spec's type only: rows imports this module
-    from .rows import CompareSpec
+from .spec import CompareSpec, budget_text
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -84,17 +82,6 @@ def _pm(mean, std, digits=2) -> str:
     if mean is None:
         return "-"
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if std else f"{mean:.{digits}f}"
-
-
-def budget_text(budget: dict) -> str:
-    if "sites" in budget:
-        return str(budget["sites"])
-    if "target_macs" in budget:
-        return f"MACs≤{budget['target_macs']:g}"
-    by = f" ({budget['cost_model']})" if budget.get("cost_model") not in (None, "macs") else ""
-    if "target_latency" in budget:
-        return f"latency≤{budget['target_latency'] * 1e3:g}ms"
-    return f"speedup≥{budget['target_speedup']:g}{by}"
 
 
 def metric_label(name: str) -> str:

@@ -7,7 +7,6 @@ import json
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -15,9 +14,6 @@ from torch import nn
 
 from .. import config
 from .. import distributed as dist
-from .. import result_checks  # noqa: F401 - adds the strategy rule: every row's result is checked
-from ..budget import Budget
-from ..cache import fingerprint
 from ..errors import BudgetUnreachable, HetpruneError
 from ..io import ResultFolder, check_result_folder, make_result_folder
 from ..data import seed_everything
@@ -26,40 +22,10 @@ from ..pipeline import PruneJob
 from ..plugins import Registry
 from ..resume import made_when, note_saved, now
 from ..task import classification, format_metric
-from .report import budget_text
+from .spec import CompareSpec, RowPlan, model_folder, row_id, row_key
 
 
 ROWS_FILE = "rows.jsonl"
-
-
-@dataclass
-class CompareSpec:
-    strategies: list[str]
-    budgets: list[Budget]
-    seeds: list[int]
-    settings: dict                      # one settings dict for every strategy (all sections merged)
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 256])
-    device: str = "cpu"
-    speed_repeats: int = 7
-    speed_spread: float = 0.02          # time until every speedup is known within ±2 % ...
-    speed_budget_s: float = 15.0        # ... or this many more seconds per batch size have passed
-
-
-def row_id(strategy: str, budget: Budget, seed: int) -> str:
-    b = "-".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in budget.to_dict().items())
-    return f"{strategy}__{b}__seed{seed}"
-
-
-def model_folder(plan: "RowPlan") -> str:
-    """A row's model folder under ``models/``: its id and its key, so a run with other settings (another
-    scorer, schedule, base or data) saves its models beside those of an earlier run, never over them."""
-    return f"{plan.id}__{plan.key[:12]}"
-
-
-def row_key(spec: CompareSpec, strategy: str, budget: Budget, seed: int, base_hash: str, data_fp: str) -> str:
-    """What a finished row depends on: reuse it only when all of this matches."""
-    return fingerprint({"strategy": strategy, "budget": budget.to_dict(), "seed": seed, "settings": spec.settings,
-                        "base": base_hash, "data": data_fp})
 
 
 class RowStore:
@@ -108,28 +74,6 @@ def prepare_out(out: Path, resume: bool, overwrite: bool, kind: ResultFolder = C
 def _fmt_eta(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     return f"{m}m{s:02d}s" if m else f"{s}s"
-
-
-@dataclass
-class RowPlan:
-    """One row to run: a strategy (registered name, or a fixed split), budget, seed and full settings."""
-
-    id: str
-    strategy: str
-    budget: Budget
-    seed: int
-    settings: dict
-    key: str
-    split: tuple[int, int] | None = None   # run hetprune.pipeline.FixedSplit instead of a named strategy
-    label: str | None = None               # what the row is called in tables (default: the strategy)
-
-    def to_payload(self) -> dict:
-        return {"id": self.id, "strategy": self.strategy, "budget": self.budget.to_dict(), "seed": self.seed,
-                "settings": self.settings, "key": self.key, "split": self.split, "label": self.label}
-
-    @classmethod
-    def from_payload(cls, d: dict) -> "RowPlan":
-        return cls(**{**d, "budget": Budget(**d["budget"]), "split": tuple(d["split"]) if d["split"] else None})
 
 
 def plan_rows(spec: CompareSpec, base_hash: str, data_fp: str) -> list[RowPlan]:
@@ -290,21 +234,3 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
             for fut in as_completed(futures):
                 finished(futures[fut], fut.result())
     return [results[i] for i in sorted(results)]
-
-
-def distinct(values: list, what: str) -> list:
-    """``values`` as given, refused when one repeats: a repeated seed or budget would be counted as two
-    (a mean over "2 seeds" with std 0)."""
-    seen, repeated = [], []
-    for v in values:
-        (repeated if v in seen else seen).append(v)
-    if repeated:
-        shown = ", ".join(budget_text(v.to_dict()) if isinstance(v, Budget) else str(v) for v in repeated)
-        raise HetpruneError(f"{what} lists {shown} more than once; give each once")
-    return list(values)
-
-
-def whole_number(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise HetpruneError(f"{what} must be a whole number, got {value!r}")
-    return value

@@ -10,7 +10,7 @@ from typing import Callable
 from torch import nn
 
 from ..cache import fingerprint
-from .rows import CompareSpec
+from .spec import CompareSpec
 
 
 def measure_rows(spec: CompareSpec, dense: nn.Module, rows: list[dict], out: Path, input_shape,
