@@ -130,14 +130,17 @@ def run_device(settings: dict) -> torch.device:
 
     ``settings["device"]`` becomes the checked, rank-independent name (``auto``
     resolved) and ``settings["amp"]`` the precision that will run; under
-    torchrun this process joins the process group (nccl on CUDA, gloo on CPU).
+    torchrun this process joins the process group (nccl on CUDA, gloo on CPU;
+    collectives wait ``dist_timeout_min`` for a missing rank), and a
+    schedule's per-GPU batch (``batch_per_gpu``) becomes its global batch.
     Returns this process's ``torch.device``.
     """
     run = config_mod.RunSettings.of(settings)
     name = devices.canonical(run.device)
     device = devices.resolve(name)
     settings.update(config_mod.changed(settings, device=name, amp=devices.resolve_amp(run.amp, device)))
-    dist.init_from_env(device)
+    dist.init_from_env(device, run.dist_timeout_min)
+    settings.update(config_mod.per_gpu_resolved(settings, dist.world()))   # batch_per_gpu: the global batch from now on
     return device
 
 

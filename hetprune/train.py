@@ -278,7 +278,8 @@ class ClassificationSource:
 
 def scaled_lr(cfg: TrainConfig) -> float:
     """timm's learning-rate rule: ``lr * (batch_size / lr_base_batch)`` (``linear``) or its square root
-    (``sqrt``); ``none`` leaves ``lr`` as given. ``batch_size`` is the global batch."""
+    (``sqrt``); ``none`` leaves ``lr`` as given. ``batch_size`` is the global batch (a ``batch_per_gpu``
+    schedule is resolved to it first: `TrainConfig.global_batch`)."""
     if cfg.lr_scale == "none":
         return cfg.lr
     ratio = cfg.batch_size / cfg.lr_base_batch
@@ -452,6 +453,7 @@ def train(
     """
     distributed = dist.active() if distributed is None else (distributed and dist.active())
     rank, world = (dist.rank(), dist.world()) if distributed else (0, 1)
+    cfg = cfg.global_batch(world)   # batch_per_gpu: from here on batch_size is the global batch
     device = devices.resolve(cfg.device)
     amp = devices.resolve_amp(cfg.amp, device)
     devices.place(model, device)
