@@ -78,9 +78,11 @@ class RunStart:
 
     def prepare_out(self) -> Path | None:
         """Make the output folder ready for a resumable result (compare, ablate): an earlier result's own
-        entries deleted on ``overwrite`` (never anything else), the folder made. Once per run."""
+        entries deleted on ``overwrite`` (never anything else), the folder made. Once per run, by rank 0
+        under torchrun (every rank must call it)."""
         if self.out is not None and not self._prepared and self.folder is not None and self.folder.resumable:
-            make_result_folder(self.out, self.folder, self.resume, self.overwrite)
+            # rank 0 alone clears and makes it: ranks deleting the same entries at once would fail
+            dist.on_main(lambda: make_result_folder(self.out, self.folder, self.resume, self.overwrite))
             self._prepared = True
         return self.out
 
@@ -121,7 +123,8 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
     if out is not None:
         if folder is None:
             raise HetpruneError("an output folder needs the kind of result it holds")
-        where = check_result_folder(out, folder, overwrite, resume=resume and folder.resumable)
+        # rank 0 checks the folder (the others may see a shared folder late) and every rank takes its answer
+        where = dist.on_main(lambda: check_result_folder(out, folder, overwrite, resume=resume and folder.resumable))
     return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder)
 
 

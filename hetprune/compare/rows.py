@@ -241,7 +241,7 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
     if not dist.is_main():
         log = lambda msg: None  # noqa: E731 - under torchrun rank 0 alone reports
     store = RowStore(out)
-    done = store.load() if resume else {}
+    done = dist.on_main(store.load) if resume else {}   # rank 0 decides which rows are reused; every rank follows
     results: dict[int, dict] = {}
     todo = []
     for i, plan in enumerate(plans):
