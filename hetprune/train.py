@@ -672,6 +672,15 @@ def _accumulate(net, ddp, source, batch, share, whole, world, cfg, teacher, devi
     return total, flags
 
 
+def batch_split(cfg: TrainConfig, world: int) -> str:
+    """How a schedule's global batch splits over ``world`` ranks, for a log line: ``global batch 1024 = 8 x
+    128`` (``8 x 125-126`` where it does not divide evenly; micro-batches where ``accum_steps`` > 1)."""
+    low, high = cfg.batch_size // world, -(-cfg.batch_size // world)
+    per = f"{low}" if low == high else f"{low}-{high}"
+    micro = f", each in {cfg.accum_steps} micro-batches" if cfg.accum_steps > 1 else ""
+    return f"global batch {cfg.batch_size} = {world} x {per}{micro}"
+
+
 def _fp16_decision(flags, scaler, distributed: bool) -> bool:
     """Under fp16: a NaN loss stops the run (`NonFiniteLoss`); an inf one is an overflow the GradScaler skips
     (the step dropped, the scale backed off); the ranks' flags are summed so all decide alike."""
