@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import pathlib
 import time
 
 from hetprune import HetpruneError, Site, sites
@@ -155,11 +156,11 @@ class ProgressivePoints(PointScheme):
                     job.log(f"[hetdpt] progressive points: {file.name} holds {got[0]} attn + {got[1]} act removed, "
                             f"not step {step}'s {pair[0]} + {pair[1]}; not reused")
                     continue
-                return (model, removed, step), (step, [str(x) for x in removed])
+                return (model, removed, step), (str(file), step, [str(x) for x in removed])
 
-        def fetch(token):
-            step, sites_ = token
-            file = self.checkpoint(path, step)
+        def fetch(token):   # rank 0's file by its name: a rank's own key may differ (a Task hashing its own batches)
+            name, step, sites_ = token
+            file = pathlib.Path(name)
             if not file.is_file():
                 raise HetpruneError(f"it finds no {file}, which rank 0 continues path {path.name} from")
             model, removed = self.load(file)

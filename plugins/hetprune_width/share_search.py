@@ -16,6 +16,7 @@ prefers measured values. Points are stored and reused like MAP points.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 
 from hetprune import HetpruneError
@@ -82,7 +83,7 @@ def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: 
     for i, (a, m) in enumerate(todo, 1):
         if orders is None:   # scored on rank 0, used by every rank
             limits = {"attn": max(p[0] for p in plan), "act": max(p[1] for p in plan)}
-            orders = dist.on_main(lambda: depth_strategy.removal_orders(job, limits))
+            orders = dist.on_main(functools.partial(depth_strategy.removal_orders, job, limits))
         t0 = time.time()
         model = job.place(copy.deepcopy(job.dense))
         chosen = orders["attn"][:a] + orders["act"][:m]
