@@ -686,7 +686,10 @@ def validate(settings: dict, strategies=None) -> None:
 
 def per_gpu_resolved(settings: dict, world: int) -> dict:
     """``settings`` with every schedule's ``batch_per_gpu`` turned into its global ``batch_size`` for ``world``
-    ranks (`TrainConfig.global_batch`): what the run's settings, report and keys hold from its start on."""
+    ranks (`TrainConfig.global_batch`): what the run's settings, report and keys hold from its start on.
+    ``settings`` itself when no schedule has it."""
+    if not any(isinstance(settings.get(s), dict) and settings[s].get("batch_per_gpu") for s in SCHEDULES):
+        return settings
     out = copy.deepcopy(settings)
     for section in SCHEDULES:
         if isinstance(out.get(section), dict) and out[section].get("batch_per_gpu"):

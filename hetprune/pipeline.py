@@ -24,7 +24,7 @@ from torch import nn
 from . import contract, devices, model_checks  # noqa: F401 - model_checks adds the rules for the components run here
 from . import distributed as dist
 from .budget import Budget, feasible_pairs, kinds_by_saving, max_per_kind, reached_cost
-from .config import RunSettings, Section
+from .config import RunSettings, Section, per_gpu_resolved
 from .cost_model import build as build_cost_model, run_model_name
 from .costs import cost_summary
 from .data import DataBundle
@@ -111,6 +111,9 @@ class PruneJob:
             self.data = getattr(self.task, "data", None)
         self.adapter = resolve_adapter(self.dense, self.adapter)
         self.spec = self.spec or ModelSpec.user_built(self.dense)
+        # a per-GPU batch as the global batch it is on this many ranks (a run's start has done it already):
+        # every key made from a schedule sees the global batch
+        self.settings = per_gpu_resolved(self.settings, dist.world())
         run = self.config
         self._device = devices.resolve(run.device)
         self._amp = devices.resolve_amp(run.amp, self._device)

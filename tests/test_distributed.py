@@ -718,6 +718,29 @@ def test_a_per_gpu_batch_becomes_the_global_batch_the_lr_rule_scales_by():
     assert resolved["finetune"]["batch_size"] == 1024 and "batch_per_gpu" not in resolved["finetune"]
     assert resolved["finetune"] == config.resolve(sets=["finetune.batch_size=1024"])["finetune"]   # one key
     assert "batch_per_gpu" not in config.resolve()["finetune"]                    # off: absent, keys unchanged
+    plain = config.resolve()
+    assert config.per_gpu_resolved(plain, 8) is plain
+
+
+def test_a_job_made_in_code_keys_its_points_by_the_global_batch(tmp_path):
+    from hetprune.budget import Budget
+    from hetprune.data import digits
+    from hetprune.pipeline import PruneJob
+    from hetprune.plugins import get_registry
+
+    registry = get_registry()
+    strategy = registry.build("strategy", "hetdpt")
+
+    def key(*sets):
+        points = ["hetdpt.point_selection=oneshot", "hetdpt.point_finetune=short_finetune"]   # keyed by the schedule
+        settings = hetprune.config.resolve(strategy.defaults, sets=[*points, *sets])
+        job = PruneJob(dense=tiny(0), spec=TINY_SPEC, data=digits(), budget=Budget(sites=2), settings=settings,
+                       registry=registry, workdir=tmp_path, progress=False)
+        return strategy.points_key(job), job.settings["short_finetune"]["batch_size"]
+
+    # one process: 16 per GPU is a global batch of 16, the same points as batch_size 16
+    assert key("short_finetune.batch_size=16", "short_finetune.batch_per_gpu=true") == \
+        key("short_finetune.batch_size=16")
 
 
 if __name__ == "__main__":   # a torchrun rank of run_workers (or of the exit test)
