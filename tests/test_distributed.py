@@ -239,7 +239,7 @@ def stage1(out: Path, log=lambda msg: None) -> dict:
     from hetprune_hetdpt.scorers import GateTaylorScorer
 
     fine_tunes, gate_epochs = [], []
-    real_train, real_epoch = hetprune.task.train, GateTaylorScorer._epoch
+    real_train, real_epoch = hetprune.task.train, GateTaylorScorer.__dict__["_epoch"]   # the staticmethod itself
 
     def counted(model, data, cfg, distributed=None, **kwargs):
         fine_tunes.append(dist.active() if distributed is None else bool(distributed) and dist.active())
@@ -247,7 +247,7 @@ def stage1(out: Path, log=lambda msg: None) -> dict:
 
     def gate_epoch(*args, **kwargs):
         gate_epochs.append([kwargs.get("world"), kwargs.get("distributed")])
-        return real_epoch(*args, **kwargs)
+        return real_epoch.__func__(*args, **kwargs)
 
     hetprune.task.train, GateTaylorScorer._epoch = counted, staticmethod(gate_epoch)
     try:
