@@ -78,7 +78,7 @@ def split_plans(pairs: list[Pair], seeds: list[int], settings: dict, budget, bas
         for a, m in pairs:
             s = config_mod.changed(settings, seed=seed, **({"scorer": scorer} if scorer else {}))
             tag = f"{kind}-a{a}-m{m}" + (f"-{scorer}" if scorer else "") + f"__seed{seed}"
-            keyed = {k: v for k, v in s.items() if k not in unused}
+            keyed = {k: v for k, v in config_mod.keyed(s).items() if k not in unused}
             key = fingerprint({"kind": kind, "split": [a, m], "seed": seed, "settings": keyed, "base": base_hash,
                                "data": data_fp})
             label = f"scorer {scorer}" if scorer else f"split {a}+{m}"

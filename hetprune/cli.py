@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted_message(args), file=sys.stderr)
         return 130
+    finally:   # a command that joined torchrun's process group leaves it, error or not (none: torch not loaded)
+        if "hetprune.distributed" in sys.modules:
+            sys.modules["hetprune.distributed"].shutdown()
 
 
 def interrupted_message(args) -> str:

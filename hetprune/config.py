@@ -21,7 +21,7 @@ import math
 import re
 import types as pytypes
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -131,7 +131,8 @@ class TrainConfig:
 
     epochs: int = setting(3, "passes over the (subset of the) training images")
     lr: float = setting(5e-4, "the peak learning rate (AdamW, cosine schedule)")
-    batch_size: int = setting(32, "images per optimisation step, over all ranks (the global batch)")
+    batch_size: int = setting(32, "images per optimisation step, over all ranks (the global batch), or per rank "
+                                  "with batch_per_gpu")
     weight_decay: float = setting(0.05, "AdamW's weight decay (none on norms, biases, LayerScale)")
     warmup_epochs: int = setting(0, "epochs of linear warm-up before the cosine decay")
     kd: str = setting("soft", "distillation from the teacher: soft (KL at kd_temperature), hard (its argmax as "
@@ -170,6 +171,8 @@ class TrainConfig:
     compile: bool = setting(False, "torch.compile the training forward")
     check_every: int = setting(50, "steps between checks that the loss is finite (one host sync per check)")
     repeats: int = setting(1, "repeated augmentation: each image shown this many times per epoch")
+    batch_per_gpu: bool = setting(False, "batch_size is per GPU (per rank): the global batch is batch_size x the "
+                                         "ranks, resolved when the run starts (lr_scale scales by that global batch)")
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "warmup_epochs", "workers", "seed", "subset", "accum_steps",
@@ -229,7 +232,7 @@ class TrainConfig:
                 raise HetpruneError(f"{name} must be text (\"\": none), got {getattr(self, name)!r}")
         if not isinstance(self.teacher_kwargs, dict):
             raise HetpruneError(f"teacher_kwargs must be a mapping, got {self.teacher_kwargs!r}")
-        for name in ("teacher_pretrained", "kd_token", "compile"):
+        for name in ("teacher_pretrained", "kd_token", "compile", "batch_per_gpu"):
             if not isinstance(getattr(self, name), bool):
                 raise HetpruneError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if (self.teacher_checkpoint or self.teacher_pretrained or self.teacher_kwargs) and not self.teacher:
@@ -243,6 +246,14 @@ class TrainConfig:
             raise HetpruneError("keep: best needs eval_every >= 1 (the epochs it chooses from are the evaluated ones)")
         if self.keep == "ema" and not self.ema_decay:
             raise HetpruneError("keep: ema needs ema_decay > 0 (no EMA is kept otherwise)")
+
+    def global_batch(self, world: int) -> TrainConfig:
+        """This schedule with ``batch_size`` the global batch of a run on ``world`` ranks: ``batch_size x
+        world`` when ``batch_per_gpu`` (then off), else as it is. Everything that keys or scales by the batch
+        (checkpoints, MAP points, ``lr_scale``) sees the global batch, so one on 8 x 128 is one on 1 x 1024."""
+        if not self.batch_per_gpu:
+            return self
+        return replace(self, batch_size=self.batch_size * world, batch_per_gpu=False)
 
     @property
     def mixes(self) -> bool:
@@ -400,6 +411,10 @@ class RunSettings(Section):
     device: str = setting("auto", "auto (cuda where there is one, else cpu) | cpu | cuda | cuda:N, resolved once "
                                   "when a run starts; the log says which")
     amp: str = setting("auto", "bf16 | fp16 | none; auto = bf16 on CUDA with native bf16, else none")
+    dist_timeout_min: float = setting(30.0, "under torchrun: minutes a collective waits for a rank that does not "
+                                            "come (one lost, stuck, or still busy in a stage rank 0 runs alone, "
+                                            "such as timing latency) before every rank stops with an error "
+                                            "instead of hanging; not part of any result's key")
     finetune: dict = setting(help="the fine-tune after pruning (a schedule: see below)",
                              factory=lambda: _schedule(TrainConfig(epochs=3, lr=5e-4, subset=300, kd="soft")))
     short_finetune: dict = setting(help="the short fine-tune of cheap points and between HetDPT+'s steps",
@@ -419,6 +434,7 @@ class RunSettings(Section):
                   "a list of merger names")
         self.need("seed", whole(self.seed), "a whole number")
         self.need("amp", self.amp in AMPS, f"one of {', '.join(AMPS)}")
+        self.need("dist_timeout_min", number(self.dist_timeout_min) and self.dist_timeout_min > 0, "minutes > 0")
         for name in ("scorer_options", "cost_model_options"):
             value = getattr(self, name)
             self.need(name, isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()),
@@ -445,6 +461,13 @@ class RunSettings(Section):
 
 OMITTED = {"augment": None}   # top-level settings left out of a run's settings at these values
 CORE_DEFAULTS: dict = {k: v for k, v in RunSettings().to_dict().items() if k not in OMITTED}
+UNKEYED = ("dist_timeout_min",)   # top-level settings that shape no result: left out of every key
+
+
+def keyed(settings: dict) -> dict:
+    """``settings`` without what shapes no result (`UNKEYED`: the collective timeout), for a key made from
+    the whole settings (a compare row's): a row keeps its key whatever the timeout, as before it existed."""
+    return {k: v for k, v in settings.items() if k not in UNKEYED}
 
 
 # The type of settings whose default is null, or that may be set to null ("all images").
@@ -686,6 +709,20 @@ def validate(settings: dict, strategies=None) -> None:
         train_config(settings, section)  # validates the schedule now, not after an hour
     for cls in typed_sections(strategies).values():
         cls.of(settings)
+
+
+def per_gpu_resolved(settings: dict, world: int) -> dict:
+    """``settings`` with every schedule's ``batch_per_gpu`` turned into its global ``batch_size`` for ``world``
+    ranks (`TrainConfig.global_batch`): what the run's settings, report and keys hold from its start on.
+    ``settings`` itself when no schedule has it."""
+    if not any(isinstance(settings.get(s), dict) and settings[s].get("batch_per_gpu") for s in SCHEDULES):
+        return settings
+    out = copy.deepcopy(settings)
+    for section in SCHEDULES:
+        if isinstance(out.get(section), dict) and out[section].get("batch_per_gpu"):
+            out[section]["batch_size"] = int(out[section]["batch_size"]) * int(world)
+            del out[section]["batch_per_gpu"]   # off: absent, as every option of a schedule at its default
+    return out
 
 
 def changed(settings: dict, **changes) -> dict:

@@ -5,11 +5,17 @@ the single-process path has no distributed code in its way.
 Conventions: rank 0 alone writes files and prints progress; a decision made
 on one rank (chosen sites, a fitted allocation) is broadcast from rank 0, and
 so is every plan computed from measured costs (`on_main`), so noisy
-timings cannot give the ranks different plans.
+timings cannot give the ranks different plans. So is every decision to reuse
+stored state (a checkpoint, a MAP point, a compare row): ranks that see a
+shared folder differently follow rank 0, and a rank that cannot (it does not
+see the file rank 0 found) stops every rank with one error (`agree`) instead
+of a wait until the collective timeout.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
 import os
 from typing import Any, Callable, TypeVar
@@ -22,11 +28,19 @@ from .errors import HetpruneError
 T = TypeVar("T")
 
 
-def init_from_env(device: str | torch.device = "cpu") -> bool:
+DEFAULT_TIMEOUT_MIN = 30.0   # the setting dist_timeout_min's default
+
+
+def init_from_env(device: str | torch.device = "cpu", timeout_min: float | None = None) -> bool:
     """Join the process group torchrun describes (``WORLD_SIZE`` > 1): nccl on CUDA, gloo on CPU.
 
     ``device`` is the run's device (``hetprune.devices.resolve``): a rank on
-    CUDA uses its ``LOCAL_RANK`` GPU.
+    CUDA uses its ``LOCAL_RANK`` GPU. ``timeout_min`` (the setting
+    ``dist_timeout_min``) is how long a collective waits for a rank that does
+    not come before every rank fails: what turns a lost or stuck rank into an
+    error instead of a hang. ``HETPRUNE_DIST_TIMEOUT_MIN`` in the environment
+    overrides it (a test harness, a cluster wrapper). The group is destroyed
+    when the process exits (`shutdown`), also after an error.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return dist.is_initialized()
@@ -36,10 +50,18 @@ def init_from_env(device: str | torch.device = "cpu") -> bool:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(device)
-    # rank 0 alone runs some long stages (site selection) while the others wait
-    minutes = float(os.environ.get("HETPRUNE_DIST_TIMEOUT_MIN", "360"))
+    minutes = float(os.environ.get("HETPRUNE_DIST_TIMEOUT_MIN") or (timeout_min or DEFAULT_TIMEOUT_MIN))
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=minutes))
+    atexit.register(shutdown)
     return True
+
+
+def shutdown() -> None:
+    """Destroy the process group if this process joined one (at exit, and at a command's end): torch
+    warns about, and NCCL may leak, a group left standing. Never raises: it runs on the way out of errors."""
+    with contextlib.suppress(Exception):   # the process is ending: an error here would hide the one that ends it
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def active() -> bool:
@@ -91,6 +113,56 @@ def on_main(fn: Callable[[], T]) -> T:
     if not ok:
         raise HetpruneError(f"rank 0 failed while planning for every rank: {value}")
     return value
+
+
+def agree(problem: str | None, what: str) -> None:
+    """Every rank says whether it can follow a decision rank 0 broadcast (``problem``: why not, or None).
+    When any rank cannot, every rank raises the same one-line error naming the first such rank, at once,
+    instead of the others waiting in their next collective until the timeout. Every rank must call it."""
+    if not active():
+        if problem:
+            raise HetpruneError(f"{what}: {problem}")
+        return
+    found = [(r, p) for r, p in enumerate(all_gather(problem)) if p]
+    if found:
+        r, p = found[0]
+        more = f" (and {len(found) - 1} other rank(s))" if len(found) > 1 else ""
+        raise HetpruneError(f"{what}: rank {r} cannot follow rank 0's decision{more}: {p}; every rank must see "
+                            "the work folder as rank 0 does (a file system all nodes share)")
+
+
+def follow_main(decide: Callable[[], tuple[T, Any] | None], fetch: Callable[[Any], T], what: str) -> T | None:
+    """Rank 0's decision to reuse stored state (a checkpoint), followed by every rank.
+
+    ``decide()`` runs on rank 0 alone and returns None (start afresh: every
+    rank does, whatever it sees) or ``(state, token)``: what it reuses and a
+    small token naming it (the file, when it was saved). Every other rank gets
+    the token and calls ``fetch(token)`` for its own copy, which raises when
+    that rank cannot (it does not see the file, or sees another one); every
+    rank then stops with one error (`agree`), not a wait until the timeout.
+    Outside torchrun: ``decide()``'s state. Every rank must call it together.
+    """
+    if not active():
+        found = decide()
+        return None if found is None else found[0]
+    kept: dict = {}
+
+    def on_rank_0():
+        found = decide()
+        kept["state"] = None if found is None else found[0]
+        return None if found is None else found[1]
+
+    token = on_main(on_rank_0)
+    if token is None:
+        return None
+    state, problem = kept.get("state"), None
+    if not is_main():
+        try:
+            state = fetch(token)
+        except Exception as exc:   # noqa: BLE001 - whatever stops this rank, every rank hears it
+            problem = str(exc) if isinstance(exc, HetpruneError) else f"{type(exc).__name__}: {exc}"
+    agree(problem, what)
+    return state
 
 
 def broadcast_module(module: torch.nn.Module) -> None:

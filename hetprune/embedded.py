@@ -111,12 +111,13 @@ def embedded_model(name: str = DIGITS, spec: ModelSpec | None = None, training: 
         return model.eval()
     folder = embedded_model_folder(name, spec, training)
     weights = folder / "model.safetensors"
-    if not weights.is_file():
-        if not dist.active():
-            return train_embedded(bench, spec, training, folder, progress, log, device)
-        if dist.is_main():   # rank 0 trains the base model alone; the others wait, then read the cache
+    if not dist.active() and not weights.is_file():
+        return train_embedded(bench, spec, training, folder, progress, log, device)
+    if dist.on_main(lambda: not weights.is_file()):   # rank 0 decides, trains alone; the others wait, then read
+        if dist.is_main():
             train_embedded(bench, spec, training, folder, progress, log, device)
         dist.barrier()
+    dist.agree(None if weights.is_file() else f"it finds no {weights}, which rank 0 has", "the embedded base model")
     model = build(spec)
     load_state_into(model, load_weights(weights), f"cached base model {weights}")
     return model.eval()

@@ -14,7 +14,7 @@ import contextlib
 import copy
 import numbers
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -24,7 +24,7 @@ from torch import nn
 from . import contract, devices, model_checks
 from . import distributed as dist
 from .budget import Budget, feasible_pairs, kinds_by_saving, max_per_kind, reached_cost
-from .config import RunSettings, Section
+from .config import RunSettings, Section, per_gpu_resolved
 from .cost_model import build as build_cost_model, run_model_name
 from .costs import cost_summary
 from .data import DataBundle
@@ -112,6 +112,9 @@ class PruneJob:
             self.data = getattr(self.task, "data", None)
         self.adapter = resolve_adapter(self.dense, self.adapter)
         self.spec = self.spec or ModelSpec.user_built(self.dense)
+        # a per-GPU batch as the global batch it is on this many ranks (a run's start has done it already):
+        # every key made from a schedule sees the global batch
+        self.settings = per_gpu_resolved(self.settings, dist.world())
         run = self.config
         self._device = devices.resolve(run.device)
         self._amp = devices.resolve_amp(run.amp, self._device)
@@ -312,6 +315,7 @@ class ScoringContext:
     task: Task | None = None
     registry: Registry | None = None   # the job's (components a scorer builds, e.g. the remover it simulates)
     base_key: str = ""                 # the job's: what keys a checkpoint made from the dense model (its config too)
+    distributed: bool = False          # the scorer runs on every rank together (its training under DDP), not alone
 
     def __post_init__(self):
         if self.task is None and self.data is None:
@@ -375,26 +379,28 @@ def select_sites(job: PruneJob, model: nn.Module, counts: dict[str, int], scorer
     """Choose ``counts[kind]`` sites of each kind with the configured scorer.
 
     A scorer with ``select`` (learning while it removes) may adapt ``model``'s
-    weights in place; it must leave every site present. Under torchrun rank 0
-    selects and every rank receives its choice and weights; ``shared=False``:
-    this process selects on its own model (a rank working on its own share).
+    weights in place; it must leave every site present. Under torchrun a
+    scorer whose ``every_rank(ctx)`` says so (gate-taylor on hetprune's own
+    trainer) selects on every rank together, training under exact DDP, so no
+    rank sits idle and the global batch is split; any other selects on rank
+    0. Either way every rank receives rank 0's choice and weights.
+    ``shared=False``: this process selects on its own model, alone.
     """
-    if not shared:
-        return _select_sites(job, model, counts, scorer_name, ctx)
-    chosen = None
-    if dist.is_main():
-        chosen = _select_sites(job, model, counts, scorer_name, ctx)
-    if dist.active():
-        chosen = dist.broadcast(chosen)
-        dist.broadcast_module(model)
-    return chosen
-
-
-def _select_sites(job: PruneJob, model: nn.Module, counts: dict[str, int], scorer_name: str | None,
-                  ctx: ScoringContext | None) -> list[Site]:
     name = scorer_name or job.config.scorer
     scorer = job.registry.build("scorer", name, **job.config.options_for("scorer", name))
     ctx = ctx or scoring_context(job)
+    if not shared or not dist.active():
+        return _select_sites(model, counts, name, scorer, ctx)
+    every_rank = getattr(scorer, "every_rank", None)
+    if every_rank is not None and every_rank(ctx):
+        chosen = dist.broadcast(_select_sites(model, counts, name, scorer, replace(ctx, distributed=True)))
+    else:
+        chosen = dist.on_main(lambda: _select_sites(model, counts, name, scorer, ctx))
+    dist.broadcast_module(model)
+    return chosen
+
+
+def _select_sites(model: nn.Module, counts: dict[str, int], name: str, scorer, ctx: ScoringContext) -> list[Site]:
     limits = max_per_kind(model)
     for kind, n in counts.items():
         if n > limits[kind]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
+from . import distributed as dist
 from .errors import HetpruneError
 from .io import made_when, note_saved, now
 
@@ -22,13 +24,19 @@ def metric_of(point: dict) -> float:
 
 
 class PointStore:
-    """MAP points in a JSONL file, each line keyed by the settings that produced it.
+    """MAP points in JSONL files, each line keyed by the settings that produced it.
 
     A point is appended (and fsynced) the moment it is measured, with the time;
     lines with another key are kept but never reused, so a changed setting cannot
     pick up stale points. A line that does not parse is reported, never skipped.
     With ``run`` (`hetprune.task.reuse_tag`: a task whose code hetprune cannot
     read, without ``--resume``) the store reads only the points this run wrote.
+
+    Under torchrun each rank appends to a file of its own: rank 0 to ``path``
+    (``map-points.jsonl``), rank r beside it (``map-points.rank3.jsonl``). One
+    writer per file needs no lock (``fcntl.flock`` fails on Lustre mounted
+    without flock); `load` merges them, a lower rank's point winning, and a
+    single file of an older run reads as rank 0's.
     """
 
     def __init__(self, path: Path, key: str, run: str | None = None):
@@ -36,11 +44,27 @@ class PointStore:
         self.key = key
         self.run = run
 
+    def rank_path(self, rank: int) -> Path:
+        """The file rank ``rank`` appends to."""
+        return self.path if rank == 0 else self.path.with_name(f"{self.path.stem}.rank{rank}{self.path.suffix}")
+
+    def files(self) -> list[Path]:
+        """Every existing file of this store, rank 0's last (a later file's point wins)."""
+        pattern = re.compile(re.escape(self.path.stem) + r"\.rank(\d+)" + re.escape(self.path.suffix))
+        ranks = sorted((int(m.group(1)), f) for f in (self.path.parent.glob(f"{self.path.stem}.rank*{self.path.suffix}")
+                                                       if self.path.parent.is_dir() else [])
+                       if (m := pattern.fullmatch(f.name)))
+        return [f for _, f in reversed(ranks)] + ([self.path] if self.path.is_file() else [])
+
     def load(self) -> dict[tuple[int, int], dict]:
         found = {}
-        if not self.path.is_file():
-            return found
-        with self.path.open(encoding="utf-8") as fh:
+        for path in self.files():
+            found.update(self._read(path))
+        return found
+
+    def _read(self, path: Path) -> dict[tuple[int, int], dict]:
+        found = {}
+        with path.open(encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
@@ -49,7 +73,7 @@ class PointStore:
                     pair = (int(rec["n_attn"]), int(rec["n_act"]))
                     rec.setdefault("metric", metric_of(rec))   # an old file's ``accuracy`` reads as the metric
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                    raise HetpruneError(f"MAP points file {self.path} line {lineno} is corrupt or truncated ({exc}); "
+                    raise HetpruneError(f"MAP points file {path} line {lineno} is corrupt or truncated ({exc}); "
                                         "delete that line (or the file) to measure the point again") from exc
                 if rec.get("key") == self.key and (self.run is None or rec.get("run") == self.run):
                     found[pair] = rec
@@ -63,17 +87,12 @@ class PointStore:
                 "(the same base model, task, data and settings)")
 
     def append(self, record: dict) -> None:
-        """Append one point; an exclusive lock keeps lines whole when several ranks append."""
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                line = {**record, "key": self.key, "measured_at": now(), **({"run": self.run} if self.run else {})}
-                fh.write(json.dumps(line) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
-        note_saved(f"a point in {self.path}")
+        """Append one point to this rank's file (no lock: no other process writes it)."""
+        path = self.rank_path(dist.rank())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        line = {**record, "key": self.key, "measured_at": now(), **({"run": self.run} if self.run else {})}
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        note_saved(f"a point in {path}")

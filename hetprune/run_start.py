@@ -80,9 +80,11 @@ class RunStart:
 
     def prepare_out(self) -> Path | None:
         """Make the output folder ready for a resumable result (compare, ablate): an earlier result's own
-        entries deleted on ``overwrite`` (never anything else), the folder made. Once per run."""
+        entries deleted on ``overwrite`` (never anything else), the folder made. Once per run, by rank 0
+        under torchrun (every rank must call it)."""
         if self.out is not None and not self._prepared and self.folder is not None and self.folder.resumable:
-            make_result_folder(self.out, self.folder, self.resume, self.overwrite)
+            # rank 0 alone clears and makes it: ranks deleting the same entries at once would fail
+            dist.on_main(lambda: make_result_folder(self.out, self.folder, self.resume, self.overwrite))
             self._prepared = True
         return self.out
 
@@ -128,7 +130,8 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
     if out is not None:
         if folder is None:
             raise HetpruneError("an output folder needs the kind of result it holds")
-        where = check_result_folder(out, folder, overwrite, resume=resume and folder.resumable)
+        # rank 0 checks the folder (the others may see a shared folder late) and every rank takes its answer
+        where = dist.on_main(lambda: check_result_folder(out, folder, overwrite, resume=resume and folder.resumable))
     chosen = bool(config_file) or any(k in config_mod.SCHEDULES for k in given) or any(
         item.partition("=")[0].strip().split(".")[0] in config_mod.SCHEDULES for item in sets or [])
     return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder, chosen)
@@ -167,14 +170,17 @@ def run_device(settings: dict) -> torch.device:
 
     ``settings["device"]`` becomes the checked, rank-independent name (``auto``
     resolved) and ``settings["amp"]`` the precision that will run; under
-    torchrun this process joins the process group (nccl on CUDA, gloo on CPU).
+    torchrun this process joins the process group (nccl on CUDA, gloo on CPU;
+    collectives wait ``dist_timeout_min`` for a missing rank), and a
+    schedule's per-GPU batch (``batch_per_gpu``) becomes its global batch.
     Returns this process's ``torch.device``.
     """
     run = config_mod.RunSettings.of(settings)
     name = devices.canonical(run.device)
     device = devices.resolve(name)
     settings.update(config_mod.changed(settings, device=name, amp=devices.resolve_amp(run.amp, device)))
-    dist.init_from_env(device)
+    dist.init_from_env(device, run.dist_timeout_min)
+    settings.update(config_mod.per_gpu_resolved(settings, dist.world()))   # batch_per_gpu: the global batch from now on
     return device
 
 

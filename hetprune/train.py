@@ -219,6 +219,43 @@ def _load_checkpoint(folder: Path) -> dict | None:
                             "delete it to start this fine-tune over") from exc
 
 
+def resume_checkpoint(folder: Path, current: dict, desc: str, log: Callable[[str], None],
+                      distributed: bool) -> dict | None:
+    """The checkpoint in ``folder`` a fine-tune continues from (its key must be ``current``), or None.
+
+    Under DDP rank 0 decides and every rank loads that same checkpoint (its
+    epoch, step and save time checked); a rank that finds none, or another,
+    stops every rank with one error (`hetprune.distributed.follow_main`)
+    instead of starting afresh while the others resume, which hangs."""
+    path = _checkpoint_path(folder)
+
+    def decide():
+        ckpt = _load_checkpoint(folder)
+        stored = {**(ckpt or {}).get("key", {}), "training settings": (ckpt or {}).get("config")}
+        if ckpt is None or not reusable(stored, current, f"the fine-tune checkpoint in {folder}", log):
+            return None
+        return ckpt, _saved(ckpt)
+
+    def fetch(token) -> dict:
+        ckpt = _load_checkpoint(folder)
+        if ckpt is None:
+            raise HetpruneError(f"it finds no {path}, which rank 0 continues from")
+        if _saved(ckpt) != token:
+            raise HetpruneError(f"its {path} (epoch {_saved(ckpt)[0]}, saved {_saved(ckpt)[2]}) is not the one rank 0 "
+                                f"continues from (epoch {token[0]}, saved {token[2]})")
+        return ckpt
+
+    if not distributed:
+        found = decide()
+        return None if found is None else found[0]
+    return dist.follow_main(decide, fetch, f"resume: {desc}")
+
+
+def _saved(ckpt: dict) -> tuple:
+    """What names one saved checkpoint: its epoch, its step within the next and when it was saved."""
+    return int(ckpt.get("epoch", 0)), int(ckpt.get("step", 0)), str(ckpt.get("saved_at", ""))
+
+
 def workers_for(data: DataBundle, cfg: TrainConfig) -> int:
     """Loader processes: the schedule's ``workers``, else the data set's own default (ImageFolder: a share of
     the CPUs; the embedded sets: none)."""
@@ -278,7 +315,8 @@ class ClassificationSource:
 
 def scaled_lr(cfg: TrainConfig) -> float:
     """timm's learning-rate rule: ``lr * (batch_size / lr_base_batch)`` (``linear``) or its square root
-    (``sqrt``); ``none`` leaves ``lr`` as given. ``batch_size`` is the global batch."""
+    (``sqrt``); ``none`` leaves ``lr`` as given. ``batch_size`` is the global batch (a ``batch_per_gpu``
+    schedule is resolved to it first: `TrainConfig.global_batch`)."""
     if cfg.lr_scale == "none":
         return cfg.lr
     ratio = cfg.batch_size / cfg.lr_base_batch
@@ -452,6 +490,7 @@ def train(
     """
     distributed = dist.active() if distributed is None else (distributed and dist.active())
     rank, world = (dist.rank(), dist.world()) if distributed else (0, 1)
+    cfg = cfg.global_batch(world)   # batch_per_gpu: from here on batch_size is the global batch
     device = devices.resolve(cfg.device)
     amp = devices.resolve_amp(cfg.amp, device)
     devices.place(model, device)
@@ -476,10 +515,9 @@ def train(
     folder = Path(checkpoint_dir) if checkpoint_dir else None
     start_epoch, start_step, history, best, carried = 0, 0, [], None, None
     if folder is not None and resume:
-        ckpt = _load_checkpoint(folder)
-        current = {**(resume_key or {}), "training settings": cfg.to_dict()}
-        stored = {**(ckpt or {}).get("key", {}), "training settings": (ckpt or {}).get("config")}
-        if ckpt is not None and reusable(stored, current, f"the fine-tune checkpoint in {folder}", log):
+        ckpt = resume_checkpoint(folder, {**(resume_key or {}), "training settings": cfg.to_dict()}, desc, log,
+                                 distributed)
+        if ckpt is not None:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             scheduler.load_state_dict(ckpt["scheduler"])
@@ -632,6 +670,15 @@ def _accumulate(net, ddp, source, batch, share, whole, world, cfg, teacher, devi
                 total[1] += items
             scaler.scale(share_weighted(loss, items, whole, world)).backward()
     return total, flags
+
+
+def batch_split(cfg: TrainConfig, world: int) -> str:
+    """How a schedule's global batch splits over ``world`` ranks, for a log line: ``global batch 1024 = 8 x
+    128`` (``8 x 125-126`` where it does not divide evenly; micro-batches where ``accum_steps`` > 1)."""
+    low, high = cfg.batch_size // world, -(-cfg.batch_size // world)
+    per = f"{low}" if low == high else f"{low}-{high}"
+    micro = f", each in {cfg.accum_steps} micro-batches" if cfg.accum_steps > 1 else ""
+    return f"global batch {cfg.batch_size} = {world} x {per}{micro}"
 
 
 def _fp16_decision(flags, scaler, distributed: bool) -> bool:

@@ -7,6 +7,7 @@ written to the user's real cache.
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -75,3 +76,60 @@ class PluginOf:
                 register(c)
 
         setattr(self, hook, hetprune.hookimpl(register_all))
+
+
+class CountedStats:
+    """os.stat and os.scandir watched: how often each file's metadata was read (``stat`` of an os.scandir entry
+    or os.stat itself), by path."""
+
+    def __init__(self):
+        self.counts: dict[str, int] = {}
+
+    def count(self, path) -> None:
+        path = os.fspath(path)
+        if path.endswith(".png"):
+            self.counts[path] = self.counts.get(path, 0) + 1
+
+    def __enter__(self):
+        self.real = os.stat, os.scandir
+        real_stat, real_scandir, counter = os.stat, os.scandir, self
+
+        class Entry:
+            def __init__(self, entry):
+                self._entry = entry
+
+            def __getattr__(self, name):
+                return getattr(self._entry, name)
+
+            def stat(self, *args, **kwargs):
+                counter.count(self._entry.path)
+                return self._entry.stat(*args, **kwargs)
+
+        class Entries:
+            def __init__(self, entries):
+                self._entries = entries
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self._entries.close()
+
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                return Entry(next(self._entries))
+
+            def close(self):
+                self._entries.close()
+
+        def stat(path, *args, **kwargs):
+            counter.count(path)
+            return real_stat(path, *args, **kwargs)
+
+        os.stat, os.scandir = stat, lambda *args: Entries(real_scandir(*args))
+        return self
+
+    def __exit__(self, *exc):
+        os.stat, os.scandir = self.real

@@ -19,7 +19,7 @@ import torch
 
 import hetprune
 from hetprune.cli import main
-from conftest import TINY_SPEC, PluginOf, tiny_example
+from conftest import TINY_SPEC, CountedStats, PluginOf, tiny_example
 
 FT = ["--set", "finetune.epochs=2", "--set", "finetune.subset=65", "--set", "finetune.batch_size=16",
       "--set", "short_finetune.epochs=1", "--set", "short_finetune.subset=32", "--set", "short_finetune.batch_size=16",
@@ -37,12 +37,15 @@ def model_args(trained_tiny):
     return ["--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt)]
 
 
-def launch(nproc: int, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc_per_node nproc ARGS``; a collective mismatch fails within a minute."""
+def launch(nproc: int, args: list[str], cwd: Path, check: bool = True,
+           run_options: tuple = ()) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node nproc [RUN_OPTIONS] ARGS``; a collective mismatch fails within a
+    minute; ``check``: the run must succeed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HETPRUNE_DIST_TIMEOUT_MIN": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           *run_options, *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 or not check, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
@@ -52,6 +55,7 @@ def torchrun(args, tmp_path, nproc: int = 2):
 
 def run_workers(scenario: str, nproc: int, out: Path) -> list[dict]:
     """Run this file's ``scenario`` on ``nproc`` ranks; what each rank wrote, by rank."""
+    out.mkdir(parents=True, exist_ok=True)
     launch(nproc, [__file__, scenario, str(out)], out)
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(nproc)]
 
@@ -78,6 +82,18 @@ def val_set(data):
     return torch.utils.data.Subset(data.val, list(range(VAL_ITEMS)))
 
 
+PER_GPU = dict(epochs=1, lr=LR, subset=65, kd="none", warmup_epochs=0, lr_scale="linear", lr_base_batch=8)
+
+
+def per_gpu_case(data, batch_size: int, per_gpu: bool) -> torch.nn.Module:
+    """A tiny model trained at ``batch_size`` per GPU (``per_gpu``) or globally, lr scaled by the batch."""
+    from hetprune.train import TrainConfig, train
+
+    model = tiny(0)
+    train(model, data, TrainConfig(**PER_GPU, batch_size=batch_size, batch_per_gpu=per_gpu), progress=False)
+    return model
+
+
 def training_worker(out: Path) -> dict:
     from hetprune import distributed as dist
     from hetprune.data import digits
@@ -88,6 +104,7 @@ def training_worker(out: Path) -> dict:
         model, history = train_case(data, n, batch_size)
         result[f"{n}@{batch_size}"] = {"state": model.state_dict(), "loss": [h["loss"] for h in history],
                                        "top1": evaluate_dataset(model, val_set(data), batch_size=2)}
+    result["per-gpu"] = per_gpu_case(data, 8, per_gpu=True).state_dict()
     return result
 
 
@@ -198,35 +215,178 @@ def retrain_worker(out: Path) -> dict:
     model = embedded_model("digits", spec=TINY_SPEC, training={"epochs": 1}, progress=False, log=lambda m: None)
     return {"weights": hetprune.models.model_hash(model)}
 
-# -- the progressive-points scenario: one path per rank ------------------------------------------------------
+# -- stage 1 on every rank: progressive points and the gate phase, each trained by all ranks together ---------
 
-PATH_SETS = ["hetdpt.point_selection=progressive", "short_finetune.epochs=1", "short_finetune.subset=16",
-             "short_finetune.batch_size=8", "scoring.subset=16", "scoring.batches=1"]
+STAGE1_SETS = ["hetdpt.point_selection=progressive", "short_finetune.epochs=1", "short_finetune.subset=16",
+               "short_finetune.batch_size=5",   # global batches of 5, 5, 5, 1: shares 3/2 and a stand-in of weight 0
+               "scoring.subset=16", "scoring.batches=1",
+               "scorer_options={gate-taylor: {epochs_per_removal: 1, warmup_epochs: 0}}"]
 
 
-def paths_worker(out: Path) -> dict:
+def stage1(out: Path, log=lambda msg: None) -> dict:
+    """Progressive MAP points for a budget of 2 sites, then gate-taylor's gate phase choosing 1 + 1 sites on
+    the dense model (the trained tiny model in ``out/dense.safetensors``); each point fine-tune counted with
+    whether it ran under DDP, each gate epoch with its world and mode."""
+    import copy
+
     import hetprune.task
+    from hetprune import distributed as dist
     from hetprune.budget import Budget
     from hetprune.data import digits
-    from hetprune.pipeline import PruneJob
+    from hetprune.io import load_weights
+    from hetprune.pipeline import PruneJob, select_sites
     from hetprune.plugins import get_registry
+    from hetprune_hetdpt.scorers import GateTaylorScorer
 
-    fine_tunes = []
-    real = hetprune.task.train
+    fine_tunes, gate_epochs = [], []
+    real_train, real_epoch = hetprune.task.train, GateTaylorScorer.__dict__["_epoch"]   # the staticmethod itself
 
-    def counted(*args, **kwargs):
-        fine_tunes.append(1)
+    def counted(model, data, cfg, distributed=None, **kwargs):
+        fine_tunes.append(dist.active() if distributed is None else bool(distributed) and dist.active())
+        return real_train(model, data, cfg, distributed=distributed, **kwargs)
+
+    def gate_epoch(*args, **kwargs):
+        gate_epochs.append([kwargs.get("world"), kwargs.get("distributed")])
+        return real_epoch.__func__(*args, **kwargs)
+
+    hetprune.task.train, GateTaylorScorer._epoch = counted, staticmethod(gate_epoch)
+    try:
+        registry = get_registry()
+        strategy = registry.build("strategy", "hetdpt")
+        settings = hetprune.config.resolve(strategy.defaults, overrides=None, sets=STAGE1_SETS)
+        dense = tiny(0)
+        dense.load_state_dict(load_weights(out / "dense.safetensors"))
+        job = PruneJob(dense=dense, spec=TINY_SPEC, data=digits(), budget=Budget(sites=2), settings=settings,
+                       registry=registry, workdir=out / "work", progress=False, strategy_name="hetdpt", log=log)
+        points = strategy.collect_points(job, strategy.point_plan(job, job.feasible_pairs()))
+        model = copy.deepcopy(job.dense)
+        chosen = select_sites(job, model, {"attn": 1, "act": 1})
+    finally:
+        hetprune.task.train, GateTaylorScorer._epoch = real_train, real_epoch
+    steps = {f.name: torch.load(f, weights_only=True)["model"] for f in sorted((out / "work" / "map-paths").iterdir())}
+    return {"points": json.dumps(points, sort_keys=True), "fine_tunes": fine_tunes, "gate_epochs": gate_epochs,
+            "chosen": [str(c) for c in chosen], "gated": model.state_dict(), "steps": steps}
+
+
+def stage1_worker(out: Path) -> dict:
+    lines: list[str] = []
+    return {**stage1(out, log=lines.append), "log": lines}
+
+
+# -- resume decisions: rank 0 decides, every rank follows or every rank stops with one error --------------------
+
+RESUME_CFG = dict(epochs=2, lr=LR, batch_size=16, subset=32, kd="none", warmup_epochs=0)
+GATE_SETTINGS = {"scoring": {"subset": 16}, "short_finetune": {"batch_size": 8, "kd": "none"}}
+
+
+def resume_worker(out: Path) -> dict:
+    """Checkpoints placed in per-rank folders, so that the ranks see different ones, as nodes whose view of a
+    shared folder lags do: rank 1 alone sees a fine-tune checkpoint (it must start afresh with rank 0), rank 0
+    alone sees one (one error on every rank), rank 0 alone sees a gate checkpoint (the same)."""
+    import dataclasses
+    import shutil
+
+    from hetprune import distributed as dist
+    from hetprune.data import digits
+    from hetprune.errors import HetpruneError
+    from hetprune.testing import scoring_context
+    from hetprune.train import TrainConfig, train
+    from hetprune_hetdpt.scorers import GateTaylorScorer
+
+    data, cfg, key, rank = digits(), TrainConfig(**RESUME_CFG), {"run": "test"}, dist.rank()
+    made = out / "made"
+    if dist.is_main():   # a checkpoint after epoch 1 of 2, as an interrupted run leaves it; and a gate checkpoint
+        train(tiny(0), data, cfg, checkpoint_dir=made, resume_key=key, distributed=False, progress=False)
+        ckpt = torch.load(made / "finetune-checkpoint.pt", weights_only=True)
+        ckpt["epoch"], ckpt["history"] = 1, ckpt["history"][:1]
+        torch.save(ckpt, made / "finetune-checkpoint.pt")
+        GateTaylorScorer(warmup_epochs=0).select(tiny(0), {"attn": 1, "act": 0},
+                                                 scoring_context(tiny(0), made, GATE_SETTINGS))
+    dist.barrier()
+
+    def folder(case: str, seen: bool, name: str = "finetune-checkpoint.pt") -> Path:
+        path = out / case / f"rank{rank}"
+        path.mkdir(parents=True)
+        if seen:
+            shutil.copy(made / name, path / name)
+        return path
+
+    def outcome(fn) -> str:
+        try:
+            fn()
+            return "done"
+        except HetpruneError as exc:
+            return f"HetpruneError: {exc}"
+
+    model = tiny(0)
+    afresh = outcome(lambda: train(model, data, cfg, checkpoint_dir=folder("afresh", rank == 1), resume=True,
+                                   resume_key=key, progress=False))
+    unseen = outcome(lambda: train(tiny(0), data, cfg, checkpoint_dir=folder("unseen", rank == 0), resume=True,
+                                   resume_key=key, progress=False))
+    ctx = dataclasses.replace(scoring_context(tiny(0), folder("gate", rank == 0, "gate-checkpoint.pt"), GATE_SETTINGS),
+                              resume=True, distributed=True)
+    gate = outcome(lambda: GateTaylorScorer(warmup_epochs=0).select(tiny(0), {"attn": 1, "act": 0}, ctx))
+    return {"afresh": afresh, "state": model.state_dict(), "unseen": unseen, "gate": gate}
+
+
+# -- shared folders: points of several ranks without locks, the ImageFolder fingerprint on rank 0 --------------
+
+def make_images(root: Path) -> list[Path]:
+    """A tiny ImageFolder tree: 2 classes, 3 training and 2 validation PNGs each."""
+    from PIL import Image
+
+    files = []
+    for split, n in (("train", 3), ("val", 2)):
+        for label, value in (("dark", 40), ("light", 200)):
+            (root / split / label).mkdir(parents=True)
+            for i in range(n):
+                files.append(root / split / label / f"{i}.png")
+                Image.new("L", (16, 16), value + i).save(files[-1])
+    return files
+
+
+def shared_worker(out: Path) -> dict:
+    import fcntl
+
+    from hetprune import distributed as dist
+    from hetprune.data import image_folder
+    from hetprune.points import PointStore
+
+    def no_locks(*args):
+        raise OSError(38, "Function not implemented (a Lustre mount without flock)")
+
+    fcntl.flock = fcntl.lockf = no_locks
+    store = PointStore(out / "shared" / "map-points.jsonl", "key")
+    store.append({"n_attn": dist.rank(), "n_act": 1, "metric": 50.0 + dist.rank()})
+    dist.barrier()
+    points = {f"{a}+{m}": p["metric"] for (a, m), p in sorted(store.load().items())}
+    root = out / "imgs"
+    if dist.is_main():
+        make_images(root)
+    dist.barrier()
+    with CountedStats() as stats:
+        data = image_folder(root, tiny(0))
+    return {"points": points, "files": sorted(f.name for f in (out / "shared").iterdir()),
+            "fingerprint": data.fingerprint, "stats": stats.counts}
+
+
+# -- the process group ends with the process, error or not -----------------------------------------------------
+
+def exit_worker(out: Path, fail: bool) -> int:
+    from hetprune import distributed as dist
+
+    rank, real = os.environ["RANK"], torch.distributed.destroy_process_group
+
+    def destroy(*args, **kwargs):
+        (out / f"destroyed-{rank}").write_text("yes")
         return real(*args, **kwargs)
 
-    hetprune.task.train = counted
-    registry = get_registry()
-    strategy = registry.build("strategy", "hetdpt")
-    settings = hetprune.config.resolve(strategy.defaults, overrides=None, sets=PATH_SETS)
-    job = PruneJob(dense=tiny(0), spec=TINY_SPEC, data=digits(), budget=Budget(sites=4), settings=settings,
-                   registry=registry, workdir=out / "work", progress=False, strategy_name="hetdpt")
-    plan = strategy.point_plan(job, job.feasible_pairs())
-    points = strategy.collect_points(job, plan)
-    return {"points": json.dumps(points, sort_keys=True), "fine_tunes": len(fine_tunes)}
+    torch.distributed.destroy_process_group = destroy
+    dist.init_from_env("cpu", timeout_min=1)
+    dist.barrier()
+    if fail:
+        raise RuntimeError(f"rank {rank} stops with an error")
+    return 0
 
 
 # -- the mixing scenario: mixup / cutmix batches and training on 2 ranks ------------------------------------
@@ -274,8 +434,9 @@ def worker(scenario: str, out: Path) -> int:
 
     torch.set_num_threads(1)
     dist.init_from_env("cpu")
-    result = {"train": training_worker, "plan": planning_worker, "task": task_worker,
-              "retrain": retrain_worker, "paths": paths_worker, "mix": mix_worker}[scenario](out)
+    result = {"train": training_worker, "plan": planning_worker, "task": task_worker, "retrain": retrain_worker,
+              "stage1": stage1_worker, "mix": mix_worker, "resume": resume_worker,
+              "shared": shared_worker}[scenario](out)
     torch.save(result, out / f"rank{dist.rank()}.pt")
     dist.barrier()
     return 0
@@ -323,6 +484,11 @@ def test_uneven_splits_train_and_evaluate_like_one_process(tmp_path, world):
             ddp_model = tiny(0)
             ddp_model.load_state_dict(got[case]["state"])
             assert got[case]["top1"] == evaluate_dataset(ddp_model, val_set(data), batch_size=2), (case, r)
+    # batch_per_gpu: 8 per GPU on `world` ranks is one process's global batch of 8 x world, lr scaled by that
+    single = per_gpu_case(data, 8 * world, per_gpu=False).state_dict()
+    for r, got in enumerate(ranks):
+        err = max((single[k] - v).abs().max().item() for k, v in got["per-gpu"].items())
+        assert err < 3e-4, (r, err)
 
 
 def test_mixup_and_cutmix_batches_and_training_are_the_same_on_2_ranks(tmp_path):
@@ -406,15 +572,178 @@ def test_an_embedded_model_that_is_not_shipped_is_trained_once_under_torchrun(tm
     assert ranks[0]["weights"] == ranks[1]["weights"]
     assert len(list((tmp_path / "cache" / "base").iterdir())) == 1
 
-def test_torchrun_walks_each_progressive_path_once_on_its_own_rank(tmp_path):
-    ranks = run_workers("paths", 3, tmp_path)
-    assert all(got["points"] == ranks[0]["points"] for got in ranks[1:])   # every rank reads the same points
-    lines = [json.loads(line) for line in (tmp_path / "work" / "map-points.jsonl").read_text().splitlines()]
-    pairs = [(p["n_attn"], p["n_act"]) for p in lines]
-    assert len(pairs) == len(set(pairs)) == len(json.loads(ranks[0]["points"]))   # each point measured once
-    # one path per rank (attention: 3 steps, activation: 4, interleaved: 4), each fine-tune on its rank alone
-    assert [got["fine_tunes"] for got in ranks] == [3, 4, 4]
+def test_stage_1_trains_every_point_and_the_gate_phase_on_all_ranks_and_matches_one_process(trained_tiny, tmp_path):
+    """Each progressive point's fine-tune and the gate phase run data-parallel on both ranks (once one path per
+    rank: this test pinned [3, 4, 4] fine-tunes on 3 ranks), one after another, and give one process's points,
+    step weights and sites. Tolerances: exact DDP follows one process up to the order of float reductions (the
+    training test above: under 3e-4 after AdamW), so weights agree within 3e-4, and a point's top-1 within one
+    of the 450 validation images (a near tie whose argmax those last digits flip)."""
+    import shutil
+
+    for run in ("ddp", "single"):
+        (tmp_path / run).mkdir()
+        shutil.copy(trained_tiny[2], tmp_path / run / "dense.safetensors")
+    ranks = run_workers("stage1", 2, tmp_path / "ddp")
+    single = stage1(tmp_path / "single")
+    assert all(got["points"] == ranks[0]["points"] and got["chosen"] == ranks[0]["chosen"] for got in ranks[1:])
+    assert len(single["fine_tunes"]) == 6 and not any(single["fine_tunes"])   # 3 paths x 2 steps, one process
+    for got in ranks:   # both ranks in every point fine-tune, under DDP; every gate epoch on 2 ranks
+        assert got["fine_tunes"] == [True] * 6
+        assert got["gate_epochs"] == [[2, True], [2, True]]
+    assert "[hetdpt] stage 1: each point fine-tuned on all 2 ranks (exact DDP, global batch 5 = 2 x 2-3)" in \
+        ranks[0]["log"]
+    points = {(p["n_attn"], p["n_act"]): p for p in json.loads(ranks[0]["points"])}
+    expected = {(p["n_attn"], p["n_act"]): p for p in json.loads(single["points"])}
+    assert sorted(points) == sorted(expected)
+    for pair, p in expected.items():
+        assert points[pair]["sites"] == p["sites"], pair
+        assert abs(points[pair]["metric"] - p["metric"]) <= 100 / 450 + 1e-9, pair
+    assert ranks[0]["steps"].keys() == single["steps"].keys()   # the same keys: a point is one on any world size
+    for name, state in single["steps"].items():
+        err = max((state[k] - v).abs().max().item() for k, v in ranks[0]["steps"][name].items())
+        assert err < 3e-4, (name, err)
+    assert ranks[0]["chosen"] == single["chosen"]                 # the gate phase selects as one process does
+    err = max((single["gated"][k] - v).abs().max().item() for k, v in ranks[1]["gated"].items())
+    assert err < 3e-4, err
+    lines = (tmp_path / "ddp" / "work" / "map-points.jsonl").read_text().splitlines()
+    assert len(lines) == len(points) and not list((tmp_path / "ddp" / "work").glob("map-points.rank*"))
 
 
-if __name__ == "__main__":   # a torchrun rank of run_workers
+def test_rank_0_decides_whether_to_resume_and_a_rank_that_cannot_follow_stops_every_rank(tmp_path):
+    """A rank that alone sees a checkpoint starts afresh with rank 0 (it used to resume alone, and the ranks'
+    steps no longer matched); a rank that cannot see the checkpoint rank 0 resumes from stops every rank at
+    once with one error naming it (it used to start afresh, and wait in a collective until the timeout)."""
+    from hetprune.data import digits
+    from hetprune.train import TrainConfig, train
+
+    ranks = run_workers("resume", 2, tmp_path)
+    fresh = tiny(0)
+    train(fresh, digits(), TrainConfig(**RESUME_CFG), progress=False)
+    for got in ranks:
+        assert got["afresh"] == "done"
+        err = max((fresh.state_dict()[k] - v).abs().max().item() for k, v in got["state"].items())
+        assert err < 3e-4, err
+        assert got["unseen"].startswith("HetpruneError: resume: fine-tune: rank 1 cannot follow rank 0's decision: "
+                                        f"it finds no {tmp_path / 'unseen' / 'rank1' / 'finetune-checkpoint.pt'}"), \
+            got["unseen"]
+        assert got["gate"].startswith("HetpruneError: resume: the gate phase: rank 1 cannot follow rank 0's decision: "
+                                      f"it finds no {tmp_path / 'gate' / 'rank1' / 'gate-checkpoint.pt'}"), got["gate"]
+
+
+def test_points_of_two_ranks_are_merged_without_locks_and_the_image_folder_is_listed_on_rank_0(tmp_path):
+    from hetprune.data import image_folder
+
+    ranks = run_workers("shared", 2, tmp_path)
+    for got in ranks:   # each rank appended to its own file, and every rank reads both
+        assert got["points"] == {"0+1": 50.0, "1+1": 51.0}
+        assert got["files"] == ["map-points.jsonl", "map-points.rank1.jsonl"]
+    single = image_folder(tmp_path / "imgs", tiny(0)).fingerprint
+    assert ranks[0]["fingerprint"] == ranks[1]["fingerprint"] == single
+    images = sorted(str(p) for p in (tmp_path / "imgs").rglob("*.png"))
+    assert ranks[0]["stats"] == {p: 1 for p in images}   # rank 0: each image stat'ed once
+    assert ranks[1]["stats"] == {}                       # the others: never
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_process_group_is_destroyed_at_exit_also_after_an_error(tmp_path, fail):
+    # torchrun looks at its ranks every 2 s here, so it does not stop a rank before that rank's own exit
+    proc = launch(2, [__file__, "exit-error" if fail else "exit", str(tmp_path)], tmp_path, check=not fail,
+                  run_options=("--monitor-interval", "2"))
+    assert (proc.returncode != 0) == fail
+    assert sorted(p.name for p in tmp_path.glob("destroyed-*")) == ["destroyed-0", "destroyed-1"]
+
+
+# -- the same, without torchrun --------------------------------------------------------------------------------
+
+def test_a_point_store_writes_one_file_per_rank_and_reads_them_all(tmp_path, monkeypatch):
+    """No file lock (Lustre mounted without flock refuses fcntl.flock): each rank appends to a file of its own,
+    rank 0's the main one, and a load merges them; where two ranks hold one split, the lower rank's wins; a
+    single file of an older run reads as it did."""
+    import fcntl
+
+    import hetprune.points as points_mod
+    from hetprune.points import PointStore
+
+    def refuse(*args):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    path = tmp_path / "map-points.jsonl"
+    path.write_text(json.dumps({"n_attn": 2, "n_act": 0, "accuracy": 70.0, "key": "k"}) + "\n")   # an old file
+    store = PointStore(path, "k")
+    for rank, pair, metric in ((0, (0, 1), 90.0), (3, (1, 1), 80.0), (1, (0, 2), 85.0), (3, (0, 1), 10.0)):
+        monkeypatch.setattr(points_mod.dist, "rank", lambda rank=rank: rank)
+        store.append({"n_attn": pair[0], "n_act": pair[1], "metric": metric})
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["map-points.jsonl", "map-points.rank1.jsonl",
+                                                          "map-points.rank3.jsonl"]
+    got = {pair: p["metric"] for pair, p in store.load().items()}
+    assert got == {(2, 0): 70.0, (0, 1): 90.0, (1, 1): 80.0, (0, 2): 85.0}
+    assert PointStore(path, "another key").load() == {}
+
+
+def test_the_collective_timeout_is_a_setting_the_process_group_is_made_with(monkeypatch):
+    import atexit
+    import datetime
+
+    from hetprune import config, distributed as dist, run_start
+
+    made, registered = [], []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("HETPRUNE_DIST_TIMEOUT_MIN", raising=False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kwargs: made.append(kwargs))
+    monkeypatch.setattr(atexit, "register", registered.append)
+    run_start.run_device(config.resolve(sets=["dist_timeout_min=7"]))
+    run_start.run_device(config.resolve())
+    assert [m["timeout"] for m in made] == [datetime.timedelta(minutes=7), datetime.timedelta(minutes=30)]
+    assert registered == [dist.shutdown, dist.shutdown]     # the group is destroyed at exit
+    monkeypatch.setenv("HETPRUNE_DIST_TIMEOUT_MIN", "1")    # the environment overrides it (test harnesses)
+    run_start.run_device(config.resolve(sets=["dist_timeout_min=7"]))
+    assert made[-1]["timeout"] == datetime.timedelta(minutes=1)
+    with pytest.raises(hetprune.HetpruneError, match="dist_timeout_min must be minutes > 0"):
+        config.resolve(sets=["dist_timeout_min=0"])
+    # it shapes no result: a compare row keeps its key whatever the timeout
+    assert config.keyed(config.resolve(sets=["dist_timeout_min=7"])) == config.keyed(config.resolve())
+
+
+def test_a_per_gpu_batch_becomes_the_global_batch_the_lr_rule_scales_by():
+    from hetprune import config
+    from hetprune.train import TrainConfig, scaled_lr
+
+    cfg = TrainConfig(batch_size=128, batch_per_gpu=True, lr=5e-4, lr_scale="linear", lr_base_batch=512)
+    assert cfg.global_batch(8).batch_size == 1024 and not cfg.global_batch(8).batch_per_gpu
+    assert scaled_lr(cfg.global_batch(8)) == pytest.approx(1e-3)
+    assert TrainConfig(batch_size=128).global_batch(8).batch_size == 128          # the default: global already
+    settings = config.resolve(sets=["finetune.batch_size=128", "finetune.batch_per_gpu=true"])
+    resolved = config.per_gpu_resolved(settings, 8)
+    assert resolved["finetune"]["batch_size"] == 1024 and "batch_per_gpu" not in resolved["finetune"]
+    assert resolved["finetune"] == config.resolve(sets=["finetune.batch_size=1024"])["finetune"]   # one key
+    assert "batch_per_gpu" not in config.resolve()["finetune"]                    # off: absent, keys unchanged
+    plain = config.resolve()
+    assert config.per_gpu_resolved(plain, 8) is plain
+
+
+def test_a_job_made_in_code_keys_its_points_by_the_global_batch(tmp_path):
+    from hetprune.budget import Budget
+    from hetprune.data import digits
+    from hetprune.pipeline import PruneJob
+    from hetprune.plugins import get_registry
+
+    registry = get_registry()
+    strategy = registry.build("strategy", "hetdpt")
+
+    def key(*sets):
+        points = ["hetdpt.point_selection=oneshot", "hetdpt.point_finetune=short_finetune"]   # keyed by the schedule
+        settings = hetprune.config.resolve(strategy.defaults, sets=[*points, *sets])
+        job = PruneJob(dense=tiny(0), spec=TINY_SPEC, data=digits(), budget=Budget(sites=2), settings=settings,
+                       registry=registry, workdir=tmp_path, progress=False)
+        return strategy.points_key(job), job.settings["short_finetune"]["batch_size"]
+
+    # one process: 16 per GPU is a global batch of 16, the same points as batch_size 16
+    assert key("short_finetune.batch_size=16", "short_finetune.batch_per_gpu=true") == \
+        key("short_finetune.batch_size=16")
+
+
+if __name__ == "__main__":   # a torchrun rank of run_workers (or of the exit test)
+    if sys.argv[1].startswith("exit"):
+        sys.exit(exit_worker(Path(sys.argv[2]), fail=sys.argv[1] == "exit-error"))
     sys.exit(worker(sys.argv[1], Path(sys.argv[2])))

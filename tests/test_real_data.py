@@ -183,6 +183,34 @@ def test_image_folder_fingerprint_changes_when_an_image_changes(image_folder, tm
     assert load_folder(copy_root, model).fingerprint != before
 
 
+def test_the_image_folder_fingerprint_reads_names_and_sizes_once_and_content_on_request(image_folder, tmp_path):
+    """One listing: each image's name and size, each file stat'ed once (it was twice, per rank); a rewrite to
+    the same size shows only in a content scan (--data-fingerprint content), which is opt-in."""
+    import shutil
+
+    import timm
+    from conftest import CountedStats
+
+    from hetprune.data import image_folder as load_folder
+
+    root = tmp_path / "imgs"
+    shutil.copytree(image_folder, root)
+    model = timm.create_model("vit_tiny_patch16_224", **RGB_KWARGS)
+    with CountedStats() as stats:
+        sizes = load_folder(root, model).fingerprint
+    assert stats.counts == {str(p): 1 for p in root.rglob("*.png")}
+    content = load_folder(root, model, fingerprint_by="content").fingerprint
+    assert content != sizes
+    target = root / "val" / "blue" / "0.png"
+    data = bytearray(target.read_bytes())
+    data[-20] ^= 0xFF   # the same size, another byte
+    target.write_bytes(bytes(data))
+    assert load_folder(root, model).fingerprint == sizes
+    assert load_folder(root, model, fingerprint_by="content").fingerprint != content
+    with pytest.raises(HetpruneError, match="sizes or content"):
+        load_folder(root, model, fingerprint_by="mtime")
+
+
 def test_a_hugging_face_vit_on_an_image_folder_is_normalised_as_its_image_processor_does(image_folder):
     """ViTImageProcessor computes (x - 0.5) / 0.5; an ImageFolder run once used timm's ImageNet mean/std for a
     wrapped transformers model (which has no timm config), training it on inputs it never sees deployed."""

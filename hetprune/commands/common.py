@@ -38,6 +38,10 @@ def add_model_arguments(p, data: bool = True) -> None:
                             "colour jitter; none: the validation transform; paper: the DeiT recipe of the paper's "
                             "long fine-tune, RandAugment rand-m9-mstd0.5, random erasing 0.25, bicubic). The "
                             "embedded data sets shift by a pixel or two, always")
+        g.add_argument("--data-fingerprint", default="sizes", choices=("sizes", "content"),
+                       help="what keys an ImageFolder --data's stored results (MAP points, checkpoints, compare "
+                            "rows): each image's name and size (default sizes: one listing of the folder, on rank "
+                            "0 alone under torchrun), or its bytes too (content: reads every image once)")
         s = g.add_mutually_exclusive_group()
         s.add_argument("--subset", type=int, metavar="N",
                        help="training images for the short fine-tunes (sets short_finetune.subset; hetdpt's MAP "
@@ -139,7 +143,8 @@ def data_for(args, model, seed: int = 0):
     embedded_name(args)  # a bad value: one error listing the allowed names
     if args.model and spec in EMBEDDED and not args.checkpoint:
         raise HetpruneError(f"--model NAME needs --data PATH (an ImageFolder) or a --checkpoint trained on {spec}")
-    return load_data(spec, model, seed=seed, augment=getattr(args, "augment", None) or "light")
+    return load_data(spec, model, seed=seed, augment=getattr(args, "augment", None) or "light",
+                     fingerprint_by=getattr(args, "data_fingerprint", "sizes"))
 
 
 def augment_from(args, start) -> None:

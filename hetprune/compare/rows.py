@@ -163,6 +163,8 @@ def _worker(payload: dict) -> dict:
     load_state_into(dense, load_weights(payload["dense_weights"]), "dense model")
     data = load_data(payload["data_spec"], dense, seed=payload["data_seed"], augment=payload["augment"] or "light",
                      workers=payload.get("workers"))
+    if payload.get("fingerprint"):   # the parent's (an ImageFolder's may have been read by content): the same keys
+        data.fingerprint = payload["fingerprint"]
     plan = RowPlan.from_payload(payload["plan"])
     return run_one(plan, get_registry(), dense, model_spec, classification(data), payload["base_info"],
                    Path(payload["out"]),
@@ -183,7 +185,7 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
     if not dist.is_main():
         log = lambda msg: None  # noqa: E731 - under torchrun rank 0 alone reports
     store = RowStore(out)
-    done = store.load() if resume else {}
+    done = dist.on_main(store.load) if resume else {}   # rank 0 decides which rows are reused; every rank follows
     results: dict[int, dict] = {}
     todo = []
     for i, plan in enumerate(plans):
@@ -226,8 +228,9 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         save_weights(dense_path, dense)
         common = {"model_spec": model_spec.to_dict(), "dense_weights": str(dense_path), "data_spec": data_spec,
                   "data_seed": 0, "augment": getattr(getattr(task, "data", None), "augment", None),
-                  "workers": getattr(getattr(task, "data", None), "workers", None), "base_info": base_info, "out": str(out), "resume": resume,
-                  "plugin_modules": extra_modules()}
+                  "workers": getattr(getattr(task, "data", None), "workers", None),
+                  "fingerprint": getattr(getattr(task, "data", None), "fingerprint", None), "base_info": base_info,
+                  "out": str(out), "resume": resume, "plugin_modules": extra_modules()}
         log(f"running {len(todo)} rows in {jobs} parallel processes ...")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = {pool.submit(_worker, {**common, "plan": plan.to_payload()}): i for i, plan in todo}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import config
 from ..budget import Budget
 from ..cache import fingerprint
 from ..errors import HetpruneError
@@ -36,8 +37,8 @@ def model_folder(plan: "RowPlan") -> str:
 
 def row_key(spec: CompareSpec, strategy: str, budget: Budget, seed: int, base_hash: str, data_fp: str) -> str:
     """What a finished row depends on: reuse it only when all of this matches."""
-    return fingerprint({"strategy": strategy, "budget": budget.to_dict(), "seed": seed, "settings": spec.settings,
-                        "base": base_hash, "data": data_fp})
+    return fingerprint({"strategy": strategy, "budget": budget.to_dict(), "seed": seed,
+                        "settings": config.keyed(spec.settings), "base": base_hash, "data": data_fp})
 
 
 @dataclass

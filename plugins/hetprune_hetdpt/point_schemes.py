@@ -30,6 +30,7 @@ from hetprune import HetpruneError, Site, sites
 from hetprune import distributed as dist
 from hetprune.cache import fingerprint
 from hetprune.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context, select_sites
+from hetprune.train import batch_split
 from hetprune.config import RunSettings
 from hetprune.plan import finetune_step
 from hetprune.points import PointStore
@@ -72,6 +73,8 @@ class PointScheme:
     name = ""
     description = ""
     refinable = True   # whether any split on the budget line can be measured (hetdpt.refine's rounds)
+    schedule_section = "short_finetune"   # the schedule a point trains with (the log line on the ranks)
+    trained_by = "fine-tuned"             # what the ranks do together for a point (the same line)
 
     def __init__(self, job: PruneJob, strategy):
         self.job, self.strategy = job, strategy
@@ -132,29 +135,48 @@ class PointScheme:
 
         Points are reused whenever their key matches, with or without ``--resume``: a point is a function of
         its key (base model, data, seed and every setting that shapes it), so reusing one is the same as
-        measuring it again. Under torchrun each rank measures its share (point i on rank i mod world, each
-        with its own single-process fine-tune), appends it under a lock, and all ranks read the whole file.
+        measuring it again. Under torchrun rank 0 reads the store and decides what to measure; then every
+        point is measured on every rank together, one after another (each fine-tune exact DDP over all
+        ranks, its evaluation split across them), so a point is the same on any number of ranks.
         """
         job = self.job
         store = self.store()
-        have = store.load()
-        todo = dist.on_main(lambda: [p for p in plan if p not in have])
+        have = dist.on_main(store.load)
+        todo = [p for p in plan if p not in have]
         store.say_reused(job.log, "[hetdpt]", [have[p] for p in plan if p not in todo and p in have], len(plan))
+        if todo:
+            self.say_ranks()
         self.measure(todo, store, have)
-        if dist.active():
-            dist.barrier()
-            have = store.load()
         return [have[p] for p in plan]
+
+    def say_ranks(self) -> None:
+        """Under torchrun, say once how the ranks are used: ``stage 1: each point fine-tuned on all 8 ranks
+        (exact DDP, global batch 1024 = 8 x 128)``."""
+        world = dist.world()
+        if world > 1 and not getattr(self, "_said_ranks", False):
+            self._said_ranks = True
+            cfg = self.job.train_config(self.schedule_section).global_batch(world)
+            self.job.log(f"[hetdpt] stage 1: each point {self.trained_by} on all {world} ranks (exact DDP, "
+                         f"{batch_split(cfg, world)})")
+
+    def evaluate(self, model) -> float:
+        """The metric a point records: the task's metric of ``model`` on its validation data, evaluated on
+        every rank together (each takes a share and the counts are summed). Every point and check is
+        evaluated here alone, so another split (a fixed selection split) is one change."""
+        job = self.job
+        return job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers)
 
     def record(self, store: PointStore, have: dict, model, a: int, m: int, chosen: list, started: float,
                made: dict, label: str) -> dict:
-        """Evaluate this rank's own model of point ``(a, m)`` (the whole val set, not shared across ranks),
-        store the point and report it. A point's ``metric`` is the task's metric, whichever it is."""
+        """Evaluate point ``(a, m)``'s model (`evaluate`: every rank together), store the point (rank 0
+        writes) and report it; every rank keeps rank 0's record. A point's ``metric`` is the task's metric,
+        whichever it is."""
         job = self.job
-        acc = job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers, distributed=False)
-        point = {"n_attn": a, "n_act": m, "metric": acc, "sites": [str(s) for s in chosen],
-                 "seconds": round(time.time() - started, 2), "scheme": self.name, **made}
-        store.append(point)
+        acc = self.evaluate(model)
+        point = dist.broadcast({"n_attn": a, "n_act": m, "metric": acc, "sites": [str(s) for s in chosen],
+                                "seconds": round(time.time() - started, 2), "scheme": self.name, **made})
+        if dist.is_main():
+            store.append(point)
         have[(a, m)] = point
         job.event("on_point_collected", point=point)
         job.log(f"[hetdpt] MAP point {label}: {a} attn + {m} act -> {job.task.format(acc)} "
@@ -162,11 +184,11 @@ class PointScheme:
         return point
 
     def finetune(self, model, schedule: str) -> None:
-        """One point fine-tune on this rank alone, with the job's device and precision."""
+        """One point fine-tune with the job's device and precision: under torchrun exact DDP over every rank
+        (the global batch split across them, ``accum_steps`` micro-batches each)."""
         job = self.job
         cfg = job.train_config(schedule)
-        job.task.fit(model, job.teacher_for(cfg)[0], cfg, "point", progress=False, desc="MAP point",
-                     distributed=False)
+        job.task.fit(model, job.teacher_for(cfg)[0], cfg, "point", progress=False, desc="MAP point")
 
     def scoring(self, *folder: str):
         """A scoring context of its own under the job's work folder, quiet: a point's scoring and selection
@@ -220,7 +242,7 @@ class OneShotPoints(PointScheme):
 
     def __init__(self, job: PruneJob, strategy):
         super().__init__(job, strategy)
-        self.section = resolve_finetune(job.settings, job.task.train_size, "oneshot")
+        self.section = self.schedule_section = resolve_finetune(job.settings, job.task.train_size, "oneshot")
         schedule = getattr(job.config, self.section)
         self.made = {"point_finetune": self.section, "schedule": schedule,
                      "images": images_of(schedule, job.task.train_size)}
@@ -255,18 +277,17 @@ class OneShotPoints(PointScheme):
 
     def measure(self, todo, store, have) -> None:
         job = self.job
-        mine = todo[dist.rank()::dist.world()]
         orders = None
         if todo:   # scored on rank 0 (scores may differ between ranks), used by every rank
             limits = {"attn": max(p[0] for p in todo), "act": max(p[1] for p in todo)}
             orders = dist.on_main(lambda: self.orders(limits))
-        for i, (a, m) in enumerate(mine, 1):
+        for i, (a, m) in enumerate(todo, 1):
             t0 = time.time()
             model = job.place(copy.deepcopy(job.dense))
             chosen = orders["attn"][:a] + orders["act"][:m]
             remove_sites(job, model, chosen)
             self.finetune(model, self.section)
-            self.record(store, have, model, a, m, chosen, t0, self.made, f"{i}/{len(mine)}")
+            self.record(store, have, model, a, m, chosen, t0, self.made, f"{i}/{len(todo)}")
 
 
 class GradualPoints(PointScheme):
@@ -309,15 +330,17 @@ class GradualPoints(PointScheme):
         n = images_of({"epochs": 1, "subset": self.job.config.scoring_batches.subset}, self.job.task.train_size)
         return None if n is None else n * (per * removals + getattr(self.built, "warmup_epochs", 0))
 
+    trained_by = "selected (its gate phase)"
+
     def measure(self, todo, store, have) -> None:
         job = self.job
-        mine = todo[dist.rank()::dist.world()]
         self.built = job.registry.build("scorer", self.selector, **self.selector_options)
-        for i, (a, m) in enumerate(mine, 1):
+        for i, (a, m) in enumerate(todo, 1):
             t0 = time.time()
             model = job.place(copy.deepcopy(job.dense))
             ctx = self.scoring("points-gradual", f"{a}+{m}")
-            chosen = select_sites(job, model, {"attn": a, "act": m}, ctx=ctx, shared=False) if a + m else []
+            # under torchrun a selector that trains (gate-taylor) does so on every rank together
+            chosen = select_sites(job, model, {"attn": a, "act": m}, ctx=ctx) if a + m else []
             remove_sites(job, model, chosen)
             made = {"selection": "gradual", "scorer": self.selector, "images": self.images(a + m)}
-            self.record(store, have, model, a, m, chosen, t0, made, f"{i}/{len(mine)}")
+            self.record(store, have, model, a, m, chosen, t0, made, f"{i}/{len(todo)}")

@@ -6,7 +6,9 @@ fine-tuned once more (on the final schedule where that is affordable)."""
 from __future__ import annotations
 
 import copy
+import functools
 import os
+import pathlib
 import time
 
 from hetprune import HetpruneError, Site, sites
@@ -31,7 +33,7 @@ class ProgressivePoints(PointScheme):
 
     def __init__(self, job: PruneJob, strategy):
         super().__init__(job, strategy)
-        self.section = resolve_finetune(job.settings, job.task.train_size, "progressive")
+        self.section = self.schedule_section = resolve_finetune(job.settings, job.task.train_size, "progressive")
         self.first, self.stride = self.options.interleave_first, self.options.path_stride   # checked by the options
         run = job.config
         self.step_images = images_of(getattr(run, self.section), job.task.train_size)
@@ -86,27 +88,20 @@ class ProgressivePoints(PointScheme):
         job = self.job
         stores = {path.name: self.store(self.path_key(path)) for path in self._paths}
         dense_store = self.store()
-        have = self.load_all([*stores.values(), dense_store])
+        have = dist.on_main(lambda: self.load_all([*stores.values(), dense_store]))   # rank 0 decides what is reused
         wanted = set(plan)
-        todo_paths = dist.on_main(lambda: [p for p in self._paths if any(q in wanted and q not in have
-                                                                          for q in p.recorded)])
+        todo_paths = [p for p in self._paths if any(q in wanted and q not in have for q in p.recorded)]
         dense_todo = (0, 0) in wanted and (0, 0) not in have
         dense_store.say_reused(job.log, "[hetdpt]", [have[p] for p in plan if p in have], len(plan))
-        world = dist.world()
-        if world > len(todo_paths) >= 1 and dist.is_main() and world > 1:
-            job.log(f"[hetdpt] progressive points: {len(todo_paths)} path(s) on {world} ranks; ranks "
-                    f"{len(todo_paths)}-{world - 1} wait (a path is a chain of fine-tunes, each from the last)")
-        if dense_todo and dist.is_main():
+        if todo_paths:
+            self.say_ranks()
+        if dense_todo:
             t0 = time.time()
             self.record(dense_store, have, job.place(copy.deepcopy(job.dense)), 0, 0, [], t0,
                         {"path": "dense", "images": 0}, "dense")
-        for i, path in enumerate(todo_paths):   # each path on its own rank (round robin when fewer ranks)
-            if i % world == dist.rank():
-                reach = max(sum(q) for q in path.recorded if q in wanted)   # the last wanted point of the path
-                self.walk(path, stores[path.name], have, reach)
-        if dist.active():
-            dist.barrier()
-            have = self.load_all([*stores.values(), dense_store])
+        for path in todo_paths:   # one path after another, each step on every rank together
+            reach = max(sum(q) for q in path.recorded if q in wanted)   # the last wanted point of the path
+            self.walk(path, stores[path.name], have, reach)
         missing = [p for p in plan if p not in have]
         if missing:
             raise HetpruneError(f"progressive points: no path reaches {missing}")
@@ -147,37 +142,69 @@ class ProgressivePoints(PointScheme):
     def start(self, path: PointPath, stored: dict):
         """The model to continue ``path`` from and the steps it has done: the last finished step whose
         weights are kept and whose point (if it records one) is stored; else the dense model, step 0."""
+        usable = [step for step in range(len(path.steps), 0, -1)
+                  if path.steps[step - 1] not in path.recorded or path.steps[step - 1] in stored]
+        found = self.kept(path, usable, check=True)
+        if found is None:
+            return self.job.place(copy.deepcopy(self.job.dense)), [], 0
+        model, removed, step = found
+        self.job.log(f"[hetdpt] progressive points: path {path.name} continues after step {step} "
+                     f"({self.checkpoint(path, step).name})")
+        return model, removed, step
+
+    def kept(self, path: PointPath, steps: list[int], check: bool = False):
+        """The first of ``steps`` (latest first) whose weights are kept, as ``(model, removed sites, step)``,
+        or None. Rank 0 decides which (what it sees in the shared folder) and every rank loads that one, or
+        every rank stops with one error (`hetprune.distributed.follow_main`). ``check``: a file whose sites
+        are not its step's split is passed over (said aloud)."""
         job = self.job
-        for step in range(len(path.steps), 0, -1):
-            file = self.checkpoint(path, step)
-            pair = path.steps[step - 1]
-            if not file.is_file() or (pair in path.recorded and pair not in stored):
-                continue
+
+        def decide():
+            for step in steps:
+                file = self.checkpoint(path, step)
+                if not file.is_file():
+                    continue
+                model, removed = self.load(file)
+                got = (sum(x.kind == "attn" for x in removed), sum(x.kind == "act" for x in removed))
+                if check and got != path.steps[step - 1]:   # never continue from weights that are not this step's
+                    pair = path.steps[step - 1]
+                    job.log(f"[hetdpt] progressive points: {file.name} holds {got[0]} attn + {got[1]} act removed, "
+                            f"not step {step}'s {pair[0]} + {pair[1]}; not reused")
+                    continue
+                return (model, removed, step), (str(file), step, [str(x) for x in removed])
+
+        def fetch(token):   # rank 0's file by its name: a rank's own key may differ (a Task hashing its own batches)
+            name, step, sites_ = token
+            file = pathlib.Path(name)
+            if not file.is_file():
+                raise HetpruneError(f"it finds no {file}, which rank 0 continues path {path.name} from")
             model, removed = self.load(file)
-            got = (sum(x.kind == "attn" for x in removed), sum(x.kind == "act" for x in removed))
-            if got != pair:   # never continue from weights that are not this step's
-                job.log(f"[hetdpt] progressive points: {file.name} holds {got[0]} attn + {got[1]} act removed, not "
-                        f"step {step}'s {pair[0]} + {pair[1]}; not reused")
-                continue
-            job.log(f"[hetdpt] progressive points: path {path.name} continues after step {step} ({file.name})")
+            if [str(x) for x in removed] != sites_:
+                raise HetpruneError(f"its {file} holds sites {', '.join(map(str, removed))}, rank 0's "
+                                    f"{', '.join(sites_)}")
             return model, removed, step
-        return job.place(copy.deepcopy(job.dense)), [], 0
+
+        return dist.follow_main(decide, fetch, f"progressive points (path {path.name})")
 
     def step(self, model, kinds: list[str], ctx) -> list[Site]:
         """One step: for each of ``kinds`` in turn, the point scorer's lowest site of that kind on ``model``
-        off (scored again after each); then one point fine-tune."""
+        off (scored again after each, on rank 0: every rank removes its choice); then one point fine-tune."""
         removed = []
         for kind in kinds:
-            victim = rank_lowest(self.scorer().score(model, sites(model, kind), ctx), 1)[0]
+            victim = dist.on_main(functools.partial(self.lowest, model, kind, ctx))
             remove_sites(self.job, model, [victim])
             removed.append(victim)
         self.finetune(model, self.section)
         return removed
 
+    def lowest(self, model, kind: str, ctx) -> Site:
+        """The site of ``kind`` the point scorer ranks lowest on ``model``."""
+        return rank_lowest(self.scorer().score(model, sites(model, kind), ctx), 1)[0]
+
     def walk(self, path: PointPath, store: PointStore, have: dict, reach: int) -> None:
         """Walk ``path`` until its steps reach ``reach`` sites removed, resuming from its last kept step."""
         job = self.job
-        stored = store.load()
+        stored = dist.on_main(store.load)
         model, removed, done = self.start(path, stored)
         ctx = self.scoring("points-scoring", path.name)
         for step in range(done, len(path.steps)):
@@ -194,7 +221,7 @@ class ProgressivePoints(PointScheme):
                             {"path": path.name, "step": step + 1, "fine_tunes": fine_tunes,
                              "point_finetune": self.section, "schedule": getattr(job.config, self.section),
                              "images": images}, f"{path.name} {step + 1}/{len(path.steps)}")
-            if step and not self.keep_steps:   # the previous step's weights are not needed once this one is kept
+            if step and not self.keep_steps and dist.is_main():   # the previous step's weights are not needed
                 self.checkpoint(path, step).unlink(missing_ok=True)
 
     # -- past the paper: verify the best predicted splits ----------------------------------------------------
@@ -222,13 +249,9 @@ class ProgressivePoints(PointScheme):
         """The model of ``path`` after ``step`` steps: its kept weights, else the steps again from the nearest
         kept one before it (the same seed and data: the same model)."""
         job = self.job
-        for done in range(step, 0, -1):
-            file = self.checkpoint(path, done)
-            if file.is_file():
-                model, removed = self.load(file)
-                break
-        else:
-            done, model, removed = 0, job.place(copy.deepcopy(job.dense)), []
+        found = self.kept(path, list(range(step, 0, -1)))
+        done, model, removed = (0, job.place(copy.deepcopy(job.dense)), []) if found is None else \
+            (found[2], found[0], found[1])
         ctx = self.scoring("points-scoring", path.name)
         for i in range(done, step):
             removed = removed + self.step(model, path.kinds[i], ctx)
@@ -236,9 +259,12 @@ class ProgressivePoints(PointScheme):
         return model, removed
 
     def keep(self, model, removed: list, file) -> None:
-        """Keep a step's weights and sites (written whole, then moved into place)."""
+        """Keep a step's weights and sites (written whole, then moved into place; by rank 0: under torchrun
+        every rank holds the same model)."""
         import torch
 
+        if not dist.is_main():
+            return
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
         torch.save({"model": model.state_dict(), "sites": [str(s) for s in removed], "step": len(removed)}, str(tmp))
@@ -248,15 +274,14 @@ class ProgressivePoints(PointScheme):
         """Each split of ``pairs`` measured past the paper: from the nearest path step its removals contain
         (inherited weights), the missing sites removed as on a path (``path_stride`` per step, interleaved,
         the ``interleave_first`` kind first), then one check fine-tune (the final schedule where affordable),
-        evaluated. Stored in ``map-checks.jsonl`` and reused like points; under torchrun split across ranks."""
+        evaluated. Stored in ``map-checks.jsonl`` and reused like points; under torchrun each check on every
+        rank together, as points are."""
         store = self.store(self.verify_key, "map-checks.jsonl")
-        have = store.load()
-        todo = dist.on_main(lambda: [p for p in pairs if p not in have])
+        have = dist.on_main(store.load)
+        todo = [p for p in pairs if p not in have]
         store.say_reused(self.job.log, "[hetdpt]", [have[p] for p in pairs if p not in todo and p in have],
                          len(pairs), "checks")
         for i, (a, m) in enumerate(todo):
-            if i % dist.world() != dist.rank():
-                continue
             t0 = time.time()
             path, step = self.base_for((a, m))
             model, removed = self.model_at(path, step)
@@ -278,9 +303,6 @@ class ProgressivePoints(PointScheme):
             self.record(store, have, model, a, m, removed, t0,
                         {"verified_from": [base[0], base[1]], "path": path.name, "extra_steps": len(steps),
                          "check_finetune": self.check_section, "images": images}, f"check {i + 1}/{len(todo)}")
-        if dist.active():
-            dist.barrier()
-            have = store.load()
         return {p: have[p] for p in pairs}
 
 

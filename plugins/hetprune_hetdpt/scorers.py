@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hetprune import HetpruneError, devices
+from hetprune import distributed as dist
 from hetprune import train as training
 from hetprune.adapters import adapter_for
 from hetprune.config import Section, number, setting, whole
@@ -259,6 +260,11 @@ class GateTaylorScorer:
                 left[kind] -= 1
         return order
 
+    def every_rank(self, ctx) -> bool:
+        """Under torchrun the gate phase trains on every rank together (exact DDP) on hetprune's own trainer;
+        a task with its own training loop (``Task(finetune=...)``) runs it on rank 0 alone."""
+        return not ctx.task.own_finetune
+
     def select(self, model, counts, ctx):
         from timm.optim import create_optimizer_v2
 
@@ -266,7 +272,9 @@ class GateTaylorScorer:
         if not order:
             return []
         candidates = [s for kind in ("attn", "act") if counts.get(kind) for s in _present(model, kind)]
-        cfg = ctx.train_config("short_finetune", subset=ctx.config.scoring_batches.subset)
+        distributed = bool(getattr(ctx, "distributed", False)) and dist.active()
+        rank, world = (dist.rank(), dist.world()) if distributed else (0, 1)
+        cfg = ctx.train_config("short_finetune", subset=ctx.config.scoring_batches.subset).global_batch(world)
         device = devices.resolve(ctx.device)
         amp = devices.resolve_amp(cfg.amp, device)
         ctx.place(model)
@@ -281,36 +289,42 @@ class GateTaylorScorer:
                                 **({"score_decay": self.score_decay} if self.score_decay != 1 else {})}}
         # the weights' optimizer is made before the gates exist: the same parameter groups as the fine-tune
         # (no weight decay on norms, biases and LayerScale)
-        opt_w = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+        opt_w = create_optimizer_v2(model, opt="adamw", lr=training.scaled_lr(cfg), weight_decay=cfg.weight_decay)
         bank, handles = gates.install(model, candidates, attn_mode=attn_mode)
         opt_s = torch.optim.SGD([bank.scores], lr=self.score_lr)
         scaler = training.grad_scaler(device, amp)
         ckpt_path = Path(ctx.workdir) / "gate-checkpoint.pt"
         step, removed = 0, []
-        if ctx.resume and ckpt_path.is_file():
-            try:
-                state = torch.load(str(ckpt_path), map_location=device, weights_only=True)
-            except Exception as exc:
-                raise HetpruneError(f"gate checkpoint {ckpt_path} is corrupt ({exc}); delete it to start over") from exc
-            if reusable(state.get("key"), key, f"the gate checkpoint {ckpt_path}", ctx.log):
-                model.load_state_dict(state["model"])
-                opt_w.load_state_dict(state["opt_w"])
-                opt_s.load_state_dict(state["opt_s"])
-                if state.get("scaler"):
-                    scaler.load_state_dict(state["scaler"])
-                step = state["step"]
-                removed = [s for s in candidates if bank.mask[bank.index[s]] == 0]
-                ctx.log(f"resume: the gate phase continues after removal {step} of {len(order)}, from {ckpt_path} "
-                        f"saved {made_when([state], 'saved_at')}")
+        state = self._resume(ckpt_path, key, ctx, device, distributed) if ctx.resume else None
+        if state is not None:
+            model.load_state_dict(state["model"])
+            opt_w.load_state_dict(state["opt_w"])
+            opt_s.load_state_dict(state["opt_s"])
+            if state.get("scaler"):
+                scaler.load_state_dict(state["scaler"])
+            step = state["step"]
+            removed = [s for s in candidates if bank.mask[bank.index[s]] == 0]
+            ctx.log(f"resume: the gate phase continues after removal {step} of {len(order)}, from {ckpt_path} "
+                    f"saved {made_when([state], 'saved_at')}")
         teacher = ctx.place(ctx.teacher).eval()
+        net = model
+        if distributed:   # the global batch split across the ranks; DDP sums the gate scores' gradients too
+            from torch.nn.parallel import DistributedDataParallel
+
+            dist.broadcast_module(model)
+            net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+            if ctx.progress and step < len(order):
+                ctx.log(f"  gate-taylor: the gate phase on all {world} ranks (exact DDP, "
+                        f"{training.batch_split(cfg, world)})")
         try:
             for i in range(step, len(order)):
                 epochs = self.epochs_per_removal + (self.warmup_epochs if i == 0 else 0)
                 if ctx.task.own_finetune:
                     loss = self._own_loop(model, teacher, cfg, epochs, bank, ctx, seed=ctx.seed * 7919 + i * 31)
                 for e in range(0 if ctx.task.own_finetune else epochs):
-                    loss = self._epoch(model, teacher, cfg, [opt_w, opt_s], scaler, ctx, device, amp,
-                                       seed=ctx.seed * 7919 + i * 31 + e)
+                    loss = self._epoch(net, teacher, cfg, [opt_w, opt_s], scaler, ctx, device, amp,
+                                       seed=ctx.seed * 7919 + i * 31 + e, rank=rank, world=world,
+                                       distributed=distributed)
                 kind = order[i]
                 active = bank.active(kind)
                 victim = min(active, key=lambda s: (bank.score_of(s), s.block))
@@ -323,12 +337,14 @@ class GateTaylorScorer:
                 if ctx.progress:
                     ctx.log(f"  gate-taylor: step {i + 1}/{len(order)} removed {victim} "
                             f"(score {bank.score_of(victim):+.4f}), loss {loss:.4f}")
-                ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = ckpt_path.with_suffix(".tmp")
-                torch.save({"model": model.state_dict(), "opt_w": opt_w.state_dict(), "opt_s": opt_s.state_dict(),
-                            "scaler": scaler.state_dict(), "step": i + 1, "key": key, "saved_at": now()}, str(tmp))
-                tmp.replace(ckpt_path)
-                note_saved(f"a gate checkpoint in {ckpt_path.parent}")
+                if not distributed or dist.is_main():   # under DDP every rank holds the same state: rank 0 writes
+                    ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = ckpt_path.with_suffix(".tmp")
+                    torch.save({"model": model.state_dict(), "opt_w": opt_w.state_dict(),
+                                "opt_s": opt_s.state_dict(), "scaler": scaler.state_dict(), "step": i + 1,
+                                "key": key, "saved_at": now()}, str(tmp))
+                    tmp.replace(ckpt_path)
+                    note_saved(f"a gate checkpoint in {ckpt_path.parent}")
         finally:
             self.last_scores = {str(s): bank.score_of(s) for s in candidates}
             gates.uninstall(model, handles)
@@ -336,23 +352,61 @@ class GateTaylorScorer:
         return removed
 
     @staticmethod
-    def _epoch(model, teacher, cfg, optimizers, scaler, ctx, device, amp, seed: int) -> float:
+    def _resume(path: Path, key: dict, ctx, device, distributed: bool) -> dict | None:
+        """The gate checkpoint to continue from, or None. Under DDP rank 0 decides and every rank loads the
+        same one (its step and save time checked), or every rank stops with one error
+        (`hetprune.distributed.follow_main`) rather than some resuming while others start afresh."""
+        def read() -> dict | None:
+            if not path.is_file():
+                return None
+            try:
+                return torch.load(str(path), map_location=device, weights_only=True)
+            except Exception as exc:
+                raise HetpruneError(f"gate checkpoint {path} is corrupt ({exc}); delete it to start over") from exc
+
+        def decide():
+            state = read()
+            if state is None or not reusable(state.get("key"), key, f"the gate checkpoint {path}", ctx.log):
+                return None
+            return state, (state["step"], state.get("saved_at"))
+
+        def fetch(token) -> dict:
+            state = read()
+            if state is None:
+                raise HetpruneError(f"it finds no {path}, which rank 0 continues from")
+            if (state["step"], state.get("saved_at")) != token:
+                raise HetpruneError(f"its {path} (removal {state['step']}, saved {state.get('saved_at')}) is not the "
+                                    f"one rank 0 continues from (removal {token[0]}, saved {token[1]})")
+            return state
+
+        if not distributed:
+            found = decide()
+            return None if found is None else found[0]
+        return dist.follow_main(decide, fetch, "resume: the gate phase")
+
+    @staticmethod
+    def _epoch(net, teacher, cfg, optimizers, scaler, ctx, device, amp, seed: int, rank: int = 0, world: int = 1,
+               distributed: bool = False) -> float:
         """One epoch of the gate phase: the fine-tune's own batches and step (autocast, fp32 loss, GradScaler)
-        on both optimizers; the straight-through gates need nothing more."""
-        model.train()
+        on both optimizers; the straight-through gates need nothing more. Under DDP (``net`` wraps the
+        model) each rank takes its share of every global batch, its loss weighted by that share as the
+        trainer weighs it, so the weights and the gate scores move as in one process."""
+        net.train()
         torch.manual_seed(seed)
         source = ctx.task.source()   # the task's training batches and loss, as every fine-tune sees them
-        total, n = 0.0, 0
-        for batch, share, _ in source.epoch(cfg, seed, 0, 1, device, False):
-            loss = source.loss(model, batch, teacher, cfg, device, amp)
+        totals = torch.zeros(2, dtype=torch.float64)
+        for batch, share, items in source.epoch(cfg, seed, rank, world, device, distributed):
+            loss = source.loss(net, batch, teacher, cfg, device, amp)
             try:
-                stepped = training.optimisation_step(loss, optimizers, scaler)
+                stepped = training.optimisation_step(training.share_weighted(loss, share, items, world), optimizers,
+                                                     scaler, device, distributed)
             except training.NonFiniteLoss as exc:
                 raise HetpruneError(f"gate-taylor: loss became {exc.value}; lower short_finetune.lr") from None
-            if stepped:
-                total += loss.item() * share
-                n += share
-        return total / max(1, n)
+            if stepped and share:
+                totals += torch.tensor([loss.item() * share, share], dtype=torch.float64)
+        if distributed:
+            totals = dist.sum_tensor(totals.to(device)).cpu()
+        return float(totals[0] / max(1.0, float(totals[1])))
 
     def _own_loop(self, model, teacher, cfg, epochs: int, bank, ctx, seed: int) -> float:
         """The gate phase's weight training in the task's own loop (``Task(finetune=...)``).

@@ -16,9 +16,11 @@ prefers measured values. Points are stored and reused like MAP points.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 
 from hetprune import HetpruneError
+from hetprune import distributed as dist
 from hetprune.budget import kind_savings, max_per_kind, pair_cost
 from hetprune.cache import fingerprint
 from hetprune.pipeline import PruneJob, remove_sites
@@ -66,30 +68,33 @@ def points_key(job: PruneJob, depth_strategy, target: float, width: WidthOptions
 
 
 def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: float, width_prune) -> list[dict]:
-    """Every planned point not already stored: remove, width-prune to ``target``, short fine-tune, evaluate."""
+    """Every planned point not already stored: remove, width-prune to ``target``, short fine-tune, evaluate.
+    Under torchrun rank 0 decides what is reused and every point is measured on every rank together (the
+    fine-tune exact DDP, the evaluation split), as MAP points are; rank 0 writes."""
     store = PointStore(job.shared_dir / "plus-points.jsonl",
                        points_key(job, depth_strategy, target, job.options(WidthOptions)),
                        run=job.reuse_tag)
-    have = store.load()
+    have = dist.on_main(store.load)
     todo = [p for p in plan if p not in have]
-    store.say_reused(job.log, f"[{job.strategy_name}]", [have[p] for p in plan if p in have], len(plan), "share points")
+    store.say_reused(job.log, f"[{job.strategy_name}]", [have[p] for p in plan if p in have], len(plan),
+                     "share points")
     orders = None
     cfg = job.train_config("short_finetune")
     for i, (a, m) in enumerate(todo, 1):
-        if orders is None:
-            orders = depth_strategy.removal_orders(job, {"attn": max(p[0] for p in plan),
-                                                         "act": max(p[1] for p in plan)})
+        if orders is None:   # scored on rank 0, used by every rank
+            limits = {"attn": max(p[0] for p in plan), "act": max(p[1] for p in plan)}
+            orders = dist.on_main(functools.partial(depth_strategy.removal_orders, job, limits))
         t0 = time.time()
         model = job.place(copy.deepcopy(job.dense))
         chosen = orders["attn"][:a] + orders["act"][:m]
         remove_sites(job, model, chosen)
         info = width_prune(job, model, target, stage="share-point")
-        job.task.fit(model, job.teacher_for(cfg)[0], cfg, "share", progress=False, desc="share point",
-                     distributed=False)
-        acc = job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers, distributed=False)
-        point = {"n_attn": a, "n_act": m, "metric": acc, "sites": [str(s) for s in chosen], "macs": info["macs"],
-                 "seconds": round(time.time() - t0, 2)}
-        store.append(point)
+        job.task.fit(model, job.teacher_for(cfg)[0], cfg, "share", progress=False, desc="share point")
+        acc = job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers)
+        point = dist.broadcast({"n_attn": a, "n_act": m, "metric": acc, "sites": [str(s) for s in chosen],
+                                "macs": info["macs"], "seconds": round(time.time() - t0, 2)})
+        if dist.is_main():
+            store.append(point)
         have[(a, m)] = point
         job.event("on_point_collected", point=point)
         job.log(f"[{job.strategy_name}] share point {i}/{len(todo)}: {a} attn + {m} act, width to the target -> "
