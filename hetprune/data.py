@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 
 from . import distributed as dist
 from .cache import fingerprint
-from .config import AUGMENTATIONS, Augmentation, augmentation
+from .config import AUGMENTATIONS, augmentation
 from .errors import HetpruneError
 
 DIGITS = "digits"

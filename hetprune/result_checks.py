@@ -18,7 +18,7 @@ from .contract import Violation, add_rules, type_name
 from .errors import HetpruneError
 from .model_checks import outputs, relative_error, runs
 from .models import model_hash
-from .pipeline import REPORT_KEYS, PruneResult
+from .report import REPORT_KEYS, PruneResult
 from .recipe import Recipe, load, save
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def check_result(result, example: torch.Tensor) -> None:
         raise Violation(f"run()'s result.report is a {type_name(result.report)}, not a dict")
     missing = [k for k in REPORT_KEYS if k not in result.report]
     if missing:
-        raise Violation(f"run()'s report lacks {', '.join(missing)} (hetprune.pipeline.finish fills most of them)")
+        raise Violation(f"run()'s report lacks {', '.join(missing)} (hetprune.steps.finish fills them)")
     try:
         json.dumps(result.report)
     except (TypeError, ValueError) as exc:

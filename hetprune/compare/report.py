@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 from ..io import write_json_atomic, write_text_atomic
+from ..report import legacy_metric
 
 from .spec import CompareSpec, budget_text
 
@@ -33,14 +34,20 @@ def aggregate(rows: list[dict]) -> list[dict]:
             continue
 
         def stat(key, _m=members):
-            vals = [m[key] for m in _m if m.get(key) is not None]
+            read = (lambda m: legacy_metric(m, key[len("metric"):])) if key.startswith("metric") else \
+                (lambda m: m.get(key))
+            vals = [read(m) for m in _m if read(m) is not None]
             return mean_std(vals) if vals else (None, None)
 
         agg = {"strategy": name, "budget": json.loads(budget), "seeds": len(members)}
         speed = sorted({k for m in members for k in m if k.startswith(("throughput_", "speedup_", "mac_ratio_"))})
-        for key in ("metric", "metric_before_finetune", "top1", "top1_before_finetune", "n_attn", "n_act", "macs",
-                    "params", *speed, "wall_s", "predicted_speedup", "measured_speedup", "prediction_error"):
+        for key in ("metric", "metric_before_finetune", "n_attn", "n_act", "macs", "params", *speed, "wall_s",
+                    "predicted_speedup", "measured_speedup", "prediction_error"):
             agg[key], agg[f"{key}_std"] = stat(key)
+        if all(m.get("metric_name", "top1") == "top1" for m in members):   # top-1 rows keep their old columns
+            for key in ("metric", "metric_before_finetune"):
+                old = "top1" + key[len("metric"):]
+                agg[old], agg[f"{old}_std"] = agg[key], agg[f"{key}_std"]
         agg["splits"] = sorted({f"{m['n_attn']}+{m['n_act']}" for m in members})
         agg["budget_missed"] = sum(m.get("budget_met") is False for m in members)
         agg["structures"] = sorted({m["structure"] for m in members if "structure" in m})

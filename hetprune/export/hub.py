@@ -15,6 +15,7 @@ from torch import nn
 from ..errors import HetpruneError, option
 from ..io import ResultFolder
 from ..recipe import RECIPE_FILE, WEIGHTS_FILE
+from ..report import legacy_metric
 from .common import verify_input
 
 CONFIG_FILE, CARD_FILE, REPORT_FILE = "config.json", "README.md", "report.json"
@@ -138,6 +139,10 @@ def _fmt_top1(value) -> str:
     return f"{value:.2f} %" if isinstance(value, (int, float)) else "not measured"
 
 
+def _fmt_metric(value) -> str:
+    return f"{value:.5g}" if isinstance(value, (int, float)) else "not measured"
+
+
 def int8_section(result: dict) -> list[str]:
     """The model card's INT8 section: the scheme, how it was calibrated, and its metric against fp32."""
     from .quantize import describe_int8
@@ -171,6 +176,8 @@ def model_card(recipe, report: dict | None, costs: dict, speed: list[dict] | Non
     from ..costs import human
 
     report = report or {}
+    name = report.get("metric_name", "top1")
+    metric_label, fmt = ("top-1", _fmt_top1) if name == "top1" else (name, _fmt_metric)
     prov = recipe.provenance or {}
     strategy = report.get("strategy") or prov.get("strategy") or ("none (dense)" if not recipe.removed_sites
                                                                   else "recipe")
@@ -199,8 +206,8 @@ def model_card(recipe, report: dict | None, costs: dict, speed: list[dict] | Non
     if report.get("budget"):
         lines.append(f"* Budget: `{json.dumps(report['budget'])}`, seed {report.get('seed')}")
     lines += ["", "## Accuracy and cost", "", "| | dense base | pruned |", "|---|---|---|",
-              f"| top-1 | {_fmt_top1(report.get('top1_dense'))} | {_fmt_top1(report.get('top1'))} "
-              f"(before fine-tune: {_fmt_top1(report.get('top1_before_finetune'))}) |",
+              f"| {metric_label} | {fmt(legacy_metric(report, '_dense'))} | {fmt(legacy_metric(report))} "
+              f"(before fine-tune: {fmt(legacy_metric(report, '_before_finetune'))}) |",
               f"| params | {human(costs['dense_params'])} | {human(costs['params'])} |",
               f"| MACs per image | {human(costs['dense_macs'])} | {human(costs['macs'])} "
               f"({costs['dense_macs'] / costs['macs']:.2f}x fewer) |", "",
