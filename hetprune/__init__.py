@@ -22,6 +22,10 @@ import importlib
 import sys
 import types
 
+from .core import aliases
+
+aliases.install()   # the import paths from before one subpackage per layer
+
 __version__ = "0.2.0"
 
 # public name -> the submodule that defines it (None: the name is that submodule)

@@ -14,6 +14,7 @@ import timm
 import torch
 from torch import nn
 
+from .core.aliases import qualified_name
 from .errors import HetpruneError
 from .io import load_weights
 
@@ -55,7 +56,7 @@ class ModelSpec:
         """The spec of a model the user built in code: its class, which hetprune cannot build again itself
         (reload with ``hetprune.load(folder, model=YourModel(...))``)."""
         cls_ = type(model)
-        return cls(f"{cls_.__module__}.{cls_.__qualname__}", {}, USER_BUILT)
+        return cls(qualified_name(cls_), {}, USER_BUILT)
 
     @property
     def is_user_built(self) -> bool:

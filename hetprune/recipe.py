@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from . import surgery
+from .core.aliases import qualified_name
 from .errors import HetpruneError
 from .io import ResultFolder, atomic_folder, load_weights, read_json, save_weights, write_json_atomic
 from .models import ModelSpec, build, check_kwargs, load_state_into
@@ -209,9 +210,9 @@ def apply_recipe(model: nn.Module, recipe: Recipe, compute_merge: bool = True, a
     if adapter is not None:
         with serving(adapter):
             return apply_recipe(model, recipe, compute_merge, allow_kwargs)
-    if recipe.base.is_user_built and f"{type(model).__module__}.{type(model).__qualname__}" != recipe.base.name:
+    if recipe.base.is_user_built and qualified_name(type(model)) != recipe.base.name:
         raise HetpruneError(f"recipe was made for a user-built {recipe.base.name}, but the model given is a "
-                            f"{type(model).__module__}.{type(model).__qualname__}")
+                            + qualified_name(type(model)))
     recipe.check_fits(model)
     already = [str(s) for s in sites(model, present_only=False) if surgery.site_removed(model, s)]
     if already:

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .core.aliases import qualified_name
 from .io import made_when, note_saved, now, saved_work  # noqa: F401 - public here too: what plugins that checkpoint call
 
 
@@ -31,7 +32,7 @@ def structure_key(model: nn.Module, structure: dict | None = None) -> str:
     """A hash of what the model is built of: every module's name and type, every tensor's shape and dtype, and
     ``structure`` (JSON data the caller reads from the model, e.g. its recipe's removed sites, attention mode,
     merges and widths). Two models whose state dicts are equal but whose removed sites differ differ here."""
-    modules = [[name, f"{type(m).__module__}.{type(m).__qualname__}"] for name, m in model.named_modules()]
+    modules = [[name, qualified_name(type(m))] for name, m in model.named_modules()]
     tensors = [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()]
     text = json.dumps({"modules": modules, "tensors": tensors, "structure": structure}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -68,7 +69,7 @@ def config_key(model: nn.Module) -> str:
     modules = []
     for name, m in model.named_modules():
         plain = {k: v for k, v in sorted(vars(m).items()) if not k.startswith("_") and k != "training" and _simple(v)}
-        modules.append([name, f"{type(m).__module__}.{type(m).__qualname__}", plain])
+        modules.append([name, qualified_name(type(m)), plain])
     text = json.dumps(modules, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -187,4 +188,4 @@ def _value(value, unreadable: list[str], depth: int, seen: set):
 
 
 def _qualname(obj) -> str:
-    return f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+    return qualified_name(obj)   # by the module names from before the layout moved (no key changed)

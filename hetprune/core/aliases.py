@@ -1,0 +1,81 @@
+"""The import paths from before hetprune/ was one subpackage per layer (issue 41), kept working.
+
+Every old path in `ALIASES` imports as the very module object of its new home, so ``import hetprune.task``
+and ``monkeypatch.setattr("hetprune.task.X", ...)`` reach the module the code uses; a package's submodules
+follow it. An old path says once that it moved (a `DeprecationWarning`).
+
+Resume keys name modules and classes (`hetprune.resume.structure_key` hashes every module's
+``type(m).__module__``; code keys name functions; a user-built model's spec names its class). `stable_name`
+gives them the old names, so no checkpoint, MAP point or compare row saved before the move changes its key.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+
+# old dotted name -> its home now (one entry per module or moved package, bottom layer first)
+ALIASES: dict[str, str] = {}
+
+
+def _lookup(name: str, table: dict[str, str]) -> str | None:
+    for old in sorted(table, key=len, reverse=True):
+        if name == old or name.startswith(old + "."):
+            return table[old] + name[len(old):]
+    return None
+
+
+def new_name(old: str) -> str | None:
+    """Where the module once called ``old`` lives now (None: it did not move)."""
+    return _lookup(old, ALIASES)
+
+
+def stable_name(module: str | None) -> str | None:
+    """The name resume keys use for a module: its name before the move when it moved, else its own."""
+    if module is None:
+        return None
+    return _lookup(module, {new: old for old, new in ALIASES.items()}) or module
+
+
+def qualified_name(obj) -> str:
+    """``module.qualname`` of a class or function, by its module's `stable_name`."""
+    return f"{stable_name(getattr(obj, '__module__', None))}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
+class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers an old path with the module at its new one (first on ``sys.meta_path``: the moved package's
+    own folder must not load a second copy of a submodule under the old name)."""
+
+    def __init__(self):
+        self._specs: dict[str, object] = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith("hetprune.") or new_name(fullname) is None:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec):
+        new = new_name(spec.name)
+        warnings.warn(f"{spec.name} is now {new}; the old path works as the same module, for now",
+                      DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(new)
+        self._specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module):
+        # the import system set the alias's spec on the module; it keeps its own
+        old = getattr(module.__spec__, "name", None)
+        if old in self._specs:
+            module.__spec__ = self._specs.pop(old)
+
+
+_FINDER = _OldPaths()
+
+
+def install() -> None:
+    """Put the old paths' finder first on ``sys.meta_path`` (once)."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
