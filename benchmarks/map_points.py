@@ -225,7 +225,7 @@ def truth(ctx, target: str, seeds: list[int], out: Path, jobs: int, log) -> dict
 
 def final_images(ctx) -> int:
     """Images through one final fine-tune: epochs x the subset (or the whole training set)."""
-    from hetprune.config import RunSettings
+    from hetprune.core.config import RunSettings
 
     ft = RunSettings.of(ctx.settings).schedule("finetune")
     n = ctx.task.train_size

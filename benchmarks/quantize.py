@@ -281,7 +281,7 @@ def run_compare(data: str, args, folder: Path) -> dict:
 def unmerged_twin(folder: Path, twins: Path):
     """The saved (merged) model of ``folder`` and its unmerged twin, the weights the merger was handed."""
     import hetprune
-    from hetprune.io import load_weights
+    from hetprune.core.io import load_weights
     from hetprune.models import build, load_state_into, model_hash
     from hetprune.recipe import Recipe, apply_recipe, load_recipe
 
@@ -728,7 +728,7 @@ def main(argv=None) -> int:
     command = shlex.join(["python", "benchmarks/quantize.py", *(sys.argv[1:] if argv is None else argv)])
     stem = Path(args.out) / STEM
     from hetprune.bench import load_average
-    from hetprune.io import write_json_atomic, write_text_atomic
+    from hetprune.core.io import write_json_atomic, write_text_atomic
 
     for part in parts:
         started = time.time()

@@ -28,7 +28,7 @@ class KeepUnmerged:
     fold_norm = False
 
     def merge(self, model):
-        from hetprune.io import save_weights
+        from hetprune.core.io import save_weights
         from hetprune.models import model_hash
 
         before = copy.deepcopy(model)

@@ -86,7 +86,7 @@ def make_models(folder: Path) -> tuple[Path, Path]:
     """The student's base (distilled DeiT-Tiny) and the teacher (DeiT-Tiny), random and seeded."""
     import torch
 
-    from hetprune.io import save_weights
+    from hetprune.core.io import save_weights
     from hetprune.models import ModelSpec, build
 
     paths = folder / "student.safetensors", folder / "teacher.safetensors"

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from hetprune.bench import environment_line, format_table, measure
-from hetprune.io import read_json, write_json_atomic, write_text_atomic
+from hetprune.core.io import read_json, write_json_atomic, write_text_atomic
 from hetprune.models import ModelSpec, build
 from hetprune.recipe import Recipe, apply_recipe, arch_of, load, load_recipe, resolve_recipe
 

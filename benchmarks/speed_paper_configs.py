@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from hetprune.bench import environment_line, format_table, measure, resolve_device
-from hetprune.io import write_json_atomic, write_text_atomic
+from hetprune.core.io import write_json_atomic, write_text_atomic
 from hetprune.models import ModelSpec, build
 from hetprune.recipe import Recipe, apply_recipe, arch_of, resolve_recipe
 

@@ -5,11 +5,11 @@ model for their own [`Task`][hetprune.task.Task]; [`load`][hetprune.recipe.load]
 a pruned model back. The public API for users and plugin authors is what this
 module exports, plus
 the modules ``hetprune.surgery`` (exact removal/merge primitives),
-``hetprune.pipeline`` (the shared strategy steps), ``hetprune.config``,
+``hetprune.pipeline`` (the shared strategy steps), ``hetprune.core.config``,
 ``hetprune.recipe``, ``hetprune.costs``, ``hetprune.bench``, ``hetprune.adapters``
 (architecture adapters), ``hetprune.latency`` (per-device latency tables) and
 ``hetprune.points`` (stored accuracy points), and for plugin authors ``hetprune.testing`` (the
-conformance kit) and ``hetprune.contract`` (the rules every call into a
+conformance kit) and ``hetprune.core.contract`` (the rules every call into a
 component is checked against).
 
 Names are imported on first use (module ``__getattr__``), so ``import

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from scipy import stats
 
-from . import config as config_mod
-from .cache import fingerprint
+from .core import config as config_mod
+from .core.fingerprint import fingerprint
 from .compare import ROWS_FILE, RowPlan, distinct, mean_std, whole_number
-from .errors import HetpruneError, option
-from .io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic
+from .core.errors import HetpruneError, option
+from .core.io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic
 from .points import metric_of
 from .task import metric_number
 
@@ -217,7 +217,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     import math
 
     from . import cost_model
-    from . import distributed as dist
+    from .core import distributed as dist
     from .budget import Budget
     from .compare import plan_of_rows, python_call
     from .plan import check_probe

@@ -23,15 +23,15 @@ from typing import Callable
 
 from torch import nn
 
-from . import distributed as dist
+from .core import distributed as dist
 from .adapters import Adapter
 from .budget import Budget
 from .data import seed_everything
-from .errors import HetpruneError
-from .io import check_result_folder, no_empty_folder_on_error
+from .core.errors import HetpruneError
+from .core.io import check_result_folder, no_empty_folder_on_error
 from .models import ModelSpec
 from .pipeline import PruneJob, PruneResult
-from .plugins import Registry
+from .core.plugins import Registry
 from .plan import PROBE_SECONDS, Plan, check_probe, probe, read_probe, val_size
 from .plan import write as write_plan
 from .recipe import PRUNED_MODEL, REPORT_FILE, save

@@ -29,7 +29,7 @@ from torch import nn
 
 from . import surgery
 from .costs import count_macs
-from .errors import BudgetUnreachable, HetpruneError, on_command_line, option
+from .core.errors import BudgetUnreachable, HetpruneError, on_command_line, option
 from .adapters import adapter_for
 from .sites import Site, depth
 

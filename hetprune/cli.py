@@ -1,7 +1,7 @@
 """The ``hetprune`` command line: one sub-command per module in
 ``hetprune/commands``. Every command takes ``--plugin MODULE`` (repeatable).
 
-User mistakes ([`HetpruneError`][hetprune.errors.HetpruneError]) and plugin faults ([`PluginError`][hetprune.errors.PluginError],
+User mistakes ([`HetpruneError`][hetprune.core.errors.HetpruneError]) and plugin faults ([`PluginError`][hetprune.core.errors.PluginError],
 naming the plugin) print one ``error:`` line and exit 2; ``--debug`` or
 ``HETPRUNE_DEBUG=1`` also prints the traceback. hetprune's own bugs keep theirs.
 """
@@ -13,8 +13,8 @@ import importlib
 import sys
 
 from . import __version__
-from .errors import HetpruneError, command_line_messages
-from .plugins import load_module
+from .core.errors import HetpruneError, command_line_messages
+from .core.plugins import load_module
 
 COMMANDS = ("plugins", "apply", "prune", "compare", "bench", "ablate", "export")
 
@@ -101,13 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         print(interrupted_message(args), file=sys.stderr)
         return 130
     finally:   # a command that joined torchrun's process group leaves it, error or not (none: torch not loaded)
-        if "hetprune.distributed" in sys.modules:
-            sys.modules["hetprune.distributed"].shutdown()
+        if "hetprune.core.distributed" in sys.modules:
+            sys.modules["hetprune.core.distributed"].shutdown()
 
 
 def interrupted_message(args) -> str:
     """What Ctrl-C leaves: the finished work that was saved (and how to continue from it), or nothing."""
-    from .io import saved_work
+    from .core.io import saved_work
 
     saved = saved_work()
     if not saved:

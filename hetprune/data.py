@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 
-from . import distributed as dist
-from .cache import fingerprint
-from .config import AUGMENTATIONS, augmentation
-from .errors import HetpruneError
+from .core import distributed as dist
+from .core.fingerprint import fingerprint
+from .core.config import AUGMENTATIONS, augmentation
+from .core.errors import HetpruneError
 
 DIGITS = "digits"
 DIGIT_PAIRS = "digit-pairs"
@@ -275,7 +275,7 @@ def train_transform(cfg: dict, augment) -> object:
     needs), ``imagenet`` (timm's full training recipe: crops down to 8 %, flips, colour jitter, as for training
     from scratch), ``paper`` (the DeiT recipe of the paper's long fine-tune: RandAugment rand-m9-mstd0.5,
     random erasing 0.25, bicubic), ``none`` (the validation transform: resize and centre crop), or an
-    `hetprune.config.Augmentation` of one's own."""
+    `hetprune.core.config.Augmentation` of one's own."""
     from timm.data import create_transform
 
     aug = augmentation(augment)

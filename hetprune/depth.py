@@ -10,9 +10,9 @@ import time
 
 from torch import nn
 
-from . import distributed as dist
+from .core import distributed as dist
 from .budget import kinds_by_saving, max_per_kind, reached_cost
-from .errors import HetpruneError
+from .core.errors import HetpruneError
 from .job import PruneJob
 from .plan import PlanStep, evaluation_step, finetune_step
 from .report import PruneResult

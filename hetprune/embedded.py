@@ -21,11 +21,12 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import distributed as dist
-from .cache import cache_dir, fingerprint
+from .core import distributed as dist
+from .core.fingerprint import fingerprint
+from .core.io import cache_dir
 from .data import DIGIT_PAIRS, DIGITS, DataBundle, digit_pairs, digits, loader
-from .errors import HetpruneError
-from .io import load_weights, read_json, save_weights, write_json_atomic
+from .core.errors import HetpruneError
+from .core.io import load_weights, read_json, save_weights, write_json_atomic
 from .models import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build, load_state_into
 from .train import TrainConfig, evaluate, train
 

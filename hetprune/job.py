@@ -13,16 +13,17 @@ from typing import Callable, TypeVar
 import torch
 from torch import nn
 
-from . import contract, devices, model_checks
-from . import distributed as dist
+from .core import contract, devices
+from . import model_checks
+from .core import distributed as dist
 from .adapters import Adapter, adapter_for, serving
 from .budget import Budget, feasible_pairs
-from .config import RunSettings, Section, per_gpu_resolved
+from .core.config import RunSettings, Section, per_gpu_resolved
 from .cost_model import build as build_cost_model, run_model_name
 from .data import DataBundle
-from .errors import HetpruneError
+from .core.errors import HetpruneError
 from .models import ModelSpec, model_hash
-from .plugins import Registry
+from .core.plugins import Registry
 from .resume import base_key
 from .task import Task, as_task, reuse_tag
 from .train import TrainConfig
@@ -165,7 +166,7 @@ class PruneJob:
         return self.config.schedule("finetune").workers
 
     def place(self, obj):
-        """Move a model or batch to the run's device (`hetprune.devices.place`)."""
+        """Move a model or batch to the run's device (`hetprune.core.devices.place`)."""
         return devices.place(obj, self.device)
 
     def once(self, name, build: Callable[[], object]):
@@ -315,7 +316,7 @@ class ScoringContext:
         return RunSettings.of(self.settings)
 
     def place(self, obj):
-        """Move a model or batch to the run's device (`hetprune.devices.place`)."""
+        """Move a model or batch to the run's device (`hetprune.core.devices.place`)."""
         return devices.place(obj, devices.resolve(self.device))
 
     def batches(self):

@@ -61,12 +61,14 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import bench, devices
+from . import bench
+from .core import devices
 from .adapters import adapter_for
-from .cache import cache_dir, fingerprint
+from .core.fingerprint import fingerprint
+from .core.io import cache_dir
 from .costs import hooked_forward
-from .errors import HetpruneError
-from .io import read_json, write_json_atomic
+from .core.errors import HetpruneError
+from .core.io import read_json, write_json_atomic
 
 VERSION = 4   # of the table format and of how parts are timed (2: blocks in context; 3: one session, anchored;
 #               4: two anchors, a line; the self-check)

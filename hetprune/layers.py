@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .config import ATTN_MODES  # noqa: F401 - re-exported: hetprune.layers.ATTN_MODES
-from .errors import HetpruneError
+from .core.config import ATTN_MODES  # noqa: F401 - re-exported: hetprune.layers.ATTN_MODES
+from .core.errors import HetpruneError
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .config import TrainConfig
+from .core.config import TrainConfig
 
 
 def mix_params(cfg: TrainConfig, seed: int, step: int, shape: tuple) -> tuple[float, tuple | None]:

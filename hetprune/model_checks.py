@@ -1,7 +1,7 @@
 """The plugin contract's rules for components that change or read a model: scorers, removers, mergers and
 width pruners (each call is checked: the sites it may touch, that the model still runs, that a merge keeps
 the function). They sit above the model-reading modules they need and add themselves to
-`hetprune.contract.RULES`; the proxy and the rules that need no model stay in `hetprune.contract`.
+`hetprune.core.contract.RULES`; the proxy and the rules that need no model stay in `hetprune.core.contract`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import copy
 import math
 from typing import TYPE_CHECKING
 
-from . import tensors
-from .contract import Violation, add_rules, is_number, jsonable, type_name
+from .core import tensors
+from .core.contract import Violation, add_rules, is_number, jsonable, type_name
 from .costs import count_macs
-from .errors import HetpruneError
+from .core.errors import HetpruneError
 from .models import input_shape_of
 from .sites import Site, sites
 
@@ -81,7 +81,7 @@ def relative_error(reference, candidate) -> float:
 
 def runs(model: nn.Module, x: torch.Tensor, after: str, shape: dict | None = None):
     """The outputs of ``model`` on ``x`` (a tensor, or tuples, lists and dicts of them), or a
-    `Violation` saying it no longer runs; ``shape``: the outputs' `hetprune.tensors.shapes`
+    `Violation` saying it no longer runs; ``shape``: the outputs' `hetprune.core.tensors.shapes`
     before the call, which must not change."""
     try:
         y = outputs(model, x)

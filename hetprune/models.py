@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from .core.aliases import qualified_name
-from .errors import HetpruneError
-from .io import load_weights
+from .core.errors import HetpruneError
+from .core.io import load_weights
 
 
 USER_BUILT = "user"   # ModelSpec.library of a model the user built in code (hetprune cannot build it again)

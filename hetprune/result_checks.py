@@ -1,6 +1,6 @@
 """The plugin contract's rule for strategies: what ``run`` returns is a complete PruneResult whose model
 runs, whose report is JSON, which left the dense model alone, and which reloads from its recipe. It needs the
-pipeline and the recipe, so it sits above them and adds itself to `hetprune.contract.RULES`; the
+pipeline and the recipe, so it sits above them and adds itself to `hetprune.core.contract.RULES`; the
 harnesses that run strategies (``hetprune.prune``, compare, ablate, the conformance kit) import it.
 """
 
@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import distributed as dist
-from .contract import Violation, add_rules, type_name
-from .errors import HetpruneError
+from .core import distributed as dist
+from .core.contract import Violation, add_rules, type_name
+from .core.errors import HetpruneError
 from .model_checks import outputs, relative_error, runs
 from .models import model_hash
 from .report import REPORT_KEYS, PruneResult

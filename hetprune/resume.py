@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .core.aliases import qualified_name
-from .io import made_when, note_saved, now, saved_work  # noqa: F401 - public here too: what plugins that checkpoint call
+from .core.io import made_when, note_saved, now, saved_work  # noqa: F401 - public here too: what plugins that checkpoint call
 
 
 def weights_key(model: nn.Module) -> str:

@@ -2,7 +2,7 @@
 from Python and from the command line alike.
 
 A run resolves, once and in this order: the registry, the strategies, the
-budgets, the settings (one [`hetprune.config.resolve`][hetprune.config.resolve]),
+budgets, the settings (one [`hetprune.core.config.resolve`][hetprune.core.config.resolve]),
 the device and precision (joining the process group under torchrun), the cost
 model each budget counts in, the component names the settings give, and the
 output folder. All of that fails before any model exists, so a command can
@@ -21,17 +21,18 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import config as config_mod
-from . import cost_model, devices
-from . import distributed as dist
+from .core import config as config_mod
+from . import cost_model
+from .core import devices
+from .core import distributed as dist
 from .adapters import Adapter
 from .budget import Budget
 from .data import EMBEDDED, DataBundle
-from .errors import HetpruneError, option
-from .io import ResultFolder, check_result_folder, make_result_folder
+from .core.errors import HetpruneError, option
+from .core.io import ResultFolder, check_result_folder, make_result_folder
 from .models import ModelSpec, model_hash
 from .pipeline import resolve_adapter
-from .plugins import Registry, get_registry
+from .core.plugins import Registry, get_registry
 from .resume import base_key
 from .task import Task, as_task, check_data_fits, reuse_tag
 
@@ -118,7 +119,7 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
     ``settings`` is the Python call's nested dict, ``overrides`` the keyword options or the command line's
     flags (``device``, ``amp``, ``seed``, ``scorer``, ``cost_model``), ``sets`` the ``--set`` items.
     ``folder`` says what kind of result ``out`` holds; an output folder is refused here, before any work,
-    when it cannot take the result (`hetprune.io.check_result_folder`)."""
+    when it cannot take the result (`hetprune.core.io.check_result_folder`)."""
     registry = registry or get_registry()
     built = [registry.build("strategy", s) if isinstance(s, str) else s for s in strategies]
     given = {**(settings or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
@@ -224,7 +225,7 @@ def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: 
 def run_key(start: RunStart, dense: Dense, strategy_name: str) -> str:
     """What a run's plan was made for (its settings, budgets, base model, task and ranks): the run reports
     the probe of a ``--plan`` with the same key."""
-    from .cache import fingerprint
+    from .core.fingerprint import fingerprint
 
     return fingerprint({"strategy": strategy_name, "settings": start.settings,
                         "budgets": [b.to_dict() for b in start.budgets], "base": dense.key, "task": dense.task.key,

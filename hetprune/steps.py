@@ -10,11 +10,11 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from . import contract
-from . import distributed as dist
+from .core import contract
+from .core import distributed as dist
 from .budget import max_per_kind
 from .costs import cost_summary
-from .errors import HetpruneError
+from .core.errors import HetpruneError
 from .job import PruneJob, ScoringContext, scoring_context
 from .recipe import arch_of, recipe_from_model
 from .report import PruneResult, Report, metric_entries

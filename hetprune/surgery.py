@@ -21,9 +21,9 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from . import tensors
+from .core import tensors
 from .adapters import adapter_for
-from .errors import HetpruneError
+from .core.errors import HetpruneError
 from .layers import ATTN_MODES, DroppedBlock, merge_pays
 from .layers import BlockLayout, HetBlock, LinearMlp, MergedMlp, RemovedActivation  # noqa: F401  (public names)
 from .sites import Site, check_site, depth

@@ -26,12 +26,12 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from . import devices, tensors
-from . import distributed as dist
-from .cache import fingerprint as fingerprint_of
-from .config import TrainConfig
+from .core import devices, tensors
+from .core import distributed as dist
+from .core.fingerprint import fingerprint as fingerprint_of
+from .core.config import TrainConfig
 from .data import DataBundle, example_batch, loader, subset
-from .errors import HetpruneError, switch
+from .core.errors import HetpruneError, switch
 from .resume import code_key
 from .train import ClassificationSource, evaluate, evaluate_dataset, train
 

@@ -10,7 +10,7 @@ pytest shows it as a failure) saying which rule was broken::
     def test_my_predictor_keeps_the_contract():
         check_predictor(MyPredictor, k=2)     # options go to the constructor
 
-The rules are those hetprune enforces at run time (`hetprune.contract`)
+The rules are those hetprune enforces at run time (`hetprune.core.contract`)
 plus deeper ones only a test can afford (the model is left as it was, exact in
 float64, the result reloads, the budget is kept). `CHECKS` maps each
 component kind to its check; `check` dispatches on it, and
@@ -30,11 +30,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from . import contract, model_checks, result_checks, surgery
+from .core import contract
+from . import model_checks, result_checks, surgery
 from .budget import Budget
-from .contract import Violation
+from .core.contract import Violation
 from .model_checks import outputs, relative_error
-from .errors import HetpruneError
+from .core.errors import HetpruneError
 from .models import ModelSpec, build
 from .sites import Site, sites
 
@@ -74,7 +75,7 @@ def tiny_data():
 def tiny_settings(strategy_defaults: dict | None = None, changes: dict | None = None) -> dict:
     """Full settings (core defaults + a strategy's own sections: give the strategy, or a mapping of its
     sections' defaults) with tiny fine-tunes, then ``changes`` on top, checked as a run's are."""
-    from .config import resolve
+    from .core.config import resolve
 
     return resolve(strategy_defaults, overrides=_merged(TINY_SETTINGS, changes or {}))
 
@@ -90,7 +91,7 @@ def tiny_job(budget: Budget, workdir: str | Path, strategy_defaults: dict | None
              settings: dict | None = None, model: nn.Module | None = None, name: str = "under-test"):
     """A [`hetprune.PruneJob`][hetprune.pipeline.PruneJob] on `tiny_model` and `tiny_data`, with the installed plugins."""
     from .pipeline import PruneJob
-    from .plugins import get_registry
+    from .core.plugins import get_registry
 
     dense = model if model is not None else tiny_model()
     return PruneJob(dense=dense, spec=TINY_SPEC, data=tiny_data(), budget=budget,
@@ -389,9 +390,9 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, e
     """
     from types import SimpleNamespace
 
-    from . import plugins
+    from .core import plugins
     from .adapters import adapter_for, serving
-    from .hookspecs import hookimpl
+    from .core.hookspecs import hookimpl
 
     c = _UnderTest("architecture", cls, options)
     spec = getattr(c.obj, "example_spec", None)
@@ -440,7 +441,7 @@ def _reloaded(model: nn.Module, base: nn.Module, spec: ModelSpec | None,
     applying the saved recipe and weights to a fresh ``rebuild()`` base, as [`hetprune.apply_recipe`][hetprune.recipe.apply_recipe]
     users do for a model hetprune cannot build by name."""
     from .recipe import WEIGHTS_FILE, apply_recipe, arch_of, load, load_recipe, recipe_from_model, save
-    from .io import load_weights
+    from .core.io import load_weights
     from .models import load_state_into
 
     named = spec or ModelSpec(f"{type(base).__name__} (built by make_model)")

@@ -17,18 +17,18 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import devices
-from . import distributed as dist
-from .config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.train too
+from .core import devices
+from .core import distributed as dist
+from .core.config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.train too
 from .data import DataBundle, loader, subset
 from .mixing import mix_batch
-from .errors import HetpruneError
-from .io import note_saved
+from .core.errors import HetpruneError
+from .core.io import note_saved
 from .resume import made_when, now, reusable
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
-    """Kept for callers of the old name: `hetprune.devices.resolve`."""
+    """Kept for callers of the old name: `hetprune.core.devices.resolve`."""
     return devices.resolve(name)
 
 
@@ -225,7 +225,7 @@ def resume_checkpoint(folder: Path, current: dict, desc: str, log: Callable[[str
 
     Under DDP rank 0 decides and every rank loads that same checkpoint (its
     epoch, step and save time checked); a rank that finds none, or another,
-    stops every rank with one error (`hetprune.distributed.follow_main`)
+    stops every rank with one error (`hetprune.core.distributed.follow_main`)
     instead of starting afresh while the others resume, which hangs."""
     path = _checkpoint_path(folder)
 
@@ -481,7 +481,7 @@ def train(
     GradScaler); the loss, KD term included, is computed in fp32 (or wider).
     The recipe options of a long fine-tune (mixup, cutmix, label smoothing,
     drop path, EMA, token distillation, clipping, evaluation every N epochs
-    with the best kept): see `hetprune.config.TrainConfig` and the settings
+    with the best kept): see `hetprune.core.config.TrainConfig` and the settings
     reference. Each epoch's history has its loss, learning rate, seconds
     and, where evaluated, the metric (and the EMA's); ``on_epoch_end`` gets
     the images per second too (a timing, like ``seconds``, that a rerun does

@@ -51,7 +51,7 @@ def digits_data():
 def trained_tiny(tmp_path_factory):
     """A tiny ViT briefly trained on digits, saved as a checkpoint: ``(model, spec, path)``."""
     from hetprune.data import digits
-    from hetprune.io import save_weights
+    from hetprune.core.io import save_weights
     from hetprune.train import TrainConfig, train
 
     torch.manual_seed(0)

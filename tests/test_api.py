@@ -224,7 +224,7 @@ def test_the_users_training_loop_runs_every_fine_tune_hetprune_plans(digits_data
 
 def test_a_lower_is_better_metric_is_minimised_by_the_predictors_pick(digits_data, tmp_path, monkeypatch):
     from hetprune.pipeline import PruneJob
-    from hetprune.plugins import get_registry
+    from hetprune.core.plugins import get_registry
     from hetprune_hetdpt.strategy import HetDPT
 
     def truth(a, m):   # a loss whose lowest point on the budget line is at a = 1
@@ -247,7 +247,7 @@ def test_a_lower_is_better_metric_is_minimised_by_the_predictors_pick(digits_dat
 
 def test_the_cli_and_the_library_give_the_same_recipe_and_metric(trained_tiny, digits_data, tmp_path):
     from hetprune.cli import main
-    from hetprune.io import load_weights
+    from hetprune.core.io import load_weights
     from hetprune.models import build, load_state_into
     from hetprune.task import classification
 
@@ -429,7 +429,7 @@ def test_a_model_with_several_outputs_is_pruned_merged_checked_and_reloaded(digi
         back = hetprune.load(tmp_path / strategy, model=TwoHeads())
         got, want = outputs(back, X), outputs(result.model, X)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1]["tokens"], want[1]["tokens"])
-    assert result.recipe.n_attn == 1 and hetprune.tensors.shapes(want) == {"[0]": (3, 10),
+    assert result.recipe.n_attn == 1 and hetprune.core.tensors.shapes(want) == {"[0]": (3, 10),
                                                                           "[1]['tokens']": (3, 16, 3)}
 
 
@@ -437,9 +437,9 @@ def test_the_contract_names_a_changed_output_of_a_model_with_several():
     from hetprune.model_checks import runs
 
     model = TwoHeads()
-    shape = hetprune.tensors.shapes(outputs(model, X))
+    shape = hetprune.core.tensors.shapes(outputs(model, X))
     model.token_head = nn.Linear(32, 4)
-    with pytest.raises(hetprune.contract.Violation, match=r"\[1\]\['tokens'\] \(3, 16, 3\).*\[1\]\['tokens'\] "
+    with pytest.raises(hetprune.core.contract.Violation, match=r"\[1\]\['tokens'\] \(3, 16, 3\).*\[1\]\['tokens'\] "
                                                           r"\(3, 16, 4\)"):
         runs(model, X, "remove(act1)", shape)
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from hetprune.cli import main
-from hetprune.io import save_weights
+from hetprune.core.io import save_weights
 from hetprune.models import ModelSpec, build
 from conftest import TINY_KWARGS
 

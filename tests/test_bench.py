@@ -12,7 +12,7 @@ from torch import nn
 import hetprune
 from hetprune import bench, surgery
 from hetprune.cli import main
-from hetprune.errors import HetpruneError
+from hetprune.core.errors import HetpruneError
 from hetprune.recipe import arch_of, recipe_from_model
 
 from conftest import TINY_KWARGS

@@ -14,7 +14,8 @@ import pytest
 
 import hetprune
 from conftest import PluginOf
-from hetprune import Site, plugins
+from hetprune import Site
+from hetprune.core import plugins
 from hetprune.budget import Budget, feasible_pairs
 from hetprune.surgery import site_removed
 from hetprune.testing import tiny_job

@@ -12,7 +12,7 @@ from hetprune import HetpruneError, Site
 from hetprune.budget import Budget
 from hetprune.cli import main
 from hetprune.pipeline import DepthStrategy, PruneJob
-from hetprune.plugins import get_registry
+from hetprune.core.plugins import get_registry
 
 from hetprune_baselines.strategies import BlockDrop, Mix, closest_pair
 
@@ -29,7 +29,7 @@ def model_args(trained_tiny):
 
 
 def job_for(model, data, tmp_path, budget, **sets):
-    settings = hetprune.config.resolve(Mix.defaults, sets=[f"{k}={v}" for k, v in sets.items()])
+    settings = hetprune.core.config.resolve(Mix.defaults, sets=[f"{k}={v}" for k, v in sets.items()])
     return PruneJob(dense=model, spec=None, data=data, budget=budget, settings=settings, registry=get_registry(),
                     workdir=tmp_path, base_info={"hash": "t"}, progress=False, log=lambda s: None)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hetprune import plugins, testing
+from hetprune.core import plugins
+from hetprune import testing
 
 
 def builtin_components() -> list[tuple[str, str, str]]:

@@ -20,11 +20,12 @@ import torch
 
 import hetprune
 from conftest import PluginOf
-from hetprune import HetpruneError, Site, plugins, surgery, testing
+from hetprune import HetpruneError, Site, surgery, testing
+from hetprune.core import plugins
 from hetprune.budget import Budget
 from hetprune.cli import main
-from hetprune.contract import unwrap
-from hetprune.errors import PluginError
+from hetprune.core.contract import unwrap
+from hetprune.core.errors import PluginError
 from hetprune.pipeline import DepthStrategy
 from hetprune.testing import ConformanceError
 
@@ -484,7 +485,7 @@ def register_predictors(register):
 @pytest.fixture
 def cli_model(tmp_path, monkeypatch):
     """--model/--checkpoint options for a tiny random ViT, and the module broken_plugin_hp on sys.path."""
-    from hetprune.io import save_weights
+    from hetprune.core.io import save_weights
 
     ckpt = tmp_path / "tiny.safetensors"
     save_weights(ckpt, testing.tiny_model())
@@ -648,7 +649,7 @@ def test_the_registry_loads_the_rules_of_every_kind_it_builds_before_anything_im
 
     code = """
 import sys
-from hetprune.plugins import get_registry
+from hetprune.core.plugins import get_registry
 from hetprune import contract
 assert "hetprune.model_checks" not in sys.modules and "hetprune.pipeline" not in sys.modules
 r = get_registry()
@@ -663,8 +664,8 @@ print("ok")
 
 
 def test_every_kind_has_rules_and_a_kind_without_is_an_error():
-    from hetprune import contract
-    from hetprune.plugins import KINDS
+    from hetprune.core import contract
+    from hetprune.core.plugins import KINDS
 
     for kind in KINDS:
         assert contract.rules_for(kind), kind

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import hetprune
-from hetprune import HetpruneError, devices
+from hetprune import HetpruneError
+from hetprune.core import devices
 from hetprune.cli import main
 
 FAST = ["--scorer", "magnitude", "--set", "finetune.epochs=1", "--set", "finetune.subset=32",
@@ -135,7 +136,7 @@ def _float64(obj):
 
 @pytest.fixture
 def float64_place(monkeypatch):
-    """Wrap ``hetprune.devices.place`` so that it also turns what it places into float64.
+    """Wrap ``hetprune.core.devices.place`` so that it also turns what it places into float64.
 
     On a CPU-only machine every device is the CPU, so a model or batch that
     bypassed the helper would go unnoticed; with this wrapper anything that
@@ -287,7 +288,7 @@ def test_train_under_fp16_skips_an_overflowing_step_instead_of_stopping(tiny_mod
 
 
 def test_the_device_defaults_to_auto_and_the_run_says_which_it_resolved_to(digits_data):
-    from hetprune import config
+    from hetprune.core import config
     from hetprune.testing import TINY_SETTINGS, tiny_model
 
     assert config.CORE_DEFAULTS["device"] == "auto"

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import TINY_KWARGS
 from hetprune.cli import main
 from hetprune.data import DIGIT_PAIRS, DIGITS, digit_pairs, load_data
-from hetprune.io import read_json, save_weights
+from hetprune.core.io import read_json, save_weights
 from hetprune.models import ModelSpec, build
 
 SMALL = dict(train_pairs=64, val_pairs=48)
@@ -90,7 +90,7 @@ def test_data_option_picks_the_embedded_spec_and_refuses_unknown_names():
     import argparse
 
     from hetprune.commands.common import model_spec
-    from hetprune.errors import HetpruneError
+    from hetprune.core.errors import HetpruneError
     from hetprune.models import DIGIT_PAIRS_SPEC, DIGITS_SPEC
 
     def args(data):

@@ -95,7 +95,7 @@ def per_gpu_case(data, batch_size: int, per_gpu: bool) -> torch.nn.Module:
 
 
 def training_worker(out: Path) -> dict:
-    from hetprune import distributed as dist
+    from hetprune.core import distributed as dist
     from hetprune.data import digits
     from hetprune.train import evaluate_dataset
 
@@ -118,7 +118,8 @@ class RankSkewed:
     unit = "units"
 
     def cost(self, model, example):
-        from hetprune import distributed as dist, surgery
+        from hetprune.core import distributed as dist
+        from hetprune import surgery
         from hetprune.costs import count_macs
         from hetprune.sites import sites
 
@@ -135,16 +136,16 @@ PLAN_BUDGET = dict(target_speedup=1.3, cost_model=RankSkewed.name)
 
 
 def planning_worker(out: Path) -> dict:
-    from hetprune import distributed as dist
+    from hetprune.core import distributed as dist
     from hetprune.budget import Budget, feasible_pairs
     from hetprune.data import digits
     from hetprune.pipeline import PruneJob
-    from hetprune.plugins import get_registry
+    from hetprune.core.plugins import get_registry
 
     hetprune.register_plugin(PluginOf("register_cost_models", RankSkewed), "test-rank-skewed")
     registry = get_registry()
     strategy = registry.build("strategy", "hetdpt")
-    settings = hetprune.config.resolve(strategy.defaults, overrides=None, sets=PLAN_SETS)
+    settings = hetprune.core.config.resolve(strategy.defaults, overrides=None, sets=PLAN_SETS)
     job = PruneJob(dense=tiny(0), spec=TINY_SPEC, data=digits(), budget=Budget(**PLAN_BUDGET), settings=settings,
                    registry=registry, workdir=out / "work", progress=False, strategy_name="hetdpt",
                    measure_cost=False)
@@ -180,8 +181,8 @@ class Batches:
 
 
 def task_worker(out: Path) -> dict:
-    from hetprune import distributed as dist
-    from hetprune.errors import HetpruneError
+    from hetprune.core import distributed as dist
+    from hetprune.core.errors import HetpruneError
     from hetprune.task import Task, UserSource
     from hetprune.train import TrainConfig, train
 
@@ -230,12 +231,12 @@ def stage1(out: Path, log=lambda msg: None) -> dict:
     import copy
 
     import hetprune.task
-    from hetprune import distributed as dist
+    from hetprune.core import distributed as dist
     from hetprune.budget import Budget
     from hetprune.data import digits
-    from hetprune.io import load_weights
+    from hetprune.core.io import load_weights
     from hetprune.pipeline import PruneJob, select_sites
-    from hetprune.plugins import get_registry
+    from hetprune.core.plugins import get_registry
     from hetprune_hetdpt.scorers import GateTaylorScorer
 
     fine_tunes, gate_epochs = [], []
@@ -253,7 +254,7 @@ def stage1(out: Path, log=lambda msg: None) -> dict:
     try:
         registry = get_registry()
         strategy = registry.build("strategy", "hetdpt")
-        settings = hetprune.config.resolve(strategy.defaults, overrides=None, sets=STAGE1_SETS)
+        settings = hetprune.core.config.resolve(strategy.defaults, overrides=None, sets=STAGE1_SETS)
         dense = tiny(0)
         dense.load_state_dict(load_weights(out / "dense.safetensors"))
         job = PruneJob(dense=dense, spec=TINY_SPEC, data=digits(), budget=Budget(sites=2), settings=settings,
@@ -286,9 +287,9 @@ def resume_worker(out: Path) -> dict:
     import dataclasses
     import shutil
 
-    from hetprune import distributed as dist
+    from hetprune.core import distributed as dist
     from hetprune.data import digits
-    from hetprune.errors import HetpruneError
+    from hetprune.core.errors import HetpruneError
     from hetprune.testing import scoring_context
     from hetprune.train import TrainConfig, train
     from hetprune_hetdpt.scorers import GateTaylorScorer
@@ -348,7 +349,7 @@ def make_images(root: Path) -> list[Path]:
 def shared_worker(out: Path) -> dict:
     import fcntl
 
-    from hetprune import distributed as dist
+    from hetprune.core import distributed as dist
     from hetprune.data import image_folder
     from hetprune.points import PointStore
 
@@ -373,7 +374,7 @@ def shared_worker(out: Path) -> dict:
 # -- the process group ends with the process, error or not -----------------------------------------------------
 
 def exit_worker(out: Path, fail: bool) -> int:
-    from hetprune import distributed as dist
+    from hetprune.core import distributed as dist
 
     rank, real = os.environ["RANK"], torch.distributed.destroy_process_group
 
@@ -421,7 +422,7 @@ def mix_train(data, seed: int = 0) -> torch.nn.Module:
 
 
 def mix_worker(out: Path) -> dict:
-    from hetprune import distributed as dist
+    from hetprune.core import distributed as dist
     from hetprune.data import digits
 
     data = digits()
@@ -430,7 +431,7 @@ def mix_worker(out: Path) -> dict:
 
 
 def worker(scenario: str, out: Path) -> int:
-    from hetprune import distributed as dist
+    from hetprune.core import distributed as dist
 
     torch.set_num_threads(1)
     dist.init_from_env("cpu")
@@ -685,7 +686,8 @@ def test_the_collective_timeout_is_a_setting_the_process_group_is_made_with(monk
     import atexit
     import datetime
 
-    from hetprune import config, distributed as dist, run_start
+    from hetprune.core import config, distributed as dist
+    from hetprune import run_start
 
     made, registered = [], []
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -706,7 +708,7 @@ def test_the_collective_timeout_is_a_setting_the_process_group_is_made_with(monk
 
 
 def test_a_per_gpu_batch_becomes_the_global_batch_the_lr_rule_scales_by():
-    from hetprune import config
+    from hetprune.core import config
     from hetprune.train import TrainConfig, scaled_lr
 
     cfg = TrainConfig(batch_size=128, batch_per_gpu=True, lr=5e-4, lr_scale="linear", lr_base_batch=512)
@@ -726,14 +728,14 @@ def test_a_job_made_in_code_keys_its_points_by_the_global_batch(tmp_path):
     from hetprune.budget import Budget
     from hetprune.data import digits
     from hetprune.pipeline import PruneJob
-    from hetprune.plugins import get_registry
+    from hetprune.core.plugins import get_registry
 
     registry = get_registry()
     strategy = registry.build("strategy", "hetdpt")
 
     def key(*sets):
         points = ["hetdpt.point_selection=oneshot", "hetdpt.point_finetune=short_finetune"]   # keyed by the schedule
-        settings = hetprune.config.resolve(strategy.defaults, sets=[*points, *sets])
+        settings = hetprune.core.config.resolve(strategy.defaults, sets=[*points, *sets])
         job = PruneJob(dense=tiny(0), spec=TINY_SPEC, data=digits(), budget=Budget(sites=2), settings=settings,
                        registry=registry, workdir=tmp_path, progress=False)
         return strategy.points_key(job), job.settings["short_finetune"]["batch_size"]

@@ -165,7 +165,7 @@ def tiny_model_args(tmp_path_factory) -> list[str]:
     """``--model ... --model-kwargs ... --checkpoint ...`` of the tiny stand-in (random weights)."""
     import torch
 
-    from hetprune.io import save_weights
+    from hetprune.core.io import save_weights
     from hetprune.models import ModelSpec, build
 
     spec = ModelSpec("vit_tiny_patch16_224", TINY_MODEL)

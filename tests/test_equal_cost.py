@@ -10,7 +10,7 @@ import pytest
 from hetprune import BudgetUnreachable
 from hetprune.budget import Budget
 from hetprune.cli import main
-from hetprune.plugins import get_registry
+from hetprune.core.plugins import get_registry
 
 from test_compare import FAST, job_for, model_args
 

@@ -14,7 +14,7 @@ import torch
 import hetprune
 from hetprune import export, surgery
 from hetprune.cli import main
-from hetprune.errors import HetpruneError
+from hetprune.core.errors import HetpruneError
 from hetprune.models import ModelSpec, build
 from hetprune.recipe import arch_of, recipe_from_model
 
@@ -241,7 +241,7 @@ def test_cli_hub_folder_loads_back_bit_identically(saved, tmp_path, capsys):
 
 
 def test_hub_folder_of_a_dense_model_by_name_with_a_checkpoint(tmp_path, capsys):
-    from hetprune.io import save_weights
+    from hetprune.core.io import save_weights
 
     torch.manual_seed(3)
     trained = build(TINY_SPEC)

@@ -193,7 +193,7 @@ FAST = ["--scorer", "magnitude", "--set", "finetune.epochs=1", "--set", "finetun
 @pytest.fixture
 def checkpoint(tmp_path):
     def write(key):
-        from hetprune.io import save_weights
+        from hetprune.core.io import save_weights
 
         path = tmp_path / f"{key}.safetensors"
         save_weights(path, make(key))
@@ -274,7 +274,8 @@ def _broken_adapters():
 
 @pytest.mark.parametrize("index", range(3))
 def test_the_kit_catches_a_broken_adapter_and_says_which_rule(index, monkeypatch):
-    from hetprune import plugins, testing
+    from hetprune.core import plugins
+    from hetprune import testing
 
     monkeypatch.setenv("HETPRUNE_PLUGINS", "hetdpt,baselines,width")  # no built-in adapter claims the model
     plugins.reset()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import hetprune
-from hetprune import devices
+from hetprune.core import devices
 from hetprune.cli import main
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

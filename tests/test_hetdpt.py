@@ -16,7 +16,7 @@ from hetprune import HetpruneError, Site, surgery
 from hetprune.budget import Budget, feasible_pairs, site_savings
 from hetprune.costs import count_macs
 from hetprune.pipeline import PruneJob
-from hetprune.plugins import get_registry
+from hetprune.core.plugins import get_registry
 from hetprune.train import TrainConfig, kd_loss, train
 from conftest import tiny_example
 
@@ -36,7 +36,7 @@ ONESHOT = {"hetdpt.point_selection": "oneshot", "hetdpt.verify": 0, "hetdpt.pred
 def make_job(model, data, tmp_path, budget=Budget(sites=3), **settings_changes):
     strategy = HetDPT()
     changes = {**ONESHOT, **settings_changes}
-    settings = hetprune.config.resolve(strategy.defaults, overrides=None, sets=[f"{k}={v}" for k, v in changes.items()])
+    settings = hetprune.core.config.resolve(strategy.defaults, overrides=None, sets=[f"{k}={v}" for k, v in changes.items()])
     return PruneJob(dense=model, spec=None, data=data, budget=budget, settings=settings, registry=get_registry(),
                     workdir=tmp_path / "work", base_info={"hash": "test"}, progress=False, log=lambda s: None,
                     strategy_name="hetdpt")
@@ -526,12 +526,12 @@ def test_unknown_config_key_names_key_and_file(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text("finetune:\n  epochs: 2\n  epochz: 3\n")
     with pytest.raises(HetpruneError, match=r"'finetune.epochz' in config file .*cfg.yaml"):
-        hetprune.config.resolve(HetDPT.defaults, str(path))
+        hetprune.core.config.resolve(HetDPT.defaults, str(path))
     path.write_text("hetdpt:\n  degree: 3\n")
     with pytest.raises(HetpruneError, match="hetdpt.degree"):
-        hetprune.config.resolve(HetDPT.defaults, str(path))
+        hetprune.core.config.resolve(HetDPT.defaults, str(path))
     path.write_text("hetdpt:\n  predictor_options: {poly: {degree: 3}}\nfinetune: {epochs: 7}\n")
-    s = hetprune.config.resolve(HetDPT.defaults, str(path), sets=["short_finetune.lr=0.01"])
+    s = hetprune.core.config.resolve(HetDPT.defaults, str(path), sets=["short_finetune.lr=0.01"])
     assert s["hetdpt"]["predictor_options"] == {"poly": {"degree": 3}}
     assert s["finetune"]["epochs"] == 7 and s["short_finetune"]["lr"] == 0.01
 

@@ -24,8 +24,8 @@ from hetprune import surgery
 from hetprune.budget import Budget, feasible_pairs, kind_savings, pair_cost, parse_latency
 from hetprune.cli import main
 from hetprune.costs import count_macs
-from hetprune.errors import HetpruneError
-from hetprune.io import save_weights
+from hetprune.core.errors import HetpruneError
+from hetprune.core.io import save_weights
 from hetprune.latency import LatencyTable
 from hetprune.sites import Site, depth
 from conftest import TINY_KWARGS, PluginOf, tiny_example

@@ -8,7 +8,7 @@ import pytest
 
 import hetprune
 from hetprune import Budget, HetpruneError
-import hetprune.io
+import hetprune.core.io
 from hetprune import resume as resume_mod
 from hetprune.cli import main
 from hetprune.commands import prune_cmd
@@ -35,7 +35,7 @@ def test_a_mac_target_that_is_neither_a_share_nor_a_count_is_refused_with_both_r
 
 
 def test_ctrl_c_before_anything_finished_does_not_claim_saved_work(monkeypatch, capsys):
-    monkeypatch.setattr(hetprune.io, "_SAVED", [])
+    monkeypatch.setattr(hetprune.core.io, "_SAVED", [])
 
     def interrupted(args):
         raise KeyboardInterrupt
@@ -59,7 +59,7 @@ def test_ctrl_c_before_anything_finished_does_not_claim_saved_work(monkeypatch, 
 def test_a_fine_tune_checkpoint_counts_as_saved_work(tmp_path, monkeypatch, tiny_model, digits_data):
     from hetprune.train import TrainConfig, train
 
-    monkeypatch.setattr(hetprune.io, "_SAVED", [])
+    monkeypatch.setattr(hetprune.core.io, "_SAVED", [])
     train(tiny_model, digits_data, TrainConfig(epochs=1, subset=32, kd="none"), checkpoint_dir=tmp_path / "ft",
           progress=False)
     assert resume_mod.saved_work() == [f"a checkpoint in {tmp_path / 'ft'}"]
@@ -124,7 +124,7 @@ def test_data_the_model_was_not_made_for_is_refused_by_prune_before_any_work(tmp
     import json
 
     from conftest import TINY_SPEC
-    from hetprune.io import save_weights
+    from hetprune.core.io import save_weights
     from hetprune.models import build
 
     save_weights(tmp_path / "digits.safetensors", build(TINY_SPEC))   # a model made for digits' 10 classes

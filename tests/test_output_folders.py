@@ -13,7 +13,7 @@ import hetprune
 from hetprune import HetpruneError
 from hetprune.cli import main
 from hetprune.compare import COMPARE_FOLDER, prepare_out
-from hetprune.io import atomic_folder, check_result_folder
+from hetprune.core.io import atomic_folder, check_result_folder
 from hetprune.recipe import PRUNED_MODEL, arch_of, recipe_from_model
 from hetprune.models import build
 from conftest import TINY_SPEC

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 import hetprune
 from hetprune import plan as plan_mod
 from hetprune.cli import main
-from hetprune.io import save_weights
+from hetprune.core.io import save_weights
 from hetprune.models import build
 from conftest import TINY_SPEC
 

@@ -20,7 +20,8 @@ import pytest
 
 import hetprune
 from conftest import PluginOf
-from hetprune import HetpruneError, hookspecs, plugins
+from hetprune import HetpruneError
+from hetprune.core import hookspecs, plugins
 from hetprune.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -451,9 +452,9 @@ USE_EXAMPLE = '''
 import json
 from hetprune import get_registry
 from hetprune.cli import build_parser
-from hetprune.contract import unwrap
+from hetprune.core.contract import unwrap
 from hetprune.commands.prune_cmd import settings_options
-from hetprune.config import resolve
+from hetprune.core.config import resolve
 
 registry = get_registry()
 points = [(0, 0, 98.0), (4, 0, 90.0), (0, 4, 96.0), (2, 2, 94.0)]

@@ -14,7 +14,7 @@ import hetprune.task  # noqa: F401 - its train is what the stub fine-tunes below
 from hetprune.budget import Budget
 from hetprune.cli import main
 from hetprune.pipeline import PruneJob
-from hetprune.plugins import get_registry
+from hetprune.core.plugins import get_registry
 
 from hetprune_hetdpt.paths import paths_for
 from hetprune_hetdpt.predictors import PolyPredictor
@@ -25,7 +25,7 @@ GRADUAL = {"hetdpt.point_selection": "gradual"}
 
 
 def make_job(model, data, folder, budget=Budget(sites=4), **changes):
-    settings = hetprune.config.resolve(HetDPT.defaults, overrides=None, sets=[f"{k}={v}" for k, v in changes.items()])
+    settings = hetprune.core.config.resolve(HetDPT.defaults, overrides=None, sets=[f"{k}={v}" for k, v in changes.items()])
     return PruneJob(dense=model, spec=None, data=data, budget=budget, settings=settings, registry=get_registry(),
                     workdir=folder / "work", shared_dir=folder / "shared", base_info={"hash": "test"},
                     progress=False, log=lambda s: None, strategy_name="hetdpt")
@@ -232,7 +232,7 @@ def test_compare_with_a_budget_of_zero_does_not_stop_at_hetdpt(trained_tiny, tmp
 def test_a_points_trip_reads_its_device_and_removers_from_the_job(tiny_model, digits_data, tmp_path, monkeypatch):
     """Issue 35: a point's route once resolved the device name again in every fine-tune and evaluation and built
     the removers at every removal; the job carries both, resolved once."""
-    from hetprune import devices
+    from hetprune.core import devices
 
     job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=2),
                    **{**PROGRESSIVE, "short_finetune.epochs": 1, "short_finetune.subset": 16,

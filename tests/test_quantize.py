@@ -17,7 +17,7 @@ import hetprune
 from hetprune import surgery
 from hetprune.cli import main
 from hetprune.commands import export_cmd
-from hetprune.errors import HetpruneError
+from hetprune.core.errors import HetpruneError
 from hetprune.models import build
 from hetprune.recipe import arch_of, recipe_from_model
 

@@ -15,7 +15,7 @@ import torch
 import hetprune
 from hetprune import HetpruneError
 from hetprune.cli import main
-from hetprune.io import load_weights
+from hetprune.core.io import load_weights
 from hetprune.models import ModelSpec, build, build_with_weights
 
 RGB_KWARGS = dict(img_size=16, patch_size=4, num_classes=3, embed_dim=32, depth=2, num_heads=2, init_values=0.1)
@@ -325,8 +325,8 @@ def test_a_large_task_from_python_without_chosen_schedules_stops_and_says_what_t
 
 
 def test_the_shipped_configs_resolve_and_say_where_each_value_came_from():
-    from hetprune import config
-    from hetprune.plugins import get_registry
+    from hetprune.core import config
+    from hetprune.core.plugins import get_registry
 
     hetdpt = get_registry().build("strategy", "hetdpt")
     paper = config.resolve(hetdpt, "deit-b-paper")

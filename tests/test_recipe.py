@@ -21,7 +21,7 @@ import hetprune
 from hetprune import HetpruneError, Recipe, surgery
 from hetprune.cli import main
 from hetprune.costs import count_macs, count_params
-from hetprune.io import load_weights, save_weights
+from hetprune.core.io import load_weights, save_weights
 from hetprune.models import ModelSpec, build
 from hetprune.recipe import (RECIPE_FILE, SCHEMA_VERSION, WEIGHTS_FILE, apply_recipe, arch_of, recipe_from_model,
                              resolve_recipe, shipped_recipes)

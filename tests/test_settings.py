@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from hetprune import HetpruneError, config
+from hetprune import HetpruneError
+from hetprune.core import config
 from hetprune.budget import Budget, parse_macs
 from hetprune.cli import main
 
@@ -156,7 +157,7 @@ print("ok", Site.__module__)
 
 # -- typed settings (issue 41, item 1) ------------------------------------------------------------------------
 
-EDGES = ("hetprune/config.py", "hetprune/cli.py", "hetprune/commands/")   # where settings are dicts: loading, the CLI
+EDGES = ("hetprune/core/config.py", "hetprune/cli.py", "hetprune/commands/")   # where settings are dicts: loading, the CLI
 
 
 def _string_key_reads(path) -> list[str]:
@@ -206,14 +207,14 @@ def test_every_typed_setting_says_what_it_does():
 
     silent = [f"{prefix or cls.__name__}.{f.name}" for _, prefix, cls, _, skip in settings_reference.sections()
               for f in dataclasses.fields(cls) if f.name not in skip and not f.metadata.get("help")]
-    assert not silent, f"give these settings a help line (hetprune.config.setting(default, help)): {silent}"
+    assert not silent, f"give these settings a help line (hetprune.core.config.setting(default, help)): {silent}"
     page = settings_reference.render()
     assert "`hetdpt.verify`" in page and "`scorer_options.gate-taylor.score_decay`" in page
     assert "`hetdpt_plus.depth_share`" in page and "`mix.ratio`" in page
 
 
 def test_a_strategys_section_is_checked_when_settings_are_resolved():
-    from hetprune.plugins import get_registry
+    from hetprune.core.plugins import get_registry
 
     hetdpt = get_registry().build("strategy", "hetdpt")
     with pytest.raises(HetpruneError, match=r"hetdpt.path_stride must be a whole number >= 1 .*got 0"):
@@ -225,7 +226,7 @@ def test_a_strategys_section_is_checked_when_settings_are_resolved():
 
 
 def test_component_options_refuse_unknown_keys_naming_the_allowed_ones():
-    from hetprune.plugins import get_registry
+    from hetprune.core.plugins import get_registry
 
     with pytest.raises(HetpruneError, match=r"unknown key\(s\) epochs in .*gate-taylor.*allowed: epochs_per_removal"):
         get_registry().build("scorer", "gate-taylor", epochs=2)

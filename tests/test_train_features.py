@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from hetprune import HetpruneError, config
+from hetprune import HetpruneError
+from hetprune.core import config
 from hetprune.data import DataBundle, GlobalBatchSampler, digits
 from hetprune.train import ClassificationSource, TrainConfig, train, training_loss
 
@@ -267,7 +268,7 @@ def test_a_distilled_student_prunes_with_token_kd_from_a_separate_teacher_and_ex
     import hetprune.task
     from hetprune import export
     from hetprune.costs import cost_summary
-    from hetprune.io import save_weights
+    from hetprune.core.io import save_weights
     from hetprune.models import build
     from hetprune.testing import TINY_SETTINGS, tiny_data
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import hetprune
 from hetprune import Task
-from hetprune.config import TrainConfig
+from hetprune.core.config import TrainConfig
 from hetprune.testing import TINY_SETTINGS
 
 Pair = collections.namedtuple("Pair", "images labels")

@@ -418,7 +418,7 @@ DINOV2_SWIGLU = ModelSpec("vit_giant_patch14_reg4_dinov2", dict(   # timm's DINO
 
 @pytest.fixture(scope="module")
 def dinov2_checkpoint(tmp_path_factory):
-    from hetprune.io import save_weights
+    from hetprune.core.io import save_weights
 
     torch.manual_seed(0)
     model = build(DINOV2_SWIGLU)

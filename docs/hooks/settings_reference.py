@@ -71,7 +71,8 @@ def sections() -> list[tuple[str, str, type, str, tuple]]:
     """Every typed section: (heading, key prefix, class, where it comes from, fields to skip)."""
     if str(ROOT) not in sys.path:
         sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
-    from hetprune import config, get_registry
+    from hetprune.core import config
+    from hetprune import get_registry
 
     out = [("The run (top level)", "", config.RunSettings, "the core", ("finetune", "short_finetune", "scoring")),
            ("Fine-tune schedules: `finetune` and `short_finetune`", "finetune", config.TrainConfig, "the core",
@@ -100,7 +101,7 @@ def render() -> str:
         doc = (cls.__doc__ or "").strip().split("\n\n")[0]
         lines += [f"## {heading}", "", f"{' '.join(doc.split())} ({origin}: `{cls.__module__}.{cls.__qualname__}`)", ""]
         if prefix == "finetune":
-            from hetprune import config
+            from hetprune.core import config
 
             lines += schedules_table(config) + [""]
         else:

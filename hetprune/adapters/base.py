@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .. import layers
-from ..errors import HetpruneError
+from ..core.errors import HetpruneError
 from ..layers import BlockLayout, DroppedBlock, HetBlock, LinearMlp, MergedMlp, RemovedActivation
 
 DOCS = "docs/plugins.md#writing-an-architecture-adapter"
@@ -82,7 +82,7 @@ class Adapter:
         raise NotImplementedError
 
     def check(self, model: nn.Module) -> None:
-        """Raise [`HetpruneError`][hetprune.errors.HetpruneError] for a model of the family that hetprune cannot prune (e.g. post-norm)."""
+        """Raise [`HetpruneError`][hetprune.core.errors.HetpruneError] for a model of the family that hetprune cannot prune (e.g. post-norm)."""
 
     # -- blocks and sites -------------------------------------------------------------
     def block_slots(self, model: nn.Module) -> list[tuple[nn.Module, str]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..errors import HetpruneError
+from ..core.errors import HetpruneError
 from ..layers import BlockLayout, DroppedBlock, HetBlock
 from .base import PreNormAdapter
 

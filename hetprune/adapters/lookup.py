@@ -9,8 +9,8 @@ import weakref
 
 from torch import nn
 
-from ..errors import HetpruneError
-from ..plugins import get_registry
+from ..core.errors import HetpruneError
+from ..core.plugins import get_registry
 from .base import DOCS, Adapter
 from .nested import find_nested
 

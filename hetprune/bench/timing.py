@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..costs import CONVENTION, count_macs, count_params
-from ..errors import HetpruneError
+from ..core.errors import HetpruneError
 from .environment import BACKENDS, DEVICES, DTYPES, check_dtype, environment, load_average, resolve_device
 
 

@@ -30,7 +30,7 @@ def run(args) -> int:
     from ..models import check_kwargs, input_shape_of
     from ..recipe import apply_recipe, resolve_recipe, save
 
-    from ..io import check_writable
+    from ..core.io import check_writable
 
     check_writable(args.out)  # before any work
     recipe = resolve_recipe(args.recipe)

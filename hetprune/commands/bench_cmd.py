@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import HetpruneError
+from ..core.errors import HetpruneError
 
 HELP = "measure latency, throughput and speedup (CPU or GPU), interleaved with a reference"
 
@@ -99,7 +99,7 @@ def load_model(what: str, kwargs: dict):
 def run(args) -> int:
     from ..bench import BACKENDS, format_table, measure
     from ..bench.timing import check_onnx_file
-    from ..io import write_json_atomic
+    from ..core.io import write_json_atomic
     from ..models import build, input_shape_of
 
     if args.backend not in BACKENDS:

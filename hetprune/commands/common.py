@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..errors import HetpruneError
+from ..core.errors import HetpruneError
 
 
 def add_model_arguments(p, data: bool = True) -> None:

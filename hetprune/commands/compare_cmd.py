@@ -13,8 +13,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from ..errors import HetpruneError
-from ..plugins import get_registry
+from ..core.errors import HetpruneError
+from ..core.plugins import get_registry
 from .common import add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line
 from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, settings_options
 
@@ -76,7 +76,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..io import no_empty_folder_on_error
+    from ..core.io import no_empty_folder_on_error
 
     with no_empty_folder_on_error(args.out):  # a budget the model cannot meet leaves no folder behind
         return _run(args)
@@ -84,7 +84,7 @@ def run(args) -> int:
 
 def _run(args) -> int:
     """Parse the options, build the model and its Task, and call [`hetprune.compare`][hetprune.compare.compare]."""
-    from .. import distributed as dist
+    from ..core import distributed as dist
     from ..compare import COMPARE_FOLDER, DEFAULT_STRATEGIES, compare
     from ..run_start import start_run
     from ..task import classification

@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..errors import HetpruneError
+from ..core.errors import HetpruneError
 
 HELP = "export a pruned model to ONNX (verified in ONNX Runtime), torch.export or a hub-style folder"
 SUFFIX = {"onnx": ".onnx", "pt2": ".pt2", "hub": "-hub"}
@@ -88,7 +88,7 @@ def add_arguments(p) -> None:
 
 def _target(args):
     """``(label, model, recipe, folder_or_None, report_or_None)``."""
-    from ..io import read_json
+    from ..core.io import read_json
     from ..models import ModelSpec, build_with_weights
     from ..recipe import Recipe, arch_of, default_provenance
     from .bench_cmd import load_model, parse_model_kwargs
@@ -198,7 +198,7 @@ def run(args) -> int:
     check_output(out, args.overwrite, folder=args.format == "hub")
     if args.format == "hub":   # a folder: refused when it holds anything hetprune did not write, overwrite or not
         from ..export.hub import HUB_FOLDER
-        from ..io import check_result_folder
+        from ..core.io import check_result_folder
 
         check_result_folder(out, HUB_FOLDER, overwrite=True)
     if args.threads:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import time
 
-from ..errors import HetpruneError
-from ..plugins import KINDS, get_registry
+from ..core.errors import HetpruneError
+from ..core.plugins import KINDS, get_registry
 
 HELP = "list plugins and the components they registered; --check runs the conformance kit on them"
 

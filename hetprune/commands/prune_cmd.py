@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import config as config_mod
-from ..errors import HetpruneError
-from ..plugins import get_registry
+from ..core import config as config_mod
+from ..core.errors import HetpruneError
+from ..core.plugins import get_registry
 from .common import add_model_arguments, apply_data_options, augment_from, base_model, command_line, data_for, data_line
 
 HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
@@ -146,7 +146,7 @@ def settings_options(args, strategies: list) -> dict:
 def run(args) -> int:
     """Parse the options, start the run, build the model and its Task, and call
     [`hetprune.prune`][hetprune.api.prune]."""
-    from .. import distributed as dist
+    from ..core import distributed as dist
     from ..api import prune
     from ..costs import human
     from ..recipe import PRUNED_MODEL

@@ -19,13 +19,13 @@ from typing import Callable
 
 from torch import nn
 
-from .. import distributed as dist
+from ..core import distributed as dist
 from ..budget import Budget
-from ..errors import HetpruneError, option
-from ..io import no_empty_folder_on_error
+from ..core.errors import HetpruneError, option
+from ..core.io import no_empty_folder_on_error
 from ..pipeline import PruneJob
 from ..plan import check_probe, read_probe
-from ..plugins import Registry
+from ..core.plugins import Registry
 from ..run_start import run_key
 # the names other modules, benchmarks and tests import from hetprune.compare
 from .report import aggregate, base_text, budget_text, markdown_table, mean_std, rows_csv, write_outputs  # noqa: F401
@@ -103,7 +103,8 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     ``plan=True`` trains nothing and returns the [`Plan`][hetprune.plan.Plan] of every row, summed per
     strategy (see [`hetprune.prune`][hetprune.api.prune]); it goes to ``OUT/work/plan.json``.
     """
-    from .. import cost_model, devices
+    from .. import cost_model
+    from ..core import devices
     from ..run_start import as_given, start_run
 
     names = [strategies] if isinstance(strategies, str) else list(strategies)

@@ -10,7 +10,7 @@ import os
 import statistics
 from pathlib import Path
 
-from ..io import write_json_atomic, write_text_atomic
+from ..core.io import write_json_atomic, write_text_atomic
 from ..report import legacy_metric
 
 from .spec import CompareSpec, budget_text

@@ -12,14 +12,14 @@ from typing import Callable
 
 from torch import nn
 
-from .. import config
-from .. import distributed as dist
-from ..errors import BudgetUnreachable, HetpruneError
-from ..io import ResultFolder, check_result_folder, make_result_folder
+from ..core import config
+from ..core import distributed as dist
+from ..core.errors import BudgetUnreachable, HetpruneError
+from ..core.io import ResultFolder, check_result_folder, make_result_folder
 from ..data import seed_everything
 from ..models import model_hash
 from ..pipeline import PruneJob
-from ..plugins import Registry
+from ..core.plugins import Registry
 from ..resume import made_when, note_saved, now
 from ..task import classification, format_metric
 from .spec import CompareSpec, RowPlan, model_folder, row_id, row_key
@@ -151,9 +151,9 @@ def _worker(payload: dict) -> dict:
     import torch
 
     from ..data import load_data
-    from ..io import load_weights
+    from ..core.io import load_weights
     from ..models import ModelSpec, build, load_state_into
-    from ..plugins import get_registry, load_module
+    from ..core.plugins import get_registry, load_module
 
     torch.set_num_threads(1)
     for module in payload["plugin_modules"]:
@@ -217,8 +217,8 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        from ..io import save_weights
-        from ..plugins import extra_modules
+        from ..core.io import save_weights
+        from ..core.plugins import extra_modules
 
         if data_spec is None or model_spec is None or model_spec.is_user_built:
             raise HetpruneError("jobs > 1 runs rows in fresh processes that rebuild the base model and the data by "

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import config
+from ..core import config
 from ..budget import Budget
-from ..cache import fingerprint
-from ..errors import HetpruneError
+from ..core.fingerprint import fingerprint
+from ..core.errors import HetpruneError
 
 
 @dataclass

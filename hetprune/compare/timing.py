@@ -9,7 +9,7 @@ from typing import Callable
 
 from torch import nn
 
-from ..cache import fingerprint
+from ..core.fingerprint import fingerprint
 from .spec import CompareSpec
 
 

@@ -18,7 +18,18 @@ import sys
 import warnings
 
 # old dotted name -> its home now (one entry per module or moved package, bottom layer first)
-ALIASES: dict[str, str] = {}
+ALIASES: dict[str, str] = {
+    "hetprune.errors": "hetprune.core.errors",
+    "hetprune.hookspecs": "hetprune.core.hookspecs",
+    "hetprune.config": "hetprune.core.config",
+    "hetprune.io": "hetprune.core.io",
+    "hetprune.cache": "hetprune.core.fingerprint",
+    "hetprune.contract": "hetprune.core.contract",
+    "hetprune.plugins": "hetprune.core.plugins",
+    "hetprune.devices": "hetprune.core.devices",
+    "hetprune.distributed": "hetprune.core.distributed",
+    "hetprune.tensors": "hetprune.core.tensors",
+}
 
 
 def _lookup(name: str, table: dict[str, str]) -> str | None:

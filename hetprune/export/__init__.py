@@ -14,7 +14,7 @@ Why each choice:
   changes: a removed site leaves no trace, and ops outside the sites, such as
   CaiT's class attention, need no family knowledge); and a run in the target
   runtime on a seeded batch compared with the PyTorch model. Anything wrong
-  raises [`HetpruneError`][hetprune.errors.HetpruneError] and leaves no file.
+  raises [`HetpruneError`][hetprune.core.errors.HetpruneError] and leaves no file.
 * The exporter silently falls back to another opset when it cannot convert;
   we check the opset it wrote and refuse instead.
 * A hub folder is a saved model folder (``recipe.json`` +

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import HetpruneError, option
+from ..core.errors import HetpruneError, option
 
 
 def _image_tensor(batch):

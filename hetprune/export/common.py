@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import HetpruneError, option, switch
-from ..io import follow_umask
+from ..core.errors import HetpruneError, option, switch
+from ..core.io import follow_umask
 
 FORMATS = ("onnx", "pt2", "hub")
 

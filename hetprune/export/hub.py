@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import HetpruneError, option
-from ..io import ResultFolder
+from ..core.errors import HetpruneError, option
+from ..core.io import ResultFolder
 from ..recipe import RECIPE_FILE, WEIGHTS_FILE
 from ..report import legacy_metric
 from .common import verify_input
@@ -246,7 +246,7 @@ def _speed_rows(bench_json: str | Path | None) -> list[dict] | None:
     """The rows of a ``hetprune bench --json`` result for the pruned model, or None."""
     if not bench_json:
         return None
-    from ..io import read_json
+    from ..core.io import read_json
 
     data = read_json(bench_json, f"{option('bench-json')} file")
     try:
@@ -272,7 +272,7 @@ def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Pa
     checked INT8 file the folder carries as ``model.int8.onnx``, its metric and calibration stated in the card.
     """
     from ..costs import CONVENTION, count_macs, count_params
-    from ..io import atomic_folder, save_weights, state_dict_for_saving, write_json_atomic, write_text_atomic
+    from ..core.io import atomic_folder, save_weights, state_dict_for_saving, write_json_atomic, write_text_atomic
     from ..models import build, check_kwargs
     from ..recipe import SCHEMA_VERSION, load
 

@@ -44,8 +44,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import tensors
-from ..errors import HetpruneError, on_command_line, option, switch
+from ..core import tensors
+from ..core.errors import HetpruneError, on_command_line, option, switch
 from .calibration import calibration_images, check_count, check_images
 from .common import DEFAULT_OPSET, _publish, _temp_path, check_batch, check_output, need
 from .ort_model import OnnxModule, fixed_batch

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..costs import MATMUL_FUNCTIONS
-from ..errors import HetpruneError, option
+from ..core.errors import HetpruneError, option
 from .common import (DEFAULT_OPSET, INPUT_NAME, _dynamic_shapes, _example, _prepared, _publish, _quiet_exporter,
                      _temp_path, _verify_batch, check_batch, check_dtype, check_output, compare_outputs, need,
                      output_names, verify_input)

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from hetprune import BudgetUnreachable, Site, sites
 from hetprune import surgery
-from hetprune.config import Section, number, setting
+from hetprune.core.config import Section, number, setting
 from hetprune.pipeline import DepthStrategy, PruneJob, scoring_context, select_sites
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from hetprune import HetpruneError, bench
-from hetprune.config import Section, number, setting, whole
+from hetprune.core.config import Section, number, setting, whole
 from hetprune.costs import CONVENTION, count_macs
 from hetprune.latency import LatencyTable, default_dtype
 

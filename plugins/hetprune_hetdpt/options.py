@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hetprune.config import Section, setting, whole
+from hetprune.core.config import Section, setting, whole
 
 FINETUNES = ("auto", "finetune", "short_finetune")
 ORDERS = ("act", "attn")

@@ -27,11 +27,11 @@ import copy
 import time
 
 from hetprune import HetpruneError, Site, sites
-from hetprune import distributed as dist
-from hetprune.cache import fingerprint
+from hetprune.core import distributed as dist
+from hetprune.core.fingerprint import fingerprint
 from hetprune.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context, select_sites
 from hetprune.train import batch_split
-from hetprune.config import RunSettings
+from hetprune.core.config import RunSettings
 from hetprune.plan import finetune_step
 from hetprune.points import PointStore
 

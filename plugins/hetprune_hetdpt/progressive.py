@@ -12,8 +12,8 @@ import pathlib
 import time
 
 from hetprune import HetpruneError, Site, sites
-from hetprune import distributed as dist
-from hetprune.cache import fingerprint
+from hetprune.core import distributed as dist
+from hetprune.core.fingerprint import fingerprint
 from hetprune.pipeline import PruneJob, rank_lowest, remove_sites
 from hetprune.plan import finetune_step
 from hetprune.points import PointStore
@@ -155,7 +155,7 @@ class ProgressivePoints(PointScheme):
     def kept(self, path: PointPath, steps: list[int], check: bool = False):
         """The first of ``steps`` (latest first) whose weights are kept, as ``(model, removed sites, step)``,
         or None. Rank 0 decides which (what it sees in the shared folder) and every rank loads that one, or
-        every rank stops with one error (`hetprune.distributed.follow_main`). ``check``: a file whose sites
+        every rank stops with one error (`hetprune.core.distributed.follow_main`). ``check``: a file whose sites
         are not its step's split is passed over (said aloud)."""
         job = self.job
 

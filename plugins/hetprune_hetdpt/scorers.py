@@ -12,11 +12,12 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from hetprune import HetpruneError, devices
-from hetprune import distributed as dist
+from hetprune import HetpruneError
+from hetprune.core import devices
+from hetprune.core import distributed as dist
 from hetprune import train as training
 from hetprune.adapters import adapter_for
-from hetprune.config import Section, number, setting, whole
+from hetprune.core.config import Section, number, setting, whole
 from hetprune.resume import made_when, note_saved, now, reusable, weights_key
 
 from . import gates
@@ -355,7 +356,7 @@ class GateTaylorScorer:
     def _resume(path: Path, key: dict, ctx, device, distributed: bool) -> dict | None:
         """The gate checkpoint to continue from, or None. Under DDP rank 0 decides and every rank loads the
         same one (its step and save time checked), or every rank stops with one error
-        (`hetprune.distributed.follow_main`) rather than some resuming while others start afresh."""
+        (`hetprune.core.distributed.follow_main`) rather than some resuming while others start afresh."""
         def read() -> dict | None:
             if not path.is_file():
                 return None

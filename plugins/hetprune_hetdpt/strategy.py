@@ -6,7 +6,7 @@ from __future__ import annotations
 from hetprune import HetpruneError, Site
 from hetprune.pipeline import DepthStrategy, PruneJob
 from hetprune.points import metric_of
-from hetprune import distributed as dist
+from hetprune.core import distributed as dist
 
 from .options import HetDPTOptions
 from .point_schemes import OneShotPoints, grid_plan, resolve_finetune

@@ -36,7 +36,7 @@ class TrainingLog:
         self.folder, self.steps = Path(folder), {}
 
     def row(self, stage: str, epoch: int, metrics: dict) -> None:
-        from hetprune import distributed
+        from hetprune.core import distributed
 
         if self.folder is None or not distributed.is_main():
             return

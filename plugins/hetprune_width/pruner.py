@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetprune import HetpruneError
-from hetprune.config import Section, number, setting, whole
+from hetprune.core.config import Section, number, setting, whole
 from hetprune.costs import count_macs, human
 from hetprune.widths import width_info
 

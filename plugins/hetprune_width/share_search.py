@@ -20,9 +20,9 @@ import functools
 import time
 
 from hetprune import HetpruneError
-from hetprune import distributed as dist
+from hetprune.core import distributed as dist
 from hetprune.budget import kind_savings, max_per_kind, pair_cost
-from hetprune.cache import fingerprint
+from hetprune.core.fingerprint import fingerprint
 from hetprune.pipeline import PruneJob, remove_sites
 from hetprune.points import PointStore, metric_of
 

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 import hetprune
-from hetprune import HetpruneError, config, get_registry
+from hetprune import HetpruneError, get_registry
+from hetprune.core import config
 from hetprune import surgery
 from hetprune.budget import Budget, site_savings
 from hetprune.costs import count_macs, human

@@ -2,7 +2,7 @@
 
 hetprune finds this module through the entry point in ``pyproject.toml``
 (group ``hetprune``) and calls the hooks below, which are marked with
-``hetprune.hookimpl`` and named exactly as in ``hetprune/hookspecs.py``.
+``hetprune.hookimpl`` and named exactly as in ``hetprune/core/hookspecs.py``.
 """
 
 import hetprune

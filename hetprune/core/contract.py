@@ -1,7 +1,7 @@
 """The plugin contract, enforced: every component the registry builds is
 wrapped in `Checked`, which validates what the contract methods return
 and turns a broken promise or an exception from plugin code into a
-[`PluginError`][hetprune.errors.PluginError] naming the plugin, the component, the
+[`PluginError`][hetprune.core.errors.PluginError] naming the plugin, the component, the
 stage and what was wrong.
 
 The rules live once, as functions per kind and method in `RULES`: here
@@ -96,7 +96,7 @@ def code_home(module_name: str | None) -> list[str]:
 
 
 def _hetprune_home() -> str:
-    return str(Path(__file__).resolve().parent)
+    return str(Path(__file__).resolve().parent.parent)   # the hetprune package
 
 
 def _under(filename: str, roots: list[str]) -> bool:

@@ -27,6 +27,16 @@ from .errors import HetpruneError, option, switch
 _SAVED: list[str] = []   # resumable work this process has written (what an interrupted command can say)
 
 
+def cache_dir() -> Path:
+    """Where hetprune keeps what it can rebuild (trained base models, data): ``$HETPRUNE_CACHE``, else
+    ``$XDG_CACHE_HOME/hetprune``, else ``~/.cache/hetprune``."""
+    explicit = os.environ.get("HETPRUNE_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hetprune"
+
+
 def note_saved(what: str) -> None:
     """Record that a piece of resumable work was just written (a checkpoint, a MAP point, a compare row), so
     an interrupted command can say truthfully whether anything is there to resume."""

@@ -34,7 +34,7 @@ DEFAULT_TIMEOUT_MIN = 30.0   # the setting dist_timeout_min's default
 def init_from_env(device: str | torch.device = "cpu", timeout_min: float | None = None) -> bool:
     """Join the process group torchrun describes (``WORLD_SIZE`` > 1): nccl on CUDA, gloo on CPU.
 
-    ``device`` is the run's device (``hetprune.devices.resolve``): a rank on
+    ``device`` is the run's device (``hetprune.core.devices.resolve``): a rank on
     CUDA uses its ``LOCAL_RANK`` GPU. ``timeout_min`` (the setting
     ``dist_timeout_min``) is how long a collective waits for a rank that does
     not come before every rank fails: what turns a lost or stuck rank into an

@@ -1,13 +1,13 @@
 """Settings of a pruning run: defaults, a YAML file (``--config``), the
 Python call's ``settings`` and command-line overrides, merged in that order by
-one function, [`resolve`][hetprune.config.resolve]. Unknown keys are errors
+one function, [`resolve`][hetprune.core.config.resolve]. Unknown keys are errors
 that name the key and where it came from.
 
-Settings are typed. Every section is a dataclass ([`Section`][hetprune.config.Section]:
+Settings are typed. Every section is a dataclass ([`Section`][hetprune.core.config.Section]:
 ``from_dict`` refuses unknown keys and names the allowed ones,
-``__post_init__`` validates): the core's ([`RunSettings`][hetprune.config.RunSettings],
-[`TrainConfig`][hetprune.config.TrainConfig] for each fine-tune schedule,
-[`ScoringConfig`][hetprune.config.ScoringConfig]) and each strategy's own, which it
+``__post_init__`` validates): the core's ([`RunSettings`][hetprune.core.config.RunSettings],
+[`TrainConfig`][hetprune.core.config.TrainConfig] for each fine-tune schedule,
+[`ScoringConfig`][hetprune.core.config.ScoringConfig]) and each strategy's own, which it
 declares in its ``sections`` attribute (``{"hetdpt": HetDPTOptions}``). A
 value's type comes from its field's annotation. Dicts remain only at the
 edges: YAML, ``--set``, ``report.json`` and the keys of stored results; code
@@ -144,7 +144,7 @@ class TrainConfig:
     device: str = setting("cpu", "the run's (a device name, or a torch.device already resolved)")
     workers: int = setting(0, "data-loading worker processes (0: the data set's own default; ImageFolder: a share "
                               "of the CPUs per local process)")
-    amp: str = setting("none", "the run's: bf16 | fp16 | none | auto (hetprune.devices.resolve_amp)")
+    amp: str = setting("none", "the run's: bf16 | fp16 | none | auto (hetprune.core.devices.resolve_amp)")
     # -- issue 42: long-schedule recipes; every one off by default ------------------------------------------
     mixup: float = setting(0.0, "mixup alpha (0: off); pairs are drawn from the global step, the same on every rank")
     cutmix: float = setting(0.0, "cutmix alpha (0: off)")
@@ -610,7 +610,7 @@ def yaml_problem(exc: Exception) -> str:
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
-SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def shipped_configs() -> list[str]:

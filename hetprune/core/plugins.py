@@ -6,7 +6,7 @@ Plugins come from three places, and from nowhere else:
   optionally restricted by the environment variable ``HETPRUNE_PLUGINS``
   (a comma-separated allow-list of entry-point names);
 * ``--plugin pkg.module`` on the command line (`load_module`);
-* objects registered in code with [`register_plugin`][hetprune.plugins.register_plugin] (tests, notebooks).
+* objects registered in code with [`register_plugin`][hetprune.core.plugins.register_plugin] (tests, notebooks).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ class Registry:
 
     def build(self, kind: str, name: str, **options):
         """Build a component by name, wrapped so that every call is checked against the plugin contract
-        (`hetprune.contract`); its faults are errors naming the plugin."""
+        (`hetprune.core.contract`); its faults are errors naming the plugin."""
         comp = self.component(kind, name)
         rules_for(kind)   # the kind's rules, loaded now: a component never runs unchecked
         origin = lambda: self.origin(comp.plugin, comp.factory)  # noqa: E731 - only needed for a message
@@ -145,7 +145,7 @@ class Registry:
             raise
         except Exception as exc:
             o = origin()
-            if not plugin_fault(exc, o, [str(Path(__file__).resolve().parent), *builtin_homes()], skip=0):
+            if not plugin_fault(exc, o, [str(Path(__file__).resolve().parent.parent), *builtin_homes()], skip=0):
                 raise  # hetprune's own bug: keep the traceback
             raise PluginError(f"{o.describe()}: {kind} {name!r} could not be built with options {options}: "
                               f"{type(exc).__name__}: {exc}", plugin=o.plugin, kind=kind, component=name,
@@ -166,7 +166,7 @@ class Registry:
     def plugins(self) -> list[PluginInfo]:
         infos: dict[str, PluginInfo] = {}
         for plugin_name, plugin in self.pm.list_name_plugin():
-            if plugin is hookspecs or plugin_name == "hetprune.hookspecs":
+            if plugin is hookspecs or plugin_name == "hetprune.core.hookspecs":
                 continue
             version, source = self._versions.get(plugin_name, ("", "code"))
             infos[plugin_name] = PluginInfo(plugin_name, version, source)
@@ -325,7 +325,7 @@ def unregister_plugin(name: str) -> None:
 
 
 def reset() -> None:
-    """Forget the loaded registry; the next [`get_registry`][hetprune.plugins.get_registry] reloads."""
+    """Forget the loaded registry; the next [`get_registry`][hetprune.core.plugins.get_registry] reloads."""
     global _registry
     _registry = None
 

@@ -7,7 +7,7 @@ any callable returning an object) with a ``name`` attribute; hetprune builds
 it with keyword options when a run asks for it by name.
 
 Every call hetprune makes into a component is checked against the contract
-below (`hetprune.contract`): a broken promise, or an exception from plugin
+below (`hetprune.core.contract`): a broken promise, or an exception from plugin
 code, is one error naming the plugin, the component and the stage.
 ``hetprune.testing`` checks a component against the same contract in a test.
 
