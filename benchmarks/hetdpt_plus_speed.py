@@ -15,7 +15,7 @@ Three (four) models with random weights, timed against each other in one run
 Weights are random: the shapes (what speed depends on) come from magnitude
 importance on random weights, not from Taylor importance on ImageNet as in
 the papers, so the per-layer widths differ from theirs; the MAC budget is
-the same. MACs follow hetprune's convention (:data:`hetprune.costs.CONVENTION`).
+the same. MACs follow hetprune's convention (:data:`hetprune.model.macs.CONVENTION`).
 
     python benchmarks/hetdpt_plus_speed.py --batch 1 32 --threads 2 \\
         --out benchmarks/results/hetdpt-plus-speed-cpu-b1-b32.md
@@ -81,10 +81,10 @@ def main(argv=None) -> int:
     import hetprune
     from hetprune.bench import format_table, load_average, measure
     from hetprune.budget import parse_macs
-    from hetprune.costs import CONVENTION, count_macs, human
-    from hetprune.models import ModelSpec, build
-    from hetprune.recipe import apply_recipe, resolve_recipe
-    from hetprune.widths import read_widths
+    from hetprune.model.macs import CONVENTION, count_macs, human
+    from hetprune.model.spec import ModelSpec, build
+    from hetprune.model.recipe import apply_recipe, resolve_recipe
+    from hetprune.model.widths import read_widths
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     plus_report = width_prune(plus, "hetdpt-plus")
     first = None
     if args.with_width_first:   # as hetdpt-plus's width-depth order: width, then the sites, then a trim
-        from hetprune import surgery
+        from hetprune.model import surgery
 
         first = copy.deepcopy(dense)
         width_prune(first, "width first", to=min(0.999 * dense_macs, target * dense_macs / depth_macs))

@@ -54,11 +54,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
-from hetprune import bench, surgery  # noqa: E402
+from hetprune import bench
+from hetprune.model import surgery  # noqa: E402
 from hetprune.budget import Budget, feasible_pairs  # noqa: E402
 from hetprune.latency import LatencyTable  # noqa: E402
-from hetprune.models import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build  # noqa: E402
-from hetprune.sites import depth  # noqa: E402
+from hetprune.model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build  # noqa: E402
+from hetprune.model.sites import depth  # noqa: E402
 
 AA = "dense again (A/A)"
 CONFIGS = {
@@ -113,7 +114,7 @@ def run_config(name: str, batch: int, speedup: float, repeats: int, log, width: 
     k = int(-(-(dense_pred - dense_pred / speedup) // per_block))
     models[f"block-drop {k}"] = dropped(dense, k)
     if width:   # width-pruned to 1/S of the MACs (magnitude importance; every block its own shape)
-        from hetprune.costs import count_macs
+        from hetprune.model.macs import count_macs
         from hetprune_width.pruner import IsomorphicWidthPruner
 
         thin = copy.deepcopy(dense).cpu()

@@ -282,8 +282,8 @@ def unmerged_twin(folder: Path, twins: Path):
     """The saved (merged) model of ``folder`` and its unmerged twin, the weights the merger was handed."""
     import hetprune
     from hetprune.core.io import load_weights
-    from hetprune.models import build, load_state_into, model_hash
-    from hetprune.recipe import Recipe, apply_recipe, load_recipe
+    from hetprune.model.spec import build, load_state_into, model_hash
+    from hetprune.model.recipe import Recipe, apply_recipe, load_recipe
 
     merged = hetprune.load(folder)
     recipe = load_recipe(folder)
@@ -447,10 +447,10 @@ def layer_errors(merged, twin, task, threads: int, n_images: int = 256) -> list[
     import onnx
     import onnx.utils
 
-    from hetprune.adapters import adapter_for
+    from hetprune.model.adapters import adapter_for
     from hetprune.export import export_int8, export_onnx, onnx_session
     from hetprune.export.calibration import check_images
-    from hetprune.models import input_shape_of
+    from hetprune.model.spec import input_shape_of
 
     images = check_images(task, n_images, 1, input_shape_of(merged))[0].numpy()
     names = {id(m): n for n, m in merged.named_modules()}

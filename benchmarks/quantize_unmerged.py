@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 import hetprune
-from hetprune import surgery
+from hetprune.model import surgery
 
 ENV = "HETPRUNE_UNMERGED_DIR"
 NAME = "keep-unmerged"
@@ -29,7 +29,7 @@ class KeepUnmerged:
 
     def merge(self, model):
         from hetprune.core.io import save_weights
-        from hetprune.models import model_hash
+        from hetprune.model.spec import model_hash
 
         before = copy.deepcopy(model)
         merged = sorted(surgery.merge_all(model, fold_norm=self.fold_norm))

@@ -87,7 +87,7 @@ def make_models(folder: Path) -> tuple[Path, Path]:
     import torch
 
     from hetprune.core.io import save_weights
-    from hetprune.models import ModelSpec, build
+    from hetprune.model.spec import ModelSpec, build
 
     paths = folder / "student.safetensors", folder / "teacher.safetensors"
     for path, name, seed in zip(paths, ("deit_tiny_distilled_patch16_224", "deit_tiny_patch16_224"), (0, 1)):

@@ -33,8 +33,8 @@ import torch
 
 from hetprune.bench import environment_line, format_table, measure
 from hetprune.core.io import read_json, write_json_atomic, write_text_atomic
-from hetprune.models import ModelSpec, build
-from hetprune.recipe import Recipe, apply_recipe, arch_of, load, load_recipe, resolve_recipe
+from hetprune.model.spec import ModelSpec, build
+from hetprune.model.recipe import Recipe, apply_recipe, arch_of, load, load_recipe, resolve_recipe
 
 PAPER_RECIPE = "deit_base_hetdpt_paper"
 CONFIGS = {

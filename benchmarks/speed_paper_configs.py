@@ -29,8 +29,8 @@ import torch
 
 from hetprune.bench import environment_line, format_table, measure, resolve_device
 from hetprune.core.io import write_json_atomic, write_text_atomic
-from hetprune.models import ModelSpec, build
-from hetprune.recipe import Recipe, apply_recipe, arch_of, resolve_recipe
+from hetprune.model.spec import ModelSpec, build
+from hetprune.model.recipe import Recipe, apply_recipe, arch_of, resolve_recipe
 
 PAPER_RECIPE = "deit_base_hetdpt_paper"
 CONFIGS = {"deit_b": "deit_base_patch16_224", "deit_s": "deit_small_patch16_224"}

@@ -172,7 +172,7 @@ def main(argv=None) -> int:
                 "short_finetune": {"epochs": 1, "lr": 1e-3, "subset": 128 if args.tiny else 300},
                 "scoring": {"subset": 128 if args.tiny else 300}}
     example = next(iter(task.val))[0][:1]
-    rows = [("dense", dense_miou, hetprune.costs.count_macs(model, example), "")]
+    rows = [("dense", dense_miou, hetprune.model.macs.count_macs(model, example), "")]
     models = {"dense": model}
     notes = []
     for name in args.strategies.split(","):
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     load = hetprune.bench.load_average()
     lines = ["| model | sites removed (attn+act) | mIoU (%) | MACs per image | measured speedup |",
              "|---|---|---|---|---|"]
-    lines += [f"| {n} | {s or '-'} | {m:.2f} | {hetprune.costs.human(c)} | {speed[n]:.2f}x |" for n, m, c, s in rows]
+    lines += [f"| {n} | {s or '-'} | {m:.2f} | {hetprune.model.macs.human(c)} | {speed[n]:.2f}x |" for n, m, c, s in rows]
     about = (f"`python examples/segmentation.py{' --tiny' if args.tiny else ''}` on {hetprune.bench.cpu_name()}, "
              f"{torch.get_num_threads()} thread, load average {load[0] if load else 'n/a'}, "
              f"{time.time() - started:.0f}s in all; MAC target {args.target_macs} of dense; torch {torch.__version__}")

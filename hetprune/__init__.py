@@ -1,12 +1,12 @@
 """hetprune: structured pruning of Vision Transformers, extensible with plugins.
 
 For users: [`prune`][hetprune.api.prune] (and [`compare`][hetprune.compare.compare], [`ablate`][hetprune.ablate.ablate]) prune their own
-model for their own [`Task`][hetprune.task.Task]; [`load`][hetprune.recipe.load] and [`apply_recipe`][hetprune.recipe.apply_recipe] bring
+model for their own [`Task`][hetprune.task.Task]; [`load`][hetprune.model.recipe.load] and [`apply_recipe`][hetprune.model.recipe.apply_recipe] bring
 a pruned model back. The public API for users and plugin authors is what this
 module exports, plus
-the modules ``hetprune.surgery`` (exact removal/merge primitives),
+the modules ``hetprune.model.surgery`` (exact removal/merge primitives),
 ``hetprune.pipeline`` (the shared strategy steps), ``hetprune.core.config``,
-``hetprune.recipe``, ``hetprune.costs``, ``hetprune.bench``, ``hetprune.adapters``
+``hetprune.model.recipe``, ``hetprune.model.macs``, ``hetprune.bench``, ``hetprune.model.adapters``
 (architecture adapters), ``hetprune.latency`` (per-device latency tables) and
 ``hetprune.points`` (stored accuracy points), and for plugin authors ``hetprune.testing`` (the
 conformance kit) and ``hetprune.core.contract`` (the rules every call into a
@@ -60,7 +60,7 @@ def __dir__() -> list[str]:
 
 class _Package(types.ModuleType):
     def __setattr__(self, name, value):
-        # importing the submodule hetprune.sites (compare, ablate) binds it here; the public name is its function
+        # importing the submodule hetprune.model.sites (compare, ablate) binds it here; the public name is its function
         if name in _FUNCTION_MODULES and isinstance(value, types.ModuleType):
             value = getattr(value, name)
         super().__setattr__(name, value)

@@ -5,7 +5,7 @@
 
 ``model`` is any ``nn.Module`` an adapter knows: a timm or Hugging Face ViT,
 one inside the user's own module (a backbone under a head), or the user's own
-transformer with ``adapter=hetprune.adapters.generic(...)``. ``task`` is a
+transformer with ``adapter=hetprune.model.adapters.generic(...)``. ``task`` is a
 [`hetprune.Task`][hetprune.task.Task] (the user's data, loss, metric and training loop) or a
 classification `DataBundle`. The CLI's ``hetprune
 prune`` parses its options, builds the model and the Task, and calls
@@ -24,17 +24,17 @@ from typing import Callable
 from torch import nn
 
 from .core import distributed as dist
-from .adapters import Adapter
+from .model.adapters import Adapter
 from .budget import Budget
 from .data import seed_everything
 from .core.errors import HetpruneError
 from .core.io import check_result_folder, no_empty_folder_on_error
-from .models import ModelSpec
+from .model.spec import ModelSpec
 from .pipeline import PruneJob, PruneResult
 from .core.plugins import Registry
 from .plan import PROBE_SECONDS, Plan, check_probe, probe, read_probe, val_size
 from .plan import write as write_plan
-from .recipe import PRUNED_MODEL, REPORT_FILE, save
+from .model.recipe import PRUNED_MODEL, REPORT_FILE, save
 from . import run_start
 from .run_start import RunStart, as_given, check_names, dense_info, run_device, run_key  # noqa: F401 - public here
 from .task import Task
@@ -93,7 +93,7 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     ``report.json``) and checkpoints go beside it (``OUT.work``), so
     ``resume=True`` continues an interrupted run; without it the run works in
     a temporary folder. ``adapter`` pins the architecture adapter (a user's
-    own transformer: `hetprune.adapters.generic`); ``spec`` says how
+    own transformer: `hetprune.model.adapters.generic`); ``spec`` says how
     hetprune can build the base again (a timm name), else the recipe records
     a user-built base. ``start`` is a run already started with
     [`start_run`][hetprune.run_start.start_run] (the command line starts one

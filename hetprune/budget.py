@@ -27,11 +27,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import surgery
-from .costs import count_macs
+from .model import surgery
+from .model.macs import count_macs
 from .core.errors import BudgetUnreachable, HetpruneError, on_command_line, option
-from .adapters import adapter_for
-from .sites import Site, depth
+from .model.adapters import adapter_for
+from .model.sites import Site, depth
 
 
 class _Source(str):

@@ -340,7 +340,7 @@ def image_folder(path: str | Path, model: torch.nn.Module, augment="light", work
                             f"{fingerprint_by!r}")
     from timm.data import resolve_data_config
 
-    from .models import input_shape_of
+    from .model.spec import input_shape_of
 
     root = Path(path)
 

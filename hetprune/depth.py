@@ -16,7 +16,7 @@ from .core.errors import HetpruneError
 from .job import PruneJob
 from .plan import PlanStep, evaluation_step, finetune_step
 from .report import PruneResult
-from .sites import Site
+from .model.sites import Site
 from .steps import allocation, finetune_and_measure, merge, finish, remove_sites, reported_epoch, select_sites
 
 class DepthStrategy:

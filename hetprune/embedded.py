@@ -27,7 +27,7 @@ from .core.io import cache_dir
 from .data import DIGIT_PAIRS, DIGITS, DataBundle, digit_pairs, digits, loader
 from .core.errors import HetpruneError
 from .core.io import load_weights, read_json, save_weights, write_json_atomic
-from .models import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build, load_state_into
+from .model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build, load_state_into
 from .train import TrainConfig, evaluate, train
 
 DIGITS_TRAINING = dict(epochs=30, lr=1e-3, batch_size=32, weight_decay=0.05, seed=0)

@@ -14,15 +14,15 @@ import torch
 from torch import nn
 
 from .core import contract, devices
-from . import model_checks
+from .model import checks as model_checks
 from .core import distributed as dist
-from .adapters import Adapter, adapter_for, serving
+from .model.adapters import Adapter, adapter_for, serving
 from .budget import Budget, feasible_pairs
 from .core.config import RunSettings, Section, per_gpu_resolved
 from .cost_model import build as build_cost_model, run_model_name
 from .data import DataBundle
 from .core.errors import HetpruneError
-from .models import ModelSpec, model_hash
+from .model.spec import ModelSpec, model_hash
 from .core.plugins import Registry
 from .resume import base_key
 from .task import Task, as_task, reuse_tag
@@ -207,7 +207,7 @@ class PruneJob:
         what = (cfg.teacher, cfg.teacher_checkpoint, cfg.teacher_pretrained, repr(sorted(spec.kwargs.items())))
 
         def build():
-            from .models import build_with_weights
+            from .model.spec import build_with_weights
 
             model = self.place(build_with_weights(spec, pretrained=cfg.teacher_pretrained,
                                                   checkpoint=cfg.teacher_checkpoint or None)).eval()

@@ -63,10 +63,10 @@ from torch import nn
 
 from . import bench
 from .core import devices
-from .adapters import adapter_for
+from .model.adapters import adapter_for
 from .core.fingerprint import fingerprint
 from .core.io import cache_dir
-from .costs import hooked_forward
+from .model.macs import hooked_forward
 from .core.errors import HetpruneError
 from .core.io import read_json, write_json_atomic
 

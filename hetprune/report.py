@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 
 from torch import nn
 
-from .recipe import Recipe
+from .model.recipe import Recipe
 
 # what every strategy's report holds; checked by the contract (hetprune.steps.finish fills all of them)
 REPORT_KEYS = ("strategy", "n_attn", "n_act", "sites", "params", "macs", "dense_params", "dense_macs",

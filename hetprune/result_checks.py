@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from .core import distributed as dist
 from .core.contract import Violation, add_rules, type_name
 from .core.errors import HetpruneError
-from .model_checks import outputs, relative_error, runs
-from .models import model_hash
+from .model.checks import outputs, relative_error, runs
+from .model.spec import model_hash
 from .report import REPORT_KEYS, PruneResult
-from .recipe import Recipe, load, save
+from .model.recipe import Recipe, load, save
 
 if TYPE_CHECKING:
     import torch

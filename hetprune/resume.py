@@ -23,7 +23,7 @@ def weights_key(model: nn.Module) -> str:
 
     The state dict alone does not say which sites are gone (a removed activation holds no weight): key the
     structure too, with `structure_key`."""
-    from .models import model_hash
+    from .model.spec import model_hash
 
     return model_hash(model)
 

@@ -25,12 +25,12 @@ from .core import config as config_mod
 from . import cost_model
 from .core import devices
 from .core import distributed as dist
-from .adapters import Adapter
+from .model.adapters import Adapter
 from .budget import Budget
 from .data import EMBEDDED, DataBundle
 from .core.errors import HetpruneError, option
 from .core.io import ResultFolder, check_result_folder, make_result_folder
-from .models import ModelSpec, model_hash
+from .model.spec import ModelSpec, model_hash
 from .pipeline import resolve_adapter
 from .core.plugins import Registry, get_registry
 from .resume import base_key

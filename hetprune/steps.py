@@ -13,13 +13,13 @@ from torch import nn
 from .core import contract
 from .core import distributed as dist
 from .budget import max_per_kind
-from .costs import cost_summary
+from .model.macs import cost_summary
 from .core.errors import HetpruneError
 from .job import PruneJob, ScoringContext, scoring_context
-from .recipe import arch_of, recipe_from_model
+from .model.recipe import arch_of, recipe_from_model
 from .report import PruneResult, Report, metric_entries
 from .resume import structure_key, weights_key
-from .sites import Site, sites
+from .model.sites import Site, sites
 
 def rank_lowest(scores: dict[Site, float], n: int) -> list[Site]:
     """The ``n`` lowest-scoring sites (ties broken by block index, for determinism)."""

@@ -421,7 +421,7 @@ def check_data_fits(task, model: nn.Module) -> None:
     data): images of another shape than the model takes, or another class count than the width of its
     ``(N, classes)`` output. A model pruned on digits (10 classes) measured on digit-pairs (19, the same
     16x16 images) otherwise "passes" a metric check at chance."""
-    from .models import input_shape_of
+    from .model.spec import input_shape_of
 
     data = getattr(task, "data", None)
     if not isinstance(data, DataBundle):

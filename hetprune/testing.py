@@ -31,13 +31,14 @@ import torch
 from torch import nn
 
 from .core import contract
-from . import model_checks, result_checks, surgery
+from .model import checks as model_checks, surgery
+from . import result_checks
 from .budget import Budget
 from .core.contract import Violation
-from .model_checks import outputs, relative_error
+from .model.checks import outputs, relative_error
 from .core.errors import HetpruneError
-from .models import ModelSpec, build
-from .sites import Site, sites
+from .model.spec import ModelSpec, build
+from .model.sites import Site, sites
 
 TINY_SPEC = ModelSpec("vit_tiny_patch16_224", dict(img_size=16, patch_size=4, in_chans=1, num_classes=10,
                                                    embed_dim=32, depth=4, num_heads=2, init_values=0.1))
@@ -119,7 +120,7 @@ class _UnderTest:
         if not isinstance(self.name, str) or not self.name:
             raise ConformanceError(f"{kind} {cls!r} has no 'name': a component needs a non-empty string "
                                    "class attribute 'name'")
-        if not isinstance(cls, type):   # a ready component (an adapter from hetprune.adapters.generic)
+        if not isinstance(cls, type):   # a ready component (an adapter from hetprune.model.adapters.generic)
             self.obj = cls
             return
         try:
@@ -236,7 +237,7 @@ def check_remover(cls, **options) -> None:
     (``hetprune.save`` + ``hetprune.load``): a removal a recipe cannot replay
     cannot be saved.
     """
-    from .recipe import arch_of, recipe_from_model
+    from .model.recipe import arch_of, recipe_from_model
 
     c = _UnderTest("remover", cls, options)
     kind = getattr(c.obj, "kind", None)
@@ -298,9 +299,9 @@ def check_merger(cls, **options) -> None:
 
 def check_width_pruner(cls, **options) -> None:
     """Prune a tiny model to 60 % of its MACs: at most the target, runnable, and its widths reload exactly."""
-    from .costs import count_macs
-    from .recipe import arch_of, recipe_from_model
-    from .widths import read_widths
+    from .model.macs import count_macs
+    from .model.recipe import arch_of, recipe_from_model
+    from .model.widths import read_widths
 
     c = _UnderTest("width_pruner", cls, options)
     base = tiny_model()
@@ -380,18 +381,18 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, e
     model reloads bit-identically from its recipe, and MAC counts equal FlopCounterMode's count.
 
     ``make_model`` builds a tiny model of the family (random weights); without it the adapter's
-    ``example_spec`` (a [`hetprune.ModelSpec`][hetprune.models.ModelSpec]) is built. The reload is checked either way: with
+    ``example_spec`` (a [`hetprune.ModelSpec`][hetprune.model.spec.ModelSpec]) is built. The reload is checked either way: with
     ``make_model``, the saved recipe and weights are applied to a fresh ``make_model()`` (what
-    [`hetprune.apply_recipe`][hetprune.recipe.apply_recipe] users do); with ``example_spec``, through [`hetprune.load`][hetprune.recipe.load].
+    [`hetprune.apply_recipe`][hetprune.model.recipe.apply_recipe] users do); with ``example_spec``, through [`hetprune.load`][hetprune.model.recipe.load].
 
-    ``cls`` may also be a ready adapter, such as ``hetprune.adapters.generic(blocks=..., layout=...)`` for
+    ``cls`` may also be a ready adapter, such as ``hetprune.model.adapters.generic(blocks=..., layout=...)`` for
     a transformer you wrote: it is pinned for the check instead of registered. ``example``: an input batch,
     for a model whose input shape hetprune cannot tell (one it did not build).
     """
     from types import SimpleNamespace
 
     from .core import plugins
-    from .adapters import adapter_for, serving
+    from .model.adapters import adapter_for, serving
     from .core.hookspecs import hookimpl
 
     c = _UnderTest("architecture", cls, options)
@@ -437,12 +438,12 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, e
 
 def _reloaded(model: nn.Module, base: nn.Module, spec: ModelSpec | None,
               rebuild: Callable[[], nn.Module] | None) -> nn.Module:
-    """``model`` saved with its recipe and loaded back: by [`hetprune.load`][hetprune.recipe.load] (``rebuild`` None), or by
-    applying the saved recipe and weights to a fresh ``rebuild()`` base, as [`hetprune.apply_recipe`][hetprune.recipe.apply_recipe]
+    """``model`` saved with its recipe and loaded back: by [`hetprune.load`][hetprune.model.recipe.load] (``rebuild`` None), or by
+    applying the saved recipe and weights to a fresh ``rebuild()`` base, as [`hetprune.apply_recipe`][hetprune.model.recipe.apply_recipe]
     users do for a model hetprune cannot build by name."""
-    from .recipe import WEIGHTS_FILE, apply_recipe, arch_of, load, load_recipe, recipe_from_model, save
+    from .model.recipe import WEIGHTS_FILE, apply_recipe, arch_of, load, load_recipe, recipe_from_model, save
     from .core.io import load_weights
-    from .models import load_state_into
+    from .model.spec import load_state_into
 
     named = spec or ModelSpec(f"{type(base).__name__} (built by make_model)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -462,7 +463,7 @@ def _architecture_rules(base: nn.Module, spec: ModelSpec | None, rebuild: Callab
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .costs import count_macs
+    from .model.macs import count_macs
 
     x = model_checks.example_input(base, n=2).double()
     n = len(sites(base, "attn", present_only=False))

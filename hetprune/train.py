@@ -349,7 +349,7 @@ def set_drop_path(model: nn.Module, rate: float) -> Callable[[], None]:
     modules back (a pruned model is saved as it was built)."""
     from timm.layers import DropPath
 
-    from .adapters import adapter_for
+    from .model.adapters import adapter_for
 
     adapter = adapter_for(model)
     slots = adapter.drop_path_slots(model)

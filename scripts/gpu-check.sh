@@ -154,7 +154,7 @@ import json, sys
 import torch
 sys.path.insert(0, "benchmarks")
 from speed_paper_configs import pruned_recipe
-from hetprune.models import ModelSpec, build
+from hetprune.model.spec import ModelSpec, build
 torch.manual_seed(0)
 recipe = pruned_recipe("deit_tiny_patch16_224", build(ModelSpec("deit_tiny_patch16_224")))
 with open(f"{sys.argv[1]}/deit-tiny-recipe.json", "w") as fh:

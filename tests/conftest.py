@@ -14,7 +14,7 @@ import torch
 
 import hetprune
 
-from hetprune.models import ModelSpec, build
+from hetprune.model.spec import ModelSpec, build
 
 TINY_KWARGS = dict(img_size=16, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=4, num_heads=2,
                    init_values=0.1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hetprune.models import ModelSpec, build
+from hetprune.model.spec import ModelSpec, build
 from hetprune_hf.vit import HFViTAdapter
 from hetprune_timm import TimmBEiT, TimmCaiT, TimmEVA, TimmSwin, TimmViT
 

@@ -14,9 +14,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import hetprune
 from hetprune import BlockLayout, HetpruneError, Task
-from hetprune.adapters import generic
+from hetprune.model.adapters import generic
 from hetprune.budget import Budget
-from hetprune.costs import count_macs
+from hetprune.model.macs import count_macs
 from hetprune.testing import TINY_SETTINGS
 
 from conftest import TINY_KWARGS
@@ -30,7 +30,7 @@ class Wrapped(nn.Module):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.backbone = hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224",
+        self.backbone = hetprune.model.spec.build(hetprune.ModelSpec("vit_tiny_patch16_224",
                                                                  {**TINY_KWARGS, "num_classes": 0}))
         self.head = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 10))
 
@@ -160,7 +160,7 @@ def test_prune_a_user_written_transformer_through_the_generic_adapter(digits_dat
     with FlopCounterMode(display=False) as counter:
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
             model(X[:1])
-    with hetprune.adapters.serving(adapter):
+    with hetprune.model.adapters.serving(adapter):
         assert count_macs(model, X[:1]) == counter.get_total_flops() // 2   # the user's attention is counted
     result = hetprune.prune(model, user_task(digits_data), strategy="mix50", budget=2, adapter=adapter,
                             settings={**TINY_SETTINGS, "scorer": "taylor"}, out=tmp_path / "out", progress=False,
@@ -169,7 +169,7 @@ def test_prune_a_user_written_transformer_through_the_generic_adapter(digits_dat
     assert result.report["macs"] < result.report["dense_macs"]
     loaded = hetprune.load(tmp_path / "out", model=MyTransformer(), adapter=adapter)
     assert torch.equal(outputs(loaded, X), outputs(result.model, X))
-    recipe = hetprune.recipe.load_recipe(tmp_path / "out")
+    recipe = hetprune.model.recipe.load_recipe(tmp_path / "out")
     fresh = hetprune.apply_recipe(MyTransformer(), recipe, adapter=adapter)
     assert [type(b).__name__ for b in fresh.encoder.layers] == [type(b).__name__ for b in result.model.encoder.layers]
 
@@ -248,7 +248,7 @@ def test_a_lower_is_better_metric_is_minimised_by_the_predictors_pick(digits_dat
 def test_the_cli_and_the_library_give_the_same_recipe_and_metric(trained_tiny, digits_data, tmp_path):
     from hetprune.cli import main
     from hetprune.core.io import load_weights
-    from hetprune.models import build, load_state_into
+    from hetprune.model.spec import build, load_state_into
     from hetprune.task import classification
 
     _, spec, ckpt = trained_tiny
@@ -265,7 +265,7 @@ def test_the_cli_and_the_library_give_the_same_recipe_and_metric(trained_tiny, d
                             spec=spec, out=tmp_path / "api", progress=False, log=lambda m: None)
     cli = json.loads((tmp_path / "cli" / "report.json").read_text())
     strip = lambda r: {k: v for k, v in r.to_dict().items() if k != "provenance"}   # noqa: E731
-    assert strip(hetprune.recipe.load_recipe(tmp_path / "cli")) == strip(result.recipe)
+    assert strip(hetprune.model.recipe.load_recipe(tmp_path / "cli")) == strip(result.recipe)
     assert cli["metric"] == result.report["metric"] == cli["top1"]
     assert cli["metric_dense"] == result.report["metric_dense"]
     assert torch.equal(outputs(hetprune.load(tmp_path / "cli"), X), outputs(result.model, X))
@@ -403,7 +403,7 @@ class TwoHeads(nn.Module):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.backbone = hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224",
+        self.backbone = hetprune.model.spec.build(hetprune.ModelSpec("vit_tiny_patch16_224",
                                                                  {**TINY_KWARGS, "num_classes": 0}))
         self.cls_head, self.token_head = nn.Linear(32, 10), nn.Linear(32, 3)
 
@@ -434,7 +434,7 @@ def test_a_model_with_several_outputs_is_pruned_merged_checked_and_reloaded(digi
 
 
 def test_the_contract_names_a_changed_output_of_a_model_with_several():
-    from hetprune.model_checks import runs
+    from hetprune.model.checks import runs
 
     model = TwoHeads()
     shape = hetprune.core.tensors.shapes(outputs(model, X))
@@ -468,8 +468,8 @@ def test_a_model_with_several_outputs_exports_and_each_output_is_verified(digits
     from hetprune.export import export_onnx, export_pt2
 
     model = TwoHeads().eval()
-    hetprune.surgery.remove_activation(model.backbone, 1)
-    hetprune.surgery.merge_all(model.backbone)
+    hetprune.model.surgery.remove_activation(model.backbone, 1)
+    hetprune.model.surgery.merge_all(model.backbone)
     onnx_check = export_onnx(model, tmp_path / "m.onnx", dynamic_batch=True)
     assert onnx_check["outputs"] == 2 and onnx_check["relative_error"] < 1e-4
     import onnxruntime as ort

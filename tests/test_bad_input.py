@@ -20,7 +20,7 @@ import torch
 
 from hetprune.cli import main
 from hetprune.core.io import save_weights
-from hetprune.models import ModelSpec, build
+from hetprune.model.spec import ModelSpec, build
 from conftest import TINY_KWARGS
 
 TINY = ["--model", "vit_tiny_patch16_224", "--model-kwargs", json.dumps(TINY_KWARGS)]
@@ -78,8 +78,9 @@ class Ctx:
 def saved_model(ctx: Ctx) -> str:
     """A real saved pruned model folder (an input of export/bench/apply cases)."""
     folder = ctx.root / "pruned"
-    from hetprune import Recipe, save, surgery
-    from hetprune.recipe import arch_of
+    from hetprune import Recipe, save
+    from hetprune.model import surgery
+    from hetprune.model.recipe import arch_of
 
     torch.manual_seed(0)
     spec = ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)

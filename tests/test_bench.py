@@ -10,10 +10,11 @@ import torch
 from torch import nn
 
 import hetprune
-from hetprune import bench, surgery
+from hetprune import bench
+from hetprune.model import surgery
 from hetprune.cli import main
 from hetprune.core.errors import HetpruneError
-from hetprune.recipe import arch_of, recipe_from_model
+from hetprune.model.recipe import arch_of, recipe_from_model
 
 from conftest import TINY_KWARGS
 
@@ -49,7 +50,7 @@ def test_bench_saved_folder_against_dense_base(pruned_dir, tmp_path, capsys):
     assert env["device"] == "cpu" and env["device_name"] and env["threads"] == 1 and env["dtype"] == "fp32"
     assert "load_start" in env and "load_end" in env
     assert result["reference"] == "vit_tiny_patch16_224 (dense)"
-    assert result["macs_convention"] == hetprune.costs.CONVENTION
+    assert result["macs_convention"] == hetprune.model.macs.CONVENTION
     assert result["settings"]["interleaved"] is True
     assert len(result["results"]) == 4  # 2 models x 2 batch sizes
     for row in result["results"]:
@@ -88,7 +89,7 @@ def test_bench_name_against_folder(pruned_dir, tmp_path):
 def test_models_are_timed_interleaved(tiny_model, tiny_spec):
     calls: list[str] = []
     torch.manual_seed(1)
-    other = hetprune.models.build(tiny_spec)
+    other = hetprune.model.spec.build(tiny_spec)
     surgery.remove_attention(other, 0)
     models = {"a": Recorder(tiny_model, "a", calls), "b": Recorder(other, "b", calls)}
     result = bench.measure(models, SHAPE, [1, 3], device="cpu", repeats=3, warmup=2, min_time_s=0)
@@ -169,7 +170,7 @@ def test_cuda_without_cuda_is_a_clear_error(tiny_model, capsys):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_bf16_peak_memory_and_oom_halving(tiny_model, tiny_spec, monkeypatch):
-    other = hetprune.models.build(tiny_spec)
+    other = hetprune.model.spec.build(tiny_spec)
     surgery.remove_attention(other, 0)
     result = bench.measure({"dense": tiny_model, "pruned": other}, SHAPE, [1, 8], device="cuda", dtype="bf16",
                            repeats=2, warmup=1, min_time_s=0.01)

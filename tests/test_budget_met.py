@@ -17,7 +17,7 @@ from conftest import PluginOf
 from hetprune import Site
 from hetprune.core import plugins
 from hetprune.budget import Budget, feasible_pairs
-from hetprune.surgery import site_removed
+from hetprune.model.surgery import site_removed
 from hetprune.testing import tiny_job
 
 BASE = 10.0

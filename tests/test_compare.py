@@ -231,7 +231,7 @@ def test_a_resumed_row_keeps_its_own_model_when_another_run_changed_the_settings
     assert again["sites"] == first["sites"] and again["model_dir"] == first["model_dir"]
     assert runs["random"][0]["model_dir"] != first["model_dir"]   # another run's model went beside it
     for row in (again, runs["random"][0]):
-        recipe = hetprune.recipe.load_recipe(tmp_path / "c" / row["model_dir"])
+        recipe = hetprune.model.recipe.load_recipe(tmp_path / "c" / row["model_dir"])
         assert [f"attn{b}" for b in recipe.attn_removed] == row["sites"]
 
 
@@ -264,7 +264,7 @@ def test_seeds_that_made_the_very_same_model_say_so(trained_tiny, digits_data, t
 
 
 def test_compare_and_ablate_run_end_to_end_on_a_model_only_a_generic_adapter_serves(digits_data, tmp_path):
-    from hetprune.adapters import generic
+    from hetprune.model.adapters import generic
     from hetprune.testing import TINY_SETTINGS
     from test_api import LAYOUT, MyTransformer, user_task
 

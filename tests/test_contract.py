@@ -20,7 +20,8 @@ import torch
 
 import hetprune
 from conftest import PluginOf
-from hetprune import HetpruneError, Site, surgery, testing
+from hetprune import HetpruneError, Site, testing
+from hetprune.model import surgery
 from hetprune.core import plugins
 from hetprune.budget import Budget
 from hetprune.cli import main
@@ -394,7 +395,7 @@ def test_an_exception_raised_in_hetprunes_own_code_keeps_its_traceback():
         kind = "act"
 
         def remove(self, model, site):
-            surgery.mergeable(model, 99)  # an IndexError inside hetprune.surgery: hetprune's to handle
+            surgery.mergeable(model, 99)  # an IndexError inside hetprune.model.surgery: hetprune's to handle
 
     with pytest.raises(IndexError):
         built("remover", CallsIntoHetprune).remove(testing.tiny_model(), Site(0, "act"))
@@ -599,10 +600,10 @@ def test_a_strategy_refusing_every_budget_fails_the_kit_with_its_reasons():
 
 def test_a_result_is_run_on_the_example_in_the_models_own_dtype():
     """A float64 result (e.g. from a float64 job) with the job's float32 example: checked, not refused."""
-    from hetprune.model_checks import example_input
+    from hetprune.model.checks import example_input
     from hetprune.result_checks import check_result
     from hetprune.pipeline import REPORT_KEYS, PruneResult
-    from hetprune.recipe import Recipe
+    from hetprune.model.recipe import Recipe
 
     model = testing.tiny_model().double()
     result = PruneResult(model, Recipe(base=testing.TINY_SPEC, arch={}), {k: 0 for k in REPORT_KEYS})
@@ -651,7 +652,7 @@ def test_the_registry_loads_the_rules_of_every_kind_it_builds_before_anything_im
 import sys
 from hetprune.core.plugins import get_registry
 from hetprune import contract
-assert "hetprune.model_checks" not in sys.modules and "hetprune.pipeline" not in sys.modules
+assert "hetprune.model.checks" not in sys.modules and "hetprune.pipeline" not in sys.modules
 r = get_registry()
 r.build("scorer", "magnitude")
 assert "score" in contract.RULES["scorer"] and "remove" in contract.RULES["remover"]

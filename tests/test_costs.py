@@ -22,9 +22,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from hetprune import surgery
-from hetprune.costs import CONVENTION, cost_summary, count_macs, count_params, human
-from hetprune.sites import blocks_of
+from hetprune.model import surgery
+from hetprune.model.macs import CONVENTION, cost_summary, count_macs, count_params, human
+from hetprune.model.sites import blocks_of
 from conftest import TINY_KWARGS, tiny_example
 
 D, H, HIDDEN, DEPTH, CLASSES = 32, 2, 128, 4, 10

@@ -12,7 +12,7 @@ from conftest import TINY_KWARGS
 from hetprune.cli import main
 from hetprune.data import DIGIT_PAIRS, DIGITS, digit_pairs, load_data
 from hetprune.core.io import read_json, save_weights
-from hetprune.models import ModelSpec, build
+from hetprune.model.spec import ModelSpec, build
 
 SMALL = dict(train_pairs=64, val_pairs=48)
 TINY19 = {**TINY_KWARGS, "num_classes": 19}
@@ -91,7 +91,7 @@ def test_data_option_picks_the_embedded_spec_and_refuses_unknown_names():
 
     from hetprune.commands.common import model_spec
     from hetprune.core.errors import HetpruneError
-    from hetprune.models import DIGIT_PAIRS_SPEC, DIGITS_SPEC
+    from hetprune.model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC
 
     def args(data):
         return argparse.Namespace(model=None, model_kwargs=None, pretrained=False, checkpoint=None, data=data)

@@ -63,7 +63,7 @@ def run_workers(scenario: str, nproc: int, out: Path) -> list[dict]:
 # -- the training and evaluation scenario -----------------------------------------------------------------------
 
 def tiny(seed: int):
-    from hetprune.models import build
+    from hetprune.model.spec import build
 
     torch.manual_seed(seed)
     return build(TINY_SPEC)
@@ -119,9 +119,9 @@ class RankSkewed:
 
     def cost(self, model, example):
         from hetprune.core import distributed as dist
-        from hetprune import surgery
-        from hetprune.costs import count_macs
-        from hetprune.sites import sites
+        from hetprune.model import surgery
+        from hetprune.model.macs import count_macs
+        from hetprune.model.sites import sites
 
         kept = sum(not surgery.site_removed(model, s) for s in sites(model, "attn"))
         return float(count_macs(model, example) * (1 + dist.rank() * 0.1 * kept))
@@ -214,7 +214,7 @@ def retrain_worker(out: Path) -> dict:
 
     os.environ["HETPRUNE_CACHE"] = str(out / "cache")
     model = embedded_model("digits", spec=TINY_SPEC, training={"epochs": 1}, progress=False, log=lambda m: None)
-    return {"weights": hetprune.models.model_hash(model)}
+    return {"weights": hetprune.model.spec.model_hash(model)}
 
 # -- stage 1 on every rank: progressive points and the gate phase, each trained by all ranks together ---------
 

@@ -166,7 +166,7 @@ def tiny_model_args(tmp_path_factory) -> list[str]:
     import torch
 
     from hetprune.core.io import save_weights
-    from hetprune.models import ModelSpec, build
+    from hetprune.model.spec import ModelSpec, build
 
     spec = ModelSpec("vit_tiny_patch16_224", TINY_MODEL)
     torch.manual_seed(0)

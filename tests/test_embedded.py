@@ -14,7 +14,7 @@ from hetprune import embedded
 from hetprune.cli import main
 from hetprune.data import DIGIT_PAIRS, DIGITS
 from hetprune.core.io import save_weights
-from hetprune.models import ModelSpec
+from hetprune.model.spec import ModelSpec
 
 TINY = dict(img_size=16, patch_size=4, in_chans=1, num_classes=10, embed_dim=16, depth=2, num_heads=2)
 TINY_TRAINING = {"epochs": 1, "warmup_epochs": 0, "batch_size": 128}

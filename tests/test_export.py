@@ -12,11 +12,12 @@ import pytest
 import torch
 
 import hetprune
-from hetprune import export, surgery
+from hetprune import export
+from hetprune.model import surgery
 from hetprune.cli import main
 from hetprune.core.errors import HetpruneError
-from hetprune.models import ModelSpec, build
-from hetprune.recipe import arch_of, recipe_from_model
+from hetprune.model.spec import ModelSpec, build
+from hetprune.model.recipe import arch_of, recipe_from_model
 
 from conftest import TINY_KWARGS, TINY_SPEC
 
@@ -46,7 +47,7 @@ def _width(model):
 
     (Torch-Pruning's isomorphic pruner makes such models in `hetdpt-plus`; here the widths are set directly.)
     """
-    from hetprune.widths import apply_widths, read_widths
+    from hetprune.model.widths import apply_widths, read_widths
 
     _depth(attn=[2], act=[3], merge=[3])(model)
     widths = read_widths(model)
@@ -407,7 +408,7 @@ def test_every_adapter_family_exports_pruned_and_matches_onnx_runtime(key, tmp_p
     ops (checked against the unpruned graph) and ONNX Runtime computes what PyTorch does."""
     from families import make, spec
 
-    from hetprune import surgery as surg
+    from hetprune.model import surgery as surg
 
     model = make(key)
     surg.remove_attention(model, 0)
@@ -493,7 +494,7 @@ def test_transformers_explicit_attention_runs_without_the_fused_kernel(monkeypat
     real = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
-    adapter = hetprune.adapters.adapter_for(model)
+    adapter = hetprune.model.adapters.adapter_for(model)
     x = torch.randn(2, 1, 16, 16)
     with torch.no_grad():
         fused = model(x)
@@ -530,4 +531,4 @@ def test_hub_folder_of_a_dense_transformers_model_by_name(tmp_path, capsys):
     assert rc == 0, err
     config = json.loads((hub / "config.json").read_text())
     assert config["architectures"] == ["ViTForImageClassification"] and config["hidden_size"] == 32
-    assert hetprune.recipe.load_recipe(hub).base == HF_SPEC
+    assert hetprune.model.recipe.load_recipe(hub).base == HF_SPEC

@@ -13,12 +13,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import hetprune
-from hetprune import HetpruneError, Site, surgery
-from hetprune.adapters import adapter_for
+from hetprune import HetpruneError, Site
+from hetprune.model import surgery
+from hetprune.model.adapters import adapter_for
 from hetprune.cli import main
-from hetprune.costs import count_macs
-from hetprune.models import input_shape_of
-from hetprune.recipe import apply_recipe, arch_of, recipe_from_model
+from hetprune.model.macs import count_macs
+from hetprune.model.spec import input_shape_of
+from hetprune.model.recipe import apply_recipe, arch_of, recipe_from_model
 from families import FAMILIES, attn_mode, cli_name, example, make, spec
 
 KEYS = sorted(FAMILIES)
@@ -158,7 +159,7 @@ def test_gated_mlp_activation_removal_removes_the_gate():
 
 
 def test_width_pruning_of_a_family_without_width_support_is_a_clear_error():
-    from hetprune.widths import read_widths
+    from hetprune.model.widths import read_widths
 
     with pytest.raises(HetpruneError, match="width pruning is not supported for the timm-swin family"):
         read_widths(make("swin"))
@@ -170,7 +171,7 @@ def test_hf_adapter_lives_outside_the_core_and_uses_only_public_api():
 
     import hetprune_hf
 
-    public = {"hetprune", "hetprune.adapters", "hetprune.layers"}
+    public = {"hetprune", "hetprune.model.adapters", "hetprune.model.block_modules"}
     for path in pathlib.Path(hetprune_hf.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hetprune"):
@@ -219,11 +220,11 @@ def test_prune_apply_and_bench_run_on_every_family(key, checkpoint, tmp_path, ca
     capsys.readouterr()
     assert main(["apply", *model_args, "--recipe", str(out / "recipe.json"), "--out", str(applied)]) == 0
     assert "note: not fine-tuned" in capsys.readouterr().out
-    assert hetprune.recipe.load_recipe(applied).provenance["fine_tuned"] is False
+    assert hetprune.model.recipe.load_recipe(applied).provenance["fine_tuned"] is False
     again = tmp_path / "applied-from-recipe-base"  # no --model: the recipe's own base (hf-vit:... included)
     assert main(["apply", "--checkpoint", model_args[-1], "--recipe", str(out / "recipe.json"),
                  "--out", str(again)]) == 0
-    assert hetprune.recipe.load_recipe(applied).removed_sites == hetprune.recipe.load_recipe(out).removed_sites
+    assert hetprune.model.recipe.load_recipe(applied).removed_sites == hetprune.model.recipe.load_recipe(out).removed_sites
     assert main(["bench", str(out), "--batch-sizes", "2", "--repeats", "2", "--warmup", "1", "--min-time", "0.01",
                  "--device", "cpu"]) == 0
     assert "speedup" in capsys.readouterr().out.lower()
@@ -249,7 +250,7 @@ def test_compare_and_ablate_run_on_families_beyond_the_timm_vit(key, checkpoint,
 
 # -- the conformance kit on adapters ----------------------------------------------------------------------
 def _broken_adapters():
-    from hetprune.layers import BlockLayout
+    from hetprune.model.block_modules import BlockLayout
     from hetprune_timm.vit import TimmViT
 
     class Undercounts(TimmViT):

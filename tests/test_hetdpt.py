@@ -12,9 +12,10 @@ import torch.nn.functional as F
 
 import hetprune
 import hetprune.task  # noqa: F401 - its train is what the tests below spy on
-from hetprune import HetpruneError, Site, surgery
+from hetprune import HetpruneError, Site
+from hetprune.model import surgery
 from hetprune.budget import Budget, feasible_pairs, site_savings
-from hetprune.costs import count_macs
+from hetprune.model.macs import count_macs
 from hetprune.pipeline import PruneJob
 from hetprune.core.plugins import get_registry
 from hetprune.train import TrainConfig, kd_loss, train
@@ -103,10 +104,10 @@ def test_cost_budget_pairs_meet_target_and_are_minimal(tiny_model):
     a, m = pairs[0]
     model = copy.deepcopy(tiny_model)
     for b in range(a):
-        hetprune.surgery.remove_attention(model, b)
+        hetprune.model.surgery.remove_attention(model, b)
     for b in range(m):
-        hetprune.surgery.remove_activation(model, b)
-    hetprune.surgery.merge_all(model)
+        hetprune.model.surgery.remove_activation(model, b)
+    hetprune.model.surgery.merge_all(model)
     assert count_macs(model, x) == dense - a * save["attn"] - m * save["act"]
 
 
@@ -212,8 +213,8 @@ def test_gate_forward_is_identity_while_on_and_removal_when_off(tiny_model):
     gated = tiny_model(x)
     gates.uninstall(tiny_model, handles)
     pruned = copy.deepcopy(tiny_model)
-    hetprune.surgery.remove_attention(pruned, 0)
-    hetprune.surgery.remove_activation(pruned, 2)
+    hetprune.model.surgery.remove_attention(pruned, 0)
+    hetprune.model.surgery.remove_activation(pruned, 2)
     assert torch.allclose(gated, pruned(x), atol=1e-6)
 
 
@@ -224,9 +225,9 @@ def test_gates_off_simulate_the_configured_attention_removal(key):
 
     model, x = make(key, torch.float64), example(dtype=torch.float64)
     pruned = copy.deepcopy(model)
-    hetprune.surgery.remove_attention(pruned, 1, "ln-residual")
+    hetprune.model.surgery.remove_attention(pruned, 1, "ln-residual")
     identity = copy.deepcopy(model)
-    hetprune.surgery.remove_attention(identity, 1, "identity")
+    hetprune.model.surgery.remove_attention(identity, 1, "identity")
     bank, handles = gates.install(model, [Site(1, "attn")], attn_mode="ln-residual")
     bank.switch_off(Site(1, "attn"))
     gated = model(x).detach()
@@ -574,7 +575,7 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
 
     loaded = hetprune.load(out)
     assert evaluate_dataset(loaded, digits().val) == pytest.approx(report["top1"], abs=1e-9)
-    recipe = hetprune.recipe.load_recipe(out)
+    recipe = hetprune.model.recipe.load_recipe(out)
     assert recipe.n_attn == report["n_attn"] and recipe.n_act == report["n_act"]
 
 

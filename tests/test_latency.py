@@ -20,14 +20,14 @@ import pytest
 import torch
 
 import hetprune
-from hetprune import surgery
+from hetprune.model import surgery
 from hetprune.budget import Budget, feasible_pairs, kind_savings, pair_cost, parse_latency
 from hetprune.cli import main
-from hetprune.costs import count_macs
+from hetprune.model.macs import count_macs
 from hetprune.core.errors import HetpruneError
 from hetprune.core.io import save_weights
 from hetprune.latency import LatencyTable
-from hetprune.sites import Site, depth
+from hetprune.model.sites import Site, depth
 from conftest import TINY_KWARGS, PluginOf, tiny_example
 
 TINY = ["--model", "vit_tiny_patch16_224", "--model-kwargs", json.dumps(TINY_KWARGS)]
@@ -180,7 +180,7 @@ def test_blocks_are_timed_in_context_so_a_prediction_is_the_whole_models_time(ti
 
 def test_blocks_timed_in_context_cost_no_full_batch_pass_and_leave_the_model_as_it_was(tiny_model, monkeypatch):
     import hetprune.latency as latency
-    from hetprune.adapters import adapter_for
+    from hetprune.model.adapters import adapter_for
 
     mac_clock(monkeypatch)
     batches = []
@@ -381,7 +381,7 @@ def prune_act_only_to_a_latency_budget(tmp_path):
     """``hetprune prune`` of a tiny random ViT, act-only, to a 1.2x speedup by the latency model; its folder."""
     ckpt = tmp_path / "tiny.safetensors"
     torch.manual_seed(0)
-    save_weights(ckpt, hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
+    save_weights(ckpt, hetprune.model.spec.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
     out = tmp_path / "run"
     assert main(["prune", *TINY, "--checkpoint", str(ckpt), "--strategy", "act-only", *FAST,
                  "--target-speedup", "1.2", "--cost-model", "latency", "--latency-batch", "4",
@@ -513,7 +513,7 @@ def test_a_plugin_cost_model_steers_depth_and_width_strategies(tmp_path, capsys)
     try:
         ckpt = tmp_path / "tiny.safetensors"
         torch.manual_seed(0)
-        save_weights(ckpt, hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
+        save_weights(ckpt, hetprune.model.spec.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
         for strategy in ("mix50", "block-drop", "isomorphic", "hetdpt-plus"):
             out = tmp_path / strategy
             plus = ["--set", "hetdpt_plus.depth_strategy=act-only"] if strategy == "hetdpt-plus" else []
@@ -574,7 +574,7 @@ def test_the_tables_prediction_is_the_real_whole_model_time():
         pytest.skip(f"load average {load:.1f} per core: this machine is too busy for real timings to mean anything")
     torch.manual_seed(0)
     spec = hetprune.ModelSpec("vit_tiny_patch16_224", {**TINY_KWARGS, "embed_dim": 64})
-    dense = hetprune.models.build(spec)
+    dense = hetprune.model.spec.build(spec)
     pruned = copy.deepcopy(dense)
     surgery.remove_attention(pruned, 1)
     surgery.remove_activation(pruned, 2)
@@ -615,11 +615,11 @@ def test_prune_with_a_latency_budget_reports_predicted_and_measured(tmp_path, ca
 def test_a_target_latency_is_met_by_the_prediction(tmp_path, steady_clock):
     ckpt = tmp_path / "tiny.safetensors"
     torch.manual_seed(0)
-    save_weights(ckpt, hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
+    save_weights(ckpt, hetprune.model.spec.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
     opts = ["--set", "cost_model_options={latency: {batch_size: 4, repeats: 2, min_time_s: 0.0}}"]
     # find the dense model's predicted time first, then ask for 80 % of it
     t = LatencyTable("cpu", batch_size=4, repeats=2, min_time_s=0.0, log=lambda m: None)
-    dense = t.predict(hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)),
+    dense = t.predict(hetprune.model.spec.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)),
                       tiny_example(2))
     out = tmp_path / "run"
     assert main(["prune", *TINY, "--checkpoint", str(ckpt), "--strategy", "act-only", *FAST, *opts,
@@ -633,7 +633,7 @@ def test_compare_holds_every_strategy_to_the_latency_model_and_tables_prediction
         tmp_path, capsys, steady_clock):
     ckpt = tmp_path / "tiny.safetensors"
     torch.manual_seed(0)
-    save_weights(ckpt, hetprune.models.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
+    save_weights(ckpt, hetprune.model.spec.build(hetprune.ModelSpec("vit_tiny_patch16_224", TINY_KWARGS)))
     out = tmp_path / "cmp"
     assert main(["compare", *TINY, "--checkpoint", str(ckpt), "--speed-budget", "0",
                  "--strategies", "act-only,attn-only,block-drop",
@@ -672,7 +672,7 @@ def test_ablate_takes_a_budget_in_a_cost_model(tmp_path, monkeypatch, trained_ti
                      "hetdpt.predictor_options={poly: {degree: 1}}", "--out", str(out)]) == 0
         result = json.loads((out / "ablation.json").read_text())
         x = tiny_example(2)
-        model = hetprune.models.build(spec)
+        model = hetprune.model.spec.build(spec)
         expected = feasible_pairs(model, Budget(target_speedup=1.2, cost_model="both-penalty"), x,
                                   cost=BothPenalty().cost)
         assert sorted((s["n_attn"], s["n_act"]) for s in result["splits"]) == sorted(expected)

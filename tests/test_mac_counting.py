@@ -27,8 +27,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from hetprune import HetpruneError
-from hetprune.adapters import adapter_for, adapters
-from hetprune.costs import count_macs
+from hetprune.model.adapters import adapter_for, adapters
+from hetprune.model.macs import count_macs
 
 TINY = dict(num_classes=10, in_chans=3, img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2)
 # a timm module whose names need other kwargs to build tiny (None drops a key), and why

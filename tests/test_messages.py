@@ -125,7 +125,7 @@ def test_data_the_model_was_not_made_for_is_refused_by_prune_before_any_work(tmp
 
     from conftest import TINY_SPEC
     from hetprune.core.io import save_weights
-    from hetprune.models import build
+    from hetprune.model.spec import build
 
     save_weights(tmp_path / "digits.safetensors", build(TINY_SPEC))   # a model made for digits' 10 classes
     assert main(["prune", "--strategy", "act-only", "--budget", "2", "--model", TINY_SPEC.name, "--model-kwargs",

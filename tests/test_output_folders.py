@@ -14,15 +14,15 @@ from hetprune import HetpruneError
 from hetprune.cli import main
 from hetprune.compare import COMPARE_FOLDER, prepare_out
 from hetprune.core.io import atomic_folder, check_result_folder
-from hetprune.recipe import PRUNED_MODEL, arch_of, recipe_from_model
-from hetprune.models import build
+from hetprune.model.recipe import PRUNED_MODEL, arch_of, recipe_from_model
+from hetprune.model.spec import build
 from conftest import TINY_SPEC
 
 
 def _pruned(seed: int = 0):
     torch.manual_seed(seed)
     model = build(TINY_SPEC)
-    hetprune.surgery.remove_activation(model, seed % 4)
+    hetprune.model.surgery.remove_activation(model, seed % 4)
     return model.eval(), recipe_from_model(model, TINY_SPEC, arch_of(build(TINY_SPEC)))
 
 
@@ -68,7 +68,7 @@ def test_overwrite_replaces_a_result_and_keeps_what_reached_the_folder_meanwhile
     assert not any(".old-" in p.name or ".partial-" in p.name for p in tmp_path.iterdir())
     hetprune.save(tmp_path / "r2", model_a, recipe_a)
     hetprune.save(tmp_path / "r2", model_b, recipe_b, overwrite=True)   # a result of hetprune's: replaced
-    assert hetprune.recipe.load_recipe(tmp_path / "r2").act_removed == recipe_b.act_removed
+    assert hetprune.model.recipe.load_recipe(tmp_path / "r2").act_removed == recipe_b.act_removed
 
 
 def test_compare_overwrite_deletes_only_its_own_entries(tmp_path):
@@ -132,8 +132,8 @@ def test_overwrite_through_a_linked_folder_writes_into_its_target_and_keeps_the_
     link.symlink_to(target, target_is_directory=True)
     hetprune.save(link, model_b, recipe_b, overwrite=True)
     assert link.is_symlink() and link.resolve() == target.resolve()
-    assert hetprune.recipe.load_recipe(target).act_removed == recipe_b.act_removed   # the real path: the new one
-    assert hetprune.recipe.load_recipe(link).act_removed == recipe_b.act_removed
+    assert hetprune.model.recipe.load_recipe(target).act_removed == recipe_b.act_removed   # the real path: the new one
+    assert hetprune.model.recipe.load_recipe(link).act_removed == recipe_b.act_removed
     left = sorted(p.name for p in [*tmp_path.iterdir(), *disk.iterdir()])
     assert left == ["other-disk", "results", "results"], left   # nothing hidden beside the link or the target
 

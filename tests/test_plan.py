@@ -13,7 +13,7 @@ import hetprune
 from hetprune import plan as plan_mod
 from hetprune.cli import main
 from hetprune.core.io import save_weights
-from hetprune.models import build
+from hetprune.model.spec import build
 from conftest import TINY_SPEC
 
 FAST = ["--set", "finetune.epochs=1", "--set", "finetune.subset=32", "--set", "short_finetune.epochs=1",
@@ -78,7 +78,7 @@ class Sized(Dataset):
 
 def test_the_paper_recipe_planned_on_deit_b_at_imagenet_size_has_the_releases_images():
     torch.manual_seed(0)
-    model = hetprune.models.build(hetprune.models.ModelSpec("deit_base_distilled_patch16_224"))
+    model = hetprune.model.spec.build(hetprune.model.spec.ModelSpec("deit_base_distilled_patch16_224"))
     task = hetprune.Task(train=DataLoader(Sized(1_281_167), batch_size=4), val=DataLoader(Sized(50_000), batch_size=4),
                          loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
                          metric=lambda m, v: 0.0, name="imagenet-sized")

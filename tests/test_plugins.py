@@ -495,7 +495,7 @@ def test_installed_outside_predictor_is_usable_by_name(installed_example):
 
 def test_docs_scorer_example_scores_every_site(tiny_model):
     namespace: dict = {}
-    exec(docs_code_block("from hetprune.adapters import adapter_for"), namespace)
+    exec(docs_code_block("from hetprune.model.adapters import adapter_for"), namespace)
     scorer_cls = namespace["WeightNorm"]
     hetprune.register_plugin(PluginOf("register_scorers", scorer_cls), name="docs-scorer")
     scorer = hetprune.get_registry().build("scorer", "weight-norm")
@@ -544,7 +544,7 @@ def _adapter(name_: str, **attrs):
 
 
 def test_an_adapter_for_a_block_subclass_beats_the_generic_one_registered_before_it():
-    from hetprune.adapters import adapter_for
+    from hetprune.model.adapters import adapter_for
     from hetprune.testing import tiny_model
 
     model, tuned = _block_subclass_model()
@@ -559,8 +559,8 @@ def test_an_adapter_for_a_block_subclass_beats_the_generic_one_registered_before
 def test_the_specific_adapter_still_serves_a_copy_whose_blocks_all_lost_their_attention():
     import copy
 
-    from hetprune import surgery
-    from hetprune.adapters import adapter_for
+    from hetprune.model import surgery
+    from hetprune.model.adapters import adapter_for
 
     model, tuned = _block_subclass_model()
     hetprune.register_plugin(PluginOf("register_architectures", _adapter("tuned-vit", block_types=(tuned,))),
@@ -571,7 +571,7 @@ def test_the_specific_adapter_still_serves_a_copy_whose_blocks_all_lost_their_at
 
 
 def test_a_declared_priority_beats_a_nearer_type():
-    from hetprune.adapters import adapter_for
+    from hetprune.model.adapters import adapter_for
     from hetprune.testing import tiny_model
 
     hetprune.register_plugin(PluginOf("register_architectures", _adapter("preferred-vit", priority=1)),
@@ -580,7 +580,7 @@ def test_a_declared_priority_beats_a_nearer_type():
 
 
 def test_two_equally_specific_adapters_are_an_error_naming_both():
-    from hetprune.adapters import adapter_for
+    from hetprune.model.adapters import adapter_for
     from hetprune.testing import tiny_model
 
     hetprune.register_plugin(PluginOf("register_architectures", _adapter("twin-vit")), name="twin")

@@ -41,8 +41,8 @@ class MarkingFinetune:
         self.stop_at = stop_at
 
     def __call__(self, model, data, cfg, **kwargs):
-        from hetprune import surgery
-        from hetprune.sites import sites
+        from hetprune.model import surgery
+        from hetprune.model.sites import sites
 
         if self.stop_at is not None and len(self.seen) + 1 == self.stop_at:
             self.stop_at = None

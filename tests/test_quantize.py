@@ -14,12 +14,12 @@ import pytest
 import torch
 
 import hetprune
-from hetprune import surgery
+from hetprune.model import surgery
 from hetprune.cli import main
 from hetprune.commands import export_cmd
 from hetprune.core.errors import HetpruneError
-from hetprune.models import build
-from hetprune.recipe import arch_of, recipe_from_model
+from hetprune.model.spec import build
+from hetprune.model.recipe import arch_of, recipe_from_model
 
 from conftest import TINY_KWARGS, TINY_SPEC
 
@@ -243,7 +243,7 @@ def test_an_image_folder_calibrates_on_its_training_images_with_the_validation_t
     assert "a dense model: nothing removed" in printed and "checked in ONNX Runtime on a seeded batch of 4" in printed
     from hetprune.data import image_folder
     from hetprune.export.calibration import calibration_images
-    from hetprune.models import ModelSpec
+    from hetprune.model.spec import ModelSpec
     from hetprune.task import classification
 
     task = classification(image_folder(tmp_path / "imgs", build(ModelSpec("vit_tiny_patch16_224", json.loads(kwargs)))))

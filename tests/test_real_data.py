@@ -16,7 +16,7 @@ import hetprune
 from hetprune import HetpruneError
 from hetprune.cli import main
 from hetprune.core.io import load_weights
-from hetprune.models import ModelSpec, build, build_with_weights
+from hetprune.model.spec import ModelSpec, build, build_with_weights
 
 RGB_KWARGS = dict(img_size=16, patch_size=4, num_classes=3, embed_dim=32, depth=2, num_heads=2, init_values=0.1)
 FAST = ["--set", "finetune.epochs=1", "--set", "short_finetune.epochs=1", "--set", "scoring.batches=1",

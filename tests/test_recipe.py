@@ -18,13 +18,14 @@ import torch
 from safetensors import safe_open
 
 import hetprune
-from hetprune import HetpruneError, Recipe, surgery
+from hetprune import HetpruneError, Recipe
+from hetprune.model import surgery
 from hetprune.cli import main
-from hetprune.costs import count_macs, count_params
+from hetprune.model.macs import count_macs, count_params
 from hetprune.core.io import load_weights, save_weights
-from hetprune.models import ModelSpec, build
-from hetprune.recipe import (RECIPE_FILE, SCHEMA_VERSION, WEIGHTS_FILE, apply_recipe, arch_of, recipe_from_model,
-                             resolve_recipe, shipped_recipes)
+from hetprune.model.spec import ModelSpec, build
+from hetprune.model.recipe import (RECIPE_FILE, SCHEMA_VERSION, WEIGHTS_FILE, apply_recipe, arch_of,
+                                   recipe_from_model, resolve_recipe, shipped_recipes)
 from conftest import TINY_KWARGS, tiny_example
 
 MODEL = "vit_tiny_patch16_224"
@@ -189,7 +190,7 @@ def test_save_then_load_gives_identical_outputs(tiny_spec, tmp_path, key):
     assert loaded.state_dict().keys() == model.state_dict().keys()
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
     assert [type(b).__name__ for b in loaded.blocks] == [type(b).__name__ for b in model.blocks]
-    assert hetprune.recipe.load_recipe(out) == recipe
+    assert hetprune.model.recipe.load_recipe(out) == recipe
 
 
 def test_saved_folder_holds_no_pickles(tiny_spec, tmp_path):
@@ -276,12 +277,12 @@ def test_output_folder_holding_a_different_result_is_refused_unless_overwrite(ti
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(HetpruneError, match="already holds a different result; pass overwrite=True"):
         hetprune.save(out, model_b, b)
-    assert hetprune.recipe.load_recipe(out).attn_removed == [1]
+    assert hetprune.model.recipe.load_recipe(out).attn_removed == [1]
     with pytest.raises(HetpruneError, match="already holds a different result"):  # same recipe, other weights
         hetprune.save(out, pruned_model(tiny_spec, a, seed=1), a)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # refused: not a byte changed
     hetprune.save(out, model_b, b, overwrite=True)
-    assert hetprune.recipe.load_recipe(out).attn_removed == [2]
+    assert hetprune.model.recipe.load_recipe(out).attn_removed == [2]
     assert leftovers(tmp_path) == []
     (tmp_path / "file").write_text("x")
     with pytest.raises(HetpruneError, match="exists and is not a folder"):
@@ -300,13 +301,13 @@ def test_interrupted_save_leaves_no_folder_that_looks_complete(tiny_spec, tmp_pa
     recipe = make_recipe(tiny_spec)
     model = pruned_model(tiny_spec, recipe)
     if where == "weights":
-        real = hetprune.recipe.save_weights
+        real = hetprune.model.recipe.save_weights
 
         def save_then_die(path, *args, **kwargs):
             real(path, *args, **kwargs)  # the file is complete ...
             raise KeyboardInterrupt  # ... and then the user presses Ctrl-C
 
-        monkeypatch.setattr(hetprune.recipe, "save_weights", save_then_die)
+        monkeypatch.setattr(hetprune.model.recipe, "save_weights", save_then_die)
     else:
         def die(self, path):
             Path(path).write_text('{"schema": 1, "ba')  # half a file, then the disk fills
@@ -327,7 +328,7 @@ def test_interrupted_overwrite_keeps_the_old_result(tiny_spec, tmp_path, monkeyp
     def die(*args, **kwargs):
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(hetprune.recipe, "save_weights", die)
+    monkeypatch.setattr(hetprune.model.recipe, "save_weights", die)
     with pytest.raises(RuntimeError):
         hetprune.save(out, pruned_model(tiny_spec, b), b, overwrite=True)
     monkeypatch.undo()
@@ -364,7 +365,7 @@ def test_apply_command_prunes_a_checkpoint_and_saves_it(apply_args, tiny_spec, t
     assert "1 attention + 2 activation sites removed, 2 MLPs merged" in printed and "MACs" in printed
     out = tmp_path / "out"
     assert folder_files(out) == {RECIPE_FILE, WEIGHTS_FILE}
-    saved = hetprune.recipe.load_recipe(out)
+    saved = hetprune.model.recipe.load_recipe(out)
     assert saved.base == tiny_spec
     assert saved.provenance["applied_to"]["source"] == f"checkpoint {apply_args.ckpt}"
     x = tiny_example(4)
@@ -377,9 +378,9 @@ def test_apply_command_prunes_a_checkpoint_and_saves_it(apply_args, tiny_spec, t
     make_recipe(tiny_spec, attn_removed=[3]).write(other)
     assert main(apply_args("out", other)) == 2
     assert "already holds a different result; pass --overwrite" in capsys.readouterr().err
-    assert hetprune.recipe.load_recipe(out).attn_removed == [1]
+    assert hetprune.model.recipe.load_recipe(out).attn_removed == [1]
     assert main(apply_args("out", other, apply_args.ckpt, "--overwrite")) == 0
-    assert hetprune.recipe.load_recipe(out).attn_removed == [3]
+    assert hetprune.model.recipe.load_recipe(out).attn_removed == [3]
 
 
 def test_apply_command_reads_pth_checkpoints_safely(apply_args, tmp_path):
@@ -419,13 +420,13 @@ def test_apply_command_bad_input_is_one_error_line_and_writes_nothing(apply_args
 
 
 def test_apply_command_interrupted_writes_nothing(apply_args, tmp_path, monkeypatch, capsys):
-    real = hetprune.recipe.save_weights
+    real = hetprune.model.recipe.save_weights
 
     def save_then_die(path, *args, **kwargs):
         real(path, *args, **kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(hetprune.recipe, "save_weights", save_then_die)
+    monkeypatch.setattr(hetprune.model.recipe, "save_weights", save_then_die)
     assert main(apply_args()) == 130
     assert "interrupted" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
@@ -486,7 +487,7 @@ def test_every_merger_combination_gives_a_recipe_that_applies_exactly_to_the_bas
     out = tmp_path / "pruned"
     assert main(["prune", *base, "--strategy", "act-only", "--scorer", "magnitude", "--budget", "2",
                  "--set", "finetune.epochs=0", "--set", f"mergers={mergers}", "--out", str(out)]) == 0
-    recipe = hetprune.recipe.load_recipe(out)
+    recipe = hetprune.model.recipe.load_recipe(out)
     assert len(recipe.merged) == (0 if mergers == "[]" else 2)
     assert recipe.fold_norm == (mergers.startswith("[ln-fold"))
     applied = tmp_path / "applied"
@@ -604,7 +605,7 @@ def test_apply_command_refuses_a_recipe_that_reads_a_file_but_takes_typed_kwargs
     assert not (tmp_path / "o").exists()
     # the same recipe with the base model typed on the command line: its kwargs are what the user gave
     assert main(apply_args("o", recipe_path, None)) == 0
-    assert hetprune.recipe.load_recipe(tmp_path / "o").base == tiny_spec
+    assert hetprune.model.recipe.load_recipe(tmp_path / "o").base == tiny_spec
 
 
 @pytest.mark.parametrize("mergers", [["linear-merge"], ["ln-fold"]])

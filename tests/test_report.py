@@ -38,7 +38,7 @@ def test_a_report_from_before_tasks_had_metrics_is_read_by_its_top1_names():
 def test_the_model_card_names_the_tasks_metric(name, row):
     from hetprune import testing
     from hetprune.export.hub import model_card
-    from hetprune.recipe import Recipe
+    from hetprune.model.recipe import Recipe
 
     recipe = Recipe(base=testing.TINY_SPEC, arch={})
     report = Report(**CORE, metric_name=name, metric=40.0 if name != "top1" else 80.0,

@@ -15,7 +15,8 @@ import dataclasses
 import pytest
 import torch
 
-from hetprune import Budget, surgery
+from hetprune import Budget
+from hetprune.model import surgery
 from hetprune.pipeline import finetune, select_sites
 from hetprune.resume import weights_key
 from hetprune.task import classification

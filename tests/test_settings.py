@@ -146,13 +146,13 @@ import sys
 import hetprune
 assert "torch" not in sys.modules, "import hetprune loaded torch"
 from hetprune import Site, sites, HetpruneError
-import hetprune.pipeline                       # binds the submodule hetprune.sites on the package
-assert hetprune.sites is sites and callable(hetprune.sites), hetprune.sites
+import hetprune.pipeline                       # binds the submodule hetprune.model.sites on the package
+assert hetprune.model.sites is sites and callable(hetprune.model.sites), hetprune.model.sites
 for name in hetprune.__all__:
     getattr(hetprune, name)
 print("ok", Site.__module__)
 """)
-    assert r.returncode == 0 and "ok hetprune.sites" in r.stdout, r.stderr
+    assert r.returncode == 0 and "ok hetprune.model.sites" in r.stdout, r.stderr
 
 
 # -- typed settings (issue 41, item 1) ------------------------------------------------------------------------

@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 import hetprune
-from hetprune import HetpruneError, Site, surgery
-from hetprune.sites import blocks_of, check_site, depth
+from hetprune import HetpruneError, Site
+from hetprune.model import surgery
+from hetprune.model.sites import blocks_of, check_site, depth
 
 TINY = dict(img_size=16, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=3, num_heads=2)
 

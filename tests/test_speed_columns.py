@@ -14,7 +14,7 @@ from hetprune import bench
 from hetprune.compare.report import aggregate, speed_notes, untrusted_timing, write_outputs
 from hetprune.compare import CompareSpec
 from hetprune.compare.timing import attach_speed, measure_rows
-from hetprune.recipe import save
+from hetprune.model.recipe import save
 
 
 class Scripted:
@@ -72,7 +72,7 @@ def test_bench_prints_each_speedup_with_its_spread(tiny_model):
     import copy
 
     other = copy.deepcopy(tiny_model)
-    hetprune.surgery.remove_activation(other, 1)
+    hetprune.model.surgery.remove_activation(other, 1)
     result = bench.measure({"dense": tiny_model, "pruned": other}, input_shape=(1, 16, 16), batch_sizes=[2],
                            device="cpu", repeats=3, warmup=1, min_time_s=0.001)
     row = next(r for r in result["results"] if r["model"] == "pruned")
@@ -91,13 +91,13 @@ def test_models_with_the_same_structure_are_timed_once_and_share_the_figure(tiny
                                                                              monkeypatch):
     import copy
 
-    from hetprune.recipe import arch_of, recipe_from_model
+    from hetprune.model.recipe import arch_of, recipe_from_model
 
     def pruned(act, seed_shift):
         m = copy.deepcopy(tiny_model)
         for p in m.parameters():   # other weights: only the structure is the same
             p.data.add_(seed_shift)
-        hetprune.surgery.remove_activation(m, act)
+        hetprune.model.surgery.remove_activation(m, act)
         return m, recipe_from_model(m, tiny_spec, arch_of(tiny_model))
 
     rows = [saved(tmp_path, "hetdpt__sites1__seed0", *pruned(1, 0.0)),

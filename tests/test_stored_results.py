@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Subset
 import hetprune
 from hetprune import HetpruneError, Task
 from hetprune.budget import Budget
-from hetprune.models import ModelSpec, build
+from hetprune.model.spec import ModelSpec, build
 from hetprune.resume import base_key, code_key, config_key
 from hetprune.testing import TINY_SETTINGS
 from conftest import TINY_KWARGS, TINY_SPEC
@@ -92,7 +92,7 @@ def test_a_changed_model_configuration_measures_its_points_again(digits_data, tm
     run(plain, task(digits_data), out, first)
     noisy = model(drop_path_rate=0.5, proj_drop_rate=0.5)
     noisy.load_state_dict(plain.state_dict())     # the same weights, another configuration
-    assert hetprune.models.model_hash(noisy) == hetprune.models.model_hash(plain)
+    assert hetprune.model.spec.model_hash(noisy) == hetprune.model.spec.model_hash(plain)
     run(noisy, task(digits_data), out, second, overwrite=True)
     assert not any("reusing" in line for line in second), second
     keys = [p["key"] for p in points_file(out)]
@@ -150,7 +150,7 @@ def test_the_base_key_covers_the_configuration_not_only_the_weights():
     plain, noisy = model(), model(drop_path_rate=0.5)
     noisy.load_state_dict(plain.state_dict())
     assert config_key(plain) != config_key(noisy)
-    h = hetprune.models.model_hash(plain)
+    h = hetprune.model.spec.model_hash(plain)
     assert base_key(plain, h) != base_key(noisy, h)
     assert base_key(plain, h) == base_key(model(), h)   # stable for the same model
 
@@ -193,7 +193,7 @@ def test_a_progressive_step_is_never_continued_from_weights_of_another_removal_o
     assert scheme.checkpoint(a, 1) == scheme.checkpoint(b, 1)   # the same first removal
     assert scheme.checkpoint(a, 2) != scheme.checkpoint(b, 2)   # 1+1 against 0+2 after two steps
     # a kept step whose sites are not the step's (a file from before names held the order) is not continued
-    from hetprune.sites import Site
+    from hetprune.model.sites import Site
 
     wrong = [Site(0, "act"), Site(1, "act")]
     m = copy.deepcopy(job.dense)

@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 import hetprune
-from hetprune import HetpruneError, Site, surgery
-from hetprune.costs import count_macs, count_params
-from hetprune.sites import blocks_of
+from hetprune import HetpruneError, Site
+from hetprune.model import surgery
+from hetprune.model.macs import count_macs, count_params
+from hetprune.model.sites import blocks_of
 from conftest import TINY_KWARGS, tiny_example
 
 
@@ -150,7 +151,7 @@ def test_fold_norm_leaves_a_plain_normalisation(model):
 def test_whole_model_merge_error_fp32_and_fp64(tiny_spec, attn_mode, fold_norm):
     for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-10)):
         torch.manual_seed(0)
-        model = randomise_affines(hetprune.models.build(tiny_spec)).to(dtype)
+        model = randomise_affines(hetprune.model.spec.build(tiny_spec)).to(dtype)
         surgery.remove_attention(model, 1, attn_mode)
         for b in range(4):
             surgery.remove_activation(model, b)
@@ -213,7 +214,7 @@ def test_prepare_merge_gives_the_structure_merge_mlp_gives(tiny_spec):
     shapes = []
     for prepare in (False, True):
         torch.manual_seed(0)
-        model = hetprune.models.build(tiny_spec)
+        model = hetprune.model.spec.build(tiny_spec)
         surgery.remove_activation(model, 1)
         if prepare:
             surgery.prepare_merge(model, 1, fold_norm=True)

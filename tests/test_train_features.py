@@ -24,7 +24,7 @@ def data():
 
 
 def tiny(seed: int = 0):
-    from hetprune.models import build
+    from hetprune.model.spec import build
 
     torch.manual_seed(seed)
     return build(TINY_SPEC)
@@ -227,7 +227,7 @@ DISTILLED_KWARGS = dict(img_size=16, patch_size=4, in_chans=1, num_classes=10, e
 
 
 def distilled(seed: int = 0):
-    from hetprune.models import ModelSpec, build
+    from hetprune.model.spec import ModelSpec, build
 
     torch.manual_seed(seed)
     return build(ModelSpec("deit_tiny_distilled_patch16_224", DISTILLED_KWARGS))
@@ -267,9 +267,9 @@ def test_a_distilled_student_prunes_with_token_kd_from_a_separate_teacher_and_ex
     import hetprune
     import hetprune.task
     from hetprune import export
-    from hetprune.costs import cost_summary
+    from hetprune.model.macs import cost_summary
     from hetprune.core.io import save_weights
-    from hetprune.models import build
+    from hetprune.model.spec import build
     from hetprune.testing import TINY_SETTINGS, tiny_data
 
     teacher = tiny(5)
@@ -287,13 +287,13 @@ def test_a_distilled_student_prunes_with_token_kd_from_a_separate_teacher_and_ex
                 "finetune": {**TINY_SETTINGS["finetune"], "kd": "hard", "kd_token": True,
                              "teacher": "vit_tiny_patch16_224", "teacher_kwargs": dict(TINY_SPEC.kwargs),
                              "teacher_checkpoint": str(tmp_path / "teacher.safetensors")}}
-    from hetprune.models import ModelSpec
+    from hetprune.model.spec import ModelSpec
 
     result = hetprune.prune(student, tiny_data(), strategy="act-only", budget=2, settings=settings,
                             out=tmp_path / "out", spec=ModelSpec("deit_tiny_distilled_patch16_224", DISTILLED_KWARGS),
                             progress=False, log=lambda m: None)
     (used, cfg), = [(t, c) for t, c in seen if c.kd_token]
-    assert used is not student and hetprune.models.model_hash(used) == hetprune.models.model_hash(teacher)
+    assert used is not student and hetprune.model.spec.model_hash(used) == hetprune.model.spec.model_hash(teacher)
     assert result.report["macs"] < result.report["dense_macs"] and result.report["merged"]
     loaded = hetprune.load(tmp_path / "out")
     x = torch.randn(3, 1, 16, 16)

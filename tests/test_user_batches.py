@@ -86,7 +86,7 @@ def test_the_seed_orders_a_list_of_batches_and_changes_the_pruned_model(tiny_mod
         task, _ = _counting_task(digits_data, [])
         result = hetprune.prune(tiny_model, task, strategy="act-only", budget=1, seed=seed, progress=False,
                                 settings={**TINY_SETTINGS, "scorer": "magnitude"}, log=lambda m: None)
-        weights.append(hetprune.models.model_hash(result.model))
+        weights.append(hetprune.model.spec.model_hash(result.model))
     assert weights[0] != weights[1]
 
 

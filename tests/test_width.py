@@ -14,11 +14,12 @@ from timm.layers import GluMlp, Mlp, SwiGLU, SwiGLUPacked
 from torch import nn
 
 import hetprune
-from hetprune import HetpruneError, surgery
-from hetprune.costs import count_macs
-from hetprune.models import ModelSpec, build
-from hetprune.recipe import arch_of, recipe_from_model
-from hetprune.widths import apply_widths, read_widths, track_kept
+from hetprune import HetpruneError
+from hetprune.model import surgery
+from hetprune.model.macs import count_macs
+from hetprune.model.spec import ModelSpec, build
+from hetprune.model.recipe import arch_of, recipe_from_model
+from hetprune.model.widths import apply_widths, read_widths, track_kept
 from hetprune_timm.vit_widths import attention_problems
 
 
@@ -370,7 +371,7 @@ def test_isomorphic_strategy_cli(trained_tiny, tmp_path):
     assert target * (1 - TOL) <= report["macs"] <= target and report["allocation"]["within_tolerance"]
     loaded = hetprune.load(out)
     x = tiny_example()
-    recipe = hetprune.recipe.load_recipe(out)
+    recipe = hetprune.model.recipe.load_recipe(out)
     assert recipe.widths == read_widths(loaded) and recipe.provenance["strategy"] == "isomorphic"
     assert count_macs(loaded, x) == report["macs"]
 
@@ -394,7 +395,7 @@ def test_hetdpt_plus_strategy_cli(trained_tiny, tmp_path, order):
     assert report["allocation"]["within_tolerance"]
     assert report["top1"] == report["metric"] and report["metric_name"] == "top1"
     assert isinstance(report["allocation"]["depth"]["metric"], float)   # the depth step's own result, by the task
-    recipe = hetprune.recipe.load_recipe(out)
+    recipe = hetprune.model.recipe.load_recipe(out)
     if order == "interleaved":   # two rounds, each removing sites and then pruning widths
         rounds = report["allocation"]["depth_rounds"]
         assert len(rounds) == 2 and all(r["sites"] for r in rounds)
@@ -453,7 +454,7 @@ def test_dinov2_swiglu_width_strategies_save_a_model_that_reloads(dinov2_checkpo
     target = 0.5 * report["dense_macs"]
     assert target * (1 - TOL) <= report["macs"] <= target
     loaded = hetprune.load(out)
-    recipe = hetprune.recipe.load_recipe(out)
+    recipe = hetprune.model.recipe.load_recipe(out)
     assert recipe.widths == read_widths(loaded)
     gated = 0
     for block, entry in zip(loaded.blocks, recipe.widths["blocks"]):
@@ -487,7 +488,7 @@ def test_width_recipe_applied_to_the_base_weights_reproduces_the_pruned_model(tr
             "--set", "hetdpt.dense_point=false", "--set", "hetdpt.predictor=poly", "--set", "hetdpt.predictor_options={poly: {degree: 1}}"]
     out, _ = _cli(trained_tiny, tmp_path, strategy, *NO_TRAINING, *(plus if strategy != "isomorphic" else []),
                   *extra)
-    recipe = hetprune.recipe.load_recipe(out)
+    recipe = hetprune.model.recipe.load_recipe(out)
     kept = recipe.widths["kept"]
     assert kept["embed"] is not None and len(kept["embed"]) == recipe.widths["embed_dim"]
     assert kept["embed"] != list(range(recipe.widths["embed_dim"])) or any(
@@ -504,7 +505,7 @@ def test_width_recipe_applied_to_the_base_weights_reproduces_the_pruned_model(tr
 @pytest.mark.parametrize("round_to", [4, 16])
 def test_round_to_keeps_every_pruned_width_a_multiple(trained_tiny, tmp_path, round_to):
     out, report = _cli(trained_tiny, tmp_path, "isomorphic", "--round-to", str(round_to))
-    widths = hetprune.recipe.load_recipe(out).widths
+    widths = hetprune.model.recipe.load_recipe(out).widths
     assert widths["embed_dim"] % round_to == 0 and widths["embed_dim"] < 32
     for block in widths["blocks"]:
         assert block["mlp"]["hidden"] % round_to == 0
@@ -529,7 +530,7 @@ def test_share_search_picks_the_best_split_of_a_known_surface_and_the_result_rel
     pick the peak, prune exactly that split, and land the MAC target with widths; the result reloads."""
     from hetprune_width import share_search
     from hetprune.budget import kind_savings, pair_cost
-    from hetprune.sites import depth
+    from hetprune.model.sites import depth
 
     def surface(a, m):
         return 80.0 - 3.0 * (a - 1) ** 2 - 2.0 * (m - 1) ** 2

@@ -26,9 +26,9 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import torch
 
-    from ..costs import cost_summary, human
-    from ..models import check_kwargs, input_shape_of
-    from ..recipe import apply_recipe, resolve_recipe, save
+    from ..model.macs import cost_summary, human
+    from ..model.spec import check_kwargs, input_shape_of
+    from ..model.recipe import apply_recipe, resolve_recipe, save
 
     from ..core.io import check_writable
 

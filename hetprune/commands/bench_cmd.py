@@ -81,8 +81,8 @@ def parse_model_kwargs(text: str | None) -> dict:
 
 def load_model(what: str, kwargs: dict):
     """``(label, model, recipe_or_None)`` for a saved folder or a timm name."""
-    from ..models import ModelSpec, build
-    from ..recipe import RECIPE_FILE, load, load_recipe
+    from ..model.spec import ModelSpec, build
+    from ..model.recipe import RECIPE_FILE, load, load_recipe
 
     path = Path(what)
     if path.is_dir():
@@ -100,7 +100,7 @@ def run(args) -> int:
     from ..bench import BACKENDS, format_table, measure
     from ..bench.timing import check_onnx_file
     from ..core.io import write_json_atomic
-    from ..models import build, input_shape_of
+    from ..model.spec import build, input_shape_of
 
     if args.backend not in BACKENDS:
         raise HetpruneError(f"--backend {args.backend!r} is not supported; allowed: {', '.join(BACKENDS)}")

@@ -75,7 +75,7 @@ def embedded_name(args) -> str:
 
 def model_spec(args):
     from ..embedded import benchmark
-    from ..models import ModelSpec
+    from ..model.spec import ModelSpec
 
     if not args.model:
         if args.model_kwargs or args.pretrained or args.checkpoint:
@@ -98,7 +98,7 @@ def base_model(args, log=print, device: str = "cpu"):
     """``(dense_model, spec, base_info)`` from the command's model options (the embedded default is trained
     on ``device`` the first time)."""
     from ..embedded import embedded_model, embedded_model_info
-    from ..models import build_with_weights, model_hash
+    from ..model.spec import build_with_weights, model_hash
 
     spec = model_spec(args)
     if not args.model:

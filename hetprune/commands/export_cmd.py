@@ -89,8 +89,8 @@ def add_arguments(p) -> None:
 def _target(args):
     """``(label, model, recipe, folder_or_None, report_or_None)``."""
     from ..core.io import read_json
-    from ..models import ModelSpec, build_with_weights
-    from ..recipe import Recipe, arch_of, default_provenance
+    from ..model.spec import ModelSpec, build_with_weights
+    from ..model.recipe import Recipe, arch_of, default_provenance
     from .bench_cmd import load_model, parse_model_kwargs
 
     path = Path(args.target)
@@ -177,7 +177,7 @@ def run(args) -> int:
     import torch
 
     from ..export import FORMATS, check_dtype, check_output, export_hub, export_onnx, export_pt2, quote_command
-    from ..models import build
+    from ..model.spec import build
 
     if args.format not in FORMATS:
         raise HetpruneError(f"--format {args.format!r} is not supported; allowed: {', '.join(FORMATS)}")

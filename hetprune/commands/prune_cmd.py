@@ -148,8 +148,8 @@ def run(args) -> int:
     [`hetprune.prune`][hetprune.api.prune]."""
     from ..core import distributed as dist
     from ..api import prune
-    from ..costs import human
-    from ..recipe import PRUNED_MODEL
+    from ..model.macs import human
+    from ..model.recipe import PRUNED_MODEL
     from ..run_start import start_run
     from ..task import classification
 

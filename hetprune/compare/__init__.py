@@ -147,8 +147,8 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
                         data_spec=data_spec, adapter=adapter, log=log, progress=progress)
         if not dist.is_main():  # rank 0 times the models and writes the results
             return CompareResult(rows, [], {}, "", out)
-        from ..adapters import serving
-        from ..costs import cost_summary
+        from ..model.adapters import serving
+        from ..model.macs import cost_summary
 
         example = devices.place(task.example(2), start.device)
         with serving(adapter):   # the job's adapter counts and loads every model (a generic one is registered nowhere)

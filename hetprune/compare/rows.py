@@ -17,7 +17,7 @@ from ..core import distributed as dist
 from ..core.errors import BudgetUnreachable, HetpruneError
 from ..core.io import ResultFolder, check_result_folder, make_result_folder
 from ..data import seed_everything
-from ..models import model_hash
+from ..model.spec import model_hash
 from ..pipeline import PruneJob
 from ..core.plugins import Registry
 from ..resume import made_when, note_saved, now
@@ -91,7 +91,7 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
             resume: bool, log: Callable[[str], None], progress: bool, adapter=None) -> dict:
     """Prune + fine-tune one row, save its model, and return the row."""
     from ..pipeline import FixedSplit
-    from ..recipe import save
+    from ..model.recipe import save
 
     started = time.time()
     head = {"key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy, "budget": plan.budget.to_dict(),
@@ -152,7 +152,7 @@ def _worker(payload: dict) -> dict:
 
     from ..data import load_data
     from ..core.io import load_weights
-    from ..models import ModelSpec, build, load_state_into
+    from ..model.spec import ModelSpec, build, load_state_into
     from ..core.plugins import get_registry, load_module
 
     torch.set_num_threads(1)

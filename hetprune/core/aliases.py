@@ -29,6 +29,15 @@ ALIASES: dict[str, str] = {
     "hetprune.devices": "hetprune.core.devices",
     "hetprune.distributed": "hetprune.core.distributed",
     "hetprune.tensors": "hetprune.core.tensors",
+    "hetprune.layers": "hetprune.model.block_modules",
+    "hetprune.adapters": "hetprune.model.adapters",
+    "hetprune.sites": "hetprune.model.sites",
+    "hetprune.surgery": "hetprune.model.surgery",
+    "hetprune.widths": "hetprune.model.widths",
+    "hetprune.costs": "hetprune.model.macs",
+    "hetprune.models": "hetprune.model.spec",
+    "hetprune.recipe": "hetprune.model.recipe",
+    "hetprune.model_checks": "hetprune.model.checks",
 }
 
 

@@ -30,7 +30,7 @@ import yaml
 from .errors import HetpruneError, on_command_line
 
 KD_MODES = ("soft", "hard", "none")
-ATTN_MODES = ("identity", "ln-residual")   # how an attention sub-block is removed (hetprune.layers.HetBlock)
+ATTN_MODES = ("identity", "ln-residual")   # how an attention sub-block is removed (hetprune.model.block_modules.HetBlock)
 RUN_KEYS = ("seed", "device", "amp")   # a fine-tune takes these from the run, never from its own section
 
 

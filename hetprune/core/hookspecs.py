@@ -115,10 +115,10 @@ def register_architectures(register: Register) -> None:
 
     An adapter class has a ``name``, a one-line ``description`` and, once
     built, ``matches(model) -> bool`` (by module types, never by model name)
-    plus the operations of `hetprune.adapters.Adapter`: where the
+    plus the operations of `hetprune.model.adapters.Adapter`: where the
     blocks are, how to remove a site, whether and how an MLP merges, where
     scorers hook, how attention is counted in MACs. Most families subclass
-    `hetprune.adapters.PreNormAdapter` and only name their types and
+    `hetprune.model.adapters.PreNormAdapter` and only name their types and
     child names. The first registered adapter that matches a model serves it.
     """
 

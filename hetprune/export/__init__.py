@@ -18,7 +18,7 @@ Why each choice:
 * The exporter silently falls back to another opset when it cannot convert;
   we check the opset it wrote and refuse instead.
 * A hub folder is a saved model folder (``recipe.json`` +
-  ``model.safetensors``, so [`hetprune.load`][hetprune.recipe.load] reads it as is) plus what a
+  ``model.safetensors``, so [`hetprune.load`][hetprune.model.recipe.load] reads it as is) plus what a
   model hub expects: a ``README.md`` card and a ``config.json`` shaped for the
   model's library: timm-style for a timm model; for a Hugging Face transformers
   model its own config (``architectures``, ``model_type``) and a

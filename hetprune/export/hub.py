@@ -1,4 +1,4 @@
-"""Hub folders: a saved model folder (recipe + weights, so [`hetprune.load`][hetprune.recipe.load] reads it) plus what a
+"""Hub folders: a saved model folder (recipe + weights, so [`hetprune.load`][hetprune.model.recipe.load] reads it) plus what a
 model hub expects, shaped for the model's library (a timm ``config.json``; a transformers model's own
 config and image-processor file) and a model card that quotes the commands that made it.
 """
@@ -14,7 +14,7 @@ from torch import nn
 
 from ..core.errors import HetpruneError, option
 from ..core.io import ResultFolder
-from ..recipe import RECIPE_FILE, WEIGHTS_FILE
+from ..model.recipe import RECIPE_FILE, WEIGHTS_FILE
 from ..report import legacy_metric
 from .common import verify_input
 
@@ -31,7 +31,7 @@ def pretrained_cfg(model: nn.Module, recipe) -> dict:
     from timm.data import resolve_data_config
 
     from ..data import EMBEDDED
-    from ..models import input_shape_of
+    from ..model.spec import input_shape_of
 
     cfg = resolve_data_config({}, model=model)
     cfg["input_size"] = list(input_shape_of(model))
@@ -99,7 +99,7 @@ def hf_preprocessor_config(model: nn.Module, inner: nn.Module, recipe) -> dict:
     image_std)``; else the processor's own, not timm's); hetprune's embedded data sets are normalised as
     (x - 0.5) / 0.5."""
     from ..data import EMBEDDED
-    from ..models import input_shape_of
+    from ..model.spec import input_shape_of
 
     channels, height, width = input_shape_of(model)
     processor = _image_processor(inner.config)
@@ -121,7 +121,7 @@ def hf_preprocessor_config(model: nn.Module, inner: nn.Module, recipe) -> dict:
 
 def hf_hub_config(inner: nn.Module, recipe) -> dict:
     """transformers-style ``config.json``: the model's own config, its class under ``architectures``, and the
-    recipe (the pruned architecture is rebuilt by [`hetprune.load`][hetprune.recipe.load], not by transformers)."""
+    recipe (the pruned architecture is rebuilt by [`hetprune.load`][hetprune.model.recipe.load], not by transformers)."""
     config = json.loads(inner.config.to_json_string(use_diff=False))
     return {**config, "architectures": [type(inner).__name__], "hetprune": _hetprune_section(recipe)}
 
@@ -173,7 +173,7 @@ def int8_section(result: dict) -> list[str]:
 def model_card(recipe, report: dict | None, costs: dict, speed: list[dict] | None, commands: dict,
                label: str, int8: dict | None = None) -> str:
     """A README.md model card from the recipe, the pruning report and measured costs."""
-    from ..costs import human
+    from ..model.macs import human
 
     report = report or {}
     name = report.get("metric_name", "top1")
@@ -263,18 +263,18 @@ def _speed_rows(bench_json: str | Path | None) -> list[dict] | None:
 def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Path | None = None,
                report: dict | None = None, overwrite: bool = False, bench_json: str | None = None,
                export_command: str = "", allow_kwargs=(), int8: tuple[Path, dict] | None = None) -> dict:
-    """Write a hub-style folder and check that [`hetprune.load`][hetprune.recipe.load] reads it back bit-identically.
+    """Write a hub-style folder and check that [`hetprune.load`][hetprune.model.recipe.load] reads it back bit-identically.
 
     The folder is shaped for the model's library: timm's ``config.json``, or for a transformers model its own
     ``config.json`` and ``preprocessor_config.json``. The recipe's base is built (for the dense costs) and
-    read back, so its kwargs are checked as [`hetprune.load`][hetprune.recipe.load] checks them (``allow_kwargs``: the names
+    read back, so its kwargs are checked as [`hetprune.load`][hetprune.model.recipe.load] checks them (``allow_kwargs``: the names
     the caller passes itself). ``int8``: ``(file, result)`` of [`export_int8`][hetprune.export.export_int8], a
     checked INT8 file the folder carries as ``model.int8.onnx``, its metric and calibration stated in the card.
     """
-    from ..costs import CONVENTION, count_macs, count_params
+    from ..model.macs import CONVENTION, count_macs, count_params
     from ..core.io import atomic_folder, save_weights, state_dict_for_saving, write_json_atomic, write_text_atomic
-    from ..models import build, check_kwargs
-    from ..recipe import SCHEMA_VERSION, load
+    from ..model.spec import build, check_kwargs
+    from ..model.recipe import SCHEMA_VERSION, load
 
     check_kwargs(recipe.base, allow_kwargs, "recipe")
     out = Path(out)

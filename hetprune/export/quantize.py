@@ -200,7 +200,7 @@ def _nearest_products(graph, start: list[str], downstream: bool) -> list[str]:
 
 def merged_modules(model: nn.Module) -> list[str]:
     """The module paths of the merged MLPs (``fc2·fc1`` folded into one layer) in ``model``."""
-    from ..layers import MergedMlp
+    from ..model.block_modules import MergedMlp
 
     return [name for name, m in model.named_modules() if isinstance(m, MergedMlp)]
 
@@ -503,8 +503,8 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
     for module in ("onnx", "onnxruntime", "onnxruntime.quantization"):
         need(module, "INT8 export")
     task = _task_of(task)
-    from ..costs import count_macs, count_params
-    from ..models import input_shape_of
+    from ..model.macs import count_macs, count_params
+    from ..model.spec import input_shape_of
     from ..task import check_data_fits
 
     shape = input_shape_of(model)

@@ -10,7 +10,7 @@ from torch import nn
 
 from hetprune import HetpruneError, bench
 from hetprune.core.config import Section, number, setting, whole
-from hetprune.costs import CONVENTION, count_macs
+from hetprune.model.macs import CONVENTION, count_macs
 from hetprune.latency import LatencyTable, default_dtype
 
 

@@ -1,6 +1,6 @@
-"""Removers: thin wrappers over ``hetprune.surgery``."""
+"""Removers: thin wrappers over ``hetprune.model.surgery``."""
 
-from hetprune import surgery
+from hetprune.model import surgery
 
 
 class AttnIdentity:

@@ -16,7 +16,7 @@ from hetprune import HetpruneError
 from hetprune.core import devices
 from hetprune.core import distributed as dist
 from hetprune import train as training
-from hetprune.adapters import adapter_for
+from hetprune.model.adapters import adapter_for
 from hetprune.core.config import Section, number, setting, whole
 from hetprune.resume import made_when, note_saved, now, reusable, weights_key
 
@@ -445,6 +445,6 @@ def _attn_mode(ctx) -> str:
 
 
 def _present(model, kind):
-    from hetprune import sites
+    from hetprune.model import sites
 
     return sites(model, kind)

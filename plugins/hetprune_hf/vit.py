@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from hetprune import HetpruneError, ModelSpec
-from hetprune.adapters import PreNormAdapter
-from hetprune.layers import BlockLayout
+from hetprune.model.adapters import PreNormAdapter
+from hetprune.model.block_modules import BlockLayout
 
 LIBRARY = "hf-vit"
 INSTALL = "Hugging Face models need transformers >= 5: pip install 'hetprune[hf]'"

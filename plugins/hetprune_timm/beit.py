@@ -6,8 +6,8 @@ from __future__ import annotations
 from timm.models.beit import Attention, Beit, Block
 
 from hetprune import ModelSpec
-from hetprune.adapters import PreNormAdapter
-from hetprune.layers import BlockLayout
+from hetprune.model.adapters import PreNormAdapter
+from hetprune.model.block_modules import BlockLayout
 
 from .attention import functional_qkv_macs
 

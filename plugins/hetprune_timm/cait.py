@@ -12,8 +12,8 @@ from __future__ import annotations
 from timm.models.cait import Cait, ClassAttn, LayerScaleBlock, TalkingHeadAttn
 
 from hetprune import ModelSpec
-from hetprune.adapters import PreNormAdapter, attention_matmul_macs
-from hetprune.layers import BlockLayout
+from hetprune.model.adapters import PreNormAdapter, attention_matmul_macs
+from hetprune.model.block_modules import BlockLayout
 
 
 class TimmCaiT(PreNormAdapter):

@@ -8,8 +8,8 @@ from __future__ import annotations
 from timm.models.eva import Eva, EvaAttention, EvaBlock, EvaBlockPostNorm
 
 from hetprune import ModelSpec
-from hetprune.adapters import PreNormAdapter
-from hetprune.layers import BlockLayout
+from hetprune.model.adapters import PreNormAdapter
+from hetprune.model.block_modules import BlockLayout
 
 from . import mlp as gated
 from .attention import functional_qkv_macs

@@ -15,7 +15,7 @@ from timm.layers import GluMlp, SwiGLU
 from torch import nn
 
 from hetprune import HetpruneError
-from hetprune.layers import LinearMlp
+from hetprune.model.block_modules import LinearMlp
 
 GATED = (GluMlp, SwiGLU)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock, WindowAttention
 
 from hetprune import ModelSpec
-from hetprune.adapters import PreNormAdapter
-from hetprune.layers import BlockLayout
+from hetprune.model.adapters import PreNormAdapter
+from hetprune.model.block_modules import BlockLayout
 
 
 class TimmSwin(PreNormAdapter):

@@ -46,8 +46,8 @@ from timm.layers import GluMlp, SwiGLU
 from torch import nn
 
 from hetprune import HetpruneError
-from hetprune.adapters import WidthInfo
-from hetprune.layers import DroppedBlock, HetBlock, MergedMlp
+from hetprune.model.adapters import WidthInfo
+from hetprune.model.block_modules import DroppedBlock, HetBlock, MergedMlp
 
 WIDTHS_KEYS = ("embed_dim", "blocks")
 KEPT_KEY = "kept"   # optional: which channels of the base model each layer kept
@@ -400,7 +400,7 @@ def apply_widths(model: nn.Module, widths: dict, compute: bool = False, merge_pe
     ``compute=False`` (loading saved weights next): only the shapes matter.
     ``compute=True``: the current weights are cut to the leading channels of
     every layer; that keeps a random model random, but does not reproduce a
-    width-pruned trained model (use [`hetprune.load`][hetprune.recipe.load] on its folder).
+    width-pruned trained model (use [`hetprune.load`][hetprune.model.recipe.load] on its folder).
     """
     blocks = model.blocks
     _check_widths(widths, len(blocks))

@@ -51,8 +51,8 @@ from torch import nn
 
 from hetprune import HetpruneError
 from hetprune.core.config import Section, number, setting, whole
-from hetprune.costs import count_macs, human
-from hetprune.widths import width_info
+from hetprune.model.macs import count_macs, human
+from hetprune.model.widths import width_info
 
 IMPORTANCES = ("magnitude", "taylor", "random")
 
@@ -248,7 +248,7 @@ class IsomorphicWidthPruner:
 
         ``ctx`` (optional) may give ``batches()`` (training batches: needed for
         Taylor importance), ``macs_fn(model)`` (the cost to meet, default
-        [`hetprune.costs.count_macs`][hetprune.costs.count_macs] on ``example_inputs``) and ``log``.
+        [`hetprune.model.macs.count_macs`][hetprune.model.macs.count_macs] on ``example_inputs``) and ``log``.
         Returns a report (also kept as ``last_report``).
         """
         log = getattr(ctx, "log", None) or (lambda msg: None)

@@ -27,7 +27,7 @@ from hetprune.pipeline import PruneJob, remove_sites
 from hetprune.points import PointStore, metric_of
 
 from .options import HetDPTPlusOptions, WidthOptions
-from hetprune.sites import depth
+from hetprune.model.sites import depth
 
 
 def depth_macs(job: PruneJob):

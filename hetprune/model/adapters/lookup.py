@@ -9,8 +9,8 @@ import weakref
 
 from torch import nn
 
-from ..core.errors import HetpruneError
-from ..core.plugins import get_registry
+from ...core.errors import HetpruneError
+from ...core.plugins import get_registry
 from .base import DOCS, Adapter
 from .nested import find_nested
 
@@ -62,7 +62,7 @@ def adapter_for(model: nn.Module) -> Adapter:
             return nested
         known = "; ".join(f"{a.name} ({a.description})" for a in registry.adapters()) or "(none registered)"
         raise HetpruneError(f"no architecture adapter recognises {type(model).__name__}: supported families are "
-                            f"{known}, at the top or as a submodule. A transformer of your own: hetprune.adapters.generic(blocks=..., "
+                            f"{known}, at the top or as a submodule. A transformer of your own: hetprune.model.adapters.generic(blocks=..., "
                             f"layout=...); a new family is one adapter: see {DOCS}")
     found = most_specific(matching, model)
     found.check(model)

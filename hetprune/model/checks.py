@@ -12,11 +12,11 @@ import copy
 import math
 from typing import TYPE_CHECKING
 
-from .core import tensors
-from .core.contract import Violation, add_rules, is_number, jsonable, type_name
-from .costs import count_macs
-from .core.errors import HetpruneError
-from .models import input_shape_of
+from ..core import tensors
+from ..core.contract import Violation, add_rules, is_number, jsonable, type_name
+from .macs import count_macs
+from ..core.errors import HetpruneError
+from .spec import input_shape_of
 from .sites import Site, sites
 
 if TYPE_CHECKING:

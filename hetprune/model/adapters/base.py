@@ -2,11 +2,11 @@
 
 Of the adapters whose `Adapter.matches` accepts a model, the most
 specific serves it, whatever the order they were registered in
-(`hetprune.adapters.adapter_for` says how specificity is judged).
+(`hetprune.model.adapters.adapter_for` says how specificity is judged).
 
 Most ViT families are pre-norm: ``x + s1·attn(norm1(x))`` then
 ``x + s2·mlp(norm2(x))``. `PreNormAdapter` implements every operation
-for them from a [`BlockLayout`][hetprune.layers.BlockLayout] (the child names), so a
+for them from a [`BlockLayout`][hetprune.model.block_modules.BlockLayout] (the child names), so a
 new pre-norm family is a subclass that says which model and block types it
 accepts, where its blocks are and what its children are called. A family of
 another shape (Hugging Face's ViT layer, say) overrides the operations.
@@ -21,9 +21,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .. import layers
-from ..core.errors import HetpruneError
-from ..layers import BlockLayout, DroppedBlock, HetBlock, LinearMlp, MergedMlp, RemovedActivation
+from .. import block_modules
+from ...core.errors import HetpruneError
+from ..block_modules import BlockLayout, DroppedBlock, HetBlock, LinearMlp, MergedMlp, RemovedActivation
 
 DOCS = "docs/plugins.md#writing-an-architecture-adapter"
 
@@ -232,7 +232,7 @@ def attention_matmul_macs(batch: int, heads: int, q_tokens: int, k_tokens: int, 
 
 
 class PreNormAdapter(Adapter):
-    """Every operation for pre-norm blocks, through a [`BlockLayout`][hetprune.layers.BlockLayout].
+    """Every operation for pre-norm blocks, through a [`BlockLayout`][hetprune.model.block_modules.BlockLayout].
 
     Subclasses set ``model_types`` (the model classes), ``block_types`` (the
     block classes that are sites), ``attention_types`` and ``layout`` (or
@@ -335,7 +335,7 @@ class PreNormAdapter(Adapter):
         if isinstance(b, DroppedBlock):
             return None
         mlp = self._mlp(b)
-        return mlp if layers.is_linear_mlp(mlp, self._act_name(mlp)) else None
+        return mlp if block_modules.is_linear_mlp(mlp, self._act_name(mlp)) else None
 
     def is_merged(self, model, block):
         b = self._block(model, block)
@@ -348,10 +348,10 @@ class PreNormAdapter(Adapter):
         scale = getattr(b, L.mlp_scale, None) if L.mlp_scale else None
         gamma = scale.gamma if isinstance(getattr(scale, "gamma", None), torch.Tensor) else None
         norm = getattr(b, L.norm2)
-        fold = fold_norm and layers.foldable_norm(norm)
+        fold = fold_norm and block_modules.foldable_norm(norm)
         if compute:
-            weight, bias = layers.merged_weights(mlp.fc1, mlp.fc2, gamma, norm if fold else None)
-            merged = layers.merged_mlp(weight, bias, mlp.fc1)
+            weight, bias = block_modules.merged_weights(mlp.fc1, mlp.fc2, gamma, norm if fold else None)
+            merged = block_modules.merged_mlp(weight, bias, mlp.fc1)
         else:
             # shaped for the saved weights, on the base's device and in its dtype (float64 models reload too)
             merged = MergedMlp(mlp.fc1.in_features, mlp.fc2.out_features).to(device=mlp.fc1.weight.device,
@@ -359,7 +359,7 @@ class PreNormAdapter(Adapter):
         if gamma is not None:  # a LayerScale module is folded in; a bare gamma parameter stays (it is cheap)
             setattr(b, L.mlp_scale, nn.Identity())
         if fold:
-            setattr(b, L.norm2, layers.plain_norm(norm))
+            setattr(b, L.norm2, block_modules.plain_norm(norm))
         setattr(b, L.mlp, merged)
         return {"layerscale": gamma is not None, "norm": fold}
 

@@ -22,7 +22,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .adapters import adapter_for
-from .core.errors import HetpruneError
+from ..core.errors import HetpruneError
 
 CONVENTION = "MACs per image (1 MAC = 2 FLOPs); Linear, Conv2d and attention matmuls q·kᵀ, attn·v"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from .adapters import WidthInfo, adapter_for
-from .core.errors import HetpruneError
+from ..core.errors import HetpruneError
 
 
 def _width_adapter(model: nn.Module):

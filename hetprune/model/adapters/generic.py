@@ -1,7 +1,7 @@
 """An adapter a user gets without writing a plugin: `generic` serves a
 pre-norm transformer the user wrote. Say where its blocks are (a dotted path
 to a ModuleList) and what a block's children are called (a
-[`BlockLayout`][hetprune.layers.BlockLayout]); hetprune checks the rest (every block
+[`BlockLayout`][hetprune.model.block_modules.BlockLayout]); hetprune checks the rest (every block
 has them, the attention says its geometry) and refuses the model otherwise.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..core.errors import HetpruneError
-from ..layers import BlockLayout, DroppedBlock, HetBlock
+from ...core.errors import HetpruneError
+from ..block_modules import BlockLayout, DroppedBlock, HetBlock
 from .base import PreNormAdapter
 
 
@@ -23,7 +23,7 @@ class GenericPreNorm(PreNormAdapter):
     the MLP has ``fc1``, the activation and ``fc2``.
     """
 
-    description = "a user-written pre-norm transformer (hetprune.adapters.generic)"
+    description = "a user-written pre-norm transformer (hetprune.model.adapters.generic)"
     supports = {"depth": True, "merge": True, "width": False}
 
     def __init__(self, blocks: str, layout: BlockLayout, name: str = "generic"):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from .adapters import adapter_for
-from .core.errors import HetpruneError
+from ..core.errors import HetpruneError
 
 KINDS = ("attn", "act")
 

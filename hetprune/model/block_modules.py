@@ -1,6 +1,6 @@
 """The modules surgery puts into a model, and the arithmetic of a merge.
 
-These know nothing about any model family: a [`BlockLayout`][hetprune.layers.BlockLayout] (given by
+These know nothing about any model family: a [`BlockLayout`][hetprune.model.block_modules.BlockLayout] (given by
 the family's adapter) names the children of a pre-norm block, and everything
 here works through those names, so the state-dict keys of what is kept never
 change and a recipe replayed on a fresh base model loads the saved weights.
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .core.config import ATTN_MODES  # noqa: F401 - re-exported: hetprune.layers.ATTN_MODES
-from .core.errors import HetpruneError
+from ..core.config import ATTN_MODES  # noqa: F401 - re-exported: hetprune.model.block_modules.ATTN_MODES
+from ..core.errors import HetpruneError
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import timm
 import torch
 from torch import nn
 
-from .core.aliases import qualified_name
-from .core.errors import HetpruneError
-from .core.io import load_weights
+from ..core.aliases import qualified_name
+from ..core.errors import HetpruneError
+from ..core.io import load_weights
 
 
 USER_BUILT = "user"   # ModelSpec.library of a model the user built in code (hetprune cannot build it again)

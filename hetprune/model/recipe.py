@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from . import surgery
-from .core.aliases import qualified_name
-from .core.errors import HetpruneError
-from .core.io import ResultFolder, atomic_folder, load_weights, read_json, save_weights, write_json_atomic
-from .models import ModelSpec, build, check_kwargs, load_state_into
+from ..core.aliases import qualified_name
+from ..core.errors import HetpruneError
+from ..core.io import ResultFolder, atomic_folder, load_weights, read_json, save_weights, write_json_atomic
+from .spec import ModelSpec, build, check_kwargs, load_state_into
 from .adapters import adapter_for, serving
 from .sites import Site, depth, sites
 
@@ -204,7 +204,7 @@ def apply_recipe(model: nn.Module, recipe: Recipe, compute_merge: bool = True, a
     its base reads them) unless ``allow_kwargs`` names them. ``model`` may be
     one the user built (a recipe made by ``hetprune.prune`` on such a model
     says so); ``adapter`` is the one it was pruned with where no registered
-    adapter serves it (``hetprune.adapters.generic(...)``).
+    adapter serves it (``hetprune.model.adapters.generic(...)``).
     """
     check_kwargs(recipe.base, allow_kwargs, "recipe")
     if adapter is not None:
@@ -278,7 +278,7 @@ def _same_result(recipe: Recipe, state: dict):
 def save(folder: str | Path, model: nn.Module, recipe: Recipe, overwrite: bool = False,
          extra_files: dict[str, object] | None = None) -> Path:
     """Write ``recipe.json`` + ``model.safetensors`` (+ extra JSON files) atomically."""
-    from .core.io import state_dict_for_saving
+    from ..core.io import state_dict_for_saving
 
     state = state_dict_for_saving(model)
     with atomic_folder(folder, overwrite=overwrite, same_result=_same_result(recipe, state), kind=PRUNED_MODEL) as tmp:

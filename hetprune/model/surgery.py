@@ -1,6 +1,6 @@
 """Exact, in-place surgery: the primitives every remover and merger is built
 from, and what a recipe replays. Each asks the model's adapter
-([`hetprune.adapters`][hetprune.adapters]), so it works for every supported family.
+([`hetprune.model.adapters`][hetprune.model.adapters]), so it works for every supported family.
 
 * Attention removal swaps the block for a `HetBlock` that skips the
   attention branch: ``identity`` (default: norm1, attn and its scale are gone)
@@ -21,11 +21,11 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from .core import tensors
+from ..core import tensors
 from .adapters import adapter_for
-from .core.errors import HetpruneError
-from .layers import ATTN_MODES, DroppedBlock, merge_pays
-from .layers import BlockLayout, HetBlock, LinearMlp, MergedMlp, RemovedActivation  # noqa: F401  (public names)
+from ..core.errors import HetpruneError
+from .block_modules import ATTN_MODES, DroppedBlock, merge_pays
+from .block_modules import BlockLayout, HetBlock, LinearMlp, MergedMlp, RemovedActivation  # noqa: F401  (public names)
 from .sites import Site, check_site, depth
 
 

@@ -7,7 +7,7 @@ through the ``register_architectures`` hook (built-ins: the ``timm`` and
 known model inside a larger module is found as a submodule (`Nested`).
 
 * `base`: the `Adapter` contract and `PreNormAdapter`, which implements
-  every operation for pre-norm blocks from a [`BlockLayout`][hetprune.layers.BlockLayout];
+  every operation for pre-norm blocks from a [`BlockLayout`][hetprune.model.block_modules.BlockLayout];
 * `generic`: `generic`, an adapter from a block path and a layout;
 * `nested`: `Nested`, an adapter's operations on a submodule;
 * `lookup`: `adapter_for` and `serving`, which model gets which adapter.
