@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> int:
     from sklearn.linear_model import LogisticRegression
 
-    from hetprune.data import _digits_split, digit_pairs, digits
+    from hetprune.training.data import _digits_split, digit_pairs, digits
 
     rows = []
 

@@ -124,7 +124,7 @@ def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:
     from hetprune.budget import Budget
     from hetprune.commands.common import base_model, data_for
     from hetprune.run_start import start_run
-    from hetprune.task import classification
+    from hetprune.training.task import classification
 
     args = SimpleNamespace(model=None, model_kwargs=None, pretrained=False, checkpoint=None, retrain_base=False,
                            data=bench)

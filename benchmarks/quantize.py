@@ -312,7 +312,7 @@ def _cached(cache: Path) -> dict:
 def val_agreement(model, session, task) -> dict:
     """Over the whole validation split: the share of images whose top-1 class INT8 and fp32 agree on, and the
     relative RMS error of INT8's logits (finer signals than a top-1 that moves by whole images)."""
-    from hetprune.data import loader
+    from hetprune.training.data import loader
     from hetprune.export.ort_model import OnnxModule
 
     run = OnnxModule(session)
@@ -342,9 +342,9 @@ def int8_row(model, task, kwargs: dict, threads: int) -> dict:
 
 def _job(payload: dict):
     """One measurement in a fresh single-threaded process: an INT8 row, or a model's per-layer errors."""
-    from hetprune.data import load_data
-    from hetprune.embedded import embedded_model
-    from hetprune.task import classification
+    from hetprune.training.data import load_data
+    from hetprune.training.embedded import embedded_model
+    from hetprune.training.task import classification
 
     torch.set_num_threads(1)
     task = classification(load_data(payload["data"]))

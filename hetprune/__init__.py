@@ -1,7 +1,7 @@
 """hetprune: structured pruning of Vision Transformers, extensible with plugins.
 
 For users: [`prune`][hetprune.api.prune] (and [`compare`][hetprune.compare.compare], [`ablate`][hetprune.ablate.ablate]) prune their own
-model for their own [`Task`][hetprune.task.Task]; [`load`][hetprune.model.recipe.load] and [`apply_recipe`][hetprune.model.recipe.apply_recipe] bring
+model for their own [`Task`][hetprune.training.task.Task]; [`load`][hetprune.model.recipe.load] and [`apply_recipe`][hetprune.model.recipe.apply_recipe] bring
 a pruned model back. The public API for users and plugin authors is what this
 module exports, plus
 the modules ``hetprune.model.surgery`` (exact removal/merge primitives),

@@ -6,7 +6,7 @@
 ``model`` is any ``nn.Module`` an adapter knows: a timm or Hugging Face ViT,
 one inside the user's own module (a backbone under a head), or the user's own
 transformer with ``adapter=hetprune.model.adapters.generic(...)``. ``task`` is a
-[`hetprune.Task`][hetprune.task.Task] (the user's data, loss, metric and training loop) or a
+[`hetprune.Task`][hetprune.training.task.Task] (the user's data, loss, metric and training loop) or a
 classification `DataBundle`. The CLI's ``hetprune
 prune`` parses its options, builds the model and the Task, and calls
 [`prune`][hetprune.api.prune]; ``hetprune.compare`` and ``hetprune.ablate`` run the same
@@ -26,7 +26,7 @@ from torch import nn
 from .core import distributed as dist
 from .model.adapters import Adapter
 from .budget import Budget
-from .data import seed_everything
+from .training.data import seed_everything
 from .core.errors import HetpruneError
 from .core.io import check_result_folder, no_empty_folder_on_error
 from .model.spec import ModelSpec
@@ -37,7 +37,7 @@ from .plan import write as write_plan
 from .model.recipe import PRUNED_MODEL, REPORT_FILE, save
 from . import run_start
 from .run_start import RunStart, as_given, check_names, dense_info, run_device, run_key  # noqa: F401 - public here
-from .task import Task
+from .training.task import Task
 
 
 def make_budget(budget: int | Budget | None = None, target_macs: float | None = None,

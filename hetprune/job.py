@@ -20,13 +20,13 @@ from .model.adapters import Adapter, adapter_for, serving
 from .budget import Budget, feasible_pairs
 from .core.config import RunSettings, Section, per_gpu_resolved
 from .cost_model import build as build_cost_model, run_model_name
-from .data import DataBundle
+from .training.data import DataBundle
 from .core.errors import HetpruneError
 from .model.spec import ModelSpec, model_hash
 from .core.plugins import Registry
-from .resume import base_key
-from .task import Task, as_task, reuse_tag
-from .train import TrainConfig
+from .training.resume import base_key
+from .training.task import Task, as_task, reuse_tag
+from .training.train import TrainConfig
 
 S = TypeVar("S", bound=Section)
 
@@ -67,7 +67,7 @@ class PruneJob:
 
     The model's adapter, the device, the mixed precision and the task are
     resolved here and carried down; nothing below the job looks them up again.
-    ``task`` is what the model is pruned for ([`hetprune.Task`][hetprune.task.Task]); a
+    ``task`` is what the model is pruned for ([`hetprune.Task`][hetprune.training.task.Task]); a
     classification `DataBundle` given as ``data`` is
     today's default task. ``spec`` says how to build the base model again, or
     None for a model the user built (its recipe then records that). A
@@ -129,12 +129,12 @@ class PruneJob:
     def base_key(self) -> str:
         """What keys every stored result made from the dense model: its weights, its configuration (dropout and
         drop-path rates, pooling, ...: a model rebuilt with other such kwargs has the same weights) and its
-        spec (`hetprune.resume.base_key`)."""
+        spec (`hetprune.training.resume.base_key`)."""
         return self.once("base key", lambda: base_key(self.dense, self.base_hash, self.spec))
 
     @property
     def reuse_tag(self) -> str | None:
-        """Which stored MAP points this job may reuse without ``--resume`` (`hetprune.task.reuse_tag`): None
+        """Which stored MAP points this job may reuse without ``--resume`` (`hetprune.training.task.reuse_tag`): None
         for all with a matching key, else only those of this run (the task's code cannot be read)."""
         return self.once("reuse tag", lambda: reuse_tag(self.task, self.resume, self.log))
 

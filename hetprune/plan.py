@@ -5,7 +5,7 @@ A strategy describes its stages with `PlanStep`s (``DepthStrategy.plan``; HetDPT
 checks, a scorer with a training phase its own: ``plan(job, counts)``). Counts are image passes: an epoch of
 a fine-tune is ``min(subset, training set)`` images, as the trainer runs it. The probe (`probe`) runs the
 final fine-tune's own training step (student plus teacher, under the run's autocast, with its accumulation,
-on every rank) for a few seconds, through the same `hetprune.train.train` a run uses, and a few batches of
+on every rank) for a few seconds, through the same `hetprune.training.train.train` a run uses, and a few batches of
 evaluation; the plan's hours are image passes divided by those rates. Nothing is trained that the run keeps:
 the probe's student is a copy of the dense model, and nothing is saved but the plan file.
 """
@@ -129,7 +129,7 @@ class Probe:
 
 def probe(job, seconds: float = PROBE_SECONDS, section: str = "finetune") -> Probe:
     """Time the final fine-tune's training step for about ``seconds``: two warm-up steps (allocation,
-    compilation, workers starting), then as many steps as fit, through `hetprune.train.train` on a copy of
+    compilation, workers starting), then as many steps as fit, through `hetprune.training.train.train` on a copy of
     the dense model with the schedule's teacher, batch, accumulation and autocast; then evaluation batches.
     Every rank takes part (the rates are the whole run's)."""
     cfg = job.train_config(section)

@@ -29,7 +29,7 @@ class PointStore:
     A point is appended (and fsynced) the moment it is measured, with the time;
     lines with another key are kept but never reused, so a changed setting cannot
     pick up stale points. A line that does not parse is reported, never skipped.
-    With ``run`` (`hetprune.task.reuse_tag`: a task whose code hetprune cannot
+    With ``run`` (`hetprune.training.task.reuse_tag`: a task whose code hetprune cannot
     read, without ``--resume``) the store reads only the points this run wrote.
 
     Under torchrun each rank appends to a file of its own: rank 0 to ``path``

@@ -27,14 +27,14 @@ from .core import devices
 from .core import distributed as dist
 from .model.adapters import Adapter
 from .budget import Budget
-from .data import EMBEDDED, DataBundle
+from .training.data import EMBEDDED, DataBundle
 from .core.errors import HetpruneError, option
 from .core.io import ResultFolder, check_result_folder, make_result_folder
 from .model.spec import ModelSpec, model_hash
 from .pipeline import resolve_adapter
 from .core.plugins import Registry, get_registry
-from .resume import base_key
-from .task import Task, as_task, check_data_fits, reuse_tag
+from .training.resume import base_key
+from .training.task import Task, as_task, check_data_fits, reuse_tag
 
 
 @dataclass

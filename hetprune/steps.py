@@ -18,7 +18,7 @@ from .core.errors import HetpruneError
 from .job import PruneJob, ScoringContext, scoring_context
 from .model.recipe import arch_of, recipe_from_model
 from .report import PruneResult, Report, metric_entries
-from .resume import structure_key, weights_key
+from .training.resume import structure_key, weights_key
 from .model.sites import Site, sites
 
 def rank_lowest(scores: dict[Site, float], n: int) -> list[Site]:

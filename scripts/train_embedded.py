@@ -38,8 +38,9 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as cache:
         os.environ["HETPRUNE_CACHE"] = cache
-        from hetprune.embedded import SHIPPED, SHIPPED_INDEX, benchmark, embedded_model, embedded_model_folder
-        from hetprune.embedded import embedded_model_info, file_sha256
+        from hetprune.training.embedded import (SHIPPED, SHIPPED_INDEX, benchmark, embedded_model,
+                                                embedded_model_folder)
+        from hetprune.training.embedded import embedded_model_info, file_sha256
 
         start = time.time()
         embedded_model(args.data, retrain=True, progress=False)

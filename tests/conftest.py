@@ -42,7 +42,7 @@ def tiny_model(tiny_spec):
 
 @pytest.fixture(scope="session")
 def digits_data():
-    from hetprune.data import digits
+    from hetprune.training.data import digits
 
     return digits()
 
@@ -50,9 +50,9 @@ def digits_data():
 @pytest.fixture(scope="session")
 def trained_tiny(tmp_path_factory):
     """A tiny ViT briefly trained on digits, saved as a checkpoint: ``(model, spec, path)``."""
-    from hetprune.data import digits
+    from hetprune.training.data import digits
     from hetprune.core.io import save_weights
-    from hetprune.train import TrainConfig, train
+    from hetprune.training.train import TrainConfig, train
 
     torch.manual_seed(0)
     model = build(TINY_SPEC)

@@ -249,7 +249,7 @@ def test_the_cli_and_the_library_give_the_same_recipe_and_metric(trained_tiny, d
     from hetprune.cli import main
     from hetprune.core.io import load_weights
     from hetprune.model.spec import build, load_state_into
-    from hetprune.task import classification
+    from hetprune.training.task import classification
 
     _, spec, ckpt = trained_tiny
     sets = ["finetune.epochs=1", "finetune.subset=48", "finetune.batch_size=16", "scoring.subset=16",

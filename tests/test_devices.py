@@ -161,8 +161,8 @@ def float64_place(monkeypatch):
 
 
 def test_evaluate_and_train_move_the_model_they_are_given(float64_place, tiny_model, digits_data):
-    from hetprune.data import loader
-    from hetprune.train import TrainConfig, evaluate, train
+    from hetprune.training.data import loader
+    from hetprune.training.train import TrainConfig, evaluate, train
 
     watch = float64_place
     top1 = evaluate(tiny_model, loader(digits_data.val, 64, shuffle=False), "cpu")
@@ -216,7 +216,7 @@ def test_amp_runs_forwards_in_low_precision_and_the_loss_in_fp32(tiny_model, dig
     """bf16 autocast works on CPU too: the student and teacher forwards run in bf16, the KD loss in fp32."""
     import copy
 
-    import hetprune.train as train_mod
+    import hetprune.training.train as train_mod
 
     seen = {"loss": [], "head": []}
     real_loss = train_mod.training_loss
@@ -241,7 +241,7 @@ def test_amp_runs_forwards_in_low_precision_and_the_loss_in_fp32(tiny_model, dig
 
 
 def _one_param_step(loss_of, scaler):
-    from hetprune.train import optimisation_step
+    from hetprune.training.train import optimisation_step
 
     p = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([p], lr=0.1)
@@ -252,7 +252,7 @@ def _one_param_step(loss_of, scaler):
 def test_an_inf_loss_under_fp16_is_skipped_by_the_grad_scaler_and_nan_is_refused():
     """fp16 overflow (an inf loss) is what the GradScaler is for: skip the step, back off the scale.
     NaN is never absorbed, and without a scaler (bf16, fp32) inf is refused too."""
-    from hetprune.train import NonFiniteLoss
+    from hetprune.training.train import NonFiniteLoss
 
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)   # what train() builds for fp16, on the CPU
     stepped, p = _one_param_step(lambda p: (p * float("inf")).sum(), scaler)
@@ -268,7 +268,7 @@ def test_an_inf_loss_under_fp16_is_skipped_by_the_grad_scaler_and_nan_is_refused
 
 def test_train_under_fp16_skips_an_overflowing_step_instead_of_stopping(tiny_model, digits_data, tmp_path,
                                                                        monkeypatch):
-    import hetprune.train as train_mod
+    import hetprune.training.train as train_mod
 
     calls, real_loss = [], train_mod.training_loss
 

@@ -71,7 +71,7 @@ def tiny(seed: int):
 
 def train_case(data, n: int, batch_size: int) -> tuple[torch.nn.Module, list[dict]]:
     """A tiny model trained with soft KD on ``n`` images, ``batch_size`` at a time (under torchrun: split)."""
-    from hetprune.train import TrainConfig, train
+    from hetprune.training.train import TrainConfig, train
 
     model, teacher = tiny(0), tiny(1).eval()
     cfg = TrainConfig(epochs=2, lr=LR, batch_size=batch_size, subset=n, kd="soft", warmup_epochs=0)
@@ -87,7 +87,7 @@ PER_GPU = dict(epochs=1, lr=LR, subset=65, kd="none", warmup_epochs=0, lr_scale=
 
 def per_gpu_case(data, batch_size: int, per_gpu: bool) -> torch.nn.Module:
     """A tiny model trained at ``batch_size`` per GPU (``per_gpu``) or globally, lr scaled by the batch."""
-    from hetprune.train import TrainConfig, train
+    from hetprune.training.train import TrainConfig, train
 
     model = tiny(0)
     train(model, data, TrainConfig(**PER_GPU, batch_size=batch_size, batch_per_gpu=per_gpu), progress=False)
@@ -96,8 +96,8 @@ def per_gpu_case(data, batch_size: int, per_gpu: bool) -> torch.nn.Module:
 
 def training_worker(out: Path) -> dict:
     from hetprune.core import distributed as dist
-    from hetprune.data import digits
-    from hetprune.train import evaluate_dataset
+    from hetprune.training.data import digits
+    from hetprune.training.train import evaluate_dataset
 
     data, result = digits(), {}
     for n, batch_size in CASES[dist.world()]:
@@ -138,7 +138,7 @@ PLAN_BUDGET = dict(target_speedup=1.3, cost_model=RankSkewed.name)
 def planning_worker(out: Path) -> dict:
     from hetprune.core import distributed as dist
     from hetprune.budget import Budget, feasible_pairs
-    from hetprune.data import digits
+    from hetprune.training.data import digits
     from hetprune.pipeline import PruneJob
     from hetprune.core.plugins import get_registry
 
@@ -183,8 +183,8 @@ class Batches:
 def task_worker(out: Path) -> dict:
     from hetprune.core import distributed as dist
     from hetprune.core.errors import HetpruneError
-    from hetprune.task import Task, UserSource
-    from hetprune.train import TrainConfig, train
+    from hetprune.training.task import Task, UserSource
+    from hetprune.training.train import TrainConfig, train
 
     gen = torch.Generator().manual_seed(dist.rank())
 
@@ -210,7 +210,7 @@ def task_worker(out: Path) -> dict:
 def retrain_worker(out: Path) -> dict:
     """An embedded base model the package does not ship (another schedule): rank 0 trains it, every rank
     reads it (rank 0 used to call itself again, forever, while the others waited)."""
-    from hetprune.embedded import embedded_model
+    from hetprune.training.embedded import embedded_model
 
     os.environ["HETPRUNE_CACHE"] = str(out / "cache")
     model = embedded_model("digits", spec=TINY_SPEC, training={"epochs": 1}, progress=False, log=lambda m: None)
@@ -230,17 +230,17 @@ def stage1(out: Path, log=lambda msg: None) -> dict:
     whether it ran under DDP, each gate epoch with its world and mode."""
     import copy
 
-    import hetprune.task
+    import hetprune.training.task
     from hetprune.core import distributed as dist
     from hetprune.budget import Budget
-    from hetprune.data import digits
+    from hetprune.training.data import digits
     from hetprune.core.io import load_weights
     from hetprune.pipeline import PruneJob, select_sites
     from hetprune.core.plugins import get_registry
     from hetprune_hetdpt.scorers import GateTaylorScorer
 
     fine_tunes, gate_epochs = [], []
-    real_train, real_epoch = hetprune.task.train, GateTaylorScorer.__dict__["_epoch"]   # the staticmethod itself
+    real_train, real_epoch = hetprune.training.task.train, GateTaylorScorer.__dict__["_epoch"]   # the staticmethod itself
 
     def counted(model, data, cfg, distributed=None, **kwargs):
         fine_tunes.append(dist.active() if distributed is None else bool(distributed) and dist.active())
@@ -250,7 +250,7 @@ def stage1(out: Path, log=lambda msg: None) -> dict:
         gate_epochs.append([kwargs.get("world"), kwargs.get("distributed")])
         return real_epoch.__func__(*args, **kwargs)
 
-    hetprune.task.train, GateTaylorScorer._epoch = counted, staticmethod(gate_epoch)
+    hetprune.training.task.train, GateTaylorScorer._epoch = counted, staticmethod(gate_epoch)
     try:
         registry = get_registry()
         strategy = registry.build("strategy", "hetdpt")
@@ -263,7 +263,7 @@ def stage1(out: Path, log=lambda msg: None) -> dict:
         model = copy.deepcopy(job.dense)
         chosen = select_sites(job, model, {"attn": 1, "act": 1})
     finally:
-        hetprune.task.train, GateTaylorScorer._epoch = real_train, real_epoch
+        hetprune.training.task.train, GateTaylorScorer._epoch = real_train, real_epoch
     steps = {f.name: torch.load(f, weights_only=True)["model"] for f in sorted((out / "work" / "map-paths").iterdir())}
     return {"points": json.dumps(points, sort_keys=True), "fine_tunes": fine_tunes, "gate_epochs": gate_epochs,
             "chosen": [str(c) for c in chosen], "gated": model.state_dict(), "steps": steps}
@@ -288,10 +288,10 @@ def resume_worker(out: Path) -> dict:
     import shutil
 
     from hetprune.core import distributed as dist
-    from hetprune.data import digits
+    from hetprune.training.data import digits
     from hetprune.core.errors import HetpruneError
     from hetprune.testing import scoring_context
-    from hetprune.train import TrainConfig, train
+    from hetprune.training.train import TrainConfig, train
     from hetprune_hetdpt.scorers import GateTaylorScorer
 
     data, cfg, key, rank = digits(), TrainConfig(**RESUME_CFG), {"run": "test"}, dist.rank()
@@ -350,7 +350,7 @@ def shared_worker(out: Path) -> dict:
     import fcntl
 
     from hetprune.core import distributed as dist
-    from hetprune.data import image_folder
+    from hetprune.training.data import image_folder
     from hetprune.points import PointStore
 
     def no_locks(*args):
@@ -398,10 +398,10 @@ MIX_CFG = dict(epochs=1, lr=LR, batch_size=15, subset=45, kd="soft", warmup_epoc
 
 def mixed_rows(data, rank: int, world: int, seed: int) -> dict:
     """Item index -> (mixed image, soft target) of the first two global batches, this rank's share."""
-    from hetprune.train import ClassificationSource, TrainConfig
+    from hetprune.training.train import ClassificationSource, TrainConfig
 
     cfg = TrainConfig(**MIX_CFG, seed=seed)
-    from hetprune.data import GlobalBatchSampler
+    from hetprune.training.data import GlobalBatchSampler
 
     sampler = GlobalBatchSampler(45, 15, seed, rank=rank, world=world, pad_empty=world > 1, pairs=True)
     out = {}
@@ -414,7 +414,7 @@ def mixed_rows(data, rank: int, world: int, seed: int) -> dict:
 
 
 def mix_train(data, seed: int = 0) -> torch.nn.Module:
-    from hetprune.train import TrainConfig, train
+    from hetprune.training.train import TrainConfig, train
 
     model, teacher = tiny(0), tiny(1).eval()
     train(model, data, TrainConfig(**MIX_CFG, seed=seed), teacher=teacher, progress=False)
@@ -423,7 +423,7 @@ def mix_train(data, seed: int = 0) -> torch.nn.Module:
 
 def mix_worker(out: Path) -> dict:
     from hetprune.core import distributed as dist
-    from hetprune.data import digits
+    from hetprune.training.data import digits
 
     data = digits()
     return {"rows": {seed: mixed_rows(data, dist.rank(), dist.world(), seed) for seed in (0, 1)},
@@ -446,7 +446,7 @@ def worker(scenario: str, out: Path) -> int:
 # -- the tests ----------------------------------------------------------------------------------------------------
 
 def test_every_rank_takes_every_step_and_the_shares_weigh_each_item_once():
-    from hetprune.data import GlobalBatchSampler
+    from hetprune.training.data import GlobalBatchSampler
 
     for n, batch_size in [(65, 16), (64, 16), (2, 16), (8, 2), (1, 16)]:
         for world in (2, 3):
@@ -468,8 +468,8 @@ def test_every_rank_takes_every_step_and_the_shares_weigh_each_item_once():
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_uneven_splits_train_and_evaluate_like_one_process(tmp_path, world):
-    from hetprune.data import digits
-    from hetprune.train import evaluate_dataset
+    from hetprune.training.data import digits
+    from hetprune.training.train import evaluate_dataset
 
     ranks = run_workers("train", world, tmp_path)
     data = digits()
@@ -496,7 +496,7 @@ def test_mixup_and_cutmix_batches_and_training_are_the_same_on_2_ranks(tmp_path)
     """Each rank mixes its own share of a global batch (pairs stay on one rank, lambda and box from the global
     step), item for item as one process mixes the whole batch; so DDP training with mixing (and gradient
     accumulation over micro-batches) follows it too."""
-    from hetprune.data import digits
+    from hetprune.training.data import digits
 
     ranks = run_workers("mix", 2, tmp_path)
     data = digits()
@@ -614,8 +614,8 @@ def test_rank_0_decides_whether_to_resume_and_a_rank_that_cannot_follow_stops_ev
     """A rank that alone sees a checkpoint starts afresh with rank 0 (it used to resume alone, and the ranks'
     steps no longer matched); a rank that cannot see the checkpoint rank 0 resumes from stops every rank at
     once with one error naming it (it used to start afresh, and wait in a collective until the timeout)."""
-    from hetprune.data import digits
-    from hetprune.train import TrainConfig, train
+    from hetprune.training.data import digits
+    from hetprune.training.train import TrainConfig, train
 
     ranks = run_workers("resume", 2, tmp_path)
     fresh = tiny(0)
@@ -632,7 +632,7 @@ def test_rank_0_decides_whether_to_resume_and_a_rank_that_cannot_follow_stops_ev
 
 
 def test_points_of_two_ranks_are_merged_without_locks_and_the_image_folder_is_listed_on_rank_0(tmp_path):
-    from hetprune.data import image_folder
+    from hetprune.training.data import image_folder
 
     ranks = run_workers("shared", 2, tmp_path)
     for got in ranks:   # each rank appended to its own file, and every rank reads both
@@ -709,7 +709,7 @@ def test_the_collective_timeout_is_a_setting_the_process_group_is_made_with(monk
 
 def test_a_per_gpu_batch_becomes_the_global_batch_the_lr_rule_scales_by():
     from hetprune.core import config
-    from hetprune.train import TrainConfig, scaled_lr
+    from hetprune.training.train import TrainConfig, scaled_lr
 
     cfg = TrainConfig(batch_size=128, batch_per_gpu=True, lr=5e-4, lr_scale="linear", lr_base_batch=512)
     assert cfg.global_batch(8).batch_size == 1024 and not cfg.global_batch(8).batch_per_gpu
@@ -726,7 +726,7 @@ def test_a_per_gpu_batch_becomes_the_global_batch_the_lr_rule_scales_by():
 
 def test_a_job_made_in_code_keys_its_points_by_the_global_batch(tmp_path):
     from hetprune.budget import Budget
-    from hetprune.data import digits
+    from hetprune.training.data import digits
     from hetprune.pipeline import PruneJob
     from hetprune.core.plugins import get_registry
 

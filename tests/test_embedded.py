@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from hetprune import HetpruneError
-from hetprune import embedded
+from hetprune.training import embedded
 from hetprune.cli import main
-from hetprune.data import DIGIT_PAIRS, DIGITS
+from hetprune.training.data import DIGIT_PAIRS, DIGITS
 from hetprune.core.io import save_weights
 from hetprune.model.spec import ModelSpec
 

@@ -34,7 +34,7 @@ def expected_amp() -> str:
 
 
 def test_prune_hetdpt_on_cuda(trained_tiny, digits_data, tmp_path):
-    from hetprune.train import evaluate_dataset
+    from hetprune.training.train import evaluate_dataset
 
     out = tmp_path / "out"
     assert main(["prune", *model_args(trained_tiny), "--strategy", "hetdpt", "--budget", "4", "--device", "cuda",
@@ -57,7 +57,7 @@ def test_fp16_finetune_uses_a_grad_scaler(tiny_model, digits_data, tmp_path):
     import copy
     import dataclasses
 
-    from hetprune.train import TrainConfig, train
+    from hetprune.training.train import TrainConfig, train
 
     start = copy.deepcopy(tiny_model)
     cfg = TrainConfig(epochs=2, subset=64, batch_size=16, kd="none", device="cuda", amp="fp16")
@@ -75,7 +75,7 @@ def test_gate_phase_runs_on_cuda_in_fp16_with_pinned_batches_and_a_grad_scaler(t
     pinned batches, the GradScaler's state in its checkpoint."""
     import copy
 
-    import hetprune.data as data_mod
+    import hetprune.training.data as data_mod
     from hetprune.testing import scoring_context
     from hetprune_hetdpt.scorers import GateTaylorScorer
 
@@ -100,7 +100,7 @@ def test_gate_phase_runs_on_cuda_in_fp16_with_pinned_batches_and_a_grad_scaler(t
     assert model.cls_token.device.type == "cuda" and model.cls_token.dtype == torch.float32
 
 def test_loader_pins_batches_for_cuda(digits_data):
-    from hetprune.data import loader
+    from hetprune.training.data import loader
 
     x, _ = next(iter(loader(digits_data.val, 8, shuffle=False, pin_memory=True)))
     assert x.is_pinned()

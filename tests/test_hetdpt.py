@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 
 import hetprune
-import hetprune.task  # noqa: F401 - its train is what the tests below spy on
+import hetprune.training.task  # noqa: F401 - its train is what the tests below spy on
 from hetprune import HetpruneError, Site
 from hetprune.model import surgery
 from hetprune.budget import Budget, feasible_pairs, site_savings
 from hetprune.model.macs import count_macs
 from hetprune.pipeline import PruneJob
 from hetprune.core.plugins import get_registry
-from hetprune.train import TrainConfig, kd_loss, train
+from hetprune.training.train import TrainConfig, kd_loss, train
 from conftest import tiny_example
 
 from hetprune_hetdpt import gates
@@ -296,7 +296,7 @@ def test_gate_taylor_selects_asked_counts_and_resumes(tiny_model, digits_data, t
 def test_gate_phase_trains_through_the_fine_tunes_step_under_amp(tiny_model, tmp_path, monkeypatch):
     """gate-taylor's gate phase takes train()'s own step, so --amp (part of its resume key) reaches it: the
     forwards run under autocast and both optimizers (weights, gate scores) step through the GradScaler."""
-    import hetprune.train as train_mod
+    import hetprune.training.train as train_mod
     from hetprune.testing import scoring_context
 
     steps, heads = [], []
@@ -319,7 +319,7 @@ def test_gate_phase_trains_through_the_fine_tunes_step_under_amp(tiny_model, tmp
 
 
 def test_gate_phase_refuses_a_nan_loss_and_skips_an_fp16_overflow(tiny_model, tmp_path, monkeypatch):
-    import hetprune.train as train_mod
+    import hetprune.training.train as train_mod
     from hetprune.testing import scoring_context
 
     def run(poison, scaler=None):
@@ -350,7 +350,7 @@ def test_gate_phase_refuses_a_nan_loss_and_skips_an_fp16_overflow(tiny_model, tm
 def test_interrupted_point_collection_resumes_without_remeasuring(tiny_model, digits_data, tmp_path, monkeypatch):
 
     calls = []
-    real_train = hetprune.task.train
+    real_train = hetprune.training.task.train
 
     def counting_train(model, *args, **kwargs):
         calls.append(1)
@@ -360,7 +360,7 @@ def test_interrupted_point_collection_resumes_without_remeasuring(tiny_model, di
         kwargs["progress"] = False
         return real_train(model, *args, **kwargs)
 
-    monkeypatch.setattr(hetprune.task, "train", counting_train)
+    monkeypatch.setattr(hetprune.training.task, "train", counting_train)
     job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=3),
                    **{"finetune.epochs": 1, "finetune.subset": 32, "hetdpt.axis_points": 2,
                       "hetdpt.mixed_points": 1})
@@ -383,7 +383,7 @@ def test_points_are_fine_tuned_with_the_chosen_schedule_and_keyed_by_it(tiny_mod
                                                                        monkeypatch):
 
     used = []
-    monkeypatch.setattr(hetprune.task, "train", lambda model, data, cfg, **kw: used.append((cfg.epochs, cfg.subset)))
+    monkeypatch.setattr(hetprune.training.task, "train", lambda model, data, cfg, **kw: used.append((cfg.epochs, cfg.subset)))
     small = {"finetune.epochs": 1, "finetune.subset": 40, "short_finetune.epochs": 2, "short_finetune.subset": 20}
     strategy = HetDPT()
     # auto, the default: finetune (1 epoch on 40 images) costs less than 4 short ones (2 epochs on 20)
@@ -442,7 +442,7 @@ def test_a_points_file_from_before_the_metric_field_is_read(tmp_path):
 
 def test_a_metric_is_written_with_the_digits_its_scale_needs():
     """Two decimals made every value of an MSE task read 0.11 in the points log and the ablation tables."""
-    from hetprune.task import format_metric, metric_number
+    from hetprune.training.task import format_metric, metric_number
 
     assert [metric_number("mse", v) for v in (0.11342, 0.11871)] == ["0.11342", "0.11871"]
     assert metric_number("top1", 97.7777) == "97.78" and format_metric("top1", 97.7777) == "top-1 97.78%"
@@ -570,8 +570,8 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
     best = max(checked, key=lambda c: (c["metric"], -c["n_attn"]))
     assert (alloc["pick"]["n_attn"], alloc["pick"]["n_act"]) == (best["n_attn"], best["n_act"])
     # the saved model reloads to the model whose accuracy the report gives
-    from hetprune.data import digits
-    from hetprune.train import evaluate_dataset
+    from hetprune.training.data import digits
+    from hetprune.training.train import evaluate_dataset
 
     loaded = hetprune.load(out)
     assert evaluate_dataset(loaded, digits().val) == pytest.approx(report["top1"], abs=1e-9)
@@ -757,12 +757,12 @@ GRADUAL = {"hetdpt.point_selection": "gradual", "scoring.subset": 64, "short_fin
 def test_a_gradual_point_is_what_the_runs_own_selection_makes_of_that_split(tiny_model, digits_data, tmp_path,
                                                                            monkeypatch):
     from hetprune.pipeline import remove_sites, select_sites
-    from hetprune.train import evaluate_dataset
+    from hetprune.training.train import evaluate_dataset
 
     def no_short_finetune(*a, **k):
         raise AssertionError("a gradual point gets no short fine-tune: the selector already trained it")
 
-    monkeypatch.setattr(hetprune.task, "train", no_short_finetune)
+    monkeypatch.setattr(hetprune.training.task, "train", no_short_finetune)
     job = make_job(tiny_model, digits_data, tmp_path, **GRADUAL)
     [dense, point] = HetDPT().collect_points(job, [(0, 0), (1, 2)])
     assert dense["metric"] == pytest.approx(evaluate_dataset(tiny_model, digits_data.val, torch.device("cpu")))

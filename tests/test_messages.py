@@ -9,7 +9,7 @@ import pytest
 import hetprune
 from hetprune import Budget, HetpruneError
 import hetprune.core.io
-from hetprune import resume as resume_mod
+from hetprune.training import resume as resume_mod
 from hetprune.cli import main
 from hetprune.commands import prune_cmd
 
@@ -57,7 +57,7 @@ def test_ctrl_c_before_anything_finished_does_not_claim_saved_work(monkeypatch, 
 
 
 def test_a_fine_tune_checkpoint_counts_as_saved_work(tmp_path, monkeypatch, tiny_model, digits_data):
-    from hetprune.train import TrainConfig, train
+    from hetprune.training.train import TrainConfig, train
 
     monkeypatch.setattr(hetprune.core.io, "_SAVED", [])
     train(tiny_model, digits_data, TrainConfig(epochs=1, subset=32, kd="none"), checkpoint_dir=tmp_path / "ft",
@@ -84,7 +84,7 @@ def test_repeated_seeds_and_budgets_are_refused_from_python(tiny_model, digits_d
 
 def test_a_metric_is_printed_with_the_digits_its_scale_needs():
     """Issue 34, item 22: two decimals made every point of an MSE task read 0.11."""
-    from hetprune.task import format_metric
+    from hetprune.training.task import format_metric
 
     assert format_metric("mse", 0.113423) == "mse 0.11342" and format_metric("mse", 0.114481) == "mse 0.11448"
     assert format_metric("mIoU", 83.3871) == "mIoU 83.387" and format_metric("top1", 97.7777) == "top-1 97.78%"

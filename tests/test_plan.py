@@ -30,7 +30,7 @@ def test_plan_prints_every_stage_and_trains_nothing(tmp_path, capsys, monkeypatc
     def never(*a, **k):
         raise AssertionError("--plan --plan-probe 0 trained something")
 
-    from hetprune.task import Task
+    from hetprune.training.task import Task
 
     monkeypatch.setattr(Task, "fit", never)   # every fine-tune goes through a task's fit
     out = tmp_path / "out"
@@ -97,7 +97,7 @@ def test_the_paper_recipe_planned_on_deit_b_at_imagenet_size_has_the_releases_im
 @pytest.mark.parametrize("command", [["compare", "--strategies", "hetdpt,mix50", "--budgets", "2,4"],
                                      ["ablate", "--budget", "2", "--seeds", "0,1"]])
 def test_compare_and_ablate_plan_their_rows_and_train_nothing(tmp_path, capsys, monkeypatch, command):
-    from hetprune.task import Task
+    from hetprune.training.task import Task
 
     def never(*a, **k):
         raise AssertionError("--plan trained something")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hetprune
-import hetprune.task  # noqa: F401 - its train is what the stub fine-tunes below replace
+import hetprune.training.task  # noqa: F401 - its train is what the stub fine-tunes below replace
 from hetprune.budget import Budget
 from hetprune.cli import main
 from hetprune.pipeline import PruneJob
@@ -61,7 +61,7 @@ def path_points(points: list[dict], name: str) -> list[dict]:
 def test_each_progressive_point_starts_from_the_previous_points_weights_and_removes_one_more_site(
         tiny_model, digits_data, tmp_path, monkeypatch):
     stub = MarkingFinetune(tiny_model)
-    monkeypatch.setattr(hetprune.task, "train", stub)
+    monkeypatch.setattr(hetprune.training.task, "train", stub)
     job = make_job(tiny_model, digits_data, tmp_path, **PROGRESSIVE)
     strategy = HetDPT()
     plan = strategy.point_plan(job, job.feasible_pairs())
@@ -85,7 +85,7 @@ def test_an_interrupted_path_resumes_at_its_third_point_from_the_seconds_weights
                                                                                   monkeypatch):
     strategy = HetDPT()
     stub = MarkingFinetune(tiny_model, stop_at=3)
-    monkeypatch.setattr(hetprune.task, "train", stub)
+    monkeypatch.setattr(hetprune.training.task, "train", stub)
     job = make_job(tiny_model, digits_data, tmp_path, **PROGRESSIVE)
     plan = strategy.point_plan(job, job.feasible_pairs())
     with pytest.raises(KeyboardInterrupt):
@@ -104,7 +104,7 @@ def test_an_interrupted_path_resumes_at_its_third_point_from_the_seconds_weights
 def test_verify_checks_the_best_predicted_splits_from_the_nearest_path_point_they_contain(
         tiny_model, digits_data, tmp_path, monkeypatch):
     stub = MarkingFinetune(tiny_model)
-    monkeypatch.setattr(hetprune.task, "train", stub)
+    monkeypatch.setattr(hetprune.training.task, "train", stub)
     job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=3), **PROGRESSIVE,
                    **{"hetdpt.verify": 2, "hetdpt.predictor": "gp"})
     pick, info = HetDPT().allocate(job)

@@ -16,7 +16,7 @@ import hetprune
 from hetprune import HetpruneError, Task
 from hetprune.budget import Budget
 from hetprune.model.spec import ModelSpec, build
-from hetprune.resume import base_key, code_key, config_key
+from hetprune.training.resume import base_key, code_key, config_key
 from hetprune.testing import TINY_SETTINGS
 from conftest import TINY_KWARGS, TINY_SPEC
 

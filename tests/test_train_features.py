@@ -12,8 +12,8 @@ import torch
 
 from hetprune import HetpruneError
 from hetprune.core import config
-from hetprune.data import DataBundle, GlobalBatchSampler, digits
-from hetprune.train import ClassificationSource, TrainConfig, train, training_loss
+from hetprune.training.data import DataBundle, GlobalBatchSampler, digits
+from hetprune.training.train import ClassificationSource, TrainConfig, train, training_loss
 
 from conftest import TINY_SPEC
 
@@ -37,7 +37,7 @@ def same_weights(a, b, atol: float = 0.0) -> bool:
 
 def rows_by_item(source, cfg, seed: int, rank: int, world: int, steps: int = 2) -> dict:
     """Item index -> (mixed image, soft target) for the first ``steps`` global batches of one rank."""
-    from hetprune.data import subset
+    from hetprune.training.data import subset
 
     n = len(subset(source.data.train, cfg.subset, cfg.seed))
     sampler = GlobalBatchSampler(n, cfg.batch_size, seed, rank=rank, world=world, pad_empty=world > 1,
@@ -71,7 +71,7 @@ def test_a_global_batch_is_mixed_alike_at_every_world_size(data, world):
 
 
 def test_mixing_mixes_pairs_and_folds_label_smoothing_into_the_targets(data):
-    from hetprune.mixing import mix_params
+    from hetprune.training.mixing import mix_params
 
     source = ClassificationSource(data)
     kinds = set()
@@ -234,7 +234,7 @@ def distilled(seed: int = 0):
 
 
 def test_token_kd_trains_the_distillation_head_on_the_teachers_answer():
-    from hetprune.train import forward_loss
+    from hetprune.training.train import forward_loss
 
     student, teacher = distilled(0).train(), tiny(1).eval()
     student.set_distilled_training(True)
@@ -265,7 +265,7 @@ def test_a_distilled_student_prunes_with_token_kd_from_a_separate_teacher_and_ex
     """deit_tiny_distilled-shaped: the adapter, MACs, removal, merge, save/load and ONNX export work, and the
     fine-tune distils from the teacher the settings name (a checkpoint), not from the dense model."""
     import hetprune
-    import hetprune.task
+    import hetprune.training.task
     from hetprune import export
     from hetprune.model.macs import cost_summary
     from hetprune.core.io import save_weights
@@ -275,13 +275,13 @@ def test_a_distilled_student_prunes_with_token_kd_from_a_separate_teacher_and_ex
     teacher = tiny(5)
     save_weights(tmp_path / "teacher.safetensors", teacher)
     seen = []
-    real = hetprune.task.train
+    real = hetprune.training.task.train
 
     def spy(model, source, cfg, teacher=None, **kw):
         seen.append((teacher, cfg))
         return real(model, source, cfg, teacher=teacher, **kw)
 
-    monkeypatch.setattr(hetprune.task, "train", spy)
+    monkeypatch.setattr(hetprune.training.task, "train", spy)
     student = distilled(0)
     settings = {**TINY_SETTINGS, "scorer": "magnitude",
                 "finetune": {**TINY_SETTINGS["finetune"], "kd": "hard", "kd_token": True,
@@ -351,7 +351,7 @@ def test_gradients_are_clipped_with_timms_dispatch(data, monkeypatch, mode):
 # -- 8. learning-rate rule, warm-up start and floor -----------------------------------------------------------
 
 def test_learning_rate_scaling_and_settable_warmup_and_floor(data):
-    from hetprune.train import make_scheduler, scaled_lr
+    from hetprune.training.train import make_scheduler, scaled_lr
 
     assert scaled_lr(TrainConfig(lr=5e-5, batch_size=4096, lr_scale="linear")) == pytest.approx(4e-4)
     assert scaled_lr(TrainConfig(lr=5e-5, batch_size=4096, lr_scale="sqrt", lr_base_batch=1024)) == pytest.approx(1e-4)
@@ -455,7 +455,7 @@ def test_compile_reaches_torch_compile(data, monkeypatch):
 
 
 def test_adamw_is_fused_on_cuda_only():
-    from hetprune.train import make_optimizer
+    from hetprune.training.train import make_optimizer
 
     model = tiny()
     assert make_optimizer(model, TrainConfig(), 1e-3, torch.device("cpu")).defaults.get("fused") in (None, False)
@@ -463,7 +463,7 @@ def test_adamw_is_fused_on_cuda_only():
 
 
 def test_the_loss_is_checked_every_k_steps_and_still_names_the_first_bad_step(data, tmp_path, monkeypatch):
-    from hetprune import train as training
+    from hetprune.training import train as training
 
     checks = []
     real = training.FiniteWatch.check
@@ -505,7 +505,7 @@ def test_a_prune_run_keeping_the_best_epoch_says_so_in_its_report(tmp_path):
 # -- 12. repeated augmentation and the paper's ImageFolder transform ------------------------------------------
 
 def test_repeated_augmentation_shows_an_image_k_times_an_epoch_each_drawn_anew(data):
-    from hetprune.data import loader, subset
+    from hetprune.training.data import loader, subset
 
     sampler = GlobalBatchSampler(30, 10, seed=1, repeats=3)
     occurrences = [o for batch in sampler.global_batches() for o in batch]
@@ -529,7 +529,7 @@ def _names(transform) -> list[str]:
 def test_the_paper_augmentation_is_timms_randaugment_erasing_and_bicubic():
     from timm.data import create_transform
 
-    from hetprune.data import train_transform
+    from hetprune.training.data import train_transform
 
     cfg = dict(input_size=(3, 32, 32), interpolation="bilinear", mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=0.9,
                crop_mode="center")
@@ -551,7 +551,7 @@ def test_the_paper_augmentation_is_timms_randaugment_erasing_and_bicubic():
 # -- 13. loaders: one per data set, workers that live across epochs ---------------------------------------
 
 def test_a_loader_is_reused_across_epochs_and_workers_do_not_change_results(data):
-    from hetprune.data import close_loaders, loader, subset
+    from hetprune.training.data import close_loaders, loader, subset
 
     images = subset(data.train, 32, 0)
     first = loader(images, 16, shuffle=True, seed=1, workers=1)
@@ -616,7 +616,7 @@ def test_the_documented_deit_b_recipe_is_valid_settings():
     assert "--config deit-b-paper" in text
     settings = config.resolve(HetDPT(), "deit-b-paper", overrides={"device": "cpu"})
     cfg = config.train_config(settings, "finetune")
-    from hetprune.train import scaled_lr
+    from hetprune.training.train import scaled_lr
 
     assert scaled_lr(cfg) == pytest.approx(4e-4) and cfg.kd_token and cfg.keep == "best" and cfg.repeats == 3
 
@@ -634,7 +634,7 @@ def test_gradients_a_model_brings_do_not_leak_into_its_first_step(data):
 
 
 def test_options_a_users_own_batches_cannot_take_are_refused_by_name():
-    from hetprune.task import Task, UserSource
+    from hetprune.training.task import Task, UserSource
 
     batches = [(torch.randn(4, 1, 16, 16), torch.randint(0, 10, (4,))) for _ in range(2)]
     task = Task(batches, batches[:1], lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),

@@ -66,10 +66,10 @@ def _counting_task(digits_data, seen: list, batch: int = 8, n: int = 22):
 def test_subset_counts_items_for_a_list_of_batches(tiny_model, digits_data):
     seen = []
     task, _ = _counting_task(digits_data, seen)
-    hetprune.train.train(tiny_model, task.source(), TrainConfig(epochs=1, subset=20, kd="none"), progress=False)
+    hetprune.training.train.train(tiny_model, task.source(), TrainConfig(epochs=1, subset=20, kd="none"), progress=False)
     assert len(seen) == 3            # 20 items are 3 batches of 8, not 20 of the 22 batches
     seen.clear()
-    hetprune.train.train(tiny_model, task.source(), TrainConfig(epochs=1, subset=None, kd="none"), progress=False)
+    hetprune.training.train.train(tiny_model, task.source(), TrainConfig(epochs=1, subset=None, kd="none"), progress=False)
     assert len(seen) == 22
 
 
@@ -78,7 +78,7 @@ def test_the_seed_orders_a_list_of_batches_and_changes_the_pruned_model(tiny_mod
     for seed in (0, 0, 1):
         seen = []
         task, _ = _counting_task(digits_data, seen)
-        hetprune.train.train(tiny_model, task.source(), TrainConfig(epochs=1, kd="none", seed=seed), progress=False)
+        hetprune.training.train.train(tiny_model, task.source(), TrainConfig(epochs=1, kd="none", seed=seed), progress=False)
         orders.setdefault(seed, []).append(seen)
     assert orders[0][0] == orders[0][1] != orders[1][0] and sorted(orders[0][0]) == sorted(orders[1][0])
     weights = []

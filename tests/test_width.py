@@ -170,7 +170,7 @@ def test_width_pruner_counts_the_cost_it_is_given():
 
 
 def test_taylor_importance_needs_data_and_uses_it(digits_data):
-    from hetprune.data import loader
+    from hetprune.training.data import loader
     from hetprune_width.strategies import WidthContext
 
     model = wide_model().eval()
@@ -598,7 +598,7 @@ def test_hetdpt_plus_reports_the_tasks_own_metric_for_its_depth_step_and_the_who
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, Subset
 
-    from hetprune.task import Task
+    from hetprune.training.task import Task
 
     model, spec, _ = trained_tiny
 

@@ -63,7 +63,7 @@ def _run(args) -> int:
     from ..core import distributed as dist
     from ..ablate import ABLATION_FOLDER, ablate, markdown
     from ..run_start import start_run
-    from ..task import classification
+    from ..training.task import classification
 
     registry = get_registry()
     strategy = registry.build("strategy", args.strategy)

@@ -87,7 +87,7 @@ def _run(args) -> int:
     from ..core import distributed as dist
     from ..compare import COMPARE_FOLDER, DEFAULT_STRATEGIES, compare
     from ..run_start import start_run
-    from ..task import classification
+    from ..training.task import classification
 
     registry = get_registry()
     names = [s.strip() for s in (args.strategies or ",".join(DEFAULT_STRATEGIES)).split(",") if s.strip()]

@@ -151,7 +151,7 @@ def run(args) -> int:
     from ..model.macs import human
     from ..model.recipe import PRUNED_MODEL
     from ..run_start import start_run
-    from ..task import classification
+    from ..training.task import classification
 
     registry = get_registry()
     strategy = registry.build("strategy", args.strategy)

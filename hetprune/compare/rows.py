@@ -16,12 +16,12 @@ from ..core import config
 from ..core import distributed as dist
 from ..core.errors import BudgetUnreachable, HetpruneError
 from ..core.io import ResultFolder, check_result_folder, make_result_folder
-from ..data import seed_everything
+from ..training.data import seed_everything
 from ..model.spec import model_hash
 from ..pipeline import PruneJob
 from ..core.plugins import Registry
-from ..resume import made_when, note_saved, now
-from ..task import classification, format_metric
+from ..training.resume import made_when, note_saved, now
+from ..training.task import classification, format_metric
 from .spec import CompareSpec, RowPlan, model_folder, row_id, row_key
 
 
@@ -150,7 +150,7 @@ def _worker(payload: dict) -> dict:
     """Run one row in a fresh single-threaded process (``--jobs N``)."""
     import torch
 
-    from ..data import load_data
+    from ..training.data import load_data
     from ..core.io import load_weights
     from ..model.spec import ModelSpec, build, load_state_into
     from ..core.plugins import get_registry, load_module

@@ -38,6 +38,12 @@ ALIASES: dict[str, str] = {
     "hetprune.models": "hetprune.model.spec",
     "hetprune.recipe": "hetprune.model.recipe",
     "hetprune.model_checks": "hetprune.model.checks",
+    "hetprune.data": "hetprune.training.data",
+    "hetprune.mixing": "hetprune.training.mixing",
+    "hetprune.train": "hetprune.training.train",
+    "hetprune.resume": "hetprune.training.resume",
+    "hetprune.task": "hetprune.training.task",
+    "hetprune.embedded": "hetprune.training.embedded",
 }
 
 

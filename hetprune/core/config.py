@@ -296,7 +296,7 @@ INTERPOLATIONS = ("", "bilinear", "bicubic", "random")   # "": the model's own (
 
 @dataclass(frozen=True)
 class Augmentation:
-    """An ImageFolder's training transform, in the terms of timm's ``create_transform`` (`hetprune.data`
+    """An ImageFolder's training transform, in the terms of timm's ``create_transform`` (`hetprune.training.data`
     builds it). ``--augment NAME`` picks one of `AUGMENTATIONS`; Python may pass its own."""
 
     name: str = "custom"

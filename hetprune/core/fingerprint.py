@@ -1,5 +1,5 @@
 """`fingerprint`: the short stable hash of JSON-able settings that keys every cache and piece of resumable
-state (the resume keys built on it: `hetprune.resume`; where caches live: `hetprune.core.io.cache_dir`)."""
+state (the resume keys built on it: `hetprune.training.resume`; where caches live: `hetprune.core.io.cache_dir`)."""
 
 from __future__ import annotations
 

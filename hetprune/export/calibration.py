@@ -1,7 +1,7 @@
 """Where INT8 calibration and check images come from: the task's own training and validation data.
 
 * A classification task (the embedded benchmarks, ``--data PATH``) gives a seeded subset of its training
-  images without augmentation (`hetprune.data.without_augmentation`), so the same seed gives the same
+  images without augmentation (`hetprune.training.data.without_augmentation`), so the same seed gives the same
   images and the same INT8 file.
 * A user's `hetprune.Task` gives the first images its ``train`` batches yield (its loader's order;
   shuffle it with a seed to vary them); a batch is an image tensor or a tuple whose first item is one.
@@ -71,7 +71,7 @@ def _given(images) -> list:
 
 
 def _dataset_images(dataset, n: int, seed: int, what: str, name: str) -> torch.Tensor:
-    from ..data import loader, subset
+    from ..training.data import loader, subset
 
     if n > len(dataset):
         raise HetpruneError(f"{option('calibration', str(n))} is more than the {len(dataset)} {what} images of "
@@ -94,7 +94,7 @@ def calibration_images(task, n: int, seed: int, shape: tuple[int, ...], images=N
         return _first(_given(images), n, "the images given", shape)
     data = getattr(task, "data", None)
     if data is not None and hasattr(data, "train"):   # a classification task: a seeded subset, unaugmented
-        from ..data import without_augmentation
+        from ..training.data import without_augmentation
 
         return _dataset_images(without_augmentation(data), n, seed, "training", data.name)
     train = getattr(task, "train", None)

@@ -431,11 +431,11 @@ def read_metadata(path: str | Path) -> dict | None:
 
 
 def _task_of(task):
-    from ..task import as_task
+    from ..training.task import as_task
 
     if task is None:
         how = "pass --data digits, digit-pairs or PATH" if on_command_line() else \
-            "pass task=: a hetprune.Task, or a DataBundle such as hetprune.data.digits()"
+            "pass task=: a hetprune.Task, or a DataBundle such as hetprune.training.data.digits()"
         raise HetpruneError("INT8 export needs the model's task: its training images to calibrate on and its "
                             f"validation data for the metric check; {how}")
     return as_task(task)
@@ -505,7 +505,7 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
     task = _task_of(task)
     from ..model.macs import count_macs, count_params
     from ..model.spec import input_shape_of
-    from ..task import check_data_fits
+    from ..training.task import check_data_fits
 
     shape = input_shape_of(model)
     fp32_model = copy.deepcopy(model).eval().cpu().float()

@@ -1,7 +1,7 @@
 """Base models: a timm model name plus keyword arguments, and where the
 weights come from (random, ``--pretrained`` from the hub, ``--checkpoint``;
 the embedded digits model that hetprune trains once and caches is in
-`hetprune.embedded`).
+`hetprune.training.embedded`).
 """
 
 from __future__ import annotations

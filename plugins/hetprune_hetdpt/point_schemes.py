@@ -31,7 +31,7 @@ from hetprune.model import sites
 from hetprune.core import distributed as dist
 from hetprune.core.fingerprint import fingerprint
 from hetprune.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context, select_sites
-from hetprune.train import batch_split
+from hetprune.training.train import batch_split
 from hetprune.core.config import RunSettings
 from hetprune.plan import finetune_step
 from hetprune.points import PointStore

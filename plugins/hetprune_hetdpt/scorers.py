@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from hetprune import HetpruneError
 from hetprune.core import devices
 from hetprune.core import distributed as dist
-from hetprune import train as training
+from hetprune.training import train as training
 from hetprune.model.adapters import adapter_for
 from hetprune.core.config import Section, number, setting, whole
-from hetprune.resume import made_when, note_saved, now, reusable, weights_key
+from hetprune.training.resume import made_when, note_saved, now, reusable, weights_key
 
 from . import gates
 

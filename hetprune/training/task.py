@@ -1,15 +1,15 @@
 """What a model is pruned for: its data, loss, metric and, optionally, its owner's training loop.
 
-Every strategy talks to a [`Task`][hetprune.task.Task] and never to a data set, a loss or a
+Every strategy talks to a [`Task`][hetprune.training.task.Task] and never to a data set, a loss or a
 training loop directly, so the same strategy prunes a classifier for top-1
 with hetprune's KD trainer or a segmentation backbone for mIoU with the
 user's own loop.
 
-* [`Task`][hetprune.task.Task] is the user's: ``train``/``val`` are anything re-iterable
+* [`Task`][hetprune.training.task.Task] is the user's: ``train``/``val`` are anything re-iterable
   that yields batches (a DataLoader), ``loss(model, batch)`` returns a scalar
   tensor, ``metric(model, val)`` a number (``higher_is_better`` says which way
   is good), and ``finetune(model, teacher, schedule)``, if given, is called
-  for every fine-tune hetprune would run, with the [`Schedule`][hetprune.task.Schedule] its own
+  for every fine-tune hetprune would run, with the [`Schedule`][hetprune.training.task.Schedule] its own
   trainer would have used.
 * `classification` is today's default: a `DataBundle`
   (embedded digits, an ImageFolder), cross-entropy + KD, top-1, hetprune's
@@ -26,12 +26,12 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .core import devices, tensors
-from .core import distributed as dist
-from .core.fingerprint import fingerprint as fingerprint_of
-from .core.config import TrainConfig
+from ..core import devices, tensors
+from ..core import distributed as dist
+from ..core.fingerprint import fingerprint as fingerprint_of
+from ..core.config import TrainConfig
 from .data import DataBundle, example_batch, loader, subset
-from .core.errors import HetpruneError, switch
+from ..core.errors import HetpruneError, switch
 from .resume import code_key
 from .train import ClassificationSource, evaluate, evaluate_dataset, train
 
@@ -165,7 +165,7 @@ class Task:
         return list(history) if isinstance(history, (list, tuple)) else []
 
     def source(self):
-        """What hetprune's trainer iterates (see `hetprune.train.BatchSource`)."""
+        """What hetprune's trainer iterates (see `hetprune.training.train.BatchSource`)."""
         return UserSource(self)
 
     def scoring_batches(self, items: int, batch_size: int, n_batches: int, seed: int, workers: int = 0,
@@ -216,7 +216,7 @@ class Task:
     @property
     def key(self) -> str:
         """What keys a stored result made on this task: the data (`fingerprint`), the metric's name and
-        direction, and the code of its loss, metric and training loop (`hetprune.resume.code_key`: qualified
+        direction, and the code of its loss, metric and training loop (`hetprune.training.resume.code_key`: qualified
         names, source, the plain values they use). A task whose metric changed (top-1 to top-1 error under
         the same name) gets another key, so nothing measured with the old metric is reused."""
         if getattr(self, "_key", None) is None:
@@ -257,7 +257,7 @@ class Task:
 
 
 class UserSource:
-    """hetprune's trainer (`hetprune.train.train`) over a user Task: its batches and its loss.
+    """hetprune's trainer (`hetprune.training.train.train`) over a user Task: its batches and its loss.
 
     ``subset`` (training items) is rounded up to whole batches of the loader.
     The loss is the task's alone: hetprune cannot distil an output it does
@@ -421,7 +421,7 @@ def check_data_fits(task, model: nn.Module) -> None:
     data): images of another shape than the model takes, or another class count than the width of its
     ``(N, classes)`` output. A model pruned on digits (10 classes) measured on digit-pairs (19, the same
     16x16 images) otherwise "passes" a metric check at chance."""
-    from .model.spec import input_shape_of
+    from ..model.spec import input_shape_of
 
     data = getattr(task, "data", None)
     if not isinstance(data, DataBundle):

@@ -21,18 +21,18 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .core import distributed as dist
-from .core.fingerprint import fingerprint
-from .core.io import cache_dir
+from ..core import distributed as dist
+from ..core.fingerprint import fingerprint
+from ..core.io import cache_dir
 from .data import DIGIT_PAIRS, DIGITS, DataBundle, digit_pairs, digits, loader
-from .core.errors import HetpruneError
-from .core.io import load_weights, read_json, save_weights, write_json_atomic
-from .model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build, load_state_into
+from ..core.errors import HetpruneError
+from ..core.io import load_weights, read_json, save_weights, write_json_atomic
+from ..model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build, load_state_into
 from .train import TrainConfig, evaluate, train
 
 DIGITS_TRAINING = dict(epochs=30, lr=1e-3, batch_size=32, weight_decay=0.05, seed=0)
 DIGIT_PAIRS_TRAINING = dict(epochs=30, lr=2e-3, batch_size=64, weight_decay=0.05, seed=0, warmup_epochs=2)
-SHIPPED = Path(__file__).resolve().parent / "weights"
+SHIPPED = Path(__file__).resolve().parent.parent / "weights"
 SHIPPED_INDEX = SHIPPED / "embedded.json"
 
 

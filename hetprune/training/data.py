@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 
-from .core import distributed as dist
-from .core.fingerprint import fingerprint
-from .core.config import AUGMENTATIONS, augmentation
-from .core.errors import HetpruneError
+from ..core import distributed as dist
+from ..core.fingerprint import fingerprint
+from ..core.config import AUGMENTATIONS, augmentation
+from ..core.errors import HetpruneError
 
 DIGITS = "digits"
 DIGIT_PAIRS = "digit-pairs"
@@ -340,7 +340,7 @@ def image_folder(path: str | Path, model: torch.nn.Module, augment="light", work
                             f"{fingerprint_by!r}")
     from timm.data import resolve_data_config
 
-    from .model.spec import input_shape_of
+    from ..model.spec import input_shape_of
 
     root = Path(path)
 

@@ -17,13 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from .core import devices
-from .core import distributed as dist
-from .core.config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.train too
+from ..core import devices
+from ..core import distributed as dist
+from ..core.config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.training.train too
 from .data import DataBundle, loader, subset
 from .mixing import mix_batch
-from .core.errors import HetpruneError
-from .core.io import note_saved
+from ..core.errors import HetpruneError
+from ..core.io import note_saved
 from .resume import made_when, now, reusable
 
 
@@ -267,11 +267,11 @@ class ClassificationSource:
 
     A training source says how many steps an epoch has, yields each step's
     ``(batch, share, whole)`` (this rank's items of a global batch of
-    ``whole``), and computes a batch's loss; [`hetprune.task.Task`][hetprune.task.Task]
+    ``whole``), and computes a batch's loss; [`hetprune.training.task.Task`][hetprune.training.task.Task]
     gives one for a user's own loader and loss. This one takes a seeded
     subset, splits every global batch across ranks (a rank with no item gets
     a zero-weight stand-in, so every rank takes every step), mixes it
-    (``mixup``/``cutmix``: `hetprune.mixing`), and trains on cross-entropy
+    (``mixup``/``cutmix``: `hetprune.training.mixing`), and trains on cross-entropy
     (or soft targets) + KD from the teacher.
     """
 
@@ -349,7 +349,7 @@ def set_drop_path(model: nn.Module, rate: float) -> Callable[[], None]:
     modules back (a pruned model is saved as it was built)."""
     from timm.layers import DropPath
 
-    from .model.adapters import adapter_for
+    from ..model.adapters import adapter_for
 
     adapter = adapter_for(model)
     slots = adapter.drop_path_slots(model)

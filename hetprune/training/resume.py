@@ -14,8 +14,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .core.aliases import qualified_name
-from .core.io import made_when, note_saved, now, saved_work  # noqa: F401 - public here too: what plugins that checkpoint call
+from ..core.aliases import qualified_name
+from ..core.io import made_when, note_saved, now, saved_work  # noqa: F401 - public here too: what plugins that checkpoint call
 
 
 def weights_key(model: nn.Module) -> str:
@@ -23,7 +23,7 @@ def weights_key(model: nn.Module) -> str:
 
     The state dict alone does not say which sites are gone (a removed activation holds no weight): key the
     structure too, with `structure_key`."""
-    from .model.spec import model_hash
+    from ..model.spec import model_hash
 
     return model_hash(model)
 

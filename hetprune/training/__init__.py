@@ -1,0 +1,2 @@
+"""The training layer: data, the trainer and its recipe features, tasks, resume keys, and the embedded
+benchmarks with their base models."""
