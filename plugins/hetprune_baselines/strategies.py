@@ -7,8 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hetprune import BudgetUnreachable, Site
-from hetprune.model import sites
+from hetprune import BudgetUnreachable, Site, sites
 from hetprune.model import surgery
 from hetprune.core.config import Section, number, setting
 from hetprune.pipeline import DepthStrategy, PruneJob, scoring_context, select_sites

@@ -26,8 +26,7 @@ from __future__ import annotations
 import copy
 import time
 
-from hetprune import HetpruneError, Site
-from hetprune.model import sites
+from hetprune import HetpruneError, Site, sites
 from hetprune.core import distributed as dist
 from hetprune.core.fingerprint import fingerprint
 from hetprune.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context, select_sites

@@ -445,6 +445,6 @@ def _attn_mode(ctx) -> str:
 
 
 def _present(model, kind):
-    from hetprune.model import sites
+    from hetprune import sites
 
     return sites(model, kind)
