@@ -80,7 +80,7 @@ def main(argv=None) -> int:
 
     import hetprune
     from hetprune.bench import format_table, load_average, measure
-    from hetprune.budget import parse_macs
+    from hetprune.pruning.budget import parse_macs
     from hetprune.model.macs import CONVENTION, count_macs, human
     from hetprune.model.spec import ModelSpec, build
     from hetprune.model.recipe import apply_recipe, resolve_recipe

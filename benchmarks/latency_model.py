@@ -56,7 +56,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 
 from hetprune import bench
 from hetprune.model import surgery  # noqa: E402
-from hetprune.budget import Budget, feasible_pairs  # noqa: E402
+from hetprune.pruning.budget import Budget, feasible_pairs  # noqa: E402
 from hetprune.latency import LatencyTable  # noqa: E402
 from hetprune.model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build  # noqa: E402
 from hetprune.model.sites import depth  # noqa: E402

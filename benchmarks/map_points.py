@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from hetprune.points import metric_of
+from hetprune.pruning.point_store import metric_of
 from hetprune_hetdpt.options import HetDPTOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +109,7 @@ GOAL = 1.0             # mean regret (points) the issue asks for at every target
 
 
 def budget_of(target: str):
-    from hetprune.budget import Budget
+    from hetprune.pruning.budget import Budget
 
     if target.startswith("b"):
         return Budget(sites=int(target[1:]))
@@ -121,9 +121,9 @@ def budget_of(target: str):
 def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:
     """The embedded base model of ``bench`` with its spec, provenance, task and the default settings of
     ``hetdpt`` (``sets`` applied): what ``hetprune ablate --data BENCH`` starts from."""
-    from hetprune.budget import Budget
+    from hetprune.pruning.budget import Budget
     from hetprune.commands.common import base_model, data_for
-    from hetprune.run_start import start_run
+    from hetprune.pruning.run_start import start_run
     from hetprune.training.task import classification
 
     args = SimpleNamespace(model=None, model_kwargs=None, pretrained=False, checkpoint=None, retrain_base=False,
@@ -136,7 +136,7 @@ def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:
 
 
 def job_for(ctx, target: str, seed: int, workdir: Path, shared: Path, settings: dict | None = None):
-    from hetprune.pipeline import PruneJob
+    from hetprune.pruning.pipeline import PruneJob
 
     s = json.loads(json.dumps(settings or ctx.settings))
     s["seed"] = seed

@@ -5,10 +5,10 @@ model for their own [`Task`][hetprune.training.task.Task]; [`load`][hetprune.mod
 a pruned model back. The public API for users and plugin authors is what this
 module exports, plus
 the modules ``hetprune.model.surgery`` (exact removal/merge primitives),
-``hetprune.pipeline`` (the shared strategy steps), ``hetprune.core.config``,
+``hetprune.pruning.pipeline`` (the shared strategy steps), ``hetprune.core.config``,
 ``hetprune.model.recipe``, ``hetprune.model.macs``, ``hetprune.bench``, ``hetprune.model.adapters``
 (architecture adapters), ``hetprune.latency`` (per-device latency tables) and
-``hetprune.points`` (stored accuracy points), and for plugin authors ``hetprune.testing`` (the
+``hetprune.pruning.point_store`` (stored accuracy points), and for plugin authors ``hetprune.testing`` (the
 conformance kit) and ``hetprune.core.contract`` (the rules every call into a
 component is checked against).
 

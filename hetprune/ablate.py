@@ -3,7 +3,7 @@ pick the split that full fine-tuning would? And which scorer's sites recover
 best for that split?
 
 Ground truth is every feasible split (n_attn, n_act) of the budget, each
-pruned and fine-tuned with the full schedule (``hetprune.pipeline.FixedSplit``
+pruned and fine-tuned with the full schedule (``hetprune.pruning.pipeline.FixedSplit``
 under the compare harness, so rows are saved as they finish and resumable).
 """
 
@@ -18,7 +18,7 @@ from .core.fingerprint import fingerprint
 from .compare import ROWS_FILE, RowPlan, distinct, mean_std, whole_number
 from .core.errors import HetpruneError, option
 from .core.io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic
-from .points import metric_of
+from .pruning.point_store import metric_of
 from .training.task import metric_number
 
 # what hetprune writes in an ablation's folder
@@ -208,23 +208,23 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
 
     Cheap points are collected exactly as the strategy collects them, one set per seed; every feasible
     split is then fine-tuned with the full schedule (the ground truth, saved as it finishes: ``resume=True``
-    continues). ``budget`` is a site count or a [`Budget`][hetprune.budget.Budget]. Writes ablation.json,
+    continues). ``budget`` is a site count or a [`Budget`][hetprune.pruning.budget.Budget]. Writes ablation.json,
     ablation.md and splits.png (scorers.png) to ``out`` and returns the result dict. ``start`` is a run
-    already started with [`start_run`][hetprune.run_start.start_run] (the command line's). ``plan=True``
-    trains nothing and returns the [`Plan`][hetprune.plan.Plan]: the cheap points of every seed, then every
+    already started with [`start_run`][hetprune.pruning.run_start.start_run] (the command line's). ``plan=True``
+    trains nothing and returns the [`Plan`][hetprune.pruning.plan.Plan]: the cheap points of every seed, then every
     truth row and scorer row (see [`hetprune.prune`][hetprune.api.prune]).
     """
     import math
 
-    from . import cost_model
+    from .pruning import cost_choice as cost_model
     from .core import distributed as dist
-    from .budget import Budget
+    from .pruning.budget import Budget
     from .compare import plan_of_rows, python_call
-    from .plan import check_probe
-    from .run_start import run_key
+    from .pruning.plan import check_probe
+    from .pruning.run_start import run_key
     from .compare import run_rows
-    from .pipeline import PruneJob
-    from .run_start import as_given, start_run
+    from .pruning.pipeline import PruneJob
+    from .pruning.run_start import as_given, start_run
 
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
         raise HetpruneError(f"tolerance must be a finite number >= 0, got {tolerance}")

@@ -25,24 +25,24 @@ from torch import nn
 
 from .core import distributed as dist
 from .model.adapters import Adapter
-from .budget import Budget
+from .pruning.budget import Budget
 from .training.data import seed_everything
 from .core.errors import HetpruneError
 from .core.io import check_result_folder, no_empty_folder_on_error
 from .model.spec import ModelSpec
-from .pipeline import PruneJob, PruneResult
+from .pruning.pipeline import PruneJob, PruneResult
 from .core.plugins import Registry
-from .plan import PROBE_SECONDS, Plan, check_probe, probe, read_probe, val_size
-from .plan import write as write_plan
+from .pruning.plan import PROBE_SECONDS, Plan, check_probe, probe, read_probe, val_size
+from .pruning.plan import write as write_plan
 from .model.recipe import PRUNED_MODEL, REPORT_FILE, save
-from . import run_start
-from .run_start import RunStart, as_given, check_names, dense_info, run_device, run_key  # noqa: F401 - public here
+from .pruning import run_start
+from .pruning.run_start import RunStart, as_given, check_names, dense_info, run_device, run_key  # noqa: F401 - public here
 from .training.task import Task
 
 
 def make_budget(budget: int | Budget | None = None, target_macs: float | None = None,
                 target_speedup: float | None = None, target_latency: float | None = None) -> Budget:
-    """Exactly one budget: a site count (or a [`Budget`][hetprune.budget.Budget]), a MAC target (a share of dense <= 1, or an
+    """Exactly one budget: a site count (or a [`Budget`][hetprune.pruning.budget.Budget]), a MAC target (a share of dense <= 1, or an
     absolute count), a speedup or a latency in seconds."""
     given = {k: v for k, v in (("budget", budget), ("target_macs", target_macs), ("target_speedup", target_speedup),
                                ("target_latency", target_latency)) if v is not None}
@@ -96,10 +96,10 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
     own transformer: `hetprune.model.adapters.generic`); ``spec`` says how
     hetprune can build the base again (a timm name), else the recipe records
     a user-built base. ``start`` is a run already started with
-    [`start_run`][hetprune.run_start.start_run] (the command line starts one
+    [`start_run`][hetprune.pruning.run_start.start_run] (the command line starts one
     before it builds the base model); the run's own arguments are then its.
 
-    ``plan=True`` trains nothing and returns a [`Plan`][hetprune.plan.Plan]: every stage with its
+    ``plan=True`` trains nothing and returns a [`Plan`][hetprune.pruning.plan.Plan]: every stage with its
     fine-tunes and images, and after a probe of ``plan_probe`` seconds of the final fine-tune's real step
     (0: none) its rates, memory, hours and GPU-hours; it is written to ``OUT.work/plan.json``, and the run
     that follows reports the probe (``report["plan_probe"]``).

@@ -32,8 +32,8 @@ from torch import nn
 
 from .core import contract
 from .model import checks as model_checks, surgery
-from . import result_checks
-from .budget import Budget
+from .pruning import result_checks
+from .pruning.budget import Budget
 from .core.contract import Violation
 from .model.checks import outputs, relative_error
 from .core.errors import HetpruneError
@@ -90,8 +90,8 @@ def _merged(base: dict, update: dict) -> dict:
 
 def tiny_job(budget: Budget, workdir: str | Path, strategy_defaults: dict | None = None,
              settings: dict | None = None, model: nn.Module | None = None, name: str = "under-test"):
-    """A [`hetprune.PruneJob`][hetprune.pipeline.PruneJob] on `tiny_model` and `tiny_data`, with the installed plugins."""
-    from .pipeline import PruneJob
+    """A [`hetprune.PruneJob`][hetprune.pruning.pipeline.PruneJob] on `tiny_model` and `tiny_data`, with the installed plugins."""
+    from .pruning.pipeline import PruneJob
     from .core.plugins import get_registry
 
     dense = model if model is not None else tiny_model()
@@ -102,8 +102,8 @@ def tiny_job(budget: Budget, workdir: str | Path, strategy_defaults: dict | None
 
 
 def scoring_context(model: nn.Module, workdir: str | Path, settings: dict | None = None):
-    """A [`hetprune.ScoringContext`][hetprune.pipeline.ScoringContext] on `tiny_data` with ``model`` as the teacher."""
-    from .pipeline import ScoringContext
+    """A [`hetprune.ScoringContext`][hetprune.pruning.pipeline.ScoringContext] on `tiny_data` with ``model`` as the teacher."""
+    from .pruning.pipeline import ScoringContext
 
     return ScoringContext(data=tiny_data(), teacher=copy.deepcopy(model).eval(), settings=tiny_settings(None, settings),
                           device="cpu", seed=0, workdir=Path(workdir), progress=False, log=lambda msg: None)

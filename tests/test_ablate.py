@@ -39,7 +39,7 @@ def test_ablate_end_to_end_with_fake_cheap_points_and_resume(trained_tiny, tmp_p
     """Cheap points come from a fake evaluator (a known curve): no short fine-tune is run."""
     from hetprune_hetdpt.strategy import HetDPT
 
-    import hetprune.pipeline as pipeline
+    import hetprune.pruning.pipeline as pipeline
 
     def fake_points(self, job, plan):
         return [{"n_attn": a, "n_act": m, "metric": 90.0 - 2.0 * a - 0.5 * m} for a, m in plan]

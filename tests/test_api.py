@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import hetprune
 from hetprune import BlockLayout, HetpruneError, Task
 from hetprune.model.adapters import generic
-from hetprune.budget import Budget
+from hetprune.pruning.budget import Budget
 from hetprune.model.macs import count_macs
 from hetprune.testing import TINY_SETTINGS
 
@@ -223,7 +223,7 @@ def test_the_users_training_loop_runs_every_fine_tune_hetprune_plans(digits_data
 
 
 def test_a_lower_is_better_metric_is_minimised_by_the_predictors_pick(digits_data, tmp_path, monkeypatch):
-    from hetprune.pipeline import PruneJob
+    from hetprune.pruning.pipeline import PruneJob
     from hetprune.core.plugins import get_registry
     from hetprune_hetdpt.strategy import HetDPT
 

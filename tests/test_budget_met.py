@@ -16,7 +16,7 @@ import hetprune
 from conftest import PluginOf
 from hetprune import Site
 from hetprune.core import plugins
-from hetprune.budget import Budget, feasible_pairs
+from hetprune.pruning.budget import Budget, feasible_pairs
 from hetprune.model.surgery import site_removed
 from hetprune.testing import tiny_job
 

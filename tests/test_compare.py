@@ -9,9 +9,9 @@ import pytest
 
 import hetprune
 from hetprune import HetpruneError, Site
-from hetprune.budget import Budget
+from hetprune.pruning.budget import Budget
 from hetprune.cli import main
-from hetprune.pipeline import DepthStrategy, PruneJob
+from hetprune.pruning.pipeline import DepthStrategy, PruneJob
 from hetprune.core.plugins import get_registry
 
 from hetprune_baselines.strategies import BlockDrop, Mix, closest_pair

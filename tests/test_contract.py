@@ -23,11 +23,11 @@ from conftest import PluginOf
 from hetprune import HetpruneError, Site, testing
 from hetprune.model import surgery
 from hetprune.core import plugins
-from hetprune.budget import Budget
+from hetprune.pruning.budget import Budget
 from hetprune.cli import main
 from hetprune.core.contract import unwrap
 from hetprune.core.errors import PluginError
-from hetprune.pipeline import DepthStrategy
+from hetprune.pruning.pipeline import DepthStrategy
 from hetprune.testing import ConformanceError
 
 
@@ -601,8 +601,8 @@ def test_a_strategy_refusing_every_budget_fails_the_kit_with_its_reasons():
 def test_a_result_is_run_on_the_example_in_the_models_own_dtype():
     """A float64 result (e.g. from a float64 job) with the job's float32 example: checked, not refused."""
     from hetprune.model.checks import example_input
-    from hetprune.result_checks import check_result
-    from hetprune.pipeline import REPORT_KEYS, PruneResult
+    from hetprune.pruning.result_checks import check_result
+    from hetprune.pruning.pipeline import REPORT_KEYS, PruneResult
     from hetprune.model.recipe import Recipe
 
     model = testing.tiny_model().double()
@@ -629,7 +629,7 @@ def _preferred(name_: str, **methods):
     (_preferred("maybe-matches", matches=lambda self, model: 1),
      lambda model: hetprune.sites(model), r"matches\(\) returned 1 \(int\); it must return True or False"),
     (_preferred("greedy-limits", max_removals=lambda self, model: {"attn": 9, "act": 4}),
-     lambda model: hetprune.budget.max_per_kind(model), r"max_removals\(\) returned \{'attn': 9, 'act': 4\}"),
+     lambda model: hetprune.pruning.budget.max_per_kind(model), r"max_removals\(\) returned \{'attn': 9, 'act': 4\}"),
 ])
 def test_a_broken_adapter_is_caught_by_the_contract_naming_it(cls, call, expected, tiny_model):
     hetprune.register_plugin(PluginOf("register_architectures", cls), name="broken")
@@ -652,7 +652,7 @@ def test_the_registry_loads_the_rules_of_every_kind_it_builds_before_anything_im
 import sys
 from hetprune.core.plugins import get_registry
 from hetprune import contract
-assert "hetprune.model.checks" not in sys.modules and "hetprune.pipeline" not in sys.modules
+assert "hetprune.model.checks" not in sys.modules and "hetprune.pruning.pipeline" not in sys.modules
 r = get_registry()
 r.build("scorer", "magnitude")
 assert "score" in contract.RULES["scorer"] and "remove" in contract.RULES["remover"]

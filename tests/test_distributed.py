@@ -137,9 +137,9 @@ PLAN_BUDGET = dict(target_speedup=1.3, cost_model=RankSkewed.name)
 
 def planning_worker(out: Path) -> dict:
     from hetprune.core import distributed as dist
-    from hetprune.budget import Budget, feasible_pairs
+    from hetprune.pruning.budget import Budget, feasible_pairs
     from hetprune.training.data import digits
-    from hetprune.pipeline import PruneJob
+    from hetprune.pruning.pipeline import PruneJob
     from hetprune.core.plugins import get_registry
 
     hetprune.register_plugin(PluginOf("register_cost_models", RankSkewed), "test-rank-skewed")
@@ -232,10 +232,10 @@ def stage1(out: Path, log=lambda msg: None) -> dict:
 
     import hetprune.training.task
     from hetprune.core import distributed as dist
-    from hetprune.budget import Budget
+    from hetprune.pruning.budget import Budget
     from hetprune.training.data import digits
     from hetprune.core.io import load_weights
-    from hetprune.pipeline import PruneJob, select_sites
+    from hetprune.pruning.pipeline import PruneJob, select_sites
     from hetprune.core.plugins import get_registry
     from hetprune_hetdpt.scorers import GateTaylorScorer
 
@@ -351,7 +351,7 @@ def shared_worker(out: Path) -> dict:
 
     from hetprune.core import distributed as dist
     from hetprune.training.data import image_folder
-    from hetprune.points import PointStore
+    from hetprune.pruning.point_store import PointStore
 
     def no_locks(*args):
         raise OSError(38, "Function not implemented (a Lustre mount without flock)")
@@ -662,8 +662,8 @@ def test_a_point_store_writes_one_file_per_rank_and_reads_them_all(tmp_path, mon
     single file of an older run reads as it did."""
     import fcntl
 
-    import hetprune.points as points_mod
-    from hetprune.points import PointStore
+    import hetprune.pruning.point_store as points_mod
+    from hetprune.pruning.point_store import PointStore
 
     def refuse(*args):
         raise OSError(38, "Function not implemented")
@@ -687,7 +687,7 @@ def test_the_collective_timeout_is_a_setting_the_process_group_is_made_with(monk
     import datetime
 
     from hetprune.core import config, distributed as dist
-    from hetprune import run_start
+    from hetprune.pruning import run_start
 
     made, registered = [], []
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -725,9 +725,9 @@ def test_a_per_gpu_batch_becomes_the_global_batch_the_lr_rule_scales_by():
 
 
 def test_a_job_made_in_code_keys_its_points_by_the_global_batch(tmp_path):
-    from hetprune.budget import Budget
+    from hetprune.pruning.budget import Budget
     from hetprune.training.data import digits
-    from hetprune.pipeline import PruneJob
+    from hetprune.pruning.pipeline import PruneJob
     from hetprune.core.plugins import get_registry
 
     registry = get_registry()

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hetprune import BudgetUnreachable
-from hetprune.budget import Budget
+from hetprune.pruning.budget import Budget
 from hetprune.cli import main
 from hetprune.core.plugins import get_registry
 

@@ -14,9 +14,9 @@ import hetprune
 import hetprune.training.task  # noqa: F401 - its train is what the tests below spy on
 from hetprune import HetpruneError, Site
 from hetprune.model import surgery
-from hetprune.budget import Budget, feasible_pairs, site_savings
+from hetprune.pruning.budget import Budget, feasible_pairs, site_savings
 from hetprune.model.macs import count_macs
-from hetprune.pipeline import PruneJob
+from hetprune.pruning.pipeline import PruneJob
 from hetprune.core.plugins import get_registry
 from hetprune.training.train import TrainConfig, kd_loss, train
 from conftest import tiny_example
@@ -25,7 +25,7 @@ from hetprune_hetdpt import gates
 from hetprune_hetdpt.predictors import PolyPredictor
 from hetprune_hetdpt.scorers import GateTaylorScorer
 from hetprune_hetdpt.strategy import HetDPT
-from hetprune.points import PointStore
+from hetprune.pruning.point_store import PointStore
 
 
 # the one-shot machinery these tests check (the defaults are progressive points, gp and hetdpt.verify:
@@ -114,7 +114,7 @@ def test_cost_budget_pairs_meet_target_and_are_minimal(tiny_model):
 def test_a_model_pruned_before_counts_only_the_sites_it_still_has(tiny_model):
     """hetdpt-plus interleaved runs depth pruning again on a depth-pruned model: the limits and the
     per-site savings must come from the sites still there (a second removal of a site is an error)."""
-    from hetprune.budget import max_per_kind
+    from hetprune.pruning.budget import max_per_kind
 
     x = tiny_example(2)
     model = copy.deepcopy(tiny_model)
@@ -253,7 +253,7 @@ def test_gate_phase_uses_the_fine_tune_parameter_groups(tiny_model, digits_data,
     monkeypatch.setattr(timm.optim, "create_optimizer_v2", spy)
     job = make_job(tiny_model, digits_data, tmp_path, **{"scoring.subset": 32, "short_finetune.batch_size": 32,
                                                           "short_finetune.epochs": 1})
-    from hetprune.pipeline import select_sites
+    from hetprune.pruning.pipeline import select_sites
 
     select_sites(job, copy.deepcopy(tiny_model), {"attn": 1, "act": 0})
     def layout(opt):
@@ -280,7 +280,7 @@ def test_gate_taylor_schedule_alternates_kinds():
 
 def test_gate_taylor_selects_asked_counts_and_resumes(tiny_model, digits_data, tmp_path):
     job = make_job(tiny_model, digits_data, tmp_path, **{"scoring.subset": 64, "short_finetune.batch_size": 32})
-    from hetprune.pipeline import select_sites
+    from hetprune.pruning.pipeline import select_sites
 
     model = copy.deepcopy(tiny_model)
     chosen = select_sites(job, model, {"attn": 1, "act": 2})
@@ -756,7 +756,7 @@ GRADUAL = {"hetdpt.point_selection": "gradual", "scoring.subset": 64, "short_fin
 
 def test_a_gradual_point_is_what_the_runs_own_selection_makes_of_that_split(tiny_model, digits_data, tmp_path,
                                                                            monkeypatch):
-    from hetprune.pipeline import remove_sites, select_sites
+    from hetprune.pruning.pipeline import remove_sites, select_sites
     from hetprune.training.train import evaluate_dataset
 
     def no_short_finetune(*a, **k):

@@ -21,7 +21,7 @@ import torch
 
 import hetprune
 from hetprune.model import surgery
-from hetprune.budget import Budget, feasible_pairs, kind_savings, pair_cost, parse_latency
+from hetprune.pruning.budget import Budget, feasible_pairs, kind_savings, pair_cost, parse_latency
 from hetprune.cli import main
 from hetprune.model.macs import count_macs
 from hetprune.core.errors import HetpruneError

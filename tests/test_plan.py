@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import hetprune
-from hetprune import plan as plan_mod
+from hetprune.pruning import plan as plan_mod
 from hetprune.cli import main
 from hetprune.core.io import save_weights
 from hetprune.model.spec import build

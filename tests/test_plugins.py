@@ -372,8 +372,8 @@ def test_event_hook_example_from_the_docs_sees_every_event(tmp_path, monkeypatch
 
 
 def test_event_hooks_reach_every_plugin_through_the_job(tiny_model, tmp_path):
-    from hetprune.budget import Budget
-    from hetprune.pipeline import PruneJob
+    from hetprune.pruning.budget import Budget
+    from hetprune.pruning.pipeline import PruneJob
 
     seen = []
 
@@ -507,7 +507,7 @@ def test_docs_scorer_example_scores_every_site(tiny_model):
 
 def test_docs_strategy_example_allocates_two_thirds_to_attention():
     namespace: dict = {}
-    exec(docs_code_block("from hetprune.pipeline import DepthStrategy"), namespace)
+    exec(docs_code_block("from hetprune.pruning.pipeline import DepthStrategy"), namespace)
     strategy_cls = namespace["AttnHeavy"]
     hetprune.register_plugin(PluginOf("register_strategies", strategy_cls), name="docs-strategy")
     strategy = hetprune.get_registry().build("strategy", "attn-heavy")

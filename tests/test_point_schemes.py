@@ -11,9 +11,9 @@ import torch
 
 import hetprune
 import hetprune.training.task  # noqa: F401 - its train is what the stub fine-tunes below replace
-from hetprune.budget import Budget
+from hetprune.pruning.budget import Budget
 from hetprune.cli import main
-from hetprune.pipeline import PruneJob
+from hetprune.pruning.pipeline import PruneJob
 from hetprune.core.plugins import get_registry
 
 from hetprune_hetdpt.paths import paths_for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetprune.pipeline import REPORT_KEYS, Report, legacy_metric
+from hetprune.pruning.pipeline import REPORT_KEYS, Report, legacy_metric
 
 CORE = dict(strategy="hetdpt", n_attn=1, n_act=2, sites=["attn0", "act1", "act2"], params=10, macs=20.0,
             dense_params=12, dense_macs=30.0, macs_convention="fvcore", seconds=1.5)

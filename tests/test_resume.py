@@ -17,7 +17,7 @@ import torch
 
 from hetprune import Budget
 from hetprune.model import surgery
-from hetprune.pipeline import finetune, select_sites
+from hetprune.pruning.pipeline import finetune, select_sites
 from hetprune.training.resume import weights_key
 from hetprune.training.task import classification
 from hetprune.testing import tiny_job, tiny_model

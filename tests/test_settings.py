@@ -12,7 +12,7 @@ import pytest
 
 from hetprune import HetpruneError
 from hetprune.core import config
-from hetprune.budget import Budget, parse_macs
+from hetprune.pruning.budget import Budget, parse_macs
 from hetprune.cli import main
 
 
@@ -146,7 +146,7 @@ import sys
 import hetprune
 assert "torch" not in sys.modules, "import hetprune loaded torch"
 from hetprune import Site, sites, HetpruneError
-import hetprune.pipeline                       # binds the submodule hetprune.model.sites on the package
+import hetprune.pruning.pipeline                       # binds the submodule hetprune.model.sites on the package
 assert hetprune.model.sites is sites and callable(hetprune.model.sites), hetprune.model.sites
 for name in hetprune.__all__:
     getattr(hetprune, name)
@@ -236,7 +236,7 @@ def test_component_options_refuse_unknown_keys_naming_the_allowed_ones():
 
 def test_prune_compare_and_ablate_all_start_through_start_run(monkeypatch, digits_data, tmp_path):
     import hetprune
-    from hetprune import run_start
+    from hetprune.pruning import run_start
     from hetprune.testing import TINY_SETTINGS, tiny_model
 
     started = []

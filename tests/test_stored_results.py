@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Subset
 
 import hetprune
 from hetprune import HetpruneError, Task
-from hetprune.budget import Budget
+from hetprune.pruning.budget import Budget
 from hetprune.model.spec import ModelSpec, build
 from hetprune.training.resume import base_key, code_key, config_key
 from hetprune.testing import TINY_SETTINGS
@@ -197,7 +197,7 @@ def test_a_progressive_step_is_never_continued_from_weights_of_another_removal_o
 
     wrong = [Site(0, "act"), Site(1, "act")]
     m = copy.deepcopy(job.dense)
-    hetprune.pipeline.remove_sites(job, m, wrong)
+    hetprune.pruning.pipeline.remove_sites(job, m, wrong)
     scheme.keep(m, wrong, scheme.checkpoint(a, 2))
     said = []
     job.log = said.append

@@ -529,7 +529,7 @@ def test_share_search_picks_the_best_split_of_a_known_surface_and_the_result_rel
     the search must plan points only among splits whose depth alone stays above the target, fit them,
     pick the peak, prune exactly that split, and land the MAC target with widths; the result reloads."""
     from hetprune_width import share_search
-    from hetprune.budget import kind_savings, pair_cost
+    from hetprune.pruning.budget import kind_savings, pair_cost
     from hetprune.model.sites import depth
 
     def surface(a, m):
@@ -628,7 +628,7 @@ def test_a_report_without_the_dense_metric_takes_it_from_the_base_info():
     under ``top1`` (what the shipped weights' index records), and the report must still name it."""
     from types import SimpleNamespace
 
-    from hetprune.pipeline import metric_entries
+    from hetprune.pruning.pipeline import metric_entries
 
     job = SimpleNamespace(task=SimpleNamespace(metric_name="top1", higher_is_better=True),
                           base_info={"top1": 98.89})

@@ -62,7 +62,7 @@ def _run(args) -> int:
     """Parse the options, build the model and its Task, and call [`hetprune.ablate`][hetprune.ablate.ablate]."""
     from ..core import distributed as dist
     from ..ablate import ABLATION_FOLDER, ablate, markdown
-    from ..run_start import start_run
+    from ..pruning.run_start import start_run
     from ..training.task import classification
 
     registry = get_registry()

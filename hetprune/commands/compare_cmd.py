@@ -39,7 +39,7 @@ def int_list(text: str, what: str) -> list[int]:
 def compare_budgets(args) -> list:
     """The rows' budgets: ``--budgets`` (sites), a comma list of ``--target-macs``, one other target, or by
     default every strategy at the same MAC target, so that rows cost alike and their accuracies compare."""
-    from ..budget import Budget, parse_macs
+    from ..pruning.budget import Budget, parse_macs
     from ..compare import distinct
 
     if args.budgets:
@@ -86,7 +86,7 @@ def _run(args) -> int:
     """Parse the options, build the model and its Task, and call [`hetprune.compare`][hetprune.compare.compare]."""
     from ..core import distributed as dist
     from ..compare import COMPARE_FOLDER, DEFAULT_STRATEGIES, compare
-    from ..run_start import start_run
+    from ..pruning.run_start import start_run
     from ..training.task import classification
 
     registry = get_registry()

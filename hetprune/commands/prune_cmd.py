@@ -83,7 +83,7 @@ def add_arguments(p) -> None:
 
 
 def budget_from(args, sites: int | None = None):
-    from ..budget import Budget, parse_latency, parse_macs
+    from ..pruning.budget import Budget, parse_latency, parse_macs
 
     if sites is not None:
         return Budget(sites=sites)
@@ -128,7 +128,7 @@ def round_to_sets(defaults: dict, round_to: int | None, what: str) -> list[str]:
 
 
 def settings_options(args, strategies: list) -> dict:
-    """What a command's settings options give `hetprune.run_start.start_run`: the flags as overrides,
+    """What a command's settings options give `hetprune.pruning.run_start.start_run`: the flags as overrides,
     ``--set`` items (``--predictor``, ``--round-to`` and ``--latency-batch`` as items before the user's own,
     so ``--set`` wins) and the YAML file."""
     overrides = {"scorer": args.scorer, "device": args.device, "amp": args.amp, "cost_model": args.cost_model}
@@ -150,7 +150,7 @@ def run(args) -> int:
     from ..api import prune
     from ..model.macs import human
     from ..model.recipe import PRUNED_MODEL
-    from ..run_start import start_run
+    from ..pruning.run_start import start_run
     from ..training.task import classification
 
     registry = get_registry()

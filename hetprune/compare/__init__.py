@@ -20,13 +20,13 @@ from typing import Callable
 from torch import nn
 
 from ..core import distributed as dist
-from ..budget import Budget
+from ..pruning.budget import Budget
 from ..core.errors import HetpruneError, option
 from ..core.io import no_empty_folder_on_error
-from ..pipeline import PruneJob
-from ..plan import check_probe, read_probe
+from ..pruning.pipeline import PruneJob
+from ..pruning.plan import check_probe, read_probe
 from ..core.plugins import Registry
-from ..run_start import run_key
+from ..pruning.run_start import run_key
 # the names other modules, benchmarks and tests import from hetprune.compare
 from .report import aggregate, base_text, budget_text, markdown_table, mean_std, rows_csv, write_outputs  # noqa: F401
 from .rows import COMPARE_FOLDER, ROWS_FILE, RowStore, plan_rows, prepare_out, run_one, run_rows  # noqa: F401
@@ -56,8 +56,8 @@ def plan_of_rows(plans: list[RowPlan], registry, model, spec, task, info: dict, 
     """The plan of a harness's rows (a compare's, an ablation's): each row's job planned by its strategy,
     summed per ``group``; one probe of the final fine-tune (the rows share the schedule); written to
     ``OUT/work/plan.json``."""
-    from ..pipeline import FixedSplit
-    from ..plan import Plan, grouped, probe, write
+    from ..pruning.pipeline import FixedSplit
+    from ..pruning.plan import Plan, grouped, probe, write
 
     rows, first = list(before or []), None
     for row in plans:
@@ -96,16 +96,16 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
 
     ``speed_budget_s``: seconds per batch size the timer may add to know every speedup within ±2 %
     (models with the same structure are timed once and share their figure).
-    ``budgets`` are site counts or [`Budget`][hetprune.budget.Budget] objects (``Budget(target_macs=0.5)``);
+    ``budgets`` are site counts or [`Budget`][hetprune.pruning.budget.Budget] objects (``Budget(target_macs=0.5)``);
     every other argument means what it means for [`hetprune.prune`][hetprune.api.prune]. Finished rows are kept as they
     finish, so ``resume=True`` continues an interrupted comparison. ``start`` is a run already started with
-    [`start_run`][hetprune.run_start.start_run] (the command line's); the run's own arguments are then its.
-    ``plan=True`` trains nothing and returns the [`Plan`][hetprune.plan.Plan] of every row, summed per
+    [`start_run`][hetprune.pruning.run_start.start_run] (the command line's); the run's own arguments are then its.
+    ``plan=True`` trains nothing and returns the [`Plan`][hetprune.pruning.plan.Plan] of every row, summed per
     strategy (see [`hetprune.prune`][hetprune.api.prune]); it goes to ``OUT/work/plan.json``.
     """
-    from .. import cost_model
+    from ..pruning import cost_choice as cost_model
     from ..core import devices
-    from ..run_start import as_given, start_run
+    from ..pruning.run_start import as_given, start_run
 
     names = [strategies] if isinstance(strategies, str) else list(strategies)
     if not names or len(set(names)) != len(names):

@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 from ..core.io import write_json_atomic, write_text_atomic
-from ..report import legacy_metric
+from ..pruning.report import legacy_metric
 
 from .spec import CompareSpec, budget_text
 

@@ -18,7 +18,7 @@ from ..core.errors import BudgetUnreachable, HetpruneError
 from ..core.io import ResultFolder, check_result_folder, make_result_folder
 from ..training.data import seed_everything
 from ..model.spec import model_hash
-from ..pipeline import PruneJob
+from ..pruning.pipeline import PruneJob
 from ..core.plugins import Registry
 from ..training.resume import made_when, note_saved, now
 from ..training.task import classification, format_metric
@@ -90,7 +90,7 @@ def plan_rows(spec: CompareSpec, base_hash: str, data_fp: str) -> list[RowPlan]:
 def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, task, base_info: dict, out: Path,
             resume: bool, log: Callable[[str], None], progress: bool, adapter=None) -> dict:
     """Prune + fine-tune one row, save its model, and return the row."""
-    from ..pipeline import FixedSplit
+    from ..pruning.pipeline import FixedSplit
     from ..model.recipe import save
 
     started = time.time()

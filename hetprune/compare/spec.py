@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core import config
-from ..budget import Budget
+from ..pruning.budget import Budget
 from ..core.fingerprint import fingerprint
 from ..core.errors import HetpruneError
 
@@ -51,7 +51,7 @@ class RowPlan:
     seed: int
     settings: dict
     key: str
-    split: tuple[int, int] | None = None   # run hetprune.pipeline.FixedSplit instead of a named strategy
+    split: tuple[int, int] | None = None   # run hetprune.pruning.pipeline.FixedSplit instead of a named strategy
     label: str | None = None               # what the row is called in tables (default: the strategy)
 
     def to_payload(self) -> dict:

@@ -44,6 +44,17 @@ ALIASES: dict[str, str] = {
     "hetprune.resume": "hetprune.training.resume",
     "hetprune.task": "hetprune.training.task",
     "hetprune.embedded": "hetprune.training.embedded",
+    "hetprune.budget": "hetprune.pruning.budget",
+    "hetprune.cost_model": "hetprune.pruning.cost_choice",
+    "hetprune.plan": "hetprune.pruning.plan",
+    "hetprune.pipeline": "hetprune.pruning.pipeline",
+    "hetprune.job": "hetprune.pruning.job",
+    "hetprune.steps": "hetprune.pruning.steps",
+    "hetprune.depth": "hetprune.pruning.depth",
+    "hetprune.report": "hetprune.pruning.report",
+    "hetprune.result_checks": "hetprune.pruning.result_checks",
+    "hetprune.run_start": "hetprune.pruning.run_start",
+    "hetprune.points": "hetprune.pruning.point_store",
 }
 
 

@@ -7,7 +7,7 @@ stage and what was wrong.
 The rules live once, as functions per kind and method in `RULES`: here
 those that need no model surgery (predictors, cost models, adapters), in
 `hetprune.model.checks` those that run a model (scorers, removers,
-mergers, width pruners) and in `hetprune.result_checks` the strategy's.
+mergers, width pruners) and in `hetprune.pruning.result_checks` the strategy's.
 Those two sit above the modules they need, so this module names them in
 `RULE_HOMES` and `rules_for` loads a kind's rules the first time the
 registry builds a component of that kind: the wiring is this one table,
@@ -331,7 +331,7 @@ def architecture_arch(component, call, model, *args, **kwargs):
 
 
 # kind -> method -> rule. The rules that run a model (scorers, removers, mergers, width pruners) and check a
-# strategy's result live above the modules they need (hetprune.model.checks, hetprune.result_checks) and
+# strategy's result live above the modules they need (hetprune.model.checks, hetprune.pruning.result_checks) and
 # add themselves here with `add_rules`, so this module, and the registry on top of it, import nothing
 # of hetprune's but errors and config.
 RULES: dict[str, dict[str, Callable]] = {
@@ -348,7 +348,7 @@ RULES: dict[str, dict[str, Callable]] = {
 # `add_rules` for its kinds when imported (by `rules_for`, the first time a component of the kind is built)
 RULE_HOMES: dict[str, str] = {
     "scorer": "hetprune.model.checks", "remover": "hetprune.model.checks", "merger": "hetprune.model.checks",
-    "width_pruner": "hetprune.model.checks", "strategy": "hetprune.result_checks",
+    "width_pruner": "hetprune.model.checks", "strategy": "hetprune.pruning.result_checks",
 }
 
 

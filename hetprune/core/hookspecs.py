@@ -54,7 +54,7 @@ def register_scorers(register: Register) -> None:
     A scorer class has a ``name`` and, once built, the method
     ``score(model, sites, ctx) -> dict[Site, float]`` giving every candidate
     site (all of one kind) a score: higher means more important, keep it.
-    ``ctx`` is a [`hetprune.ScoringContext`][hetprune.pipeline.ScoringContext] (data, loss, device, seed).
+    ``ctx`` is a [`hetprune.ScoringContext`][hetprune.pruning.pipeline.ScoringContext] (data, loss, device, seed).
 
     A scorer that learns while it removes (the paper's gates) may instead
     provide ``select(model, counts, ctx) -> list[Site]``, where ``counts`` is
@@ -91,9 +91,9 @@ def register_strategies(register: Register) -> None:
 
     A strategy class has a ``name``, a one-line ``description`` and
     ``run(job) -> hetprune.PruneResult`` where ``job`` is a
-    [`hetprune.PruneJob`][hetprune.pipeline.PruneJob] (dense model, data, budget, settings,
+    [`hetprune.PruneJob`][hetprune.pruning.pipeline.PruneJob] (dense model, data, budget, settings,
     registry, events, a work folder for resumable state). Most depth
-    strategies subclass [`hetprune.DepthStrategy`][hetprune.pipeline.DepthStrategy] and only override
+    strategies subclass [`hetprune.DepthStrategy`][hetprune.pruning.pipeline.DepthStrategy] and only override
     ``allocate``.
     """
 

@@ -15,7 +15,7 @@ from torch import nn
 from ..core.errors import HetpruneError, option
 from ..core.io import ResultFolder
 from ..model.recipe import RECIPE_FILE, WEIGHTS_FILE
-from ..report import legacy_metric
+from ..pruning.report import legacy_metric
 from .common import verify_input
 
 CONFIG_FILE, CARD_FILE, REPORT_FILE = "config.json", "README.md", "report.json"

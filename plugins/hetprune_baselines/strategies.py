@@ -10,7 +10,7 @@ from typing import ClassVar
 from hetprune import BudgetUnreachable, Site, sites
 from hetprune.model import surgery
 from hetprune.core.config import Section, number, setting
-from hetprune.pipeline import DepthStrategy, PruneJob, scoring_context, select_sites
+from hetprune.pruning.pipeline import DepthStrategy, PruneJob, scoring_context, select_sites
 
 
 def closest_pair(pairs: list[tuple[int, int]], attn_share: float) -> tuple[int, int]:

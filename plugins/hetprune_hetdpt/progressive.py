@@ -14,9 +14,9 @@ import time
 from hetprune import HetpruneError, Site, sites
 from hetprune.core import distributed as dist
 from hetprune.core.fingerprint import fingerprint
-from hetprune.pipeline import PruneJob, rank_lowest, remove_sites
-from hetprune.plan import finetune_step
-from hetprune.points import PointStore
+from hetprune.pruning.pipeline import PruneJob, rank_lowest, remove_sites
+from hetprune.pruning.plan import finetune_step
+from hetprune.pruning.point_store import PointStore
 
 from .paths import OTHER, Path as PointPath, paths_for
 from .point_schemes import PointScheme, images_of, resolve_finetune

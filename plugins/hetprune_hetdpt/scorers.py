@@ -239,7 +239,7 @@ class GateTaylorScorer:
     def plan(self, job, counts: dict[str, int]):
         """The gate phase counted (``--plan``): warm-up plus ``epochs_per_removal`` per removal, each epoch over
         the scoring subset, with short_finetune's batch and optimiser (at most ``counts`` removals)."""
-        from hetprune.plan import PlanStep, epoch_images
+        from hetprune.pruning.plan import PlanStep, epoch_images
 
         removals = len(self.schedule(counts))
         epochs = self.warmup_epochs + self.epochs_per_removal * removals

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from hetprune import HetpruneError, Site
-from hetprune.pipeline import DepthStrategy, PruneJob
-from hetprune.points import metric_of
+from hetprune.pruning.pipeline import DepthStrategy, PruneJob
+from hetprune.pruning.point_store import metric_of
 from hetprune.core import distributed as dist
 
 from .options import HetDPTOptions

@@ -21,17 +21,17 @@ import time
 
 from hetprune import HetpruneError
 from hetprune.core import distributed as dist
-from hetprune.budget import kind_savings, max_per_kind, pair_cost
+from hetprune.pruning.budget import kind_savings, max_per_kind, pair_cost
 from hetprune.core.fingerprint import fingerprint
-from hetprune.pipeline import PruneJob, remove_sites
-from hetprune.points import PointStore, metric_of
+from hetprune.pruning.pipeline import PruneJob, remove_sites
+from hetprune.pruning.point_store import PointStore, metric_of
 
 from .options import HetDPTPlusOptions, WidthOptions
 from hetprune.model.sites import depth
 
 
 def depth_macs(job: PruneJob):
-    """MACs after depth pruning alone, merged, as a function of the split (hetprune.budget.pair_cost)."""
+    """MACs after depth pruning alone, merged, as a function of the split (hetprune.pruning.budget.pair_cost)."""
     save = kind_savings(job.dense, job.example, merge=bool(job.config.mergers))
     return pair_cost(save, depth(job.dense))
 

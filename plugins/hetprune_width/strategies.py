@@ -21,11 +21,12 @@ import hetprune
 from hetprune import HetpruneError, get_registry
 from hetprune.core import config
 from hetprune.model import surgery
-from hetprune.budget import Budget, site_savings
+from hetprune.pruning.budget import Budget, site_savings
 from hetprune.model.macs import count_macs, human
 from hetprune.model.spec import model_hash
 from hetprune.model.sites import depth as depth_of
-from hetprune.pipeline import PruneJob, PruneResult, finetune, finetune_and_measure, finish, merge, scoring_context
+from hetprune.pruning.pipeline import (PruneJob, PruneResult, finetune, finetune_and_measure, finish, merge,
+                                       scoring_context)
 from hetprune.model.widths import read_widths, track_kept
 
 from . import share_search

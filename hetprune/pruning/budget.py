@@ -1,7 +1,7 @@
 """Budgets: how much to remove, as a site count or as a cost target, and the
 feasible (n_attn, n_act) splits each one allows.
 
-A cost target is counted by a cost model (``hetprune.cost_model``): MACs for
+A cost target is counted by a cost model (``hetprune.pruning.cost_choice``): MACs for
 ``--target-macs``, measured time for ``--target-latency``, and either for
 ``--target-speedup`` (``--cost-model``). It is turned into splits with each
 kind's mean per-site saving (merging included; every block of a kind removed
@@ -27,11 +27,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .model import surgery
-from .model.macs import count_macs
-from .core.errors import BudgetUnreachable, HetpruneError, on_command_line, option
-from .model.adapters import adapter_for
-from .model.sites import Site, depth
+from ..model import surgery
+from ..model.macs import count_macs
+from ..core.errors import BudgetUnreachable, HetpruneError, on_command_line, option
+from ..model.adapters import adapter_for
+from ..model.sites import Site, depth
 
 
 class _Source(str):

@@ -1,6 +1,6 @@
-"""[`DepthStrategy`][hetprune.depth.DepthStrategy]: depth pruning with a rule for splitting the budget between
-kinds. A strategy overrides ``allocate`` only; the steps after it (`hetprune.steps`) are held equal across
-strategies, which is what makes ``hetprune compare`` fair. [`FixedSplit`][hetprune.depth.FixedSplit] prunes a
+"""[`DepthStrategy`][hetprune.pruning.depth.DepthStrategy]: depth pruning with a rule for splitting the budget between
+kinds. A strategy overrides ``allocate`` only; the steps after it (`hetprune.pruning.steps`) are held equal across
+strategies, which is what makes ``hetprune compare`` fair. [`FixedSplit`][hetprune.pruning.depth.FixedSplit] prunes a
 given split (ablations)."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import time
 
 from torch import nn
 
-from .core import distributed as dist
+from ..core import distributed as dist
 from .budget import kinds_by_saving, max_per_kind, reached_cost
-from .core.errors import HetpruneError
+from ..core.errors import HetpruneError
 from .job import PruneJob
 from .plan import PlanStep, evaluation_step, finetune_step
 from .report import PruneResult
-from .model.sites import Site
+from ..model.sites import Site
 from .steps import allocation, finetune_and_measure, merge, finish, remove_sites, reported_epoch, select_sites
 
 class DepthStrategy:

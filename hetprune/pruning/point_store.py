@@ -12,9 +12,9 @@ import os
 import re
 from pathlib import Path
 
-from .core import distributed as dist
-from .core.errors import HetpruneError
-from .core.io import made_when, note_saved, now
+from ..core import distributed as dist
+from ..core.errors import HetpruneError
+from ..core.io import made_when, note_saved, now
 
 
 def metric_of(point: dict) -> float:

@@ -1,4 +1,4 @@
-"""What a strategy's run reports: [`Report`][hetprune.report.Report], typed, and its JSON form (report.json,
+"""What a strategy's run reports: [`Report`][hetprune.pruning.report.Report], typed, and its JSON form (report.json,
 ``PruneResult.report``), which the plugin contract checks for `REPORT_KEYS`.
 
 Before tasks had other metrics, reports and the embedded base models' info named the metric ``top1``
@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, fields
 
 from torch import nn
 
-from .model.recipe import Recipe
+from ..model.recipe import Recipe
 
-# what every strategy's report holds; checked by the contract (hetprune.steps.finish fills all of them)
+# what every strategy's report holds; checked by the contract (hetprune.pruning.steps.finish fills all of them)
 REPORT_KEYS = ("strategy", "n_attn", "n_act", "sites", "params", "macs", "dense_params", "dense_macs",
                "macs_convention", "metric_name", "metric_before_finetune", "metric", "seconds")
 _SUFFIXES = ("", "_before_finetune", "_dense")
@@ -86,7 +86,7 @@ class Report:
 @dataclass
 class PruneResult:
     """What a strategy's ``run`` returns: the pruned model, its recipe, and its report (the JSON form of a
-    [`Report`][hetprune.report.Report])."""
+    [`Report`][hetprune.pruning.report.Report])."""
 
     model: nn.Module
     recipe: Recipe

@@ -1,6 +1,6 @@
-"""The job a strategy runs: [`PruneJob`][hetprune.job.PruneJob], everything a run resolved once (model, task,
-adapter, device, precision, settings, components), and [`ScoringContext`][hetprune.job.ScoringContext], what a
-scorer may use of it. The steps that act on a job live in `hetprune.steps`."""
+"""The job a strategy runs: [`PruneJob`][hetprune.pruning.job.PruneJob], everything a run resolved once (model, task,
+adapter, device, precision, settings, components), and [`ScoringContext`][hetprune.pruning.job.ScoringContext], what a
+scorer may use of it. The steps that act on a job live in `hetprune.pruning.steps`."""
 
 from __future__ import annotations
 
@@ -13,20 +13,20 @@ from typing import Callable, TypeVar
 import torch
 from torch import nn
 
-from .core import contract, devices
-from .model import checks as model_checks
-from .core import distributed as dist
-from .model.adapters import Adapter, adapter_for, serving
+from ..core import contract, devices
+from ..model import checks as model_checks
+from ..core import distributed as dist
+from ..model.adapters import Adapter, adapter_for, serving
 from .budget import Budget, feasible_pairs
-from .core.config import RunSettings, Section, per_gpu_resolved
-from .cost_model import build as build_cost_model, run_model_name
-from .training.data import DataBundle
-from .core.errors import HetpruneError
-from .model.spec import ModelSpec, model_hash
-from .core.plugins import Registry
-from .training.resume import base_key
-from .training.task import Task, as_task, reuse_tag
-from .training.train import TrainConfig
+from ..core.config import RunSettings, Section, per_gpu_resolved
+from .cost_choice import build as build_cost_model, run_model_name
+from ..training.data import DataBundle
+from ..core.errors import HetpruneError
+from ..model.spec import ModelSpec, model_hash
+from ..core.plugins import Registry
+from ..training.resume import base_key
+from ..training.task import Task, as_task, reuse_tag
+from ..training.train import TrainConfig
 
 S = TypeVar("S", bound=Section)
 
@@ -207,7 +207,7 @@ class PruneJob:
         what = (cfg.teacher, cfg.teacher_checkpoint, cfg.teacher_pretrained, repr(sorted(spec.kwargs.items())))
 
         def build():
-            from .model.spec import build_with_weights
+            from ..model.spec import build_with_weights
 
             model = self.place(build_with_weights(spec, pretrained=cfg.teacher_pretrained,
                                                   checkpoint=cfg.teacher_checkpoint or None)).eval()

@@ -3,13 +3,13 @@
     allocate (n_attn, n_act) -> select sites per kind -> remove -> fine-tune
     (KD from the dense model) -> merge -> recipe + report
 
-A strategy usually subclasses [`DepthStrategy`][hetprune.depth.DepthStrategy] and overrides
-[`DepthStrategy.allocate`][hetprune.depth.DepthStrategy.allocate] only; everything else is held equal across
+A strategy usually subclasses [`DepthStrategy`][hetprune.pruning.depth.DepthStrategy] and overrides
+[`DepthStrategy.allocate`][hetprune.pruning.depth.DepthStrategy.allocate] only; everything else is held equal across
 strategies, which is what makes ``hetprune compare`` fair.
 
 This module gathers the public names of the four modules that hold them, one concern each: the job
-(`hetprune.job`), the steps (`hetprune.steps`), the depth strategy (`hetprune.depth`) and the report
-(`hetprune.report`). Plugins import from here.
+(`hetprune.pruning.job`), the steps (`hetprune.pruning.steps`), the depth strategy (`hetprune.pruning.depth`) and the report
+(`hetprune.pruning.report`). Plugins import from here.
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .core import distributed as dist
-from .core.contract import Violation, add_rules, type_name
-from .core.errors import HetpruneError
-from .model.checks import outputs, relative_error, runs
-from .model.spec import model_hash
+from ..core import distributed as dist
+from ..core.contract import Violation, add_rules, type_name
+from ..core.errors import HetpruneError
+from ..model.checks import outputs, relative_error, runs
+from ..model.spec import model_hash
 from .report import REPORT_KEYS, PruneResult
-from .model.recipe import Recipe, load, save
+from ..model.recipe import Recipe, load, save
 
 if TYPE_CHECKING:
     import torch
@@ -65,7 +65,7 @@ def check_result(result, example: torch.Tensor) -> None:
         raise Violation(f"run()'s result.report is a {type_name(result.report)}, not a dict")
     missing = [k for k in REPORT_KEYS if k not in result.report]
     if missing:
-        raise Violation(f"run()'s report lacks {', '.join(missing)} (hetprune.steps.finish fills them)")
+        raise Violation(f"run()'s report lacks {', '.join(missing)} (hetprune.pruning.steps.finish fills them)")
     try:
         json.dumps(result.report)
     except (TypeError, ValueError) as exc:

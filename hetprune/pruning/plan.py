@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from .core import devices
-from .core import distributed as dist
-from .core.config import TrainConfig
-from .core.errors import HetpruneError, option
-from .core.io import read_json, write_json_atomic
+from ..core import devices
+from ..core import distributed as dist
+from ..core.config import TrainConfig
+from ..core.errors import HetpruneError, option
+from ..core.io import read_json, write_json_atomic
 
 PLAN_FILE = "plan.json"
 PROBE_SECONDS = 45.0   # the 30-60 s: long enough for a stable rate, short enough for a quick look

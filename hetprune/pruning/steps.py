@@ -1,6 +1,6 @@
 """The steps every depth strategy shares, as public building blocks: choose sites with the scorer, remove
 them, fine-tune (KD from the dense model) and measure, merge, and finish into a recipe and a
-[`Report`][hetprune.report.Report]. Each takes the [`PruneJob`][hetprune.job.PruneJob] it runs in."""
+[`Report`][hetprune.pruning.report.Report]. Each takes the [`PruneJob`][hetprune.pruning.job.PruneJob] it runs in."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from .core import contract
-from .core import distributed as dist
+from ..core import contract
+from ..core import distributed as dist
 from .budget import max_per_kind
-from .model.macs import cost_summary
-from .core.errors import HetpruneError
+from ..model.macs import cost_summary
+from ..core.errors import HetpruneError
 from .job import PruneJob, ScoringContext, scoring_context
-from .model.recipe import arch_of, recipe_from_model
+from ..model.recipe import arch_of, recipe_from_model
 from .report import PruneResult, Report, metric_entries
-from .training.resume import structure_key, weights_key
-from .model.sites import Site, sites
+from ..training.resume import structure_key, weights_key
+from ..model.sites import Site, sites
 
 def rank_lowest(scores: dict[Site, float], n: int) -> list[Site]:
     """The ``n`` lowest-scoring sites (ties broken by block index, for determinism)."""

@@ -1,4 +1,4 @@
-"""How every run starts: [`start_run`][hetprune.run_start.start_run] for ``prune``, ``compare`` and ``ablate``,
+"""How every run starts: [`start_run`][hetprune.pruning.run_start.start_run] for ``prune``, ``compare`` and ``ablate``,
 from Python and from the command line alike.
 
 A run resolves, once and in this order: the registry, the strategies, the
@@ -7,7 +7,7 @@ the device and precision (joining the process group under torchrun), the cost
 model each budget counts in, the component names the settings give, and the
 output folder. All of that fails before any model exists, so a command can
 start a run, then build or train its base model, then hand both to the entry
-point. [`RunStart.attach`][hetprune.run_start.RunStart.attach] adds what needs
+point. [`RunStart.attach`][hetprune.pruning.run_start.RunStart.attach] adds what needs
 the model: the task, the adapter and the dense model's provenance and metric.
 """
 
@@ -21,20 +21,20 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .core import config as config_mod
-from . import cost_model
-from .core import devices
-from .core import distributed as dist
-from .model.adapters import Adapter
+from ..core import config as config_mod
+from . import cost_choice as cost_model
+from ..core import devices
+from ..core import distributed as dist
+from ..model.adapters import Adapter
 from .budget import Budget
-from .training.data import EMBEDDED, DataBundle
-from .core.errors import HetpruneError, option
-from .core.io import ResultFolder, check_result_folder, make_result_folder
-from .model.spec import ModelSpec, model_hash
+from ..training.data import EMBEDDED, DataBundle
+from ..core.errors import HetpruneError, option
+from ..core.io import ResultFolder, check_result_folder, make_result_folder
+from ..model.spec import ModelSpec, model_hash
 from .pipeline import resolve_adapter
-from .core.plugins import Registry, get_registry
-from .training.resume import base_key
-from .training.task import Task, as_task, check_data_fits, reuse_tag
+from ..core.plugins import Registry, get_registry
+from ..training.resume import base_key
+from ..training.task import Task, as_task, check_data_fits, reuse_tag
 
 
 @dataclass
@@ -225,7 +225,7 @@ def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: 
 def run_key(start: RunStart, dense: Dense, strategy_name: str) -> str:
     """What a run's plan was made for (its settings, budgets, base model, task and ranks): the run reports
     the probe of a ``--plan`` with the same key."""
-    from .core.fingerprint import fingerprint
+    from ..core.fingerprint import fingerprint
 
     return fingerprint({"strategy": strategy_name, "settings": start.settings,
                         "budgets": [b.to_dict() for b in start.budgets], "base": dense.key, "task": dense.task.key,

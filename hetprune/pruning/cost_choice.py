@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from .core import devices
+from ..core import devices
 from .budget import Budget
-from .core.config import RunSettings
-from .core.errors import HetpruneError, option
+from ..core.config import RunSettings
+from ..core.errors import HetpruneError, option
 
 AUTO = "auto"
 
