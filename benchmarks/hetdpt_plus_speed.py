@@ -1,7 +1,7 @@
 """HetDPT+ speed on DeiT-B geometry: width only vs depth + width at the same MACs.
 
 Three (four) models with random weights, timed against each other in one run
-(interleaved, :func:`hetprune.bench.measure`):
+(interleaved, :func:`hetprune.measure.bench.measure`):
 
 * ``dense``            — ``deit_base_patch16_224``;
 * ``isomorphic``       — dense, width-pruned by the ``isomorphic`` width pruner to the target (2.6 GMACs);
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import hetprune
-    from hetprune.bench import format_table, load_average, measure
+    from hetprune.measure.bench import format_table, load_average, measure
     from hetprune.pruning.budget import parse_macs
     from hetprune.model.macs import CONVENTION, count_macs, human
     from hetprune.model.spec import ModelSpec, build
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
         f"Models (random weights, {args.model}): `isomorphic` = dense width-pruned to {human(target)} MACs by the "
         f"`isomorphic` width pruner ({args.importance} importance); `hetdpt-plus` = shipped recipe "
         f"`{args.recipe}` applied and merged ({human(depth_macs)} MACs), then width-pruned to the same target. "
-        f"Pruning both took {prune_seconds:.0f}s. Timing: `hetprune.bench.measure`, interleaved, median of "
+        f"Pruning both took {prune_seconds:.0f}s. Timing: `hetprune.measure.bench.measure`, interleaved, median of "
         f"{args.repeats} repeats, batch {', '.join(map(str, args.batch))}. MACs: {CONVENTION}.",
         "",
         table,

@@ -11,7 +11,7 @@ not depend on them; the embedded digits and digit-pairs ViTs) and batch size it
    placement the budget guards against), block-drop's block count, and a
    width-pruned model at 1/S of the MACs (every block its own shape);
 3. predicts each model's time from the table, then times the dense model and
-   all of them interleaved, whole (``hetprune.bench.measure``), and reports
+   all of them interleaved, whole (``hetprune.measure.bench.measure``), and reports
    predicted against measured speedup and whether the target was met. An
    identical copy of the dense model is timed as one more model (A/A): its
    measured speedup should be 1, and its distance from 1 is the machine's
@@ -57,7 +57,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
 from hetprune import bench
 from hetprune.model import surgery  # noqa: E402
 from hetprune.pruning.budget import Budget, feasible_pairs  # noqa: E402
-from hetprune.latency import LatencyTable  # noqa: E402
+from hetprune.measure.latency_table import LatencyTable  # noqa: E402
 from hetprune.model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build  # noqa: E402
 from hetprune.model.sites import depth  # noqa: E402
 

@@ -6,7 +6,7 @@
     python benchmarks/quantize.py --parts speed --configs tiny --speed-batch-sizes 1,8 --out /tmp/q   # smoke
 
 Writes ``benchmarks/results/quantize-cpu.md`` and ``.json``; a part run alone replaces its own section and
-keeps the others. Every INT8 file is made by ``hetprune.export.export_int8`` (what ``hetprune export
+keeps the others. Every INT8 file is made by ``hetprune.measure.export.export_int8`` (what ``hetprune export
 --quantize`` runs), so each is checked (census, ONNX Runtime against PyTorch, the metric) before it is used.
 
 1. **speed**: DeiT-S and DeiT-B with random weights, dense and with the sites of the paper's recipe
@@ -99,7 +99,7 @@ def log(msg: str) -> None:
 
 
 def machine() -> dict:
-    from hetprune.bench import cpu_name, load_average
+    from hetprune.measure.bench import cpu_name, load_average
 
     flags = set()
     with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -150,8 +150,8 @@ def random_task(shape, n_train: int, n_val: int, classes: int = 1000):
 
 # -- 1. speed ------------------------------------------------------------------------------------
 def speed_part(args) -> dict:
-    from hetprune.bench import format_table, measure
-    from hetprune.export import export_int8
+    from hetprune.measure.bench import format_table, measure
+    from hetprune.measure.export import export_int8
     from speed_onnxruntime import CONFIGS, paper_pair
 
     sizes = [int(b) for b in args.speed_batch_sizes.split(",")]
@@ -222,7 +222,7 @@ def op_profile(path: str, batch: int, threads: int, runs: int = 2) -> dict:
 # -- 2. memory -----------------------------------------------------------------------------------
 def memory_probe(batch: int) -> int:
     """One INT8 export of random-weight DeiT-B calibrated in runs of ``batch``; prints its peak memory."""
-    from hetprune.export import export_int8
+    from hetprune.measure.export import export_int8
     from speed_onnxruntime import CONFIGS, paper_pair
 
     torch.set_num_threads(2)
@@ -313,7 +313,7 @@ def val_agreement(model, session, task) -> dict:
     """Over the whole validation split: the share of images whose top-1 class INT8 and fp32 agree on, and the
     relative RMS error of INT8's logits (finer signals than a top-1 that moves by whole images)."""
     from hetprune.training.data import loader
-    from hetprune.export.ort_model import OnnxModule
+    from hetprune.measure.export.ort_model import OnnxModule
 
     run = OnnxModule(session)
     model = model.eval()
@@ -329,7 +329,7 @@ def val_agreement(model, session, task) -> dict:
 
 
 def int8_row(model, task, kwargs: dict, threads: int) -> dict:
-    from hetprune.export import export_int8, onnx_session
+    from hetprune.measure.export import export_int8, onnx_session
 
     with tempfile.TemporaryDirectory() as tmp:
         r = export_int8(model, Path(tmp) / "m.onnx", task, dynamic_batch=True, keep=True, threads=threads,
@@ -417,7 +417,7 @@ def accuracy_part(args) -> dict:
 
 # -- per merged layer ----------------------------------------------------------------------------
 def _scopes(node) -> list[str]:
-    from hetprune.export.quantize import _scopes as scopes
+    from hetprune.measure.export.quantize import _scopes as scopes
 
     return scopes(node)
 
@@ -448,8 +448,8 @@ def layer_errors(merged, twin, task, threads: int, n_images: int = 256) -> list[
     import onnx.utils
 
     from hetprune.model.adapters import adapter_for
-    from hetprune.export import export_int8, export_onnx, onnx_session
-    from hetprune.export.calibration import check_images
+    from hetprune.measure.export import export_int8, export_onnx, onnx_session
+    from hetprune.measure.export.calibration import check_images
     from hetprune.model.spec import input_shape_of
 
     images = check_images(task, n_images, 1, input_shape_of(merged))[0].numpy()
@@ -489,7 +489,7 @@ def layer_errors(merged, twin, task, threads: int, n_images: int = 256) -> list[
 def _branch_output(path: Path, x_name: str, y_name: str, x: np.ndarray, tmp: Path, threads: int) -> np.ndarray:
     import onnx.utils
 
-    from hetprune.export import onnx_session
+    from hetprune.measure.export import onnx_session
 
     sub = tmp / f"branch-{path.stem}-{abs(hash((x_name, y_name)))}.onnx"
     onnx.utils.extract_model(str(path), str(sub), [x_name], [y_name])
@@ -513,7 +513,7 @@ def _pm(values, digits=2) -> str:
 def render(payload: dict) -> str:
     doc = ["# INT8 after pruning, in ONNX Runtime (CPU)", "",
            "Produced by `benchmarks/quantize.py`; each part records the command, machine and load it ran with. "
-           "Every INT8 file was made by `hetprune.export.export_int8` (what `hetprune export --quantize` runs) and "
+           "Every INT8 file was made by `hetprune.measure.export.export_int8` (what `hetprune export --quantize` runs) and "
            "passed its checks first (onnx.checker, the op census, ONNX Runtime against PyTorch, the metric).", ""]
     for part in PARTS:
         if part in payload:
@@ -532,7 +532,7 @@ def _header(section: dict) -> list[str]:
 
 
 def render_speed(s: dict) -> list[str]:
-    from hetprune.bench import format_table
+    from hetprune.measure.bench import format_table
 
     doc = ["## Speed", ""] + _header(s)
     if not _quiet(s):
@@ -544,7 +544,7 @@ def render_speed(s: dict) -> list[str]:
                 "`python benchmarks/quantize.py --parts speed` then.", ""]
     columns = [(key, batch) for key, c in s["configs"].items() for batch in c["runs"]]
     doc += ["Random weights (speed does not depend on them), random calibration images; in each column every "
-            "model is timed in one interleaved ONNX Runtime session (`hetprune.bench.measure`); speedup over the "
+            "model is timed in one interleaved ONNX Runtime session (`hetprune.measure.bench.measure`); speedup over the "
             "fp32 dense model ± its spread (half the interquartile range of the per-round ratios, relative).", "",
             "| model | " + " | ".join(f"{s['configs'][k]['model']} b{b}" for k, b in columns) + " |",
             "|---|" + "---|" * len(columns)]
@@ -727,7 +727,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     command = shlex.join(["python", "benchmarks/quantize.py", *(sys.argv[1:] if argv is None else argv)])
     stem = Path(args.out) / STEM
-    from hetprune.bench import load_average
+    from hetprune.measure.bench import load_average
     from hetprune.core.io import write_json_atomic, write_text_atomic
 
     for part in parts:

@@ -6,8 +6,8 @@
 1. For DeiT-B and DeiT-S: the dense timm model and the same model with the sites
    of the shipped recipe ``deit_base_hetdpt_paper`` removed and its linear MLPs
    merged (random weights: speed does not depend on them), timed interleaved
-   in ONNX Runtime (``hetprune.bench.measure(backend="onnxruntime")``: every
-   model exported with ``hetprune.export`` and verified against PyTorch first),
+   in ONNX Runtime (``hetprune.measure.bench.measure(backend="onnxruntime")``: every
+   model exported with ``hetprune.measure.export`` and verified against PyTorch first),
    and, beside it, with the torch backend. Also the wall time of exporting and
    verifying pruned DeiT-B (``hetprune export`` does the same work).
 2. The models of the default ``hetprune compare`` (``--compare-dir``, default
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from hetprune.bench import environment_line, format_table, measure
+from hetprune.measure.bench import environment_line, format_table, measure
 from hetprune.core.io import read_json, write_json_atomic, write_text_atomic
 from hetprune.model.spec import ModelSpec, build
 from hetprune.model.recipe import Recipe, apply_recipe, arch_of, load, load_recipe, resolve_recipe
@@ -81,7 +81,7 @@ def paper_pair(spec: ModelSpec):
 
 def export_seconds(model, base) -> dict:
     """Wall time of a verified ONNX export (what `hetprune export --format onnx` does, census against the base)."""
-    from hetprune.export import export_onnx
+    from hetprune.measure.export import export_onnx
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -154,9 +154,9 @@ def _row(result: dict, model: str) -> dict:
 def render(payload: dict) -> str:
     """The Markdown report, from the JSON alone."""
     doc = ["# Deployment speed in ONNX Runtime", "", "Produced by:", "", "```", payload["command"], "```", "",
-           f"Whole run: {payload['minutes']:.1f} min. Every model is exported with `hetprune.export` (torch's dynamo "
+           f"Whole run: {payload['minutes']:.1f} min. Every model is exported with `hetprune.measure.export` (torch's dynamo "
            "exporter, opset 18, dynamic batch), verified against PyTorch, and timed in an ONNX Runtime session "
-           "interleaved with the others (`hetprune.bench.measure(backend=\"onnxruntime\")`); the session gets the "
+           "interleaved with the others (`hetprune.measure.bench.measure(backend=\"onnxruntime\")`); the session gets the "
            "same thread count as torch. Speedup = ratio of median latencies; per-round = the ratio within each "
            "interleaved round. Load average is [1, 5, 15]-minute.", ""]
     if payload["paper"]:

@@ -8,7 +8,7 @@ of the shipped recipe ``deit_base_hetdpt_paper`` removed and the linear MLPs
 merged (attention gone in blocks 0,3,7,8,11, GELU gone and MLP merged in
 blocks 2,7,8,10,11; the DeiT-S recipe reuses those sites on DeiT-S's arch).
 Weights are random: speed does not depend on them. Both models of a pair are
-timed interleaved in one process (hetprune.bench.measure).
+timed interleaved in one process (hetprune.measure.bench.measure).
 
 Writes ``benchmarks/results/speed-<device>.md`` and ``.json``. Targets:
 CPU, measured speedup >= 95% of the MAC ratio; GPU, DeiT-B >= 1.58x (the
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from hetprune.bench import environment_line, format_table, measure, resolve_device
+from hetprune.measure.bench import environment_line, format_table, measure, resolve_device
 from hetprune.core.io import write_json_atomic, write_text_atomic
 from hetprune.model.spec import ModelSpec, build
 from hetprune.model.recipe import Recipe, apply_recipe, arch_of, resolve_recipe
@@ -227,7 +227,7 @@ def render(payload: dict) -> str:
            f"{env['platform']}. Whole run: {payload['minutes']:.1f} min.", "", *warning,
            f"Dense timm model vs the same model with the sites of `{PAPER_RECIPE}` removed and its linear MLPs "
            "merged (random weights). The two models of a pair are timed interleaved in one process "
-           f"(`hetprune.bench.measure`: {settings['warmup']} warm-up round(s), {settings['repeats']} timed rounds). "
+           f"(`hetprune.measure.bench.measure`: {settings['warmup']} warm-up round(s), {settings['repeats']} timed rounds). "
            "Speedup = ratio of median latencies; per-round = the dense/pruned ratio within each interleaved round "
            "(both times share that round's noise). Load average is [1, 5, 15]-minute.", "",
            *summary, ""]

@@ -140,7 +140,7 @@ def speedups(models: dict[str, nn.Module], batch: int, repeats: int) -> dict[str
     shapes = {}
     for name, m in models.items():
         shapes.setdefault(repr(m), name)
-    timing = hetprune.bench.measure({n: models[n] for n in shapes.values()}, input_shape=(1, IMG, IMG),
+    timing = hetprune.measure.bench.measure({n: models[n] for n in shapes.values()}, input_shape=(1, IMG, IMG),
                                     batch_sizes=[batch], device="cpu", reference="dense", repeats=repeats)
     measured = {r["model"]: r.get("speedup", 1.0) for r in timing["results"]}
     return {name: measured[shapes[repr(m)]] for name, m in models.items()}
@@ -193,11 +193,11 @@ def main(argv=None) -> int:
         print(f"  {name}: {sites} sites, mIoU {r['metric']:.2f}% ({time.time() - t:.0f}s)")
     speed = speedups(models, batch=64, repeats=3 if args.tiny else 15)
 
-    load = hetprune.bench.load_average()
+    load = hetprune.measure.bench.load_average()
     lines = ["| model | sites removed (attn+act) | mIoU (%) | MACs per image | measured speedup |",
              "|---|---|---|---|---|"]
     lines += [f"| {n} | {s or '-'} | {m:.2f} | {hetprune.model.macs.human(c)} | {speed[n]:.2f}x |" for n, m, c, s in rows]
-    about = (f"`python examples/segmentation.py{' --tiny' if args.tiny else ''}` on {hetprune.bench.cpu_name()}, "
+    about = (f"`python examples/segmentation.py{' --tiny' if args.tiny else ''}` on {hetprune.measure.bench.cpu_name()}, "
              f"{torch.get_num_threads()} thread, load average {load[0] if load else 'n/a'}, "
              f"{time.time() - started:.0f}s in all; MAC target {args.target_macs} of dense; torch {torch.__version__}")
     table = "\n".join(lines)

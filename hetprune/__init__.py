@@ -6,8 +6,8 @@ a pruned model back. The public API for users and plugin authors is what this
 module exports, plus
 the modules ``hetprune.model.surgery`` (exact removal/merge primitives),
 ``hetprune.pruning.pipeline`` (the shared strategy steps), ``hetprune.core.config``,
-``hetprune.model.recipe``, ``hetprune.model.macs``, ``hetprune.bench``, ``hetprune.model.adapters``
-(architecture adapters), ``hetprune.latency`` (per-device latency tables) and
+``hetprune.model.recipe``, ``hetprune.model.macs``, ``hetprune.measure.bench``, ``hetprune.model.adapters``
+(architecture adapters), ``hetprune.measure.latency_table`` (per-device latency tables) and
 ``hetprune.pruning.point_store`` (stored accuracy points), and for plugin authors ``hetprune.testing`` (the
 conformance kit) and ``hetprune.core.contract`` (the rules every call into a
 component is checked against).

@@ -465,7 +465,7 @@ def test_tied_blocks_are_refused_up_front_saying_why(digits_data, tmp_path):
 def test_a_model_with_several_outputs_exports_and_each_output_is_verified(digits_data, tmp_path):
     """Issue 34, item 15, the export's check: ONNX Runtime and the reloaded .pt2 give every output, each
     compared with PyTorch (only the first was)."""
-    from hetprune.export import export_onnx, export_pt2
+    from hetprune.measure.export import export_onnx, export_pt2
 
     model = TwoHeads().eval()
     hetprune.model.surgery.remove_activation(model.backbone, 1)

@@ -1,4 +1,4 @@
-"""The speed harness (hetprune.bench) and `hetprune bench`: structure and
+"""The speed harness (hetprune.measure.bench) and `hetprune bench`: structure and
 sanity only; no test asserts on a timing value."""
 
 from __future__ import annotations
@@ -286,12 +286,12 @@ def test_bench_onnx_files_are_checked_before_any_model_is_exported(pruned_dir, t
     """Issue 40, item 12: a fixed-batch file was refused only after every model was exported and verified
     (25 s on the tiny model, minutes on DeiT-B)."""
     pytest.importorskip("onnxruntime", reason="the export extra is not installed")
-    import hetprune.export
+    import hetprune.measure.export
 
     def no_export(*args, **kwargs):
         raise AssertionError("a model was exported before the --onnx files were checked")
 
-    monkeypatch.setattr(hetprune.export, "export_onnx", no_export)
+    monkeypatch.setattr(hetprune.measure.export, "export_onnx", no_export)
     fixed = _onnx_file(tmp_path / "fixed.onnx", [1, 1, 16, 16])
     wide = _onnx_file(tmp_path / "wide.onnx", ["batch", 3, 16, 16])
     (tmp_path / "notes.onnx").write_text("not a model")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hetprune
-from hetprune import export
+from hetprune.measure import export
 from hetprune.model import surgery
 from hetprune.cli import main
 from hetprune.core.errors import HetpruneError

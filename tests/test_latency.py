@@ -26,7 +26,7 @@ from hetprune.cli import main
 from hetprune.model.macs import count_macs
 from hetprune.core.errors import HetpruneError
 from hetprune.core.io import save_weights
-from hetprune.latency import LatencyTable
+from hetprune.measure.latency_table import LatencyTable
 from hetprune.model.sites import Site, depth
 from conftest import TINY_KWARGS, PluginOf, tiny_example
 
@@ -179,7 +179,7 @@ def test_blocks_are_timed_in_context_so_a_prediction_is_the_whole_models_time(ti
 
 
 def test_blocks_timed_in_context_cost_no_full_batch_pass_and_leave_the_model_as_it_was(tiny_model, monkeypatch):
-    import hetprune.latency as latency
+    import hetprune.measure.latency_table as latency
     from hetprune.model.adapters import adapter_for
 
     mac_clock(monkeypatch)
@@ -198,7 +198,7 @@ def test_blocks_timed_in_context_cost_no_full_batch_pass_and_leave_the_model_as_
 
 
 def test_a_block_called_unlike_the_others_is_timed_alone(tiny_model, monkeypatch):
-    import hetprune.latency as latency
+    import hetprune.measure.latency_table as latency
 
     mac_clock(monkeypatch)
     real = latency._block_inputs
@@ -341,7 +341,7 @@ def skewed_clock(monkeypatch, whole_factor: float, load=(0.0, 0.0, 0.0)):
     """:func:`mac_clock` on a machine where a model timed whole reads ``whole_factor`` x the sum of its parts
     (what a session's noise or a part model that misses some cost would show), at load average ``load``."""
     from hetprune import bench
-    from hetprune.latency import CHECK
+    from hetprune.measure.latency_table import CHECK
 
     mac_clock(monkeypatch)
     parts_clock = bench.time_interleaved

@@ -26,8 +26,8 @@ from conftest import TINY_KWARGS, TINY_SPEC
 onnx = pytest.importorskip("onnx", reason="the export extra is not installed")
 pytest.importorskip("onnxruntime.quantization", reason="the export extra is not installed")
 
-from hetprune import export  # noqa: E402
-from hetprune.export import quantize  # noqa: E402
+from hetprune.measure import export  # noqa: E402
+from hetprune.measure.export import quantize  # noqa: E402
 
 MERGED = [2, 3]
 
@@ -96,7 +96,7 @@ def test_calibration_is_reproducible(int8, models, task, tmp_path):
     again = tmp_path / "again.onnx"
     export.export_int8(merged, again, task, base=base, dynamic_batch=True, calibration=64)
     assert again.read_bytes() == out.read_bytes()
-    from hetprune.export.calibration import calibration_images
+    from hetprune.measure.export.calibration import calibration_images
 
     one, other = (calibration_images(task, 64, seed, (1, 16, 16)) for seed in (0, 1))
     assert one.shape == (64, 1, 16, 16) and not torch.equal(one, other)
@@ -242,7 +242,7 @@ def test_an_image_folder_calibrates_on_its_training_images_with_the_validation_t
     assert rc == 0 and "calibrated on 12 images (training data of" in printed, printed
     assert "a dense model: nothing removed" in printed and "checked in ONNX Runtime on a seeded batch of 4" in printed
     from hetprune.training.data import image_folder
-    from hetprune.export.calibration import calibration_images
+    from hetprune.measure.export.calibration import calibration_images
     from hetprune.model.spec import ModelSpec
     from hetprune.training.task import classification
 

@@ -111,7 +111,7 @@ def test_models_with_the_same_structure_are_timed_once_and_share_the_figure(tiny
                 "speedup_spread": 0.01, "mac_ratio": 1.2} for i, n in enumerate(models)]
         return {"results": res, "environment": {}}
 
-    monkeypatch.setattr(hetprune.bench, "measure", fake_measure)
+    monkeypatch.setattr(hetprune.measure.bench, "measure", fake_measure)
     spec = CompareSpec(["hetdpt", "act-only", "mix"], [hetprune.Budget(sites=1)], [0], {}, batch_sizes=[2])
     timing = measure_rows(spec, tiny_model, rows, tmp_path, (1, 16, 16), log=lambda m: None, model_spec=tiny_spec)
     assert sorted(timed) == ["dense", "hetdpt__sites1__seed0", "mix__sites1__seed0"]   # act-only: not again

@@ -266,7 +266,7 @@ def test_a_distilled_student_prunes_with_token_kd_from_a_separate_teacher_and_ex
     fine-tune distils from the teacher the settings name (a checkpoint), not from the dense model."""
     import hetprune
     import hetprune.training.task
-    from hetprune import export
+    from hetprune.measure import export
     from hetprune.model.macs import cost_summary
     from hetprune.core.io import save_weights
     from hetprune.model.spec import build

@@ -97,8 +97,8 @@ def load_model(what: str, kwargs: dict):
 
 
 def run(args) -> int:
-    from ..bench import BACKENDS, format_table, measure
-    from ..bench.timing import check_onnx_file
+    from ..measure.bench import BACKENDS, format_table, measure
+    from ..measure.bench.timing import check_onnx_file
     from ..core.io import write_json_atomic
     from ..model.spec import build, input_shape_of
 
@@ -115,7 +115,7 @@ def run(args) -> int:
     if missing:
         raise HetpruneError(f"--onnx {missing[0]}: no such file")
     if args.backend == "onnxruntime":  # say what is missing before building models
-        from ..export import need
+        from ..measure.export import need
 
         for module in ("onnx", "onnxscript", "onnxruntime"):
             need(module, "--backend onnxruntime")
@@ -149,7 +149,7 @@ def run(args) -> int:
     result["command"] = {"target": args.target, "against": args.against, "recipe": recipe.to_dict() if recipe else None}
     print(format_table(result, markdown=args.markdown))
     if args.per_block:
-        from ..bench import format_per_block, per_block
+        from ..measure.bench import format_per_block, per_block
 
         result["per_block"] = {}
         for name, m in models.items():

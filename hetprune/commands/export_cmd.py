@@ -31,8 +31,8 @@ from ..core.errors import HetpruneError
 
 HELP = "export a pruned model to ONNX (verified in ONNX Runtime), torch.export or a hub-style folder"
 SUFFIX = {"onnx": ".onnx", "pt2": ".pt2", "hub": "-hub"}
-DEFAULT_OPSET = 18  # the same as hetprune.export.DEFAULT_OPSET (a test checks), which --help must not import
-# the same as hetprune.export.quantize's defaults (a test checks)
+DEFAULT_OPSET = 18  # the same as hetprune.measure.export.DEFAULT_OPSET (a test checks), which --help must not import
+# the same as hetprune.measure.export.quantize's defaults (a test checks)
 SCHEMES = ("int8", "int8-dynamic")
 DEFAULT_CALIBRATION, CALIBRATION_BATCH, DEFAULT_MAX_DROP = 256, 8, 1.0
 DEFAULT_OPS, DEFAULT_FLOAT = "MatMul,Gemm,Conv", ""
@@ -176,7 +176,8 @@ def _int8_kwargs(args) -> dict:
 def run(args) -> int:
     import torch
 
-    from ..export import FORMATS, check_dtype, check_output, export_hub, export_onnx, export_pt2, quote_command
+    from ..measure.export import (FORMATS, check_dtype, check_output, export_hub, export_onnx, export_pt2,
+                                  quote_command)
     from ..model.spec import build
 
     if args.format not in FORMATS:
@@ -190,14 +191,14 @@ def run(args) -> int:
     if args.format == "hub" and (args.dtype != "fp32" or args.dynamic_batch):
         raise HetpruneError("--dtype and --dynamic-batch are for onnx and pt2; a hub folder holds the saved weights")
     if args.format == "onnx" or args.quantize:  # say what is missing before any work
-        from ..export import need
+        from ..measure.export import need
 
         for module in ("onnx", "onnxscript", "onnxruntime") + (("onnxruntime.quantization",) if args.quantize else ()):
             need(module, "--quantize" if args.quantize else "--format onnx")
     out = Path(args.out) if args.out else _default_out(args.target, args.format, args.quantize)
     check_output(out, args.overwrite, folder=args.format == "hub")
     if args.format == "hub":   # a folder: refused when it holds anything hetprune did not write, overwrite or not
-        from ..export.hub import HUB_FOLDER
+        from ..measure.export.hub import HUB_FOLDER
         from ..core.io import check_result_folder
 
         check_result_folder(out, HUB_FOLDER, overwrite=True)
@@ -252,8 +253,8 @@ def _run_int8(args, out: Path, label, model, recipe, folder, report, base, comma
     """``--quantize``: the INT8 file (or a hub folder that carries it), checked, and what was checked."""
     import tempfile
 
-    from ..export import INT8_FILE, export_hub, export_int8
-    from ..export.quantize import describe_int8
+    from ..measure.export import INT8_FILE, export_hub, export_int8
+    from ..measure.export.quantize import describe_int8
 
     task = _int8_task(args, recipe, model)
     kwargs = _int8_kwargs(args)

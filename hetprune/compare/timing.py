@@ -19,7 +19,7 @@ def measure_rows(spec: CompareSpec, dense: nn.Module, rows: list[dict], out: Pat
 
     Each row's model is loaded back from its folder as a user would load it (onto a fresh copy of the dense
     model where the base was built in code; the run's own model kwargs are trusted)."""
-    from ..bench import measure
+    from ..measure.bench import measure
     from ..model.recipe import load
 
     models = {"dense": dense}

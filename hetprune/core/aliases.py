@@ -55,6 +55,9 @@ ALIASES: dict[str, str] = {
     "hetprune.result_checks": "hetprune.pruning.result_checks",
     "hetprune.run_start": "hetprune.pruning.run_start",
     "hetprune.points": "hetprune.pruning.point_store",
+    "hetprune.bench": "hetprune.measure.bench",
+    "hetprune.latency": "hetprune.measure.latency_table",
+    "hetprune.export": "hetprune.measure.export",
 }
 
 

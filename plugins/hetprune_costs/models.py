@@ -11,7 +11,7 @@ from torch import nn
 from hetprune import HetpruneError, bench
 from hetprune.core.config import Section, number, setting, whole
 from hetprune.model.macs import CONVENTION, count_macs
-from hetprune.latency import LatencyTable, default_dtype
+from hetprune.measure.latency_table import LatencyTable, default_dtype
 
 
 class MacCost:
@@ -55,7 +55,7 @@ class LatencyOptions(Section):
 
 class LatencyCost:
     """Seconds per forward pass at ``batch_size`` on the run's device, predicted from a cached table of
-    block times (``hetprune.latency``); ``measure`` times whole models the same way for the report."""
+    block times (``hetprune.measure.latency_table``); ``measure`` times whole models the same way for the report."""
 
     name = "latency"
     unit = "s"

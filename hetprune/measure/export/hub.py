@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..core.errors import HetpruneError, option
-from ..core.io import ResultFolder
-from ..model.recipe import RECIPE_FILE, WEIGHTS_FILE
-from ..pruning.report import legacy_metric
+from ...core.errors import HetpruneError, option
+from ...core.io import ResultFolder
+from ...model.recipe import RECIPE_FILE, WEIGHTS_FILE
+from ...pruning.report import legacy_metric
 from .common import verify_input
 
 CONFIG_FILE, CARD_FILE, REPORT_FILE = "config.json", "README.md", "report.json"
@@ -30,8 +30,8 @@ def pretrained_cfg(model: nn.Module, recipe) -> dict:
     """Input size, mean/std and the rest of timm's data config, for what the model was trained on."""
     from timm.data import resolve_data_config
 
-    from ..training.data import EMBEDDED
-    from ..model.spec import input_shape_of
+    from ...training.data import EMBEDDED
+    from ...model.spec import input_shape_of
 
     cfg = resolve_data_config({}, model=model)
     cfg["input_size"] = list(input_shape_of(model))
@@ -98,8 +98,8 @@ def hf_preprocessor_config(model: nn.Module, inner: nn.Module, recipe) -> dict:
     mean/std the model was run with (a wrapper's ``pretrained_cfg``, e.g. ``hetprune_hf.wrap(model, image_mean,
     image_std)``; else the processor's own, not timm's); hetprune's embedded data sets are normalised as
     (x - 0.5) / 0.5."""
-    from ..training.data import EMBEDDED
-    from ..model.spec import input_shape_of
+    from ...training.data import EMBEDDED
+    from ...model.spec import input_shape_of
 
     channels, height, width = input_shape_of(model)
     processor = _image_processor(inner.config)
@@ -173,7 +173,7 @@ def int8_section(result: dict) -> list[str]:
 def model_card(recipe, report: dict | None, costs: dict, speed: list[dict] | None, commands: dict,
                label: str, int8: dict | None = None) -> str:
     """A README.md model card from the recipe, the pruning report and measured costs."""
-    from ..model.macs import human
+    from ...model.macs import human
 
     report = report or {}
     name = report.get("metric_name", "top1")
@@ -246,7 +246,7 @@ def _speed_rows(bench_json: str | Path | None) -> list[dict] | None:
     """The rows of a ``hetprune bench --json`` result for the pruned model, or None."""
     if not bench_json:
         return None
-    from ..core.io import read_json
+    from ...core.io import read_json
 
     data = read_json(bench_json, f"{option('bench-json')} file")
     try:
@@ -268,13 +268,13 @@ def export_hub(model: nn.Module, recipe, out: str | Path, label: str, source: Pa
     The folder is shaped for the model's library: timm's ``config.json``, or for a transformers model its own
     ``config.json`` and ``preprocessor_config.json``. The recipe's base is built (for the dense costs) and
     read back, so its kwargs are checked as [`hetprune.load`][hetprune.model.recipe.load] checks them (``allow_kwargs``: the names
-    the caller passes itself). ``int8``: ``(file, result)`` of [`export_int8`][hetprune.export.export_int8], a
+    the caller passes itself). ``int8``: ``(file, result)`` of [`export_int8`][hetprune.measure.export.export_int8], a
     checked INT8 file the folder carries as ``model.int8.onnx``, its metric and calibration stated in the card.
     """
-    from ..model.macs import CONVENTION, count_macs, count_params
-    from ..core.io import atomic_folder, save_weights, state_dict_for_saving, write_json_atomic, write_text_atomic
-    from ..model.spec import build, check_kwargs
-    from ..model.recipe import SCHEMA_VERSION, load
+    from ...model.macs import CONVENTION, count_macs, count_params
+    from ...core.io import atomic_folder, save_weights, state_dict_for_saving, write_json_atomic, write_text_atomic
+    from ...model.spec import build, check_kwargs
+    from ...model.recipe import SCHEMA_VERSION, load
 
     check_kwargs(recipe.base, allow_kwargs, "recipe")
     out = Path(out)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.errors import HetpruneError, option
+from ...core.errors import HetpruneError, option
 
 
 def _image_tensor(batch):
@@ -71,7 +71,7 @@ def _given(images) -> list:
 
 
 def _dataset_images(dataset, n: int, seed: int, what: str, name: str) -> torch.Tensor:
-    from ..training.data import loader, subset
+    from ...training.data import loader, subset
 
     if n > len(dataset):
         raise HetpruneError(f"{option('calibration', str(n))} is more than the {len(dataset)} {what} images of "
@@ -94,7 +94,7 @@ def calibration_images(task, n: int, seed: int, shape: tuple[int, ...], images=N
         return _first(_given(images), n, "the images given", shape)
     data = getattr(task, "data", None)
     if data is not None and hasattr(data, "train"):   # a classification task: a seeded subset, unaugmented
-        from ..training.data import without_augmentation
+        from ...training.data import without_augmentation
 
         return _dataset_images(without_augmentation(data), n, seed, "training", data.name)
     train = getattr(task, "train", None)

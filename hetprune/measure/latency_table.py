@@ -61,14 +61,14 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import bench
-from .core import devices
-from .model.adapters import adapter_for
-from .core.fingerprint import fingerprint
-from .core.io import cache_dir
-from .model.macs import hooked_forward
-from .core.errors import HetpruneError
-from .core.io import read_json, write_json_atomic
+from .. import bench
+from ..core import devices
+from ..model.adapters import adapter_for
+from ..core.fingerprint import fingerprint
+from ..core.io import cache_dir
+from ..model.macs import hooked_forward
+from ..core.errors import HetpruneError
+from ..core.io import read_json, write_json_atomic
 
 VERSION = 4   # of the table format and of how parts are timed (2: blocks in context; 3: one session, anchored;
 #               4: two anchors, a line; the self-check)

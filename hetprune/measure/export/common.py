@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..core.errors import HetpruneError, option, switch
-from ..core.io import follow_umask
+from ...core.errors import HetpruneError, option, switch
+from ...core.io import follow_umask
 
 FORMATS = ("onnx", "pt2", "hub")
 
@@ -65,7 +65,7 @@ def check_batch(batch) -> int:
 
 def verify_input(model: nn.Module, batch: int) -> torch.Tensor:
     """The seeded batch every export is checked on."""
-    from ..model.spec import input_shape_of
+    from ...model.spec import input_shape_of
 
     gen = torch.Generator().manual_seed(VERIFY_SEED)
     return torch.randn(batch, *input_shape_of(model), generator=gen)

@@ -1,6 +1,6 @@
 """INT8 ONNX through ONNX Runtime's own quantization tools, checked, or no file.
 
-The verified fp32 export (`hetprune.export.export_onnx`, census against the base model included) is
+The verified fp32 export (`hetprune.measure.export.export_onnx`, census against the base model included) is
 quantized, then checked as every export is:
 
 * ``onnx.checker``; the op census equal to the fp32 graph's (the pruned structure survives), with the
@@ -44,8 +44,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..core import tensors
-from ..core.errors import HetpruneError, on_command_line, option, switch
+from ...core import tensors
+from ...core.errors import HetpruneError, on_command_line, option, switch
 from .calibration import calibration_images, check_count, check_images
 from .common import DEFAULT_OPSET, _publish, _temp_path, check_batch, check_output, need
 from .ort_model import OnnxModule, fixed_batch
@@ -200,7 +200,7 @@ def _nearest_products(graph, start: list[str], downstream: bool) -> list[str]:
 
 def merged_modules(model: nn.Module) -> list[str]:
     """The module paths of the merged MLPs (``fc2·fc1`` folded into one layer) in ``model``."""
-    from ..model.block_modules import MergedMlp
+    from ...model.block_modules import MergedMlp
 
     return [name for name, m in model.named_modules() if isinstance(m, MergedMlp)]
 
@@ -431,7 +431,7 @@ def read_metadata(path: str | Path) -> dict | None:
 
 
 def _task_of(task):
-    from ..training.task import as_task
+    from ...training.task import as_task
 
     if task is None:
         how = "pass --data digits, digit-pairs or PATH" if on_command_line() else \
@@ -503,9 +503,9 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
     for module in ("onnx", "onnxruntime", "onnxruntime.quantization"):
         need(module, "INT8 export")
     task = _task_of(task)
-    from ..model.macs import count_macs, count_params
-    from ..model.spec import input_shape_of
-    from ..training.task import check_data_fits
+    from ...model.macs import count_macs, count_params
+    from ...model.spec import input_shape_of
+    from ...training.task import check_data_fits
 
     shape = input_shape_of(model)
     fp32_model = copy.deepcopy(model).eval().cpu().float()

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..core.errors import HetpruneError
+from ...core.errors import HetpruneError
 
 EVAL_BATCH = 32   # images per ONNX Runtime run when the file's batch is free
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..model.macs import human
+from ...model.macs import human
 
 
 def format_per_block(label: str, result: dict) -> str:

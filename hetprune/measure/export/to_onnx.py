@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..model.macs import MATMUL_FUNCTIONS
-from ..core.errors import HetpruneError, option
+from ...model.macs import MATMUL_FUNCTIONS
+from ...core.errors import HetpruneError, option
 from .common import (DEFAULT_OPSET, INPUT_NAME, _dynamic_shapes, _example, _prepared, _publish, _quiet_exporter,
                      _temp_path, _verify_batch, check_batch, check_dtype, check_output, compare_outputs, need,
                      output_names, verify_input)
@@ -103,7 +103,7 @@ def _attention_ops(base: nn.Module, blocks: list[int]) -> dict[str, int]:
     """The attention ops and the products outside Linear layers that the attention modules of ``blocks``
     compute in one forward pass of ``base``: what removing those attention sites takes out of its graph
     (one softmax and two products for a ViT's attention, two and four for differential attention)."""
-    from ..model.adapters import adapter_for
+    from ...model.adapters import adapter_for
 
     adapter = adapter_for(base)
     every = adapter.blocks(base)
@@ -142,7 +142,7 @@ def expected_census(model: nn.Module, base: nn.Module, base_census: dict[str, in
     products change by the linear layers removed or merged. Ops outside the
     sites (CaiT's class attention, a family's extra heads) stay as they are.
     """
-    from ..model.sites import sites
+    from ...model.sites import sites
 
     removed = {kind: len(sites(base, kind)) - len(sites(model, kind)) for kind in ("attn", "act")}
     gone = sorted({s.block for s in sites(base, "attn")} - {s.block for s in sites(model, "attn")})
@@ -159,7 +159,7 @@ def _to_onnx(model: nn.Module, example: torch.Tensor, opset: int, dynamic_batch:
     attention, torch 2.14), the export is retried with the adapter's explicit
     attention (the same function as plain matmuls and a softmax).
     """
-    from ..model.adapters import adapter_for
+    from ...model.adapters import adapter_for
 
     names = output_names(model, example)   # logits, or output_0, output_1, ... for a model with several
 

@@ -23,7 +23,7 @@
   so (``requested_batch_size``, ``note``).
 * Costs are MACs (``costs.CONVENTION``), counted once per model in fp32.
 * ``backend="onnxruntime"`` times what deployment runs: each model is
-  exported to ONNX (``hetprune.export``, verified against PyTorch first) and
+  exported to ONNX (``hetprune.measure.export``, verified against PyTorch first) and
   timed in an ONNX Runtime session (CPU execution provider; CUDA provider with
   the input bound on the GPU where ``onnxruntime-gpu`` has it), interleaved
   and summarised exactly like the torch path. The session gets the same

@@ -10,8 +10,8 @@ import platform
 
 import torch
 
-from ..core import devices
-from ..core.errors import HetpruneError
+from ...core import devices
+from ...core.errors import HetpruneError
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEVICES = ("auto", "cpu", "cuda")   # what --backend onnxruntime runs on (torch: any torch device)

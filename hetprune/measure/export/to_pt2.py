@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..core.errors import HetpruneError
+from ...core.errors import HetpruneError
 from .common import (_dynamic_shapes, _example, _prepared, _publish, _quiet_exporter, _temp_path, _verify_batch,
                      check_batch, check_dtype, check_output, compare_outputs, verify_input)
 

@@ -14,8 +14,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..model.macs import CONVENTION, count_macs, count_params
-from ..core.errors import HetpruneError
+from ...model.macs import CONVENTION, count_macs, count_params
+from ...core.errors import HetpruneError
 from .environment import BACKENDS, DEVICES, DTYPES, check_dtype, environment, load_average, resolve_device
 
 
@@ -449,7 +449,7 @@ def per_block(model: nn.Module, input_shape: tuple[int, ...], batch: int, device
     Measured with forward hooks around the parts during whole forward passes (the device synchronised at
     each hook on CUDA), median over ``repeats`` passes, in milliseconds.
     """
-    from ..model.adapters import adapter_for
+    from ...model.adapters import adapter_for
 
     dev = resolve_device(device)
     adapter = adapter_for(model)
