@@ -40,7 +40,7 @@ def main() -> int:
     args = p.parse_args()
 
     from hetprune.cli import main as cli
-    from hetprune.compare import base_text
+    from hetprune.harness.compare import base_text
 
     budget = ["--target-macs", args.target_macs] if args.target_macs else ["--budgets", args.budgets]
     argv = ["compare", "--data", args.data, "--strategies", args.strategies, *budget, "--seeds", args.seeds,

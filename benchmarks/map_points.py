@@ -167,8 +167,8 @@ def committed_truth(bench: str, target: str) -> dict | None:
 def truth_rows(ctx, target: str, pairs, seeds, out: Path, jobs: int, log) -> list[dict]:
     """Fine-tune ``pairs`` x ``seeds`` on the final schedule (or reuse the rows already in ``out``), keyed as
     ``hetprune ablate`` keys them, so an ablation with ``--out`` there reuses them too."""
-    from hetprune.ablate import split_plans
-    from hetprune.compare import run_rows
+    from hetprune.harness.ablate import split_plans
+    from hetprune.harness.compare import run_rows
 
     plans = split_plans(sorted(pairs), list(seeds), ctx.settings, budget_of(target), ctx.base_key,
                         ctx.task.key, kind="truth", unused=("hetdpt",))

@@ -1,6 +1,6 @@
 """hetprune: structured pruning of Vision Transformers, extensible with plugins.
 
-For users: [`prune`][hetprune.api.prune] (and [`compare`][hetprune.compare.compare], [`ablate`][hetprune.ablate.ablate]) prune their own
+For users: [`prune`][hetprune.harness.api.prune] (and [`compare`][hetprune.harness.compare.compare], [`ablate`][hetprune.harness.ablate.ablate]) prune their own
 model for their own [`Task`][hetprune.training.task.Task]; [`load`][hetprune.model.recipe.load] and [`apply_recipe`][hetprune.model.recipe.apply_recipe] bring
 a pruned model back. The public API for users and plugin authors is what this
 module exports, plus
@@ -8,7 +8,7 @@ the modules ``hetprune.model.surgery`` (exact removal/merge primitives),
 ``hetprune.pruning.pipeline`` (the shared strategy steps), ``hetprune.core.config``,
 ``hetprune.model.recipe``, ``hetprune.model.macs``, ``hetprune.measure.bench``, ``hetprune.model.adapters``
 (architecture adapters), ``hetprune.measure.latency_table`` (per-device latency tables) and
-``hetprune.pruning.point_store`` (stored accuracy points), and for plugin authors ``hetprune.testing`` (the
+``hetprune.pruning.point_store`` (stored accuracy points), and for plugin authors ``hetprune.harness.testing`` (the
 conformance kit) and ``hetprune.core.contract`` (the rules every call into a
 component is checked against).
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import hetprune
-from hetprune.ablate import argmax_pair, predictor_metrics
+from hetprune.harness.ablate import argmax_pair, predictor_metrics
 from hetprune.cli import main
 
 

@@ -17,7 +17,7 @@ from hetprune import BlockLayout, HetpruneError, Task
 from hetprune.model.adapters import generic
 from hetprune.pruning.budget import Budget
 from hetprune.model.macs import count_macs
-from hetprune.testing import TINY_SETTINGS
+from hetprune.harness.testing import TINY_SETTINGS
 
 from conftest import TINY_KWARGS
 
@@ -234,7 +234,7 @@ def test_a_lower_is_better_metric_is_minimised_by_the_predictors_pick(digits_dat
         {"n_attn": a, "n_act": m, "metric": truth(a, m)} for a, m in plan])
     val_loss = lambda model, val: float(sum(ce(model, b) for b in val) / len(val))   # noqa: E731
     task = user_task(digits_data, metric=val_loss, higher_is_better=False, metric_name="val loss")
-    settings = hetprune.testing.tiny_settings(HetDPT.defaults, {"hetdpt": {"predictor": "poly", "verify": 0}})
+    settings = hetprune.harness.testing.tiny_settings(HetDPT.defaults, {"hetdpt": {"predictor": "poly", "verify": 0}})
     job = PruneJob(dense=Wrapped(), spec=None, data=None, task=task, budget=Budget(sites=3), settings=settings,
                    registry=get_registry(), workdir=tmp_path, progress=False, log=lambda m: None)
     (a, m), info = HetDPT().allocate(job)
@@ -337,7 +337,7 @@ def test_compare_and_ablate_run_on_the_users_model_and_task(digits_data, tmp_pat
 
 
 def test_the_generic_adapter_passes_the_conformance_kit():
-    from hetprune.testing import ConformanceError, check_architecture
+    from hetprune.harness.testing import ConformanceError, check_architecture
 
     def make_model():   # norms with their own affine, so that which norm is which matters
         model = MyTransformer()

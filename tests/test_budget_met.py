@@ -18,7 +18,7 @@ from hetprune import Site
 from hetprune.core import plugins
 from hetprune.pruning.budget import Budget, feasible_pairs
 from hetprune.model.surgery import site_removed
-from hetprune.testing import tiny_job
+from hetprune.harness.testing import tiny_job
 
 BASE = 10.0
 

@@ -219,7 +219,7 @@ def _quiet_compare(model, task, out, **kw):
 
 
 def test_a_resumed_row_keeps_its_own_model_when_another_run_changed_the_settings(trained_tiny, digits_data, tmp_path):
-    from hetprune.testing import TINY_SETTINGS
+    from hetprune.harness.testing import TINY_SETTINGS
 
     model = trained_tiny[0]
     runs = {}
@@ -236,7 +236,7 @@ def test_a_resumed_row_keeps_its_own_model_when_another_run_changed_the_settings
 
 
 def test_speed_columns_are_named_by_the_batch_sizes_that_were_timed(trained_tiny, digits_data, tmp_path):
-    from hetprune.testing import TINY_SETTINGS
+    from hetprune.harness.testing import TINY_SETTINGS
 
     result = _quiet_compare(trained_tiny[0], digits_data, tmp_path / "c", strategies=["act-only"], budgets=[2],
                             settings=TINY_SETTINGS, batch_sizes=(3,))
@@ -251,7 +251,7 @@ def test_speed_columns_are_named_by_the_batch_sizes_that_were_timed(trained_tiny
 
 
 def test_seeds_that_made_the_very_same_model_say_so(trained_tiny, digits_data, tmp_path):
-    from hetprune.testing import TINY_SETTINGS
+    from hetprune.harness.testing import TINY_SETTINGS
 
     no_training = {**TINY_SETTINGS, "finetune": {**TINY_SETTINGS["finetune"], "epochs": 0}, "scorer": "magnitude"}
     result = _quiet_compare(trained_tiny[0], digits_data, tmp_path / "c", strategies=["act-only"], budgets=[2],
@@ -265,7 +265,7 @@ def test_seeds_that_made_the_very_same_model_say_so(trained_tiny, digits_data, t
 
 def test_compare_and_ablate_run_end_to_end_on_a_model_only_a_generic_adapter_serves(digits_data, tmp_path):
     from hetprune.model.adapters import generic
-    from hetprune.testing import TINY_SETTINGS
+    from hetprune.harness.testing import TINY_SETTINGS
     from test_api import LAYOUT, MyTransformer, user_task
 
     adapter = generic(blocks="encoder.layers", layout=LAYOUT)

@@ -1,4 +1,4 @@
-"""The conformance kit (hetprune.testing) passes on every built-in component.
+"""The conformance kit (hetprune.harness.testing) passes on every built-in component.
 
 These are the built-in plugins' own conformance tests: one per component of
 every plugin shipped in hetprune's distribution, named plugin:kind:name, each
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hetprune.core import plugins
-from hetprune import testing
+from hetprune.harness import testing
 
 
 def builtin_components() -> list[tuple[str, str, str]]:

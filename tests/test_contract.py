@@ -2,7 +2,7 @@
 
 A set of deliberately broken components (NaN, raise, wrong keys, wrong types,
 the wrong site removed, an inexact merge, a strategy returning a non-recipe),
-each caught by name when hetprune uses it, and by ``hetprune.testing``.
+each caught by name when hetprune uses it, and by ``hetprune.harness.testing``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import torch
 
 import hetprune
 from conftest import PluginOf
-from hetprune import HetpruneError, Site, testing
+from hetprune import HetpruneError, Site
+from hetprune.harness import testing
 from hetprune.model import surgery
 from hetprune.core import plugins
 from hetprune.pruning.budget import Budget
@@ -28,7 +29,7 @@ from hetprune.cli import main
 from hetprune.core.contract import unwrap
 from hetprune.core.errors import PluginError
 from hetprune.pruning.pipeline import DepthStrategy
-from hetprune.testing import ConformanceError
+from hetprune.harness.testing import ConformanceError
 
 
 @pytest.fixture(autouse=True)

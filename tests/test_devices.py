@@ -289,7 +289,7 @@ def test_train_under_fp16_skips_an_overflowing_step_instead_of_stopping(tiny_mod
 
 def test_the_device_defaults_to_auto_and_the_run_says_which_it_resolved_to(digits_data):
     from hetprune.core import config
-    from hetprune.testing import TINY_SETTINGS, tiny_model
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_model
 
     assert config.CORE_DEFAULTS["device"] == "auto"
     said = []

@@ -290,7 +290,7 @@ def resume_worker(out: Path) -> dict:
     from hetprune.core import distributed as dist
     from hetprune.training.data import digits
     from hetprune.core.errors import HetpruneError
-    from hetprune.testing import scoring_context
+    from hetprune.harness.testing import scoring_context
     from hetprune.training.train import TrainConfig, train
     from hetprune_hetdpt.scorers import GateTaylorScorer
 

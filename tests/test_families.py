@@ -276,7 +276,7 @@ def _broken_adapters():
 @pytest.mark.parametrize("index", range(3))
 def test_the_kit_catches_a_broken_adapter_and_says_which_rule(index, monkeypatch):
     from hetprune.core import plugins
-    from hetprune import testing
+    from hetprune.harness import testing
 
     monkeypatch.setenv("HETPRUNE_PLUGINS", "hetdpt,baselines,width")  # no built-in adapter claims the model
     plugins.reset()
@@ -291,7 +291,7 @@ def test_the_kit_catches_a_broken_adapter_and_says_which_rule(index, monkeypatch
 
 def test_the_kit_reports_an_adapter_whose_example_cannot_be_built(monkeypatch):
     """A missing optional library (say transformers for hf-vit) is one FAIL line for that adapter, not a crash."""
-    from hetprune import testing
+    from hetprune.harness import testing
     from hetprune_timm.vit import TimmViT
 
     def missing():

@@ -76,7 +76,7 @@ def test_gate_phase_runs_on_cuda_in_fp16_with_pinned_batches_and_a_grad_scaler(t
     import copy
 
     import hetprune.training.data as data_mod
-    from hetprune.testing import scoring_context
+    from hetprune.harness.testing import scoring_context
     from hetprune_hetdpt.scorers import GateTaylorScorer
 
     pinned, heads, real_loader = [], [], data_mod.loader

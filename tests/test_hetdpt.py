@@ -297,7 +297,7 @@ def test_gate_phase_trains_through_the_fine_tunes_step_under_amp(tiny_model, tmp
     """gate-taylor's gate phase takes train()'s own step, so --amp (part of its resume key) reaches it: the
     forwards run under autocast and both optimizers (weights, gate scores) step through the GradScaler."""
     import hetprune.training.train as train_mod
-    from hetprune.testing import scoring_context
+    from hetprune.harness.testing import scoring_context
 
     steps, heads = [], []
     real_step = train_mod.optimisation_step
@@ -320,7 +320,7 @@ def test_gate_phase_trains_through_the_fine_tunes_step_under_amp(tiny_model, tmp
 
 def test_gate_phase_refuses_a_nan_loss_and_skips_an_fp16_overflow(tiny_model, tmp_path, monkeypatch):
     import hetprune.training.train as train_mod
-    from hetprune.testing import scoring_context
+    from hetprune.harness.testing import scoring_context
 
     def run(poison, scaler=None):
         calls, real_loss = [], train_mod.training_loss
@@ -446,7 +446,7 @@ def test_a_metric_is_written_with_the_digits_its_scale_needs():
 
     assert [metric_number("mse", v) for v in (0.11342, 0.11871)] == ["0.11342", "0.11871"]
     assert metric_number("top1", 97.7777) == "97.78" and format_metric("top1", 97.7777) == "top-1 97.78%"
-    from hetprune.ablate import markdown
+    from hetprune.harness.ablate import markdown
 
     split = {"n_attn": 1, "n_act": 1, "true": 0.11342, "true_std": 0.00012, "cheap": 0.11871,
              "predicted": {"poly": 0.11555}}
@@ -691,7 +691,7 @@ def test_gp_predictor_interpolates_reports_uncertainty_and_refuses_too_few_point
 def test_loss_drop_scores_are_the_loss_increase_of_the_real_removal(tiny_model, tmp_path):
     import torch.nn.functional as F
 
-    from hetprune.testing import scoring_context
+    from hetprune.harness.testing import scoring_context
     from hetprune_hetdpt.scorers import LossDropScorer
 
     ctx = scoring_context(tiny_model, tmp_path)
@@ -712,7 +712,7 @@ def test_loss_drop_scores_are_the_loss_increase_of_the_real_removal(tiny_model, 
 
 
 def test_loss_drop_selects_greedily_re_measuring_after_each_removal(tiny_model, tmp_path, monkeypatch):
-    from hetprune.testing import scoring_context
+    from hetprune.harness.testing import scoring_context
     from hetprune_hetdpt import scorers
 
     ctx = scoring_context(tiny_model, tmp_path)
@@ -735,7 +735,7 @@ def test_loss_drop_selects_greedily_re_measuring_after_each_removal(tiny_model, 
 
 
 def test_gate_taylor_score_decay(tiny_model, digits_data, tmp_path):
-    from hetprune.testing import scoring_context
+    from hetprune.harness.testing import scoring_context
 
     with pytest.raises(HetpruneError, match="score_decay must be within"):
         GateTaylorScorer(score_decay=1.5)

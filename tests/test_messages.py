@@ -109,7 +109,7 @@ def test_each_command_names_its_data_in_its_first_line(monkeypatch, capsys, tmp_
 
 
 def test_a_bad_setting_from_python_names_the_settings_argument_not_the_command_line(digits_data):
-    from hetprune.testing import tiny_model
+    from hetprune.harness.testing import tiny_model
 
     for settings, said in (({"finetune": {"epoch": 3}}, "unknown key 'finetune.epoch' in the settings argument"),
                            ({"finetune": {"epochs": "x"}}, "the settings argument: finetune.epochs = 'x'")):

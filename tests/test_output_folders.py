@@ -12,7 +12,7 @@ import torch
 import hetprune
 from hetprune import HetpruneError
 from hetprune.cli import main
-from hetprune.compare import COMPARE_FOLDER, prepare_out
+from hetprune.harness.compare import COMPARE_FOLDER, prepare_out
 from hetprune.core.io import atomic_folder, check_result_folder
 from hetprune.model.recipe import PRUNED_MODEL, arch_of, recipe_from_model
 from hetprune.model.spec import build

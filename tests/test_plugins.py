@@ -387,7 +387,7 @@ def test_event_hooks_reach_every_plugin_through_the_job(tiny_model, tmp_path):
             seen.append(("end", stage, info["n"]))
 
     hetprune.register_plugin(Watcher(), name="watcher")
-    from hetprune.testing import tiny_data
+    from hetprune.harness.testing import tiny_data
 
     job = PruneJob(dense=tiny_model, spec=None, data=tiny_data(), budget=Budget(sites=1), settings={},
                    registry=hetprune.get_registry(), workdir=tmp_path, strategy_name="demo")
@@ -525,7 +525,7 @@ def test_docs_strategy_example_allocates_two_thirds_to_attention():
 
 def _block_subclass_model():
     """The tiny ViT with its blocks of a subclass of timm's Block (a family a plugin serves better)."""
-    from hetprune.testing import tiny_model
+    from hetprune.harness.testing import tiny_model
     from timm.models.vision_transformer import Block
 
     class TunedBlock(Block):
@@ -545,7 +545,7 @@ def _adapter(name_: str, **attrs):
 
 def test_an_adapter_for_a_block_subclass_beats_the_generic_one_registered_before_it():
     from hetprune.model.adapters import adapter_for
-    from hetprune.testing import tiny_model
+    from hetprune.harness.testing import tiny_model
 
     model, tuned = _block_subclass_model()
     # the generic timm-vit comes first (an entry point); the specific adapter is registered after it
@@ -572,7 +572,7 @@ def test_the_specific_adapter_still_serves_a_copy_whose_blocks_all_lost_their_at
 
 def test_a_declared_priority_beats_a_nearer_type():
     from hetprune.model.adapters import adapter_for
-    from hetprune.testing import tiny_model
+    from hetprune.harness.testing import tiny_model
 
     hetprune.register_plugin(PluginOf("register_architectures", _adapter("preferred-vit", priority=1)),
                              name="preferred")
@@ -581,7 +581,7 @@ def test_a_declared_priority_beats_a_nearer_type():
 
 def test_two_equally_specific_adapters_are_an_error_naming_both():
     from hetprune.model.adapters import adapter_for
-    from hetprune.testing import tiny_model
+    from hetprune.harness.testing import tiny_model
 
     hetprune.register_plugin(PluginOf("register_architectures", _adapter("twin-vit")), name="twin")
     with pytest.raises(HetpruneError, match="adapters 'timm-vit' and 'twin-vit' both match VisionTransformer "

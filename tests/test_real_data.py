@@ -310,7 +310,7 @@ def test_an_image_folder_run_without_chosen_schedules_stops_with_one_line_naming
 def test_a_large_task_from_python_without_chosen_schedules_stops_and_says_what_the_default_would_see(tmp_path):
     from torch.utils.data import DataLoader, TensorDataset
 
-    from hetprune.testing import tiny_model
+    from hetprune.harness.testing import tiny_model
 
     big = TensorDataset(torch.zeros(20_000, 1, 16, 16), torch.zeros(20_000, dtype=torch.long))
     task = hetprune.Task(train=DataLoader(big, batch_size=64), val=[(torch.zeros(4, 1, 16, 16),

@@ -611,7 +611,7 @@ def test_apply_command_refuses_a_recipe_that_reads_a_file_but_takes_typed_kwargs
 @pytest.mark.parametrize("mergers", [["linear-merge"], ["ln-fold"]])
 def test_a_float64_model_round_trips_prune_save_load(digits_data, tmp_path, mergers):
     """Issue 34, item 9: merged layers take the base's dtype when a recipe is replayed (they were float32)."""
-    from hetprune.testing import TINY_SETTINGS
+    from hetprune.harness.testing import TINY_SETTINGS
 
     def make():
         torch.manual_seed(0)

@@ -36,7 +36,7 @@ def test_a_report_from_before_tasks_had_metrics_is_read_by_its_top1_names():
 
 @pytest.mark.parametrize("name, row", [("top1", "| top-1 | 90.00 % | 80.00 %"), ("mIoU", "| mIoU | 45 | 40 ")])
 def test_the_model_card_names_the_tasks_metric(name, row):
-    from hetprune import testing
+    from hetprune.harness import testing
     from hetprune.measure.export.hub import model_card
     from hetprune.model.recipe import Recipe
 

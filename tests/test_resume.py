@@ -20,7 +20,7 @@ from hetprune.model import surgery
 from hetprune.pruning.pipeline import finetune, select_sites
 from hetprune.training.resume import weights_key
 from hetprune.training.task import classification
-from hetprune.testing import tiny_job, tiny_model
+from hetprune.harness.testing import tiny_job, tiny_model
 
 
 def job_with(tmp_path, changes: dict | None = None, model=None, fingerprint: str | None = None, scorer="magnitude",

@@ -237,7 +237,7 @@ def test_component_options_refuse_unknown_keys_naming_the_allowed_ones():
 def test_prune_compare_and_ablate_all_start_through_start_run(monkeypatch, digits_data, tmp_path):
     import hetprune
     from hetprune.pruning import run_start
-    from hetprune.testing import TINY_SETTINGS, tiny_model
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_model
 
     started = []
     real = run_start.start_run

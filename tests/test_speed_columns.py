@@ -11,9 +11,9 @@ import pytest
 
 import hetprune
 from hetprune import bench
-from hetprune.compare.report import aggregate, speed_notes, untrusted_timing, write_outputs
-from hetprune.compare import CompareSpec
-from hetprune.compare.timing import attach_speed, measure_rows
+from hetprune.harness.compare.report import aggregate, speed_notes, untrusted_timing, write_outputs
+from hetprune.harness.compare import CompareSpec
+from hetprune.harness.compare.timing import attach_speed, measure_rows
 from hetprune.model.recipe import save
 
 

@@ -17,7 +17,7 @@ from hetprune import HetpruneError, Task
 from hetprune.pruning.budget import Budget
 from hetprune.model.spec import ModelSpec, build
 from hetprune.training.resume import base_key, code_key, config_key
-from hetprune.testing import TINY_SETTINGS
+from hetprune.harness.testing import TINY_SETTINGS
 from conftest import TINY_KWARGS, TINY_SPEC
 
 # hetdpt on a tiny model, as fast as it goes: progressive points on 1-epoch fine-tunes, no checks
@@ -176,7 +176,7 @@ def test_a_budget_is_written_in_a_command_line_as_the_call_passes_it():
 
 
 def test_a_progressive_step_is_never_continued_from_weights_of_another_removal_order(tmp_path):
-    from hetprune.testing import tiny_job
+    from hetprune.harness.testing import tiny_job
     from hetprune_hetdpt.paths import Path as PointPath
     from hetprune_hetdpt.progressive import ProgressivePoints
     from hetprune_hetdpt.strategy import HetDPT

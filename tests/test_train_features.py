@@ -270,7 +270,7 @@ def test_a_distilled_student_prunes_with_token_kd_from_a_separate_teacher_and_ex
     from hetprune.model.macs import cost_summary
     from hetprune.core.io import save_weights
     from hetprune.model.spec import build
-    from hetprune.testing import TINY_SETTINGS, tiny_data
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_data
 
     teacher = tiny(5)
     save_weights(tmp_path / "teacher.safetensors", teacher)
@@ -488,7 +488,7 @@ def test_the_loss_is_checked_every_k_steps_and_still_names_the_first_bad_step(da
 
 def test_a_prune_run_keeping_the_best_epoch_says_so_in_its_report(tmp_path):
     import hetprune
-    from hetprune.testing import TINY_SETTINGS, tiny_data
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_data
 
     logs: list[str] = []
     settings = {**TINY_SETTINGS, "scorer": "magnitude",
@@ -578,7 +578,7 @@ def test_the_logger_plugin_writes_each_epoch_to_a_csv_and_tensorboard_beside_the
 
     import hetprune
     import hetprune_logger
-    from hetprune.testing import TINY_SETTINGS, tiny_data
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_data
 
     hetprune_logger.LOG.__init__()
     name = hetprune.register_plugin(hetprune_logger, "logger-under-test")

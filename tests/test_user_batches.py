@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import hetprune
 from hetprune import Task
 from hetprune.core.config import TrainConfig
-from hetprune.testing import TINY_SETTINGS
+from hetprune.harness.testing import TINY_SETTINGS
 
 Pair = collections.namedtuple("Pair", "images labels")
 

@@ -643,7 +643,7 @@ def test_share_search_picks_the_lowest_predicted_split_when_the_metric_is_better
     from torch.utils.data import DataLoader, Subset
 
     from hetprune_width import share_search
-    from hetprune.testing import TINY_SETTINGS
+    from hetprune.harness.testing import TINY_SETTINGS
 
     def fake_measure(job, depth_strategy, plan, target, width_prune):
         return [{"n_attn": a, "n_act": m, "metric": 0.5 + 0.3 * (a - 1) ** 2 + 0.2 * (m - 1) ** 2}

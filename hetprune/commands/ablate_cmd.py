@@ -59,9 +59,9 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    """Parse the options, build the model and its Task, and call [`hetprune.ablate`][hetprune.ablate.ablate]."""
+    """Parse the options, build the model and its Task, and call [`hetprune.ablate`][hetprune.harness.ablate.ablate]."""
     from ..core import distributed as dist
-    from ..ablate import ABLATION_FOLDER, ablate, markdown
+    from ..harness.ablate import ABLATION_FOLDER, ablate, markdown
     from ..pruning.run_start import start_run
     from ..training.task import classification
 

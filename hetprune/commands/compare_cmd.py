@@ -25,7 +25,7 @@ DEFAULT_TARGET_MACS = 0.45     # chosen by benchmarks/default_target.py: see ben
 
 def int_list(text: str, what: str) -> list[int]:
     """A comma list of whole numbers, each given once."""
-    from ..compare import distinct
+    from ..harness.compare import distinct
 
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -40,7 +40,7 @@ def compare_budgets(args) -> list:
     """The rows' budgets: ``--budgets`` (sites), a comma list of ``--target-macs``, one other target, or by
     default every strategy at the same MAC target, so that rows cost alike and their accuracies compare."""
     from ..pruning.budget import Budget, parse_macs
-    from ..compare import distinct
+    from ..harness.compare import distinct
 
     if args.budgets:
         return [budget_from(args, k) for k in int_list(args.budgets, "--budgets")]
@@ -83,9 +83,9 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    """Parse the options, build the model and its Task, and call [`hetprune.compare`][hetprune.compare.compare]."""
+    """Parse the options, build the model and its Task, and call [`hetprune.compare`][hetprune.harness.compare.compare]."""
     from ..core import distributed as dist
-    from ..compare import COMPARE_FOLDER, DEFAULT_STRATEGIES, compare
+    from ..harness.compare import COMPARE_FOLDER, DEFAULT_STRATEGIES, compare
     from ..pruning.run_start import start_run
     from ..training.task import classification
 

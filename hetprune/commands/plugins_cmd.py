@@ -2,7 +2,7 @@
 
     hetprune plugins                 the table
     hetprune plugins --json          the same as JSON
-    hetprune plugins --check         run the conformance kit (hetprune.testing) on every component
+    hetprune plugins --check         run the conformance kit (hetprune.harness.testing) on every component
     hetprune plugins --check NAME    ... on the components of plugin NAME, or the components named NAME
 
 A check failing prints FAIL with the rule that was broken, and the command
@@ -44,7 +44,7 @@ def selected(registry, name: str) -> list[tuple[str, str]]:
 def check(registry, todo: list[tuple[str, str]]) -> int:
     import torch
 
-    from .. import testing
+    from ..harness import testing
 
     torch.set_num_threads(1)  # tiny models: one thread is the faster use of the cores
     failed = 0

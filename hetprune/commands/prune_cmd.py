@@ -145,9 +145,9 @@ def settings_options(args, strategies: list) -> dict:
 
 def run(args) -> int:
     """Parse the options, start the run, build the model and its Task, and call
-    [`hetprune.prune`][hetprune.api.prune]."""
+    [`hetprune.prune`][hetprune.harness.api.prune]."""
     from ..core import distributed as dist
-    from ..api import prune
+    from ..harness.api import prune
     from ..model.macs import human
     from ..model.recipe import PRUNED_MODEL
     from ..pruning.run_start import start_run

@@ -58,6 +58,10 @@ ALIASES: dict[str, str] = {
     "hetprune.bench": "hetprune.measure.bench",
     "hetprune.latency": "hetprune.measure.latency_table",
     "hetprune.export": "hetprune.measure.export",
+    "hetprune.api": "hetprune.harness.api",
+    "hetprune.compare": "hetprune.harness.compare",
+    "hetprune.ablate": "hetprune.harness.ablate",
+    "hetprune.testing": "hetprune.harness.testing",
 }
 
 

@@ -12,7 +12,7 @@ Those two sit above the modules they need, so this module names them in
 `RULE_HOMES` and `rules_for` loads a kind's rules the first time the
 registry builds a component of that kind: the wiring is this one table,
 no component runs unchecked, and a kind without rules is an error.
-``hetprune.testing`` runs the same rules, plus deeper ones, on tiny models.
+``hetprune.harness.testing`` runs the same rules, plus deeper ones, on tiny models.
 Exceptions raised by hetprune's own code (the core, or a built-in plugin) are
 hetprune's bugs and pass through unchanged, traceback and all.
 """

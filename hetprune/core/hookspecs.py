@@ -9,7 +9,7 @@ it with keyword options when a run asks for it by name.
 Every call hetprune makes into a component is checked against the contract
 below (`hetprune.core.contract`): a broken promise, or an exception from plugin
 code, is one error naming the plugin, the component and the stage.
-``hetprune.testing`` checks a component against the same contract in a test.
+``hetprune.harness.testing`` checks a component against the same contract in a test.
 
 Built-in components are plugins like yours: see ``plugins/`` in the repository.
 """

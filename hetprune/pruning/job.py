@@ -243,7 +243,7 @@ class PruneJob:
     @contextlib.contextmanager
     def serving(self):
         """A context in which this job's adapter serves its models, and the contract checks a model whose
-        input shape hetprune cannot tell on the task's example (what [`hetprune.prune`][hetprune.api.prune] runs in)."""
+        input shape hetprune cannot tell on the task's example (what [`hetprune.prune`][hetprune.harness.api.prune] runs in)."""
         with serving(self.adapter), model_checks.examples_from(self.example):
             yield self
 

@@ -7,7 +7,7 @@ this package installed or on ``PYTHONPATH``).
 import pytest
 
 from hetprune import HetpruneError
-from hetprune.testing import check_predictor
+from hetprune.harness.testing import check_predictor
 from hetprune_example.predictor import NearestPredictor
 
 

@@ -5,7 +5,7 @@ data it builds itself (a depth-4, width-32 ViT; a few dozen digits images),
 in seconds, and raises `ConformanceError` (an ``AssertionError``, so
 pytest shows it as a failure) saying which rule was broken::
 
-    from hetprune.testing import check_predictor
+    from hetprune.harness.testing import check_predictor
 
     def test_my_predictor_keeps_the_contract():
         check_predictor(MyPredictor, k=2)     # options go to the constructor
@@ -30,15 +30,15 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .core import contract
-from .model import checks as model_checks, surgery
-from .pruning import result_checks
-from .pruning.budget import Budget
-from .core.contract import Violation
-from .model.checks import outputs, relative_error
-from .core.errors import HetpruneError
-from .model.spec import ModelSpec, build
-from .model.sites import Site, sites
+from ..core import contract
+from ..model import checks as model_checks, surgery
+from ..pruning import result_checks
+from ..pruning.budget import Budget
+from ..core.contract import Violation
+from ..model.checks import outputs, relative_error
+from ..core.errors import HetpruneError
+from ..model.spec import ModelSpec, build
+from ..model.sites import Site, sites
 
 TINY_SPEC = ModelSpec("vit_tiny_patch16_224", dict(img_size=16, patch_size=4, in_chans=1, num_classes=10,
                                                    embed_dim=32, depth=4, num_heads=2, init_values=0.1))
@@ -68,7 +68,7 @@ def tiny_model(seed: int = 0) -> nn.Module:
 @functools.lru_cache(maxsize=1)
 def tiny_data():
     """scikit-learn's digits at 16x16 (the settings of `tiny_settings` use a few dozen of them)."""
-    from .training.data import digits
+    from ..training.data import digits
 
     return digits()
 
@@ -76,7 +76,7 @@ def tiny_data():
 def tiny_settings(strategy_defaults: dict | None = None, changes: dict | None = None) -> dict:
     """Full settings (core defaults + a strategy's own sections: give the strategy, or a mapping of its
     sections' defaults) with tiny fine-tunes, then ``changes`` on top, checked as a run's are."""
-    from .core.config import resolve
+    from ..core.config import resolve
 
     return resolve(strategy_defaults, overrides=_merged(TINY_SETTINGS, changes or {}))
 
@@ -91,8 +91,8 @@ def _merged(base: dict, update: dict) -> dict:
 def tiny_job(budget: Budget, workdir: str | Path, strategy_defaults: dict | None = None,
              settings: dict | None = None, model: nn.Module | None = None, name: str = "under-test"):
     """A [`hetprune.PruneJob`][hetprune.pruning.pipeline.PruneJob] on `tiny_model` and `tiny_data`, with the installed plugins."""
-    from .pruning.pipeline import PruneJob
-    from .core.plugins import get_registry
+    from ..pruning.pipeline import PruneJob
+    from ..core.plugins import get_registry
 
     dense = model if model is not None else tiny_model()
     return PruneJob(dense=dense, spec=TINY_SPEC, data=tiny_data(), budget=budget,
@@ -103,7 +103,7 @@ def tiny_job(budget: Budget, workdir: str | Path, strategy_defaults: dict | None
 
 def scoring_context(model: nn.Module, workdir: str | Path, settings: dict | None = None):
     """A [`hetprune.ScoringContext`][hetprune.pruning.pipeline.ScoringContext] on `tiny_data` with ``model`` as the teacher."""
-    from .pruning.pipeline import ScoringContext
+    from ..pruning.pipeline import ScoringContext
 
     return ScoringContext(data=tiny_data(), teacher=copy.deepcopy(model).eval(), settings=tiny_settings(None, settings),
                           device="cpu", seed=0, workdir=Path(workdir), progress=False, log=lambda msg: None)
@@ -237,7 +237,7 @@ def check_remover(cls, **options) -> None:
     (``hetprune.save`` + ``hetprune.load``): a removal a recipe cannot replay
     cannot be saved.
     """
-    from .model.recipe import arch_of, recipe_from_model
+    from ..model.recipe import arch_of, recipe_from_model
 
     c = _UnderTest("remover", cls, options)
     kind = getattr(c.obj, "kind", None)
@@ -299,9 +299,9 @@ def check_merger(cls, **options) -> None:
 
 def check_width_pruner(cls, **options) -> None:
     """Prune a tiny model to 60 % of its MACs: at most the target, runnable, and its widths reload exactly."""
-    from .model.macs import count_macs
-    from .model.recipe import arch_of, recipe_from_model
-    from .model.widths import read_widths
+    from ..model.macs import count_macs
+    from ..model.recipe import arch_of, recipe_from_model
+    from ..model.widths import read_widths
 
     c = _UnderTest("width_pruner", cls, options)
     base = tiny_model()
@@ -391,9 +391,9 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, e
     """
     from types import SimpleNamespace
 
-    from .core import plugins
-    from .model.adapters import adapter_for, serving
-    from .core.hookspecs import hookimpl
+    from ..core import plugins
+    from ..model.adapters import adapter_for, serving
+    from ..core.hookspecs import hookimpl
 
     c = _UnderTest("architecture", cls, options)
     spec = getattr(c.obj, "example_spec", None)
@@ -441,9 +441,9 @@ def _reloaded(model: nn.Module, base: nn.Module, spec: ModelSpec | None,
     """``model`` saved with its recipe and loaded back: by [`hetprune.load`][hetprune.model.recipe.load] (``rebuild`` None), or by
     applying the saved recipe and weights to a fresh ``rebuild()`` base, as [`hetprune.apply_recipe`][hetprune.model.recipe.apply_recipe]
     users do for a model hetprune cannot build by name."""
-    from .model.recipe import WEIGHTS_FILE, apply_recipe, arch_of, load, load_recipe, recipe_from_model, save
-    from .core.io import load_weights
-    from .model.spec import load_state_into
+    from ..model.recipe import WEIGHTS_FILE, apply_recipe, arch_of, load, load_recipe, recipe_from_model, save
+    from ..core.io import load_weights
+    from ..model.spec import load_state_into
 
     named = spec or ModelSpec(f"{type(base).__name__} (built by make_model)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -463,7 +463,7 @@ def _architecture_rules(base: nn.Module, spec: ModelSpec | None, rebuild: Callab
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .model.macs import count_macs
+    from ..model.macs import count_macs
 
     x = model_checks.example_input(base, n=2).double()
     n = len(sites(base, "attn", present_only=False))

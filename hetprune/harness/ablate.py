@@ -13,13 +13,13 @@ from pathlib import Path
 
 from scipy import stats
 
-from .core import config as config_mod
-from .core.fingerprint import fingerprint
+from ..core import config as config_mod
+from ..core.fingerprint import fingerprint
 from .compare import ROWS_FILE, RowPlan, distinct, mean_std, whole_number
-from .core.errors import HetpruneError, option
-from .core.io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic
-from .pruning.point_store import metric_of
-from .training.task import metric_number
+from ..core.errors import HetpruneError, option
+from ..core.io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic
+from ..pruning.point_store import metric_of
+from ..training.task import metric_number
 
 # what hetprune writes in an ablation's folder
 ABLATION_FOLDER = ResultFolder("ablation", frozenset({ROWS_FILE, "ablation.json", "ablation.md", "splits.png",
@@ -212,19 +212,19 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     ablation.md and splits.png (scorers.png) to ``out`` and returns the result dict. ``start`` is a run
     already started with [`start_run`][hetprune.pruning.run_start.start_run] (the command line's). ``plan=True``
     trains nothing and returns the [`Plan`][hetprune.pruning.plan.Plan]: the cheap points of every seed, then every
-    truth row and scorer row (see [`hetprune.prune`][hetprune.api.prune]).
+    truth row and scorer row (see [`hetprune.prune`][hetprune.harness.api.prune]).
     """
     import math
 
-    from .pruning import cost_choice as cost_model
-    from .core import distributed as dist
-    from .pruning.budget import Budget
+    from ..pruning import cost_choice as cost_model
+    from ..core import distributed as dist
+    from ..pruning.budget import Budget
     from .compare import plan_of_rows, python_call
-    from .pruning.plan import check_probe
-    from .pruning.run_start import run_key
+    from ..pruning.plan import check_probe
+    from ..pruning.run_start import run_key
     from .compare import run_rows
-    from .pruning.pipeline import PruneJob
-    from .pruning.run_start import as_given, start_run
+    from ..pruning.pipeline import PruneJob
+    from ..pruning.run_start import as_given, start_run
 
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
         raise HetpruneError(f"tolerance must be a finite number >= 0, got {tolerance}")

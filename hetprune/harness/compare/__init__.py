@@ -19,15 +19,15 @@ from typing import Callable
 
 from torch import nn
 
-from ..core import distributed as dist
-from ..pruning.budget import Budget
-from ..core.errors import HetpruneError, option
-from ..core.io import no_empty_folder_on_error
-from ..pruning.pipeline import PruneJob
-from ..pruning.plan import check_probe, read_probe
-from ..core.plugins import Registry
-from ..pruning.run_start import run_key
-# the names other modules, benchmarks and tests import from hetprune.compare
+from ...core import distributed as dist
+from ...pruning.budget import Budget
+from ...core.errors import HetpruneError, option
+from ...core.io import no_empty_folder_on_error
+from ...pruning.pipeline import PruneJob
+from ...pruning.plan import check_probe, read_probe
+from ...core.plugins import Registry
+from ...pruning.run_start import run_key
+# the names other modules, benchmarks and tests import from hetprune.harness.compare
 from .report import aggregate, base_text, budget_text, markdown_table, mean_std, rows_csv, write_outputs  # noqa: F401
 from .rows import COMPARE_FOLDER, ROWS_FILE, RowStore, plan_rows, prepare_out, run_one, run_rows  # noqa: F401
 from .spec import CompareSpec, RowPlan, distinct, row_id, row_key, whole_number  # noqa: F401
@@ -40,7 +40,7 @@ DEFAULT_STRATEGIES = ("hetdpt", "attn-only", "act-only", "mix50")
 
 @dataclass
 class CompareResult:
-    """What [`compare`][hetprune.compare.compare] returns: one row per (strategy, budget, seed), their mean ± std per (strategy,
+    """What [`compare`][hetprune.harness.compare.compare] returns: one row per (strategy, budget, seed), their mean ± std per (strategy,
     budget), the dense model's row, and the Markdown table also written to ``out/results.md``."""
 
     rows: list[dict]
@@ -56,8 +56,8 @@ def plan_of_rows(plans: list[RowPlan], registry, model, spec, task, info: dict, 
     """The plan of a harness's rows (a compare's, an ablation's): each row's job planned by its strategy,
     summed per ``group``; one probe of the final fine-tune (the rows share the schedule); written to
     ``OUT/work/plan.json``."""
-    from ..pruning.pipeline import FixedSplit
-    from ..pruning.plan import Plan, grouped, probe, write
+    from ...pruning.pipeline import FixedSplit
+    from ...pruning.plan import Plan, grouped, probe, write
 
     rows, first = list(before or []), None
     for row in plans:
@@ -97,15 +97,15 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     ``speed_budget_s``: seconds per batch size the timer may add to know every speedup within ±2 %
     (models with the same structure are timed once and share their figure).
     ``budgets`` are site counts or [`Budget`][hetprune.pruning.budget.Budget] objects (``Budget(target_macs=0.5)``);
-    every other argument means what it means for [`hetprune.prune`][hetprune.api.prune]. Finished rows are kept as they
+    every other argument means what it means for [`hetprune.prune`][hetprune.harness.api.prune]. Finished rows are kept as they
     finish, so ``resume=True`` continues an interrupted comparison. ``start`` is a run already started with
     [`start_run`][hetprune.pruning.run_start.start_run] (the command line's); the run's own arguments are then its.
     ``plan=True`` trains nothing and returns the [`Plan`][hetprune.pruning.plan.Plan] of every row, summed per
-    strategy (see [`hetprune.prune`][hetprune.api.prune]); it goes to ``OUT/work/plan.json``.
+    strategy (see [`hetprune.prune`][hetprune.harness.api.prune]); it goes to ``OUT/work/plan.json``.
     """
-    from ..pruning import cost_choice as cost_model
-    from ..core import devices
-    from ..pruning.run_start import as_given, start_run
+    from ...pruning import cost_choice as cost_model
+    from ...core import devices
+    from ...pruning.run_start import as_given, start_run
 
     names = [strategies] if isinstance(strategies, str) else list(strategies)
     if not names or len(set(names)) != len(names):
@@ -147,8 +147,8 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
                         data_spec=data_spec, adapter=adapter, log=log, progress=progress)
         if not dist.is_main():  # rank 0 times the models and writes the results
             return CompareResult(rows, [], {}, "", out)
-        from ..model.adapters import serving
-        from ..model.macs import cost_summary
+        from ...model.adapters import serving
+        from ...model.macs import cost_summary
 
         example = devices.place(task.example(2), start.device)
         with serving(adapter):   # the job's adapter counts and loads every model (a generic one is registered nowhere)

@@ -9,7 +9,7 @@ from typing import Callable
 
 from torch import nn
 
-from ..core.fingerprint import fingerprint
+from ...core.fingerprint import fingerprint
 from .spec import CompareSpec
 
 
@@ -19,8 +19,8 @@ def measure_rows(spec: CompareSpec, dense: nn.Module, rows: list[dict], out: Pat
 
     Each row's model is loaded back from its folder as a user would load it (onto a fresh copy of the dense
     model where the base was built in code; the run's own model kwargs are trusted)."""
-    from ..measure.bench import measure
-    from ..model.recipe import load
+    from ...measure.bench import measure
+    from ...model.recipe import load
 
     models = {"dense": dense}
     user_built = model_spec is None or model_spec.is_user_built
@@ -42,7 +42,7 @@ def measure_rows(spec: CompareSpec, dense: nn.Module, rows: list[dict], out: Pat
 def structure_of(folder: Path) -> str:
     """What a saved model's speed depends on: its recipe apart from provenance (sites, merges, widths, base
     architecture), not its weights. Rows with the same structure are the same model to a timer."""
-    from ..model.recipe import load_recipe
+    from ...model.recipe import load_recipe
 
     recipe = load_recipe(folder).to_dict()
     recipe.pop("provenance", None)

@@ -12,16 +12,16 @@ from typing import Callable
 
 from torch import nn
 
-from ..core import config
-from ..core import distributed as dist
-from ..core.errors import BudgetUnreachable, HetpruneError
-from ..core.io import ResultFolder, check_result_folder, make_result_folder
-from ..training.data import seed_everything
-from ..model.spec import model_hash
-from ..pruning.pipeline import PruneJob
-from ..core.plugins import Registry
-from ..training.resume import made_when, note_saved, now
-from ..training.task import classification, format_metric
+from ...core import config
+from ...core import distributed as dist
+from ...core.errors import BudgetUnreachable, HetpruneError
+from ...core.io import ResultFolder, check_result_folder, make_result_folder
+from ...training.data import seed_everything
+from ...model.spec import model_hash
+from ...pruning.pipeline import PruneJob
+from ...core.plugins import Registry
+from ...training.resume import made_when, note_saved, now
+from ...training.task import classification, format_metric
 from .spec import CompareSpec, RowPlan, model_folder, row_id, row_key
 
 
@@ -58,7 +58,7 @@ class RowStore:
         note_saved(f"a row in {self.path}")
 
 
-# what hetprune writes in a compare folder (an ablation's is hetprune.ablate.ABLATION_FOLDER)
+# what hetprune writes in a compare folder (an ablation's is hetprune.harness.ablate.ABLATION_FOLDER)
 COMPARE_FOLDER = ResultFolder("compare", frozenset({ROWS_FILE, "results.md", "results.csv", "results.json",
                                                     "pareto.png", "models", "work"}), resumable=True,
                               folders=frozenset({"models", "work"}))
@@ -90,8 +90,8 @@ def plan_rows(spec: CompareSpec, base_hash: str, data_fp: str) -> list[RowPlan]:
 def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, task, base_info: dict, out: Path,
             resume: bool, log: Callable[[str], None], progress: bool, adapter=None) -> dict:
     """Prune + fine-tune one row, save its model, and return the row."""
-    from ..pruning.pipeline import FixedSplit
-    from ..model.recipe import save
+    from ...pruning.pipeline import FixedSplit
+    from ...model.recipe import save
 
     started = time.time()
     head = {"key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy, "budget": plan.budget.to_dict(),
@@ -150,10 +150,10 @@ def _worker(payload: dict) -> dict:
     """Run one row in a fresh single-threaded process (``--jobs N``)."""
     import torch
 
-    from ..training.data import load_data
-    from ..core.io import load_weights
-    from ..model.spec import ModelSpec, build, load_state_into
-    from ..core.plugins import get_registry, load_module
+    from ...training.data import load_data
+    from ...core.io import load_weights
+    from ...model.spec import ModelSpec, build, load_state_into
+    from ...core.plugins import get_registry, load_module
 
     torch.set_num_threads(1)
     for module in payload["plugin_modules"]:
@@ -217,8 +217,8 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        from ..core.io import save_weights
-        from ..core.plugins import extra_modules
+        from ...core.io import save_weights
+        from ...core.plugins import extra_modules
 
         if data_spec is None or model_spec is None or model_spec.is_user_built:
             raise HetpruneError("jobs > 1 runs rows in fresh processes that rebuild the base model and the data by "

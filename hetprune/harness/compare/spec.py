@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core import config
-from ..pruning.budget import Budget
-from ..core.fingerprint import fingerprint
-from ..core.errors import HetpruneError
+from ...core import config
+from ...pruning.budget import Budget
+from ...core.fingerprint import fingerprint
+from ...core.errors import HetpruneError
 
 
 @dataclass

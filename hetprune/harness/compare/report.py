@@ -10,8 +10,8 @@ import os
 import statistics
 from pathlib import Path
 
-from ..core.io import write_json_atomic, write_text_atomic
-from ..pruning.report import legacy_metric
+from ...core.io import write_json_atomic, write_text_atomic
+from ...pruning.report import legacy_metric
 
 from .spec import CompareSpec, budget_text
 

@@ -1,4 +1,4 @@
-"""hetprune as a library: [`prune`][hetprune.api.prune] a model for a task, from Python.
+"""hetprune as a library: [`prune`][hetprune.harness.api.prune] a model for a task, from Python.
 
     result = hetprune.prune(model, task, strategy="hetdpt", budget=12)      # or target_macs=0.5, ...
     result.model, result.recipe, result.report
@@ -9,7 +9,7 @@ transformer with ``adapter=hetprune.model.adapters.generic(...)``. ``task`` is a
 [`hetprune.Task`][hetprune.training.task.Task] (the user's data, loss, metric and training loop) or a
 classification `DataBundle`. The CLI's ``hetprune
 prune`` parses its options, builds the model and the Task, and calls
-[`prune`][hetprune.api.prune]; ``hetprune.compare`` and ``hetprune.ablate`` run the same
+[`prune`][hetprune.harness.api.prune]; ``hetprune.compare`` and ``hetprune.ablate`` run the same
 jobs for several strategies, splits and seeds.
 """
 
@@ -23,21 +23,21 @@ from typing import Callable
 
 from torch import nn
 
-from .core import distributed as dist
-from .model.adapters import Adapter
-from .pruning.budget import Budget
-from .training.data import seed_everything
-from .core.errors import HetpruneError
-from .core.io import check_result_folder, no_empty_folder_on_error
-from .model.spec import ModelSpec
-from .pruning.pipeline import PruneJob, PruneResult
-from .core.plugins import Registry
-from .pruning.plan import PROBE_SECONDS, Plan, check_probe, probe, read_probe, val_size
-from .pruning.plan import write as write_plan
-from .model.recipe import PRUNED_MODEL, REPORT_FILE, save
-from .pruning import run_start
-from .pruning.run_start import RunStart, as_given, check_names, dense_info, run_device, run_key  # noqa: F401 - public here
-from .training.task import Task
+from ..core import distributed as dist
+from ..model.adapters import Adapter
+from ..pruning.budget import Budget
+from ..training.data import seed_everything
+from ..core.errors import HetpruneError
+from ..core.io import check_result_folder, no_empty_folder_on_error
+from ..model.spec import ModelSpec
+from ..pruning.pipeline import PruneJob, PruneResult
+from ..core.plugins import Registry
+from ..pruning.plan import PROBE_SECONDS, Plan, check_probe, probe, read_probe, val_size
+from ..pruning.plan import write as write_plan
+from ..model.recipe import PRUNED_MODEL, REPORT_FILE, save
+from ..pruning import run_start
+from ..pruning.run_start import RunStart, as_given, check_names, dense_info, run_device, run_key  # noqa: F401 - public here
+from ..training.task import Task
 
 
 def make_budget(budget: int | Budget | None = None, target_macs: float | None = None,

@@ -1,0 +1,1 @@
+"""The harness layer: the library's entry points (prune, compare, ablate) and the conformance kit."""
