@@ -122,7 +122,7 @@ def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:
     """The embedded base model of ``bench`` with its spec, provenance, task and the default settings of
     ``hetdpt`` (``sets`` applied): what ``hetprune ablate --data BENCH`` starts from."""
     from hetprune.pruning.budget import Budget
-    from hetprune.commands.common import base_model, data_for
+    from hetprune.cli.commands.common import base_model, data_for
     from hetprune.pruning.run_start import start_run
     from hetprune.training.task import classification
 

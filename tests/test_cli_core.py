@@ -82,7 +82,7 @@ def test_a_long_error_is_one_line_and_debug_keeps_the_detail(tmp_path):
 
 def test_a_message_of_several_lines_is_cut_to_its_first(capsys, monkeypatch):
     """Any error whose text runs on (a library's message quoted in it) still prints one line."""
-    from hetprune.commands import plugins_cmd
+    from hetprune.cli.commands import plugins_cmd
     from hetprune.core.errors import HetpruneError
 
     def fail(args):

@@ -89,7 +89,7 @@ def test_embedded_pairs_model_is_trained_once_cached_apart_from_digits(tmp_path)
 def test_data_option_picks_the_embedded_spec_and_refuses_unknown_names():
     import argparse
 
-    from hetprune.commands.common import model_spec
+    from hetprune.cli.commands.common import model_spec
     from hetprune.core.errors import HetpruneError
     from hetprune.model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC
 

@@ -61,7 +61,7 @@ def test_compare_shows_an_unreachable_strategy_in_its_row_and_runs_the_rest(trai
 
 def test_the_default_compare_runs_on_digit_pairs_at_one_mac_target():
     from hetprune.cli import build_parser
-    from hetprune.commands.compare_cmd import DEFAULT_TARGET_MACS, compare_budgets, compare_data
+    from hetprune.cli.commands.compare_cmd import DEFAULT_TARGET_MACS, compare_budgets, compare_data
 
     def parsed(*argv):
         return build_parser().parse_args(["compare", *argv])

@@ -420,7 +420,7 @@ def test_every_adapter_family_exports_pruned_and_matches_onnx_runtime(key, tmp_p
 
 
 def test_the_cli_default_opset_is_the_exporters():
-    from hetprune.commands import export_cmd
+    from hetprune.cli.commands import export_cmd
 
     assert export_cmd.DEFAULT_OPSET == export.DEFAULT_OPSET
 

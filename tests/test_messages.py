@@ -11,7 +11,7 @@ from hetprune import Budget, HetpruneError
 import hetprune.core.io
 from hetprune.training import resume as resume_mod
 from hetprune.cli import main
-from hetprune.commands import prune_cmd
+from hetprune.cli.commands import prune_cmd
 
 
 def test_budget_errors_name_the_argument_from_python_and_the_flag_on_the_command_line(capsys):
@@ -95,7 +95,7 @@ def test_each_command_names_its_data_in_its_first_line(monkeypatch, capsys, tmp_
     """Issue 34, item 27: prune and compare default to different embedded data sets; each says which."""
     import importlib
 
-    module = importlib.import_module(f"hetprune.commands.{command}_cmd")
+    module = importlib.import_module(f"hetprune.cli.commands.{command}_cmd")
 
     def stop(*args, **kwargs):
         raise HetpruneError("stopped after the first line")

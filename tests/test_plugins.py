@@ -453,7 +453,7 @@ import json
 from hetprune import get_registry
 from hetprune.cli import build_parser
 from hetprune.core.contract import unwrap
-from hetprune.commands.prune_cmd import settings_options
+from hetprune.cli.commands.prune_cmd import settings_options
 from hetprune.core.config import resolve
 
 registry = get_registry()

@@ -16,7 +16,7 @@ import torch
 import hetprune
 from hetprune.model import surgery
 from hetprune.cli import main
-from hetprune.commands import export_cmd
+from hetprune.cli.commands import export_cmd
 from hetprune.core.errors import HetpruneError
 from hetprune.model.spec import build
 from hetprune.model.recipe import arch_of, recipe_from_model

@@ -157,7 +157,7 @@ print("ok", Site.__module__)
 
 # -- typed settings (issue 41, item 1) ------------------------------------------------------------------------
 
-EDGES = ("hetprune/core/config.py", "hetprune/cli.py", "hetprune/commands/")   # where settings are dicts: loading, the CLI
+EDGES = ("hetprune/core/config.py", "hetprune/cli.py", "hetprune/cli/commands/")   # where settings are dicts: loading, the CLI
 
 
 def _string_key_reads(path) -> list[str]:

@@ -62,6 +62,7 @@ ALIASES: dict[str, str] = {
     "hetprune.compare": "hetprune.harness.compare",
     "hetprune.ablate": "hetprune.harness.ablate",
     "hetprune.testing": "hetprune.harness.testing",
+    "hetprune.commands": "hetprune.cli.commands",
 }
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..core import config as config_mod
-from ..core.errors import HetpruneError
-from ..core.plugins import get_registry
-from .common import add_model_arguments, apply_data_options, augment_from, base_model, command_line, data_for, data_line
+from ...core import config as config_mod
+from ...core.errors import HetpruneError
+from ...core.plugins import get_registry
+from .common import (add_model_arguments, apply_data_options, augment_from, base_model, command_line, data_for,
+                     data_line)
 
 HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
 
@@ -83,7 +84,7 @@ def add_arguments(p) -> None:
 
 
 def budget_from(args, sites: int | None = None):
-    from ..pruning.budget import Budget, parse_latency, parse_macs
+    from ...pruning.budget import Budget, parse_latency, parse_macs
 
     if sites is not None:
         return Budget(sites=sites)
@@ -146,12 +147,12 @@ def settings_options(args, strategies: list) -> dict:
 def run(args) -> int:
     """Parse the options, start the run, build the model and its Task, and call
     [`hetprune.prune`][hetprune.harness.api.prune]."""
-    from ..core import distributed as dist
-    from ..harness.api import prune
-    from ..model.macs import human
-    from ..model.recipe import PRUNED_MODEL
-    from ..pruning.run_start import start_run
-    from ..training.task import classification
+    from ...core import distributed as dist
+    from ...harness.api import prune
+    from ...model.macs import human
+    from ...model.recipe import PRUNED_MODEL
+    from ...pruning.run_start import start_run
+    from ...training.task import classification
 
     registry = get_registry()
     strategy = registry.build("strategy", args.strategy)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from ..core.errors import HetpruneError
-from ..core.plugins import get_registry
+from ...core.errors import HetpruneError
+from ...core.plugins import get_registry
 from .common import add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line
 from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, settings_options
 
@@ -25,7 +25,7 @@ DEFAULT_TARGET_MACS = 0.45     # chosen by benchmarks/default_target.py: see ben
 
 def int_list(text: str, what: str) -> list[int]:
     """A comma list of whole numbers, each given once."""
-    from ..harness.compare import distinct
+    from ...harness.compare import distinct
 
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -39,8 +39,8 @@ def int_list(text: str, what: str) -> list[int]:
 def compare_budgets(args) -> list:
     """The rows' budgets: ``--budgets`` (sites), a comma list of ``--target-macs``, one other target, or by
     default every strategy at the same MAC target, so that rows cost alike and their accuracies compare."""
-    from ..pruning.budget import Budget, parse_macs
-    from ..harness.compare import distinct
+    from ...pruning.budget import Budget, parse_macs
+    from ...harness.compare import distinct
 
     if args.budgets:
         return [budget_from(args, k) for k in int_list(args.budgets, "--budgets")]
@@ -76,7 +76,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..core.io import no_empty_folder_on_error
+    from ...core.io import no_empty_folder_on_error
 
     with no_empty_folder_on_error(args.out):  # a budget the model cannot meet leaves no folder behind
         return _run(args)
@@ -84,10 +84,10 @@ def run(args) -> int:
 
 def _run(args) -> int:
     """Parse the options, build the model and its Task, and call [`hetprune.compare`][hetprune.harness.compare.compare]."""
-    from ..core import distributed as dist
-    from ..harness.compare import COMPARE_FOLDER, DEFAULT_STRATEGIES, compare
-    from ..pruning.run_start import start_run
-    from ..training.task import classification
+    from ...core import distributed as dist
+    from ...harness.compare import COMPARE_FOLDER, DEFAULT_STRATEGIES, compare
+    from ...pruning.run_start import start_run
+    from ...training.task import classification
 
     registry = get_registry()
     names = [s.strip() for s in (args.strategies or ",".join(DEFAULT_STRATEGIES)).split(",") if s.strip()]

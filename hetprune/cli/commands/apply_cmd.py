@@ -26,11 +26,11 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     import torch
 
-    from ..model.macs import cost_summary, human
-    from ..model.spec import check_kwargs, input_shape_of
-    from ..model.recipe import apply_recipe, resolve_recipe, save
+    from ...model.macs import cost_summary, human
+    from ...model.spec import check_kwargs, input_shape_of
+    from ...model.recipe import apply_recipe, resolve_recipe, save
 
-    from ..core.io import check_writable
+    from ...core.io import check_writable
 
     check_writable(args.out)  # before any work
     recipe = resolve_recipe(args.recipe)

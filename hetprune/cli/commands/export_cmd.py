@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..core.errors import HetpruneError
+from ...core.errors import HetpruneError
 
 HELP = "export a pruned model to ONNX (verified in ONNX Runtime), torch.export or a hub-style folder"
 SUFFIX = {"onnx": ".onnx", "pt2": ".pt2", "hub": "-hub"}
@@ -88,9 +88,9 @@ def add_arguments(p) -> None:
 
 def _target(args):
     """``(label, model, recipe, folder_or_None, report_or_None)``."""
-    from ..core.io import read_json
-    from ..model.spec import ModelSpec, build_with_weights
-    from ..model.recipe import Recipe, arch_of, default_provenance
+    from ...core.io import read_json
+    from ...model.spec import ModelSpec, build_with_weights
+    from ...model.recipe import Recipe, arch_of, default_provenance
     from .bench_cmd import load_model, parse_model_kwargs
 
     path = Path(args.target)
@@ -149,8 +149,8 @@ def _comma_list(text: str | None, default: str) -> tuple[str, ...]:
 
 def _int8_task(args, recipe, model):
     """The classification task INT8 calibrates on and checks against: --data, else the recipe's data set."""
-    from ..training.data import EMBEDDED, load_data
-    from ..training.task import classification
+    from ...training.data import EMBEDDED, load_data
+    from ...training.task import classification
 
     recorded = ((recipe.provenance or {}).get("data") or {}).get("name") if recipe is not None else None
     name = args.data or recorded
@@ -176,9 +176,9 @@ def _int8_kwargs(args) -> dict:
 def run(args) -> int:
     import torch
 
-    from ..measure.export import (FORMATS, check_dtype, check_output, export_hub, export_onnx, export_pt2,
-                                  quote_command)
-    from ..model.spec import build
+    from ...measure.export import (FORMATS, check_dtype, check_output, export_hub, export_onnx, export_pt2,
+                                   quote_command)
+    from ...model.spec import build
 
     if args.format not in FORMATS:
         raise HetpruneError(f"--format {args.format!r} is not supported; allowed: {', '.join(FORMATS)}")
@@ -191,15 +191,15 @@ def run(args) -> int:
     if args.format == "hub" and (args.dtype != "fp32" or args.dynamic_batch):
         raise HetpruneError("--dtype and --dynamic-batch are for onnx and pt2; a hub folder holds the saved weights")
     if args.format == "onnx" or args.quantize:  # say what is missing before any work
-        from ..measure.export import need
+        from ...measure.export import need
 
         for module in ("onnx", "onnxscript", "onnxruntime") + (("onnxruntime.quantization",) if args.quantize else ()):
             need(module, "--quantize" if args.quantize else "--format onnx")
     out = Path(args.out) if args.out else _default_out(args.target, args.format, args.quantize)
     check_output(out, args.overwrite, folder=args.format == "hub")
     if args.format == "hub":   # a folder: refused when it holds anything hetprune did not write, overwrite or not
-        from ..measure.export.hub import HUB_FOLDER
-        from ..core.io import check_result_folder
+        from ...measure.export.hub import HUB_FOLDER
+        from ...core.io import check_result_folder
 
         check_result_folder(out, HUB_FOLDER, overwrite=True)
     if args.threads:
@@ -253,8 +253,8 @@ def _run_int8(args, out: Path, label, model, recipe, folder, report, base, comma
     """``--quantize``: the INT8 file (or a hub folder that carries it), checked, and what was checked."""
     import tempfile
 
-    from ..measure.export import INT8_FILE, export_hub, export_int8
-    from ..measure.export.quantize import describe_int8
+    from ...measure.export import INT8_FILE, export_hub, export_int8
+    from ...measure.export.quantize import describe_int8
 
     task = _int8_task(args, recipe, model)
     kwargs = _int8_kwargs(args)

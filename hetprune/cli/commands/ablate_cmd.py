@@ -14,8 +14,8 @@ import math
 import shlex
 from pathlib import Path
 
-from ..core.errors import HetpruneError
-from ..core.plugins import get_registry
+from ...core.errors import HetpruneError
+from ...core.plugins import get_registry
 from .common import add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line
 from .compare_cmd import int_list
 from .prune_cmd import add_budget_arguments, add_plan_arguments, budget_from, settings_options
@@ -52,7 +52,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..core.io import no_empty_folder_on_error
+    from ...core.io import no_empty_folder_on_error
 
     with no_empty_folder_on_error(args.out):  # a budget the model cannot meet leaves no folder behind
         return _run(args)
@@ -60,10 +60,10 @@ def run(args) -> int:
 
 def _run(args) -> int:
     """Parse the options, build the model and its Task, and call [`hetprune.ablate`][hetprune.harness.ablate.ablate]."""
-    from ..core import distributed as dist
-    from ..harness.ablate import ABLATION_FOLDER, ablate, markdown
-    from ..pruning.run_start import start_run
-    from ..training.task import classification
+    from ...core import distributed as dist
+    from ...harness.ablate import ABLATION_FOLDER, ablate, markdown
+    from ...pruning.run_start import start_run
+    from ...training.task import classification
 
     registry = get_registry()
     strategy = registry.build("strategy", args.strategy)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..core.errors import HetpruneError
+from ...core.errors import HetpruneError
 
 
 def add_model_arguments(p, data: bool = True) -> None:
@@ -61,7 +61,7 @@ def embedded_name(args) -> str:
     """
     from pathlib import Path
 
-    from ..training.data import DIGITS, EMBEDDED
+    from ...training.data import DIGITS, EMBEDDED
 
     data = getattr(args, "data", None)
     if data is None or data in EMBEDDED:
@@ -74,8 +74,8 @@ def embedded_name(args) -> str:
 
 
 def model_spec(args):
-    from ..training.embedded import benchmark
-    from ..model.spec import ModelSpec
+    from ...training.embedded import benchmark
+    from ...model.spec import ModelSpec
 
     if not args.model:
         if args.model_kwargs or args.pretrained or args.checkpoint:
@@ -97,8 +97,8 @@ def model_spec(args):
 def base_model(args, log=print, device: str = "cpu"):
     """``(dense_model, spec, base_info)`` from the command's model options (the embedded default is trained
     on ``device`` the first time)."""
-    from ..training.embedded import embedded_model, embedded_model_info
-    from ..model.spec import build_with_weights, model_hash
+    from ...training.embedded import embedded_model, embedded_model_info
+    from ...model.spec import build_with_weights, model_hash
 
     spec = model_spec(args)
     if not args.model:
@@ -123,7 +123,7 @@ def data_line(args, command: str, defaulted: bool | None = None) -> str:
     """The first line a command prints: which data it runs on, and how to pick another. The embedded
     defaults differ: ``prune`` and ``ablate`` take digits, ``compare`` digit pairs (where the split between
     the kinds is a real question), so a row of the default compare is rerun with ``--data digit-pairs``."""
-    from ..training.data import DIGIT_PAIRS, DIGITS, EMBEDDED
+    from ...training.data import DIGIT_PAIRS, DIGITS, EMBEDDED
 
     data = args.data or DIGITS
     if data not in EMBEDDED:
@@ -137,7 +137,7 @@ def data_line(args, command: str, defaulted: bool | None = None) -> str:
 
 
 def data_for(args, model, seed: int = 0):
-    from ..training.data import DIGITS, EMBEDDED, load_data
+    from ...training.data import DIGITS, EMBEDDED, load_data
 
     spec = args.data or DIGITS
     embedded_name(args)  # a bad value: one error listing the allowed names

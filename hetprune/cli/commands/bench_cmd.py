@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..core.errors import HetpruneError
+from ...core.errors import HetpruneError
 
 HELP = "measure latency, throughput and speedup (CPU or GPU), interleaved with a reference"
 
@@ -81,8 +81,8 @@ def parse_model_kwargs(text: str | None) -> dict:
 
 def load_model(what: str, kwargs: dict):
     """``(label, model, recipe_or_None)`` for a saved folder or a timm name."""
-    from ..model.spec import ModelSpec, build
-    from ..model.recipe import RECIPE_FILE, load, load_recipe
+    from ...model.spec import ModelSpec, build
+    from ...model.recipe import RECIPE_FILE, load, load_recipe
 
     path = Path(what)
     if path.is_dir():
@@ -97,10 +97,10 @@ def load_model(what: str, kwargs: dict):
 
 
 def run(args) -> int:
-    from ..measure.bench import BACKENDS, format_table, measure
-    from ..measure.bench.timing import check_onnx_file
-    from ..core.io import write_json_atomic
-    from ..model.spec import build, input_shape_of
+    from ...measure.bench import BACKENDS, format_table, measure
+    from ...measure.bench.timing import check_onnx_file
+    from ...core.io import write_json_atomic
+    from ...model.spec import build, input_shape_of
 
     if args.backend not in BACKENDS:
         raise HetpruneError(f"--backend {args.backend!r} is not supported; allowed: {', '.join(BACKENDS)}")
@@ -115,7 +115,7 @@ def run(args) -> int:
     if missing:
         raise HetpruneError(f"--onnx {missing[0]}: no such file")
     if args.backend == "onnxruntime":  # say what is missing before building models
-        from ..measure.export import need
+        from ...measure.export import need
 
         for module in ("onnx", "onnxscript", "onnxruntime"):
             need(module, "--backend onnxruntime")
@@ -149,7 +149,7 @@ def run(args) -> int:
     result["command"] = {"target": args.target, "against": args.against, "recipe": recipe.to_dict() if recipe else None}
     print(format_table(result, markdown=args.markdown))
     if args.per_block:
-        from ..measure.bench import format_per_block, per_block
+        from ...measure.bench import format_per_block, per_block
 
         result["per_block"] = {}
         for name, m in models.items():

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import time
 
-from ..core.errors import HetpruneError
-from ..core.plugins import KINDS, get_registry
+from ...core.errors import HetpruneError
+from ...core.plugins import KINDS, get_registry
 
 HELP = "list plugins and the components they registered; --check runs the conformance kit on them"
 
@@ -44,7 +44,7 @@ def selected(registry, name: str) -> list[tuple[str, str]]:
 def check(registry, todo: list[tuple[str, str]]) -> int:
     import torch
 
-    from ..harness import testing
+    from ...harness import testing
 
     torch.set_num_threads(1)  # tiny models: one thread is the faster use of the cores
     failed = 0

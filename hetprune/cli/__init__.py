@@ -12,15 +12,15 @@ import argparse
 import importlib
 import sys
 
-from . import __version__
-from .core.errors import HetpruneError, command_line_messages
-from .core.plugins import load_module
+from .. import __version__
+from ..core.errors import HetpruneError, command_line_messages
+from ..core.plugins import load_module
 
 COMMANDS = ("plugins", "apply", "prune", "compare", "bench", "ablate", "export")
 
 
 def _command_module(name: str):
-    return importlib.import_module(f"hetprune.commands.{name}_cmd")
+    return importlib.import_module(f"hetprune.cli.commands.{name}_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = _command_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name == f"hetprune.commands.{name}_cmd":
+            if exc.name == f"hetprune.cli.commands.{name}_cmd":
                 continue
             raise
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def interrupted_message(args) -> str:
     """What Ctrl-C leaves: the finished work that was saved (and how to continue from it), or nothing."""
-    from .core.io import saved_work
+    from ..core.io import saved_work
 
     saved = saved_work()
     if not saved:
