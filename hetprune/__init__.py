@@ -1,16 +1,21 @@
 """hetprune: structured pruning of Vision Transformers, extensible with plugins.
 
-For users: [`prune`][hetprune.harness.api.prune] (and [`compare`][hetprune.harness.compare.compare], [`ablate`][hetprune.harness.ablate.ablate]) prune their own
-model for their own [`Task`][hetprune.training.task.Task]; [`load`][hetprune.model.recipe.load] and [`apply_recipe`][hetprune.model.recipe.apply_recipe] bring
-a pruned model back. The public API for users and plugin authors is what this
-module exports, plus
-the modules ``hetprune.model.surgery`` (exact removal/merge primitives),
-``hetprune.pruning.pipeline`` (the shared strategy steps), ``hetprune.core.config``,
-``hetprune.model.recipe``, ``hetprune.model.macs``, ``hetprune.measure.bench``, ``hetprune.model.adapters``
-(architecture adapters), ``hetprune.measure.latency_table`` (per-device latency tables) and
-``hetprune.pruning.point_store`` (stored accuracy points), and for plugin authors ``hetprune.harness.testing`` (the
-conformance kit) and ``hetprune.core.contract`` (the rules every call into a
+For users: [`prune`][hetprune.harness.api.prune] (and [`compare`][hetprune.harness.compare.compare],
+[`ablate`][hetprune.harness.ablate.ablate]) prune their own model for their own
+[`Task`][hetprune.training.task.Task]; [`load`][hetprune.model.recipe.load] and
+[`apply_recipe`][hetprune.model.recipe.apply_recipe] bring a pruned model back. The public API for users and
+plugin authors is what this module exports, plus the modules ``hetprune.model.surgery`` (exact removal/merge
+primitives), ``hetprune.pruning.pipeline`` (the shared strategy steps), ``hetprune.core.config``,
+``hetprune.model.recipe``, ``hetprune.model.macs`` (MAC counting), ``hetprune.measure.bench``,
+``hetprune.model.adapters`` (architecture adapters), ``hetprune.measure.latency_table`` (per-device latency
+tables) and ``hetprune.pruning.point_store`` (stored accuracy points), and for plugin authors
+``hetprune.harness.testing`` (the conformance kit) and ``hetprune.core.contract`` (the rules every call into a
 component is checked against).
+
+The code is one subpackage per layer, bottom to top: ``core``, ``model``, ``training``, ``pruning``,
+``measure``, ``harness``, ``cli``; a module imports only from its layer and those below. The paths from
+before that layout (``hetprune.task``, ``hetprune.pipeline``, ...) still import, as the same module objects
+(`hetprune.core.aliases`).
 
 Names are imported on first use (module ``__getattr__``), so ``import
 hetprune`` and ``hetprune --help`` do not load torch.
@@ -28,28 +33,32 @@ aliases.install()   # the import paths from before one subpackage per layer
 
 __version__ = "0.2.0"
 
-# public name -> the submodule that defines it (None: the name is that submodule)
+# public name -> the module that defines it
 _EXPORTS = {
-    "Budget": "budget", "HetpruneError": "errors", "PluginError": "errors", "BudgetUnreachable": "errors",
-    "hookimpl": "hookspecs", "hookspec": "hookspecs",
-    "ModelSpec": "models", "DepthStrategy": "pipeline", "FixedSplit": "pipeline", "PruneJob": "pipeline",
-    "PruneResult": "pipeline", "ScoringContext": "pipeline", "get_registry": "plugins",
-    "register_plugin": "plugins", "unregister_plugin": "plugins", "Recipe": "recipe", "apply_recipe": "recipe",
-    "load": "recipe", "save": "recipe", "Site": "sites", "sites": "sites",
-    "config": None, "costs": None, "recipe": None, "surgery": None, "adapters": None, "bench": None,
-    "prune": "api", "compare": "compare", "ablate": "ablate", "Task": "task", "Schedule": "task",
-    "BlockLayout": "layers",
+    "Budget": "pruning.budget", "HetpruneError": "core.errors", "PluginError": "core.errors",
+    "BudgetUnreachable": "core.errors", "hookimpl": "core.hookspecs", "hookspec": "core.hookspecs",
+    "ModelSpec": "model.spec", "DepthStrategy": "pruning.depth", "FixedSplit": "pruning.depth",
+    "PruneJob": "pruning.job", "PruneResult": "pruning.report", "ScoringContext": "pruning.job",
+    "get_registry": "core.plugins", "register_plugin": "core.plugins", "unregister_plugin": "core.plugins",
+    "Recipe": "model.recipe", "apply_recipe": "model.recipe", "load": "model.recipe", "save": "model.recipe",
+    "Site": "model.sites", "sites": "model.sites", "prune": "harness.api", "compare": "harness.compare",
+    "ablate": "harness.ablate", "Task": "training.task", "Schedule": "training.task",
+    "BlockLayout": "model.block_modules",
 }
+_MODULES = {"config": "core.config", "costs": "model.macs", "macs": "model.macs", "recipe": "model.recipe",
+            "surgery": "model.surgery", "adapters": "model.adapters", "bench": "measure.bench"}
 
-__all__ = sorted([*_EXPORTS, "__version__"])
-_FUNCTION_MODULES = ("sites", "compare", "ablate")   # submodules whose public name is a function of theirs
+__all__ = sorted([*_EXPORTS, *_MODULES, "__version__"])
+_FUNCTION_MODULES = ("sites", "compare", "ablate")   # old module paths whose public name is a function of theirs
 
 
 def __getattr__(name: str):
-    if name not in _EXPORTS:
+    if name in _MODULES:
+        value = importlib.import_module(f".{_MODULES[name]}", __name__)
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    else:
         raise AttributeError(f"module 'hetprune' has no attribute {name!r}")
-    module = importlib.import_module(f".{_EXPORTS[name] or name}", __name__)
-    value = module if _EXPORTS[name] is None else getattr(module, name)
     globals()[name] = value  # later look-ups skip this function
     return value
 
@@ -60,7 +69,7 @@ def __dir__() -> list[str]:
 
 class _Package(types.ModuleType):
     def __setattr__(self, name, value):
-        # importing the submodule hetprune.model.sites (compare, ablate) binds it here; the public name is its function
+        # importing the old path hetprune.sites (compare, ablate) binds that module here; the public name is its function
         if name in _FUNCTION_MODULES and isinstance(value, types.ModuleType):
             value = getattr(value, name)
         super().__setattr__(name, value)

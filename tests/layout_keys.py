@@ -13,14 +13,15 @@ import torch
 
 
 def keys_now() -> dict:
-    import hetprune
-    from hetprune import config, embedded, surgery
-    from hetprune.budget import Budget
-    from hetprune.compare.spec import CompareSpec, row_key
-    from hetprune.data import digits
-    from hetprune.models import DIGIT_PAIRS_SPEC, DIGITS_SPEC, model_hash
-    from hetprune.resume import base_key, config_key, structure_key
-    from hetprune.task import Task, _cross_entropy, _top1, classification
+    from hetprune.core import config
+    from hetprune.harness.compare.spec import CompareSpec, row_key
+    from hetprune.model import surgery
+    from hetprune.model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, model_hash
+    from hetprune.pruning.budget import Budget
+    from hetprune.training import embedded
+    from hetprune.training.data import digits
+    from hetprune.training.resume import base_key, config_key, structure_key
+    from hetprune.training.task import Task, _cross_entropy, _top1, classification
 
     torch.manual_seed(0)
     out = {}
@@ -41,7 +42,6 @@ def keys_now() -> dict:
     settings = config.resolve(["hetdpt", "mix50"])
     spec = CompareSpec(["hetdpt", "mix50"], [Budget(sites=4)], [0], settings)
     out["compare_row"] = row_key(spec, "hetdpt", Budget(sites=4), 0, out["digits"]["base"], task.key)
-    hetprune.config  # noqa: B018 - the public module stays reachable from the package
     return out
 
 

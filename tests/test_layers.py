@@ -10,27 +10,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "hetprune"
 
-# bottom to top; README.md, "Layout", says the same
-LAYERS = {
-    "foundation": ["errors", "hookspecs", "config", "io", "cache", "contract", "plugins", "devices", "distributed",
-                   "points", "tensors"],
-    "model": ["layers", "adapters", "adapters.base", "adapters.generic", "adapters.lookup", "adapters.nested",
-              "sites", "surgery", "widths", "costs", "models", "recipe", "model_checks"],
-    "training": ["data", "mixing", "train", "resume", "task", "embedded"],
-    "pruning": ["budget", "cost_model", "plan", "job", "report", "steps", "depth", "pipeline", "result_checks",
-                "run_start"],
-    "measuring": ["bench", "bench.*", "latency", "export", "export.*"],
-    "harness": ["api", "compare", "compare.*", "ablate", "testing"],
-    "cli": ["cli", "__main__", "commands", "commands.*"],
-}
+# bottom to top: each layer is the subpackage of that name (README.md, "Layout", says the same)
+LAYERS = ["core", "model", "training", "pruning", "measure", "harness", "cli"]
+TOP = {"__main__": "cli"}   # ``python -m hetprune`` runs the command line; nothing else sits outside a layer
 
 
 def layer_of(module: str) -> int:
-    for i, members in enumerate(LAYERS.values()):
-        for m in members:
-            if module == m or (m.endswith(".*") and module.startswith(m[:-1])):
-                return i
-    raise KeyError(module)
+    """A module's layer, read from its path: the first package name under hetprune/."""
+    first = TOP.get(module, module.split(".")[0])
+    if first not in LAYERS:
+        raise KeyError(module)
+    return LAYERS.index(first)
 
 
 def modules() -> dict[str, Path]:
@@ -74,7 +64,7 @@ def imports(name: str, path: Path, known: dict) -> set[str]:
 
 def test_every_module_has_a_layer():
     unplaced = [m for m in modules() if not _placed(m)]
-    assert not unplaced, f"put these modules in a layer (tests/test_layers.py and README's Layout): {unplaced}"
+    assert not unplaced, f"put these modules in a layer's subpackage ({', '.join(LAYERS)}): {unplaced}"
 
 
 def _placed(module: str) -> bool:
@@ -89,7 +79,7 @@ def _placed(module: str) -> bool:
 def test_a_module_imports_only_its_layer_and_those_below(module):
     known = modules()
     mine = layer_of(module)
-    names = list(LAYERS)
+    names = LAYERS
     upward = sorted(f"{t} ({names[layer_of(t)]})" for t in imports(module, known[module], known)
                     if layer_of(t) > mine)
     assert not upward, f"{module} ({names[mine]}) imports from a layer above it: {', '.join(upward)}"
@@ -97,8 +87,15 @@ def test_a_module_imports_only_its_layer_and_those_below(module):
 
 def test_the_check_sees_an_import_inside_a_function(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text("def f():\n    from .pipeline import PruneJob\n    from . import api\n")
-    assert imports("sites", path, modules()) == {"pipeline", "api"}
+    path.write_text("def f():\n    from ..pruning.pipeline import PruneJob\n    from ..harness import api\n")
+    assert imports("model.sites", path, modules()) == {"pruning.pipeline", "harness", "harness.api"}
+
+
+def test_the_layer_is_read_from_the_first_package_name():
+    assert [LAYERS[layer_of(m)] for m in ("core.errors", "model.adapters.base", "cli", "__main__")] == \
+        ["core", "model", "cli", "cli"]
+    with pytest.raises(KeyError):
+        layer_of("task")   # a module outside every layer's subpackage has no layer
 
 
 def test_a_type_checking_import_counts(tmp_path):

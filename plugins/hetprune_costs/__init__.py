@@ -4,7 +4,7 @@ table of block times). Uses only the public plugin API."""
 
 import hetprune
 
-from .models import LatencyCost, MacCost
+from .cost_models import LatencyCost, MacCost
 
 __version__ = hetprune.__version__
 

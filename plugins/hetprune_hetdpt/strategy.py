@@ -10,7 +10,7 @@ from hetprune.core import distributed as dist
 
 from .options import HetDPTOptions
 from .point_schemes import OneShotPoints, grid_plan, resolve_finetune
-from .schemes import SCHEMES, scheme_for
+from .point_selection import SCHEMES, scheme_for
 
 
 class HetDPT(DepthStrategy):
