@@ -146,8 +146,13 @@ import sys
 import hetprune
 assert "torch" not in sys.modules, "import hetprune loaded torch"
 from hetprune import Site, sites, HetpruneError
-import hetprune.pruning.pipeline                       # binds the submodule hetprune.model.sites on the package
-assert hetprune.model.sites is sites and callable(hetprune.model.sites), hetprune.model.sites
+import hetprune.pruning.pipeline                       # imports the module hetprune.model.sites
+assert hetprune.sites is sites and callable(hetprune.sites), hetprune.sites
+import warnings
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import hetprune.sites                               # the old path binds that module on the package...
+assert hetprune.sites is sites and callable(hetprune.sites), hetprune.sites   # ... and the name stays the function
 for name in hetprune.__all__:
     getattr(hetprune, name)
 print("ok", Site.__module__)
@@ -157,7 +162,7 @@ print("ok", Site.__module__)
 
 # -- typed settings (issue 41, item 1) ------------------------------------------------------------------------
 
-EDGES = ("hetprune/core/config.py", "hetprune/cli.py", "hetprune/cli/commands/")   # where settings are dicts: loading, the CLI
+EDGES = ("hetprune/core/config.py", "hetprune/cli/")   # where settings are dicts: loading, the CLI
 
 
 def _string_key_reads(path) -> list[str]:

@@ -41,11 +41,11 @@ class PlanStep:
     train_images: int = 0
     eval_images: int = 0
 
-    def times(self, train_ips: float | None, eval_ips: float | None) -> float | None:
-        """Seconds, from the probe's rates (None without a probe)."""
+    def times(self, train_ips: float | None, eval_ips: float | None, startup_s: float = 0.0) -> float | None:
+        """Seconds, from the probe's rates and each fine-tune's start-up (None without a probe)."""
         if not train_ips or not eval_ips:
             return None
-        return self.train_images / train_ips + self.eval_images / eval_ips
+        return self.train_images / train_ips + self.eval_images / eval_ips + self.fine_tunes * startup_s
 
 
 def check_probe(seconds) -> float:
@@ -125,6 +125,7 @@ class Probe:
     section: str
     note: str = ""
     load: float | None = None   # the machine's load average when the probe ran (a shared machine's rates vary)
+    startup_s: float = 0.0      # what one fine-tune costs before and after its steps (loaders, copies, wrapping)
 
 
 def probe(job, seconds: float = PROBE_SECONDS, section: str = "finetune") -> Probe:
@@ -162,13 +163,15 @@ def probe(job, seconds: float = PROBE_SECONDS, section: str = "finetune") -> Pro
     k = max(4, min(10_000, int(seconds / per_image / cfg.batch_size)))
     images, took = steps(k)
     train_ips = (images - base_images) / max(took - base, 1e-9)   # the start-up cost cancels out
+    startup = max(0.0, base - base_images / train_ips)   # ... and is what two steps took beyond their images
     eval_ips = _eval_rate(job, max(1.0, seconds / 6))
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
     note = "" if device.type == "cuda" else "on the CPU: no device memory to report"
     return Probe(round(train_ips, 1), round(eval_ips, 1), None if peak is None else round(peak, 2),
                  round(warm + base + took, 1), math.ceil(images / cfg.batch_size), cfg.batch_size, str(device),
                  job.amp, world, teacher is not None,
-                 section, note, round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None)
+                 section, note, round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+                 round(startup, 2))
 
 
 def _eval_rate(job, seconds: float) -> float:
@@ -205,7 +208,7 @@ class Plan:
                         sum(s.eval_images for s in self.steps))
 
     def to_dict(self) -> dict:
-        rates = (self.probe.train_ips, self.probe.eval_ips) if self.probe else (None, None)
+        rates = (self.probe.train_ips, self.probe.eval_ips, self.probe.startup_s) if self.probe else (None, None)
         rows = []
         for s in [*self.steps, self.totals()]:
             t = s.times(*rates)
@@ -231,7 +234,8 @@ class Plan:
             memory = f"{p.peak_memory_gb:.1f} GiB peak per device" if p.peak_memory_gb is not None else p.note
             lines.append(f"probe: {p.steps} steps of the {p.section} step in {p.seconds:.0f} s ({'student + teacher' if p.teacher else 'student'}, "
                          f"batch {p.batch} over {p.world} rank(s), {p.device}, amp {p.amp}): {p.train_ips:,.0f} "
-                         f"images/s training, {p.eval_ips:,.0f} images/s evaluating; {memory}"
+                         f"images/s training, {p.eval_ips:,.0f} images/s evaluating, {p.startup_s:.1f} s of "
+                         f"start-up per fine-tune; {memory}"
                          + (f"; load average {p.load}" if p.load is not None else ""))
         else:
             lines.append("no probe (--plan-probe 0): run --plan with a probe for hours and memory")
