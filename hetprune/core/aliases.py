@@ -62,10 +62,16 @@ ALIASES: dict[str, str] = {
 }
 
 
+_OLD_NAMES = {new: old for old, new in ALIASES.items()}   # the other way round, for the keys
+
+
 def _lookup(name: str, table: dict[str, str]) -> str | None:
-    for old in sorted(table, key=len, reverse=True):
-        if name == old or name.startswith(old + "."):
-            return table[old] + name[len(old):]
+    """``name`` with its longest dotted prefix that ``table`` holds replaced (None: no prefix is there)."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        head = ".".join(parts[:i])
+        if head in table:
+            return table[head] + name[len(head):]
     return None
 
 
@@ -78,7 +84,7 @@ def stable_name(module: str | None) -> str | None:
     """The name resume keys use for a module: its name before the move when it moved, else its own."""
     if module is None:
         return None
-    return _lookup(module, {new: old for old, new in ALIASES.items()}) or module
+    return _lookup(module, _OLD_NAMES) or module
 
 
 def qualified_name(obj) -> str:
