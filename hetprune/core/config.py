@@ -42,6 +42,14 @@ def setting(default=MISSING, help: str = "", factory=None):
     return field(default=default, metadata={"help": help})
 
 
+def refuse_unknown_keys(cls, d: dict, where: str) -> None:
+    """One error naming the keys of ``d`` that are not fields of the dataclass ``cls``, and the allowed ones."""
+    known = sorted(f.name for f in fields(cls))
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise HetpruneError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(known)}")
+
+
 class Section:
     """A typed settings section: a dataclass whose fields are the section's settings.
 
@@ -55,11 +63,7 @@ class Section:
     @classmethod
     def from_dict(cls, d: dict | None, where: str | None = None):
         d = dict(d or {})
-        known = sorted(f.name for f in fields(cls))
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            where = where or (f"settings section {cls.section!r}" if cls.section else "settings")
-            raise HetpruneError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(known)}")
+        refuse_unknown_keys(cls, d, where or (f"settings section {cls.section!r}" if cls.section else "settings"))
         return cls(**d)
 
     @classmethod
@@ -270,10 +274,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "training settings") -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise HetpruneError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(sorted(known))}")
+        refuse_unknown_keys(cls, d, where)
         return cls(**d)
 
 
@@ -332,10 +333,7 @@ class Augmentation:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "augmentation") -> "Augmentation":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise HetpruneError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(sorted(known))}")
+        refuse_unknown_keys(cls, d, where)
         return cls(**{k: tuple(v) if k == "scale" and isinstance(v, list) else v for k, v in d.items()})
 
 

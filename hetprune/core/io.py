@@ -7,6 +7,7 @@ Nothing here unpickles: weights are safetensors, or ``.pth`` read with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -46,6 +47,15 @@ def note_saved(what: str) -> None:
 def saved_work() -> list[str]:
     """What `note_saved` recorded in this process, oldest first."""
     return list(_SAVED)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB blocks (shipped weights, --data-fingerprint content)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def now() -> str:

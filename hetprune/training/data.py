@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 
 from ..core import distributed as dist
 from ..core.fingerprint import fingerprint
+from ..core.io import file_sha256
 from ..core.config import AUGMENTATIONS, augmentation
 from ..core.errors import HetpruneError
 
@@ -413,7 +414,7 @@ def folder_fingerprint(root: Path, classes: list[str], by: str = "sizes") -> str
                 if entry.is_dir():   # links followed, as ImageFolder follows them
                     walk(entry.path)
                 elif entry.name.lower().endswith(IMG_EXTENSIONS):
-                    content = _file_hash(entry.path) if by == "content" else ""
+                    content = file_sha256(entry.path) if by == "content" else ""
                     files.append((entry.path[prefix:], entry.stat().st_size, content))
 
     for split in ("train", "val"):
@@ -423,16 +424,6 @@ def folder_fingerprint(root: Path, classes: list[str], by: str = "sizes") -> str
     for item in sorted(files):
         digest.update(repr(item).encode())
     return f"{by}:{len(files)}:{digest.hexdigest()}"
-
-
-def _file_hash(path: str) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def default_workers() -> int:

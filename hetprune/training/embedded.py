@@ -12,7 +12,6 @@ the index records gives the shipped weights (no download anywhere).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +22,9 @@ from torch import nn
 
 from ..core import distributed as dist
 from ..core.fingerprint import fingerprint
-from ..core.io import cache_dir
 from .data import DIGIT_PAIRS, DIGITS, DataBundle, digit_pairs, digits, loader
 from ..core.errors import HetpruneError
-from ..core.io import load_weights, read_json, save_weights, write_json_atomic
+from ..core.io import cache_dir, file_sha256, load_weights, read_json, save_weights, write_json_atomic
 from ..model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build, load_state_into
 from .train import TrainConfig, evaluate, train
 
@@ -61,14 +59,6 @@ def benchmark(name: str) -> EmbeddedBenchmark:
     if name not in BENCHMARKS:
         raise HetpruneError(f"no embedded data set named {name!r}; allowed: {', '.join(BENCHMARKS)}")
     return BENCHMARKS[name]
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def shipped_entry(name: str, spec: ModelSpec | None = None, training: dict | None = None) -> dict | None:

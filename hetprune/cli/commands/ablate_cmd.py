@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ...core.errors import HetpruneError
 from ...core.plugins import get_registry
-from .common import add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line
+from .common import (add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line,
+                     print_plan)
 from .compare_cmd import int_list
 from .prune_cmd import add_budget_arguments, add_plan_arguments, budget_from, settings_options
 
@@ -93,10 +94,7 @@ def _run(args) -> int:
                     spec=model_spec, base_info=base_info, data_spec=args.data or "digits", meta={"command": command},
                     plan=args.plan, plan_probe=args.plan_probe)
     if args.plan:
-        if dist.is_main():
-            print(result.text())
-            print(f"wrote {Path(args.out) / 'work' / 'plan.json'}")
-        return 0
+        return print_plan(result, Path(args.out) / "work")
     if not dist.is_main():
         return 0
     print()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from ...core.errors import HetpruneError
 
@@ -59,7 +60,6 @@ def embedded_name(args) -> str:
 
     A ``--data`` value that is neither an embedded name nor a folder is an error listing what is allowed.
     """
-    from pathlib import Path
 
     from ...training.data import DIGITS, EMBEDDED
 
@@ -179,3 +179,15 @@ def command_line(args) -> str | None:
 
     argv = getattr(args, "argv", None)
     return "hetprune " + shlex.join(argv) if argv else None
+
+
+def print_plan(plan, work) -> int:
+    """``--plan``'s output, on rank 0: the plan, and the file it was written to in the work folder ``work``.
+    Returns the command's exit code."""
+    from ...core import distributed as dist
+    from ...pruning.plan import PLAN_FILE
+
+    if dist.is_main():
+        print(plan.text())
+        print(f"wrote {Path(work) / PLAN_FILE}")
+    return 0

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from ...core.errors import HetpruneError
 from ...core.plugins import get_registry
-from .common import add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line
+from .common import (add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line,
+                     print_plan)
 from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, settings_options
 
 HELP = "run several strategies under one harness and tabulate/plot the results"
@@ -113,10 +114,7 @@ def _run(args) -> int:
                      meta={"model": model_spec.name if args.model else base_info["source"], "command": command},
                      plan=args.plan, plan_probe=args.plan_probe)
     if args.plan:
-        if dist.is_main():
-            print(result.text())
-            print(f"wrote {Path(args.out) / 'work' / 'plan.json'}")
-        return 0
+        return print_plan(result, Path(args.out) / "work")
     if not dist.is_main():
         return 0
     print()

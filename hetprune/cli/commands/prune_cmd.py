@@ -15,7 +15,7 @@ from ...core import config as config_mod
 from ...core.errors import HetpruneError
 from ...core.plugins import get_registry
 from .common import (add_model_arguments, apply_data_options, augment_from, base_model, command_line, data_for,
-                     data_line)
+                     data_line, print_plan)
 
 HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
 
@@ -177,10 +177,7 @@ def run(args) -> int:
                    resume=args.resume, provenance={"command": command_line(args)},   # quoted by model cards
                    plan=args.plan, plan_probe=args.plan_probe)
     if args.plan:
-        if dist.is_main():
-            print(result.text())
-            print(f"wrote {out.with_name(out.name + '.work') / 'plan.json'}")
-        return 0
+        return print_plan(result, out.with_name(out.name + ".work"))
     if not dist.is_main():  # under torchrun rank 0 writes and reports
         return 0
     r = result.report
