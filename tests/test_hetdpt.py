@@ -765,7 +765,9 @@ def test_a_gradual_point_is_what_the_runs_own_selection_makes_of_that_split(tiny
     monkeypatch.setattr(hetprune.training.task, "train", no_short_finetune)
     job = make_job(tiny_model, digits_data, tmp_path, **GRADUAL)
     [dense, point] = HetDPT().collect_points(job, [(0, 0), (1, 2)])
-    assert dense["metric"] == pytest.approx(evaluate_dataset(tiny_model, digits_data.val, torch.device("cpu")))
+    # a point is measured on the selection split (held out of the training data), never on val
+    assert dense["split"] == "selection"
+    assert dense["metric"] == pytest.approx(evaluate_dataset(tiny_model, digits_data.selection, torch.device("cpu")))
     assert point["selection"] == "gradual" and point["scorer"] == "gate-taylor"
     # the final run's selection stage, from the same dense model and seed, in another folder
     again = make_job(tiny_model, digits_data, tmp_path / "again", **GRADUAL)
@@ -773,7 +775,7 @@ def test_a_gradual_point_is_what_the_runs_own_selection_makes_of_that_split(tiny
     chosen = select_sites(again, model, {"attn": 1, "act": 2})
     remove_sites(again, model, chosen)
     assert point["sites"] == [str(s) for s in chosen]
-    assert point["metric"] == pytest.approx(evaluate_dataset(model, digits_data.val, torch.device("cpu")))
+    assert point["metric"] == pytest.approx(evaluate_dataset(model, digits_data.selection, torch.device("cpu")))
 
 
 def test_gradual_points_have_their_own_key_and_a_bad_choice_is_refused(tiny_model, digits_data, tmp_path):

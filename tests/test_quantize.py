@@ -246,7 +246,8 @@ def test_an_image_folder_calibrates_on_its_training_images_with_the_validation_t
     from hetprune.model.spec import ModelSpec
     from hetprune.training.task import classification
 
-    task = classification(image_folder(tmp_path / "imgs", build(ModelSpec("vit_tiny_patch16_224", json.loads(kwargs)))))
+    task = classification(image_folder(tmp_path / "imgs", build(ModelSpec("vit_tiny_patch16_224", json.loads(kwargs))),
+                                       selection=0))   # as export loads it: nothing is chosen, all of train calibrates
     one, two = (calibration_images(task, 12, 0, (3, 16, 16)) for _ in range(2))
     assert torch.equal(one, two)   # the validation transform: no random crop or flip
 

@@ -298,7 +298,7 @@ def test_an_image_folder_run_without_chosen_schedules_stops_with_one_line_naming
     assert main(["prune", *rgb_args(), "--data", str(image_folder), "--strategy", "act-only", "--budget", "1",
                  "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "the fine-tune would see 30 of 30 training images (3 epochs, 90 image passes)" in err[0]
+    assert len(err) == 1 and "the fine-tune would see 27 of 27 training images (3 epochs, 81 image passes)" in err[0]
     assert "--config deit-b-paper | --config deit-s-paper | --config quick" in err[0] and "--config FILE" in err[0]
     assert "finetune.* and short_finetune.* settings" in err[0]
     assert not out.exists() and not (tmp_path / "o.work").exists()

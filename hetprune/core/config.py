@@ -422,10 +422,17 @@ class RunSettings(Section):
     # -- left out of a run's settings while unset (OMITTED), so keys made before them do not move -------------
     augment: str | None = setting(None, "an ImageFolder's training augmentation: light, imagenet, none or paper "
                                         "(null: the --augment option's, light by default)")
+    selection: int | None = setting(None, "items held out of the training data as the selection split, on which "
+                                          "every choice is measured (MAP points, checks, share points, a best "
+                                          "epoch), never on the val set the result reports; null: the data set's "
+                                          "default (digits 300, digit pairs 1000, an ImageFolder a tenth of "
+                                          "train/, at most 10,000); 0: none (choices on val, the report says so)")
 
     def __post_init__(self):
         self.need("augment", self.augment is None or self.augment in AUGMENTATIONS,
                   f"one of {', '.join(AUGMENTATIONS)} or null")
+        self.need("selection", self.selection is None or (whole(self.selection) and self.selection >= 0),
+                  "a whole number of items >= 0 (0: none) or null (the data set's default)")
         for name in ("scorer", "attn_remover", "act_remover", "cost_model", "device"):
             self.need(name, isinstance(getattr(self, name), str) and getattr(self, name) != "", "a name")
         self.need("mergers", isinstance(self.mergers, list) and all(isinstance(m, str) for m in self.mergers),
@@ -457,7 +464,7 @@ class RunSettings(Section):
         return dict(getattr(self, f"{kind}_options").get(name) or {})
 
 
-OMITTED = {"augment": None}   # top-level settings left out of a run's settings at these values
+OMITTED = {"augment": None, "selection": None}   # top-level settings left out of a run's settings at these values
 CORE_DEFAULTS: dict = {k: v for k, v in RunSettings().to_dict().items() if k not in OMITTED}
 UNKEYED = ("dist_timeout_min",)   # top-level settings that shape no result: left out of every key
 

@@ -19,6 +19,7 @@ hetprune's bugs and pass through unchanged, traceback and all.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import math
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import ATTN_MODES
-from .errors import HetpruneError, PluginError
+from .errors import HetpruneError, PluginError, ValReadWhileChoosing
 
 
 
@@ -59,6 +60,42 @@ def leave_stage(stage: str) -> None:
 def current_stage() -> str | None:
     stack = _stages.get()
     return stack[-1] if stack else None
+
+
+# -- choices: what a strategy decides from measurements (never from the val set the result reports) ----
+
+_choosing: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("hetprune_choosing", default=())
+
+
+@contextlib.contextmanager
+def choosing(what: str):
+    """A part of a run that decides something from measurements (a split, the sites, a share, a best epoch):
+    inside it a task with a selection split refuses to evaluate on its val set (`check_val_read`)."""
+    token = _choosing.set(_choosing.get() + (what,))
+    try:
+        yield
+    finally:
+        _choosing.reset(token)
+
+
+def current_choice() -> str | None:
+    """What is being chosen now (the innermost `choosing`), or None outside every choice."""
+    stack = _choosing.get()
+    return stack[-1] if stack else None
+
+
+def check_val_read(task_name: str) -> None:
+    """Refuse a read of a task's val set while a choice is made: the number it gives would pick what the
+    result then reports on the same images (a strategy that tries K splits and keeps the best on val beats a
+    baseline that runs once). Called by a task that has a selection split to measure choices on instead."""
+    what = current_choice()
+    if what is not None:
+        stage = current_stage()
+        raise ValReadWhileChoosing(
+            f"the val set of task {task_name!r} was read while choosing {what}"
+            f"{f' (stage {stage})' if stage else ''}: every choice is measured on the task's selection split "
+            "(job.choice_metric(model), or task.evaluate(model, split='selection')), never on the val set the "
+            "result reports")
 
 
 # -- who a component belongs to ----------------------------------------------------------------------

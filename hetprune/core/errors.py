@@ -32,6 +32,11 @@ class BudgetUnreachable(HetpruneError):
     say). ``prune`` reports it as an error; ``compare`` shows it in that strategy's row and goes on."""
 
 
+class ValReadWhileChoosing(HetpruneError):
+    """The val set a result reports was read while a choice was made (`hetprune.core.contract.check_val_read`):
+    a strategy's fault, not the user's input, so the conformance kit fails on it."""
+
+
 # -- how messages name options: the command line's flags, or the Python call's arguments ---------------
 _ON_COMMAND_LINE = False
 

@@ -50,18 +50,21 @@ class DepthStrategy:
         job.strategy_name = job.strategy_name or self.name
         started = time.time()
         t = job.stage_start("allocate", budget=job.budget.to_dict())
-        (n_attn, n_act), alloc_info = dist.broadcast(allocation(self.allocate(job)))
+        with job.choosing("the split"):   # measured on the selection split, never on the val set reported
+            (n_attn, n_act), alloc_info = dist.broadcast(allocation(self.allocate(job)))
         job.stage_end("allocate", t, n_attn=n_attn, n_act=n_act, **alloc_info)
         job.log(f"[{job.strategy_name}] split: {n_attn} attention + {n_act} activation sites")
 
         model = self.prepare(job)
         t = job.stage_start("select", n_attn=n_attn, n_act=n_act, scorer=job.config.scorer)
-        chosen = self.choose(job, model, {"attn": n_attn, "act": n_act})
+        with job.choosing("the sites"):
+            chosen = self.choose(job, model, {"attn": n_attn, "act": n_act})
         job.stage_end("select", t, sites=[str(s) for s in chosen])
         job.log(f"[{job.strategy_name}] sites: {', '.join(str(s) for s in chosen) or '(none)'}")
 
         removal = self.remove(job, model, chosen)
-        more, budget_check = self.meet_budget(job, model)   # before the fine-tune: no training is wasted
+        with job.choosing("the sites that meet the budget"):
+            more, budget_check = self.meet_budget(job, model)   # before the fine-tune: no training is wasted
         removal = {**removal, **more} if more else removal
         metric_pruned, history, metric = finetune_and_measure(job, model, "removal")
 

@@ -235,10 +235,38 @@ class PruneJob:
                    info={"strategy": self.strategy_name, "seconds": round(time.time() - started, 2), **info})
 
     def evaluate(self, model: nn.Module) -> float:
-        """The task's metric of ``model`` on its validation data (top-1 in percent by default)."""
+        """The task's metric of ``model`` on its validation data (top-1 in percent by default): what a result
+        reports. Never inside `choosing` (a task with a selection split refuses it): use `choice_metric`."""
         return self.task.evaluate(model, self.device, amp=self.amp, workers=self.workers)
 
     val_accuracy = evaluate   # the name from before tasks had other metrics
+
+    def choice_metric(self, model: nn.Module) -> float:
+        """The task's metric of ``model`` on the split choices are made on (`choice_split`): what a MAP point,
+        a check, a share point or any best-of records."""
+        if self.choice_split == "val" and not getattr(self.task, "_said_no_selection", False):
+            self.task._said_no_selection = True
+            self.log(f"note: the task ({self.task.name}) has no selection split, so this run's choices are "
+                     "measured on its val set, the one its result reports (Task(selection=...) holds a part of "
+                     "the training data out for them)")
+        return self.task.evaluate(model, self.device, amp=self.amp, workers=self.workers, split=self.choice_split)
+
+    @property
+    def choice_split(self) -> str:
+        """``selection`` where the task has a selection split, else ``val`` (the report says which)."""
+        return self.task.choice_split
+
+    def choosing(self, what: str):
+        """A context for a part of the run that chooses from measurements (a split, sites, a share): in it the
+        task's val set cannot be read where a selection split exists (`hetprune.core.contract.choosing`)."""
+        return contract.choosing(what)
+
+    def splits(self) -> dict:
+        """What the report says of the data's splits: the one its metric is measured on, the one choices were
+        measured on, and their sizes where known."""
+        sizes = {name: _size(getattr(self.task, name, None)) for name in ("val", "selection")}
+        return {"metric": "val", "choices": self.choice_split,
+                **{f"{k}_items": v for k, v in sizes.items() if v is not None}}
 
     @contextlib.contextmanager
     def serving(self):
@@ -346,3 +374,12 @@ def scoring_context(job: PruneJob, workdir: Path | None = None) -> ScoringContex
     )
 
 
+def _size(data) -> int | None:
+    """How many items a split holds, where that is known (a sized data set, or one behind a loader)."""
+    if data is None:
+        return None
+    inner = getattr(data, "dataset", data)
+    try:
+        return len(inner) if not isinstance(inner, (list, tuple)) or inner is not data else None
+    except TypeError:
+        return None

@@ -62,26 +62,30 @@ def epoch_images(cfg: TrainConfig, train_size: int | None) -> int | None:
     return min(cfg.subset or train_size, train_size)
 
 
-def val_size(task) -> int | None:
-    """Images one evaluation reads: the task's validation set, where its size is known."""
+def val_size(task, split: str = "val") -> int | None:
+    """Images one evaluation of ``split`` reads (val, or the selection split), where the size is known."""
     data = getattr(task, "data", None)
     if data is not None:
-        return len(data.val)
-    dataset = getattr(task.val, "dataset", None)
+        held = data.val if split == "val" else data.selection
+        return None if held is None else len(held)
+    held = task.val if split == "val" else getattr(task, "selection", None)
+    dataset = getattr(held, "dataset", None)
     return len(dataset) if dataset is not None and hasattr(dataset, "__len__") else None
 
 
 def finetune_step(job, section: str, stage: str, what: str, count: int = 1, evaluations: int = 0) -> PlanStep:
     """``count`` fine-tunes of schedule ``section`` (with their own evaluations, ``eval_every``) and
-    ``evaluations`` more of the task's validation set."""
+    ``evaluations`` more: all of them on the split choices are made on (the selection split: a point's
+    metric, a best epoch), not the val set."""
     cfg = job.config.schedule(section)
     per = epoch_images(cfg, job.task.train_size) or 0
     evals = (cfg.epochs // cfg.eval_every + (1 if cfg.epochs % cfg.eval_every else 0)) if cfg.eval_every else 0
-    val = val_size(job.task) or 0
-    return PlanStep(stage, what, count, count * cfg.epochs * per, (count * evals + evaluations) * val)
+    held = val_size(job.task, job.task.choice_split) or 0
+    return PlanStep(stage, what, count, count * cfg.epochs * per, (count * evals + evaluations) * held)
 
 
 def evaluation_step(job, stage: str, what: str, count: int) -> PlanStep:
+    """``count`` evaluations of the val set: what the result reports."""
     return PlanStep(stage, what, 0, 0, count * (val_size(job.task) or 0))
 
 

@@ -39,12 +39,14 @@ class DataBundle:
     fingerprint: str
     augment: str | None = None   # an ImageFolder's training augmentation (the embedded sets have their own)
     workers: int | None = None   # loader workers when a schedule says 0 (ImageFolder: a share of the CPUs)
+    selection: Dataset | None = None   # held out of ``train``: every choice a strategy makes is measured on it
 
     def describe(self) -> dict:
         return {
             "name": self.name,
             "train": len(self.train),
             "val": len(self.val),
+            **({"selection": len(self.selection)} if self.selection is not None else {}),
             "num_classes": self.num_classes,
             "fingerprint": self.fingerprint,
             **({"augment": self.augment} if self.augment else {}),
@@ -193,18 +195,47 @@ class EpochItems(Dataset):
         return self.dataset[i]
 
 
-def digits(img_size: int = 16, val_size: int = 450, seed: int = 0, shift: int = 2) -> DataBundle:
-    """scikit-learn's 8x8 digits, upscaled to ``img_size``, stratified train/val split."""
+DIGITS_SELECTION = 300        # training images of `digits` held out as its selection split
+DIGIT_PAIRS_SELECTION = 1000  # pairs of training digits, never a training pair, as `digit_pairs`' selection split
+FOLDER_SELECTION = 10_000     # an ImageFolder's selection split: at most this many training images ...
+FOLDER_SELECTION_SHARE = 10   # ... and at most a tenth of them
+
+
+def digits(img_size: int = 16, val_size: int = 450, seed: int = 0, shift: int = 2,
+           selection: int | None = None) -> DataBundle:
+    """scikit-learn's 8x8 digits, upscaled to ``img_size``, stratified train/val split; ``selection``
+    training images (None: `DIGITS_SELECTION`; 0: none) are held out of ``train`` as the selection split, a
+    seeded stratified draw. The base model was trained on the whole training pool (``selection=0``); the
+    fine-tunes of a run never see the selection images."""
+    selection = DIGITS_SELECTION if selection is None else _selection_size(selection)
     raw_images, raw_labels, train_idx, val_idx = _digits_split(val_size, seed)
     images = torch.tensor(raw_images, dtype=torch.float32).unsqueeze(1)
     images = F.interpolate(images, size=(img_size, img_size), mode="bilinear", align_corners=False)
     images = (images - 0.5) / 0.5
     labels = torch.tensor(raw_labels, dtype=torch.long)
+    held = None
+    if selection:
+        from sklearn.model_selection import train_test_split
+
+        if selection >= len(train_idx):
+            raise HetpruneError(f"a selection split of {selection} digits leaves no training image "
+                                f"({len(train_idx)} in the training pool)")
+        train_idx, sel_idx = train_test_split(train_idx, test_size=selection, stratify=raw_labels[train_idx],
+                                              random_state=seed + 1)
+        train_idx, sel_idx = np.sort(train_idx), np.sort(sel_idx)
+        held = TensorDataset(images[sel_idx], labels[sel_idx])
     train = ShiftedImages(images[train_idx], labels[train_idx], shift)
     val = TensorDataset(images[val_idx], labels[val_idx])
     fp = fingerprint({"data": DIGITS, "img_size": img_size, "val_size": val_size, "seed": seed, "shift": shift,
-                      "augment": "per-item-v2"})
-    return DataBundle(DIGITS, train, val, 10, 1, img_size, fp)
+                      "augment": "per-item-v2", **({"selection": selection} if selection else {})})
+    return DataBundle(DIGITS, train, val, 10, 1, img_size, fp, selection=held)
+
+
+def _selection_size(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HetpruneError(f"the selection split's size must be a whole number of items >= 0 (0: none), "
+                            f"got {value!r}")
+    return value
 
 
 def _digits_split(val_size: int, seed: int):
@@ -219,7 +250,7 @@ def _digits_split(val_size: int, seed: int):
 
 
 def digit_pairs(train_pairs: int = 4000, val_pairs: int = 1000, val_size: int = 450, seed: int = 0,
-                shift: int = 1, singles: float = 0.25) -> DataBundle:
+                shift: int = 1, singles: float = 0.25, selection: int | None = None) -> DataBundle:
     """Two scikit-learn digits side by side, labelled by their sum (19 classes, 0..18).
 
     Each 8x8 digit is stretched to 16 rows x 8 columns, so a pair fills one 16x16
@@ -233,9 +264,17 @@ def digit_pairs(train_pairs: int = 4000, val_pairs: int = 1000, val_size: int = 
     pairs. The label needs both halves and is not linear in the pixels: a
     logistic regression on raw pixels reaches about 20 % on it
     (benchmarks/results/digit-pairs-linear.md).
+
+    The selection split (``selection`` pairs; None: `DIGIT_PAIRS_SELECTION`; 0: none) is drawn after the
+    train and val pairs (which stay what they were), from the training digits, and holds no pair of digit
+    images that is a training pair: new combinations of digits the training pairs show, as an ImageFolder's
+    selection images are training images the base model saw and the run's fine-tunes do not.
     """
+    selection = DIGIT_PAIRS_SELECTION if selection is None else _selection_size(selection)
     images, labels, train_idx, val_idx = _digits_split(val_size, seed)
     rng = np.random.default_rng(seed)
+
+    drawn = []   # per call of pairs: (left, right) digit indices, -1 for a blank half
 
     def pairs(pool: np.ndarray, n: int, singles: float):
         left, right = rng.choice(pool, n), rng.choice(pool, n)
@@ -244,6 +283,7 @@ def digit_pairs(train_pairs: int = 4000, val_pairs: int = 1000, val_size: int = 
         blank = rng.random(n) < singles
         blank_left = blank & (rng.random(n) < 0.5)
         blank_right = blank & ~blank_left
+        drawn.append((np.where(blank_left, -1, left), np.where(blank_right, -1, right)))
         lx, ly = np.where(blank_left[:, None, None], 0.0, lx), np.where(blank_left, 0, ly)
         rx, ry = np.where(blank_right[:, None, None], 0.0, rx), np.where(blank_right, 0, ry)
         x = torch.tensor(np.concatenate([lx, rx], axis=2), dtype=torch.float32).unsqueeze(1)
@@ -252,9 +292,19 @@ def digit_pairs(train_pairs: int = 4000, val_pairs: int = 1000, val_size: int = 
 
     train_x, train_y = pairs(train_idx, train_pairs, singles)
     val_x, val_y = pairs(val_idx, val_pairs, 0.0)
+    held = None
+    if selection:
+        seen = {(int(a), int(b)) for a, b in zip(*drawn[0])}   # the training pairs (a blank half: not a pair)
+        sel_x, sel_y = pairs(train_idx, 2 * selection + 64, 0.0)
+        fresh = [i for i, (a, b) in enumerate(zip(*drawn[-1])) if (int(a), int(b)) not in seen][:selection]
+        if len(fresh) < selection:
+            raise HetpruneError(f"digit pairs: cannot draw {selection} selection pairs that are not training pairs")
+        held = TensorDataset(sel_x[fresh], sel_y[fresh])
     fp = fingerprint({"data": DIGIT_PAIRS, "train_pairs": train_pairs, "val_pairs": val_pairs, "val_size": val_size,
-                      "seed": seed, "shift": shift, "singles": singles, "label": "sum", "v": 1})
-    return DataBundle(DIGIT_PAIRS, ShiftedImages(train_x, train_y, shift), TensorDataset(val_x, val_y), 19, 1, 16, fp)
+                      "seed": seed, "shift": shift, "singles": singles, "label": "sum", "v": 1,
+                      **({"selection": selection} if selection else {})})
+    return DataBundle(DIGIT_PAIRS, ShiftedImages(train_x, train_y, shift), TensorDataset(val_x, val_y), 19, 1, 16, fp,
+                      selection=held)
 
 
 def read_image(path: str):
@@ -328,13 +378,17 @@ FINGERPRINTS = ("sizes", "content")   # what an ImageFolder's fingerprint reads 
 
 
 def image_folder(path: str | Path, model: torch.nn.Module, augment="light", workers: int | None = None,
-                 fingerprint_by: str = "sizes") -> DataBundle:
+                 fingerprint_by: str = "sizes", selection: int | None = None) -> DataBundle:
     """``PATH/train/<class>/*`` and ``PATH/val/<class>/*`` with timm's transforms for ``model``; the training
     images augmented as ``augment`` says (a name or an `Augmentation`: `train_transform`), seeded per item.
     ``workers``: loader processes when a schedule says 0 (None: `default_workers`). ``fingerprint_by``:
     what keys the data (`folder_fingerprint`): every image's name and size (``sizes``, the default) or
     its bytes too (``content``: reads the whole data set once). Under torchrun every rank must call it
-    together: rank 0 alone computes the fingerprint and every rank receives it."""
+    together: rank 0 alone computes the fingerprint and every rank receives it.
+
+    ``selection`` training images (None: a tenth, at most `FOLDER_SELECTION`; 0: none), a draw seeded
+    apart from the run's seed, are held out of ``train`` and read with the validation transform: the
+    selection split every choice of a run is measured on (ImageNet: 10,000 of 1,281,167 images)."""
     aug = augmentation(augment)
     if fingerprint_by not in FINGERPRINTS:
         raise HetpruneError(f"the data fingerprint reads {' or '.join(FINGERPRINTS)} of each file, not "
@@ -369,8 +423,35 @@ def image_folder(path: str | Path, model: torch.nn.Module, augment="light", work
                             "cfg": cfg, "augment": aug.name if named else asdict(aug), "seeded": 1})
 
     fp = dist.on_main(key)   # computed once, by rank 0 (each file stat'ed once), and broadcast
-    return DataBundle(str(root), SeededItems(train), val, len(train.classes), cfg["input_size"][0],
-                      cfg["input_size"][1], fp, augment=aug.name, workers=default_workers() if workers is None else workers)
+    size = (min(FOLDER_SELECTION, len(train) // FOLDER_SELECTION_SHARE) if selection is None
+            else _selection_size(selection))
+    if size >= len(train):
+        raise HetpruneError(f"data folder {root}: a selection split of {size} images leaves no training image "
+                            f"({len(train)} in train/)")
+    held, kept = None, train
+    if size:
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(SELECTION_SEED)).tolist()
+        held = FolderPart(plain_copy(train, val.transform), sorted(order[:size]))
+        kept = FolderPart(train, sorted(order[size:]))
+        fp = fingerprint({"data": fp, "selection": size, "seed": SELECTION_SEED})
+    return DataBundle(str(root), SeededItems(kept), val, len(train.classes), cfg["input_size"][0],
+                      cfg["input_size"][1], fp, augment=aug.name, workers=default_workers() if workers is None else workers,
+                      selection=held)
+
+
+SELECTION_SEED = 20_260_701   # an ImageFolder's selection split is the same whatever the run's seed
+
+
+class FolderPart(Subset):
+    """Some of an ImageFolder's items (the training images a selection split leaves, or the split itself), with
+    the folder's transforms and classes still reachable as attributes (what reads ``data.train.transform``)."""
+
+    SHARED = ("transform", "transforms", "target_transform", "classes", "class_to_idx", "root", "loader")
+
+    def __getattr__(self, name):
+        if name in FolderPart.SHARED:
+            return getattr(self.dataset, name)
+        raise AttributeError(name)
 
 
 def _image_folders(root: Path, cfg: dict, aug):
@@ -435,16 +516,19 @@ def default_workers() -> int:
 
 
 def load_data(spec: str, model: torch.nn.Module | None = None, seed: int = 0, augment="light",
-              workers: int | None = None, fingerprint_by: str = "sizes") -> DataBundle:
+              workers: int | None = None, fingerprint_by: str = "sizes", selection: int | None = None) -> DataBundle:
     """An embedded data set by name (its own fixed augmentation: shifts of a pixel or two), or an ImageFolder
-    root (``augment``: see `train_transform`; ``workers`` and ``fingerprint_by``: see `image_folder`)."""
+    root (``augment``: see `train_transform`; ``workers`` and ``fingerprint_by``: see `image_folder`).
+    ``selection``: the size of the selection split held out of the training data (None: the data set's
+    default; 0: none)."""
     if spec == DIGITS:
-        return digits(seed=seed)
+        return digits(seed=seed, selection=selection)
     if spec == DIGIT_PAIRS:
-        return digit_pairs(seed=seed)
+        return digit_pairs(seed=seed, selection=selection)
     if model is None:
         raise HetpruneError("an ImageFolder data set needs the model to resolve its transforms")
-    return image_folder(spec, model, augment=augment, workers=workers, fingerprint_by=fingerprint_by)
+    return image_folder(spec, model, augment=augment, workers=workers, fingerprint_by=fingerprint_by,
+                        selection=selection)
 
 
 def subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
@@ -542,21 +626,30 @@ def without_augmentation(data: DataBundle) -> Dataset:
     """The training images as the model sees them at inference: no random shift (the embedded data sets), the
     validation transform instead of the training one (an ImageFolder). What INT8 calibration reads: ranges
     measured on augmented images would not be those of deployed inputs."""
-    import copy
-
     train = data.train
     if isinstance(train, ShiftedImages):
         return TensorDataset(train.images, train.labels)
     transform = getattr(data.val, "transform", None)
-    if transform is not None and hasattr(train, "transform"):
-        plain = copy.copy(train)
-        plain.transform = transform
-        if hasattr(plain, "transforms"):   # torchvision's VisionDataset applies ``transforms``
-            from torchvision.datasets.vision import StandardTransform
+    inner = train.dataset if isinstance(train, SeededItems) else train
+    if transform is None:
+        return train
+    if isinstance(inner, Subset) and hasattr(inner.dataset, "transform"):   # a folder's selection held out
+        return Subset(plain_copy(inner.dataset, transform), inner.indices)
+    return plain_copy(inner, transform) if hasattr(inner, "transform") else train
 
-            plain.transforms = StandardTransform(transform, getattr(train, "target_transform", None))
-        return plain
-    return train
+
+def plain_copy(dataset: Dataset, transform) -> Dataset:
+    """A shallow copy of a torchvision data set that applies ``transform`` (the validation one) instead of its
+    own: the same files, read as at inference."""
+    import copy
+
+    plain = copy.copy(dataset)
+    plain.transform = transform
+    if hasattr(plain, "transforms"):   # torchvision's VisionDataset applies ``transforms``
+        from torchvision.datasets.vision import StandardTransform
+
+        plain.transforms = StandardTransform(transform, getattr(dataset, "target_transform", None))
+    return plain
 
 
 def example_batch(data: DataBundle, n: int = 8) -> torch.Tensor:

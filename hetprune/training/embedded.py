@@ -122,7 +122,7 @@ def train_embedded(bench: EmbeddedBenchmark, spec: ModelSpec, training: dict | N
     log(f"training the embedded base model ({bench.name}, {training['epochs']} epochs; cached in {folder}) ...")
     torch.manual_seed(training["seed"])
     model = build(spec)
-    data = bench.data()
+    data = bench.data(selection=0)   # the whole training pool, as the shipped models were trained
     cfg = TrainConfig(epochs=training["epochs"], lr=training["lr"], batch_size=training["batch_size"],
                       weight_decay=training["weight_decay"], seed=training["seed"], kd="none",
                       warmup_epochs=training.get("warmup_epochs", 2), device=device)

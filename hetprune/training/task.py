@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from ..core import devices, tensors
+from ..core import contract, devices, tensors
 from ..core import distributed as dist
 from ..core.fingerprint import fingerprint as fingerprint_of
 from ..core.config import TrainConfig
@@ -67,6 +67,9 @@ class Schedule:
         return self.config.subset
 
 
+SPLITS = ("val", "selection")   # what a task evaluates on: the reported split, and the one choices are made on
+
+
 class Task:
     """A user's task: data, loss, metric, and optionally a training loop (see the module docstring).
 
@@ -74,15 +77,20 @@ class Task:
     to the data: pass one that changes when your data changes. Without it,
     hetprune hashes the first batch of each split and the split sizes.
     ``example`` is an input batch for cost counting and exactness checks
-    (default: the input of the first validation batch).
+    (default: the input of the first validation batch). ``selection`` is
+    a held-out part of the training data (batches as ``val``, none of them
+    in ``train``): every choice a strategy makes (MAP points, checks, a best
+    epoch, ...) is measured on it, never on ``val``, which only reports the
+    result. Without one, choices are measured on ``val`` and the report says so.
     """
 
     def __init__(self, train: Iterable, val: Iterable, loss: Callable[[nn.Module, Any], torch.Tensor],
                  metric: Callable[[nn.Module, Iterable], float], higher_is_better: bool = True,
                  finetune: Callable[[nn.Module, nn.Module, Schedule], Any] | None = None,
                  metric_name: str = "metric", example: torch.Tensor | None = None,
-                 fingerprint: str | None = None, name: str = "task"):
-        for what, value in (("train", train), ("val", val)):
+                 fingerprint: str | None = None, name: str = "task", selection: Iterable | None = None):
+        for what, value in (("train", train), ("val", val)) + ((("selection", selection),) if selection is not None
+                                                                 else ()):
             if value is None or not hasattr(value, "__iter__"):
                 raise HetpruneError(f"Task {what} must be re-iterable batches (a DataLoader or a list), "
                                     f"got {type(value).__name__}")
@@ -95,10 +103,12 @@ class Task:
         if finetune is not None and not callable(finetune):
             raise HetpruneError(f"Task finetune must be a function (model, teacher, schedule) or None, "
                                 f"got {type(finetune).__name__}")
-        self._set(train, val, loss, metric, higher_is_better, finetune, metric_name, example, fingerprint, name)
+        self._set(train, val, loss, metric, higher_is_better, finetune, metric_name, example, fingerprint, name,
+                  selection)
 
-    def _set(self, train, val, loss, metric, higher_is_better, finetune, metric_name, example, fingerprint, name):
-        self.train, self.val = train, val
+    def _set(self, train, val, loss, metric, higher_is_better, finetune, metric_name, example, fingerprint, name,
+             selection=None):
+        self.train, self.val, self.selection = train, val, selection
         self._loss, self._metric, self._finetune = loss, metric, finetune
         self.higher_is_better = bool(higher_is_better)
         self.metric_name, self.name = str(metric_name), str(name)
@@ -117,21 +127,43 @@ class Task:
             raise HetpruneError(f"the task's loss must return a scalar tensor, got {_describe(value)}")
         return value.reshape(())
 
+    @property
+    def choice_split(self) -> str:
+        """The split choices are measured on: ``selection`` where the task has one, else ``val``."""
+        return "selection" if self.selection is not None else "val"
+
+    def split_data(self, split: str):
+        """The data of ``split`` (``val`` or ``selection``). Reading ``val`` while a strategy chooses
+        something is an error for a task with a selection split (`hetprune.core.contract.check_val_read`)."""
+        if split not in SPLITS:
+            raise HetpruneError(f"a task evaluates on split val or selection, not {split!r}")
+        if split == "selection":
+            if self.selection is None:
+                raise HetpruneError(f"the task {self.name!r} has no selection split (Task(selection=...), or the "
+                                    "selection setting for a data set hetprune loads)")
+            return self.selection
+        if self.selection is not None:
+            contract.check_val_read(self.name)
+        return self.val
+
     def evaluate(self, model: nn.Module, device: torch.device | str = "cpu", amp: str = "none",
-                 workers: int = 0, distributed: bool | None = None) -> float:
-        """The task's metric of ``model`` on the validation data, checked to be a finite number.
+                 workers: int = 0, distributed: bool | None = None, split: str = "val") -> float:
+        """The task's metric of ``model`` on the validation data (``split="selection"``: on the selection
+        split), checked to be a finite number.
 
         The metric sees this process's ``val`` (under torchrun, the user's loader decides what each rank
         reads; ``distributed`` only matters to the classification task, which splits and sums counts)."""
+        data = self.split_data(split)
         device = devices.resolve(device)
         devices.place(model, device)
         was_training = model.training
         model.eval()
-        if not getattr(self, "_val_has_batches", False):   # checked once: an empty loader is the user's mistake
-            if next(iter(self.val), None) is None:
-                raise HetpruneError(f"the task's val data ({self.name}) yields no batch")
-            self._val_has_batches = True
-        val = _OnDevice(self.val, device)
+        checked = self.__dict__.setdefault("_has_batches", set())
+        if split not in checked:   # checked once: an empty loader is the user's mistake
+            if next(iter(data), None) is None:
+                raise HetpruneError(f"the task's {split} data ({self.name}) yields no batch")
+            checked.add(split)
+        val = _OnDevice(data, device)
         try:
             with torch.inference_mode(), devices.autocast(device, devices.resolve_amp(amp, device)):
                 value = self._metric(model, val)
@@ -204,9 +236,10 @@ class Task:
         object: nothing is ever reused across runs for it (`fingerprinted` says which)."""
         if self._fingerprint is None:
             train, val = _batches_digest(self.train), _batches_digest(self.val)
+            held = {} if self.selection is None else {"selection": _batches_digest(self.selection)}
             if train.get("tensors") or val.get("tensors"):
                 self._fingerprint = fingerprint_of({"name": self.name, "train": train, "val": val,
-                                                    "metric": self.metric_name, "v": 2})
+                                                    "metric": self.metric_name, "v": 2, **held})
             else:
                 import uuid
 
@@ -291,9 +324,15 @@ class UserSource:
                                 f"{self.task.name} brings its own loader and loss: do them there (Task(finetune=...)),"
                                 " or leave them off")
 
+    @property
+    def eval_split(self) -> str:
+        """The split an epoch is evaluated on: the selection split where there is one (a best epoch is a choice)."""
+        return self.task.choice_split
+
     def evaluate(self, model: nn.Module, cfg: TrainConfig, device: torch.device, amp: str, distributed: bool) -> float:
-        """The task's metric (an epoch's evaluation, ``eval_every``)."""
-        return self.task.evaluate(model, device, amp=amp, workers=cfg.workers, distributed=distributed)
+        """The task's metric (an epoch's evaluation, ``eval_every``), on `eval_split`."""
+        return self.task.evaluate(model, device, amp=amp, workers=cfg.workers, distributed=distributed,
+                                  split=self.eval_split)
 
     def _limit(self, cfg: TrainConfig) -> int | None:
         """Batches of the loader's own batch size that hold ``subset`` items (None: every batch). Counted
@@ -367,17 +406,18 @@ class ClassificationTask(Task):
     def __init__(self, data: DataBundle):
         self.data = data   # map-style data sets (not batches): this task batches them itself
         self._set(data.train, data.val, _cross_entropy, _top1, True, None, "top1", None, data.fingerprint,
-                  data.name)
+                  data.name, data.selection)
 
-    def evaluate(self, model, device="cpu", amp="none", workers=0, distributed=None) -> float:
-        """Top-1 in percent; under torchrun each rank takes a share and the counts are summed, unless
-        ``distributed=False`` (a rank's own model, e.g. a MAP point, on the whole val set)."""
+    def evaluate(self, model, device="cpu", amp="none", workers=0, distributed=None, split="val") -> float:
+        """Top-1 in percent (on ``split``: val or selection); under torchrun each rank takes a share and the
+        counts are summed, unless ``distributed=False`` (a rank's own model on the whole split)."""
+        dataset = self.split_data(split)
         workers = workers or int(self.data.workers or 0)   # 0: the data set's own default
         if distributed is False:
             device = devices.resolve(device)
-            return evaluate(model, loader(self.data.val, 256, shuffle=False, workers=workers,
+            return evaluate(model, loader(dataset, 256, shuffle=False, workers=workers,
                                           pin_memory=device.type == "cuda"), device, amp=amp)
-        return evaluate_dataset(model, self.data.val, device, workers=workers, amp=amp)
+        return evaluate_dataset(model, dataset, device, workers=workers, amp=amp)
 
     def source(self):
         return ClassificationSource(self.data)

@@ -303,11 +303,17 @@ class ClassificationSource:
         x, y = batch
         return forward_loss(net, x, y, cfg, device, amp, teacher)
 
+    @property
+    def eval_split(self) -> str:
+        """The split an epoch is evaluated on: the selection split where there is one (a best epoch is a choice)."""
+        return "selection" if self.data.selection is not None else "val"
+
     def evaluate(self, model: nn.Module, cfg: TrainConfig, device: torch.device, amp: str, distributed: bool) -> float:
         workers = workers_for(self.data, cfg)
+        dataset = self.data.selection if self.data.selection is not None else self.data.val
         if distributed:
-            return evaluate_dataset(model, self.data.val, device, workers=workers, amp=amp)
-        return evaluate(model, loader(self.data.val, 256, shuffle=False, workers=workers,
+            return evaluate_dataset(model, dataset, device, workers=workers, amp=amp)
+        return evaluate(model, loader(dataset, 256, shuffle=False, workers=workers,
                                       pin_memory=device.type == "cuda"), device, amp=amp)
 
 
@@ -720,6 +726,8 @@ def _evaluate_epoch(model, ema, source, cfg, device, amp, distributed, metrics: 
     epoch, metric and, when ``keep: best``, its weights)."""
     value = source.evaluate(model, cfg, device, amp, distributed)
     metrics["metric"] = value
+    if getattr(source, "eval_split", "val") != "val":
+        metrics["split"] = source.eval_split   # a best epoch is chosen on it, never on the val set reported
     if getattr(source, "metric_name", None) == "top1":
         metrics["accuracy"] = value   # the key an evaluated epoch always had
     if ema is not None:

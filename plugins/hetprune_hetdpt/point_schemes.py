@@ -160,11 +160,10 @@ class PointScheme:
                          f"{batch_split(cfg, world)})")
 
     def evaluate(self, model) -> float:
-        """The metric a point records: the task's metric of ``model`` on its validation data, evaluated on
-        every rank together (each takes a share and the counts are summed). Every point and check is
-        evaluated here alone, so another split (a fixed selection split) is one change."""
-        job = self.job
-        return job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers)
+        """The metric a point records: the task's metric of ``model`` on the selection split (the val set
+        only for a task without one: `PruneJob.choice_metric`), evaluated on every rank together (each takes
+        a share and the counts are summed). Every point and check is evaluated here alone."""
+        return self.job.choice_metric(model)
 
     def record(self, store: PointStore, have: dict, model, a: int, m: int, chosen: list, started: float,
                made: dict, label: str) -> dict:
@@ -173,7 +172,8 @@ class PointScheme:
         whichever it is."""
         job = self.job
         acc = self.evaluate(model)
-        point = dist.broadcast({"n_attn": a, "n_act": m, "metric": acc, "sites": [str(s) for s in chosen],
+        point = dist.broadcast({"n_attn": a, "n_act": m, "metric": acc, "split": self.job.choice_split,
+                                "sites": [str(s) for s in chosen],
                                 "seconds": round(time.time() - started, 2), "scheme": self.name, **made})
         if dist.is_main():
             store.append(point)
@@ -320,7 +320,8 @@ class GradualPoints(PointScheme):
         images = sum(selector.plan(self.job, {"attn": a, "act": m}).train_images if hasattr(selector, "plan") else 0
                      for a, m in plan)
         return [PlanStep("stage 1: MAP points", f"{len(plan)} points, each the selector's own phase", len(plan),
-                         images, len(plan) * (val_size(self.job.task) or 0)), *self.plan_checks()]
+                         images, len(plan) * (val_size(self.job.task, self.job.choice_split) or 0)),
+                *self.plan_checks()]
 
     def images(self, removals: int) -> int | None:
         """Images the selector trains on for ``removals`` removals, where it says (gate-taylor's epochs)."""

@@ -90,8 +90,9 @@ def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: 
         remove_sites(job, model, chosen)
         info = width_prune(job, model, target, stage="share-point")
         job.task.fit(model, job.teacher_for(cfg)[0], cfg, "share", progress=False, desc="share point")
-        acc = job.task.evaluate(model, job.device, amp=job.amp, workers=job.workers)
-        point = dist.broadcast({"n_attn": a, "n_act": m, "metric": acc, "sites": [str(s) for s in chosen],
+        acc = job.choice_metric(model)   # a choice: on the selection split, never the val set reported
+        point = dist.broadcast({"n_attn": a, "n_act": m, "metric": acc, "split": job.choice_split,
+                                "sites": [str(s) for s in chosen],
                                 "macs": info["macs"], "seconds": round(time.time() - t0, 2)})
         if dist.is_main():
             store.append(point)

@@ -316,7 +316,8 @@ class HetDPTPlus:
             target = mac_target(job, dense_macs, self.name)
             searched = o.searched
             if searched:   # the split whose depth-then-width model predicts best, from cheap points
-                pick, search_info = share_search.search(job, target, dense_macs, width_prune)
+                with job.choosing("the depth share"):   # share points on the selection split
+                    pick, search_info = share_search.search(job, target, dense_macs, width_prune)
                 o = dataclasses.replace(o, depth_sites=sum(pick))
             # the depth part's budget: a site count, or its share of the MAC cut as a fraction of its input model
             depth_fraction = 1 - o.depth_share * (1 - target / dense_macs) if o.depth_sites is None else None

@@ -144,14 +144,15 @@ def data_for(args, model, seed: int = 0):
     if args.model and spec in EMBEDDED and not args.checkpoint:
         raise HetpruneError(f"--model NAME needs --data PATH (an ImageFolder) or a --checkpoint trained on {spec}")
     return load_data(spec, model, seed=seed, augment=getattr(args, "augment", None) or "light",
-                     fingerprint_by=getattr(args, "data_fingerprint", "sizes"))
+                     fingerprint_by=getattr(args, "data_fingerprint", "sizes"), selection=getattr(args, "selection", None))
 
 
 def augment_from(args, start) -> None:
-    """``--augment``, else the run's ``augment`` setting (a shipped config's), else light: before the data is
-    loaded and its first line printed."""
+    """``--augment``, else the run's ``augment`` setting (a shipped config's), else light, and the ``selection``
+    setting's split size: before the data is loaded and its first line printed."""
     if hasattr(args, "augment"):
         args.augment = args.augment or start.config.augment or "light"
+    args.selection = start.config.selection   # the selection split's size (None: the data set's default)
 
 
 def apply_data_options(args, settings: dict, data) -> None:

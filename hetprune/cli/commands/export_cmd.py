@@ -161,7 +161,7 @@ def _int8_task(args, recipe, model):
         where = "--data" if args.data else "the model's recipe (the data it was pruned on)"
         raise HetpruneError(f"{where} names {name!r}, which is neither an embedded data set ({', '.join(EMBEDDED)}) "
                             "nor a folder here; pass --data PATH (an ImageFolder root with train/ and val/)")
-    return classification(load_data(name, model))
+    return classification(load_data(name, model, selection=0))   # nothing is chosen: calibrate on all of train
 
 
 def _int8_kwargs(args) -> dict:

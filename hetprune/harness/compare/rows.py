@@ -162,7 +162,7 @@ def _worker(payload: dict) -> dict:
     dense = build(model_spec)
     load_state_into(dense, load_weights(payload["dense_weights"]), "dense model")
     data = load_data(payload["data_spec"], dense, seed=payload["data_seed"], augment=payload["augment"] or "light",
-                     workers=payload.get("workers"))
+                     workers=payload.get("workers"), selection=payload.get("selection"))
     if payload.get("fingerprint"):   # the parent's (an ImageFolder's may have been read by content): the same keys
         data.fingerprint = payload["fingerprint"]
     plan = RowPlan.from_payload(payload["plan"])
@@ -229,6 +229,7 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         common = {"model_spec": model_spec.to_dict(), "dense_weights": str(dense_path), "data_spec": data_spec,
                   "data_seed": 0, "augment": getattr(getattr(task, "data", None), "augment", None),
                   "workers": getattr(getattr(task, "data", None), "workers", None),
+                  "selection": len(getattr(getattr(task, "data", None), "selection", None) or ()),
                   "fingerprint": getattr(getattr(task, "data", None), "fingerprint", None), "base_info": base_info,
                   "out": str(out), "resume": resume, "plugin_modules": extra_modules()}
         log(f"running {len(todo)} rows in {jobs} parallel processes ...")
