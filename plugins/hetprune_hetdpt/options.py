@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hetprune.core.config import Section, setting, whole
+from hetprune.core.config import Section, number, setting, whole
 
 FINETUNES = ("auto", "finetune", "short_finetune")
 ORDERS = ("act", "attn")
+VERIFY_BY = ("points", "pipeline")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,12 @@ class HetDPTOptions(Section):
                              "its unmeasured neighbours); 0 = the paper's one-shot fit")
     verify: int = setting(3, "past the paper: the K best predicted splits measured, the best of them picked (0 = the "
                              "predictor's argmax)")
+    verify_by: str = setting("points", "how the K splits are measured: points (a point of the scheme's kind: "
+                                       "progressive checks from the nearest path point) or pipeline (the final "
+                                       "run's own selection and fine-tune, by successive halving within "
+                                       "verify_budget)")
+    verify_budget: float = setting(3.0, "verify_by pipeline: what the checks may cost in all, in final fine-tunes' "
+                                        "training images (the K selections counted too)")
 
     def __post_init__(self):
         self.need("predictor", isinstance(self.predictor, str) and self.predictor != "", "a predictor's name")
@@ -61,6 +68,9 @@ class HetDPTOptions(Section):
         self.need("dense_point", isinstance(self.dense_point, bool), "true or false")
         self.need("refine", whole(self.refine, 0), "a count of rounds >= 0")
         self.need("verify", whole(self.verify, 0), "a count of splits >= 0")
+        self.need("verify_by", self.verify_by in VERIFY_BY, f"one of {', '.join(VERIFY_BY)}")
+        self.need("verify_budget", number(self.verify_budget) and self.verify_budget > 0,
+                  "a number of final fine-tunes > 0")
 
     def predictor_options_for(self, name: str) -> dict:
         return dict(self.predictor_options.get(name) or {})

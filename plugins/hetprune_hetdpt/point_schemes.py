@@ -120,7 +120,7 @@ class PointScheme:
 
     def plan_checks(self) -> list:
         verify = self.options.verify
-        if not verify:
+        if not verify or self.options.verify_by != "points":   # pipeline checks: the strategy counts them
             return []
         return [finetune_step(self.job, resolve_finetune({**self.job.settings, "hetdpt": {
             **self.options.to_dict(), "point_finetune": "auto"}}, self.job.task.train_size, "oneshot"),

@@ -8,6 +8,7 @@ from hetprune.pruning.pipeline import DepthStrategy, PruneJob
 from hetprune.pruning.point_store import metric_of
 from hetprune.core import distributed as dist
 
+from .halving import PipelineChecks
 from .options import HetDPTOptions
 from .point_schemes import OneShotPoints, grid_plan, resolve_finetune
 from .point_selection import SCHEMES, scheme_for
@@ -86,7 +87,11 @@ class HetDPT(DepthStrategy):
         if len(pairs) <= 1:
             return []
         scheme = self.scheme(job)
-        return scheme.plan_steps(scheme.plan(pairs), pairs)
+        steps = scheme.plan_steps(scheme.plan(pairs), pairs)
+        opts = job.options(HetDPTOptions)
+        if opts.verify and opts.verify_by == "pipeline":
+            steps += PipelineChecks(job).plan_steps(min(opts.verify, len(pairs)), opts.verify_budget)
+        return steps
 
     # -- stage 1: allocation ---------------------------------------------------
     def predictor_for(self, job: PruneJob, plan: list[tuple[int, int]], what: str = "this budget and model"):
@@ -139,14 +144,23 @@ class HetDPT(DepthStrategy):
         # Ties go to fewer attention removals.
         value = {pair: measured.get(pair, predicted[pair]) if refine else predicted[pair] for pair in pairs}
         pick = max(pairs, key=lambda p: (sign * value[p], -p[0]))
-        checked = []
-        if verify:   # past the paper: the best predicted splits measured (progressive: checked), the best kept
+        checked, halved, verified = [], None, None
+        if verify:   # past the paper: the best predicted splits measured, the best kept
             best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:verify]
-            found = scheme.verify(best)
-            pick = max(best, key=lambda p: (sign * metric_of(found[p]), -p[0]))
-            checked = [found[p] for p in best]
-            job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(metric_of(found[(a, m)]))}"
-                                                       for a, m in best))
+            if opts.verify_by == "pipeline":   # the final run's selection and fine-tune, successive halving
+                halved = PipelineChecks(job).run(best, opts.verify_budget)
+                pick = halved.winner
+                verified = next((m["metric"] for r in reversed(halved.rounds) for m in r["measured"]
+                                 if (m["n_attn"], m["n_act"]) == pick), None)
+                job.log(f"[hetdpt] pipeline checks: {pick[0]}+{pick[1]} kept after {len(halved.rounds)} round(s), "
+                        f"{halved.spent:.2f} of {halved.budget:g} final fine-tunes spent")
+            else:
+                found = scheme.verify(best)
+                pick = max(best, key=lambda p: (sign * metric_of(found[p]), -p[0]))
+                checked = [found[p] for p in best]
+                verified = metric_of(found[pick])
+                job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(metric_of(found[(a, m)]))}"
+                                                           for a, m in best))
         surface = [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)],
                     **({"std": predictor.uncertainty(a, m)} if hasattr(predictor, "uncertainty") else {}),
                     **({"measured": measured[(a, m)]} if (a, m) in measured else {})} for a, m in pairs]
@@ -156,9 +170,10 @@ class HetDPT(DepthStrategy):
         return pick, {"predictor": predictor.name, "points": points, "fit": fit, "surface": surface,
                       "refinement": rounds, "verified": checked, "point_selection": scheme.name,
                       "points_cost": points_cost(points + checked),
+                      **({"pipeline_checks": halved.to_dict()} if halved is not None else {}),
                       "pick": {"n_attn": pick[0], "n_act": pick[1], "predicted": predicted[pick],
                                **({"measured": measured[pick]} if refine and pick in measured else {}),
-                               **({"verified": metric_of(found[pick])} if verify else {})}}
+                               **({"verified": verified} if verify else {})}}
 
     @staticmethod
     def fit(predictor, points: list[dict], pairs: list[tuple[int, int]]) -> dict[tuple[int, int], float]:

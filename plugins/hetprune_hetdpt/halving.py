@@ -1,0 +1,186 @@
+"""Checks the final pipeline would make (``hetdpt.verify_by: pipeline``): the K best predicted splits, each
+through the final run's own selection and fine-tune, measured on the selection split, kept by successive
+halving within a cost budget in final-fine-tune units.
+
+The checks of the points' own kind (``verify_by: points``) fine-tune the path's model of a split, not what
+the final run makes of it (the run's selector from the dense model, then its KD fine-tune); they undervalued
+attention-heavy splits in the study (benchmarks/results/map-points.md). Here each candidate is what the final
+run would be, at a fraction of its fine-tune:
+
+* every candidate's sites are chosen once by the run's scorer from the dense model, as the final ``select``
+  stage does (which then chooses the winner's again: a learning scorer also adapts the weights it hands on);
+* round 1 fine-tunes all K candidates on a short fraction of the final schedule, measures each on the
+  selection split and keeps the better half (at least one); each later round gives the survivors a longer
+  fraction (the round's equal share of the budget over fewer candidates), until one is left.
+
+`halving` is the schedule and the bookkeeping alone (tested with stub fine-tunes of known values);
+`PipelineChecks` runs it on a job.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from hetprune import HetpruneError
+from hetprune.core import distributed as dist
+from hetprune.pruning.pipeline import PruneJob, remove_sites, scoring_context, select_sites
+from hetprune.pruning.plan import PlanStep, epoch_images
+from hetprune.pruning.point_store import PointStore
+from hetprune.core.fingerprint import fingerprint
+
+Split = tuple[int, int]
+
+
+@dataclass
+class Halving:
+    """What successive halving did: each round's candidates, fraction and measured values, and its cost in
+    final-fine-tune units (``spent`` <= ``budget``)."""
+
+    budget: float
+    rounds: list[dict] = field(default_factory=list)
+    spent: float = 0.0
+    winner: Split | None = None
+
+    def to_dict(self) -> dict:
+        return {"budget": self.budget, "spent": round(self.spent, 4), "rounds": self.rounds,
+                "winner": list(self.winner) if self.winner else None}
+
+
+def fractions(k: int, budget: float, selection_cost: float) -> list[float]:
+    """The fraction of the final fine-tune each round gives each of its candidates: the budget left after the
+    ``k`` selections (``selection_cost`` units in all) in equal shares per round, each share split among the
+    round's candidates (k, k//2, ...: the better half kept), at most the whole final schedule."""
+    counts = []
+    n = k
+    while n > 1:
+        counts.append(n)
+        n = max(1, n // 2)
+    left = budget - selection_cost
+    if not counts:
+        return []
+    if left <= 0:
+        raise HetpruneError(f"hetdpt.verify_budget {budget:g} (final-fine-tune units) does not pay for the "
+                            f"{k} candidates' selections ({selection_cost:.3g} units): raise it, or lower hetdpt.verify")
+    share = left / len(counts)
+    return [min(1.0, share / n) for n in counts]
+
+
+def halving(candidates: list[Split], run: Callable[[Split, float], float], budget: float,
+            selection_cost: float = 0.0, sign: int = 1) -> Halving:
+    """Successive halving of ``candidates`` (best predicted first). ``run(split, fraction)`` fine-tunes the
+    candidate on ``fraction`` of the final schedule and returns its metric (``sign`` -1: lower is better);
+    ``selection_cost``: the candidates' selections, in final-fine-tune units. Ties keep the earlier (better
+    predicted) candidate. Raises when the budget cannot pay for the selections."""
+    out = Halving(budget=float(budget), spent=float(selection_cost))
+    alive = list(candidates)
+    if len(alive) <= 1:
+        out.winner = alive[0] if alive else None
+        return out
+    for fraction in fractions(len(alive), budget, selection_cost):
+        values = {split: run(split, fraction) for split in alive}
+        out.spent += fraction * len(alive)
+        keep = max(1, len(alive) // 2)
+        ranked = sorted(alive, key=lambda s: (-sign * values[s], alive.index(s)))
+        out.rounds.append({"fraction": round(fraction, 6), "measured": [
+            {"n_attn": s[0], "n_act": s[1], "metric": values[s]} for s in alive],
+            "kept": [list(s) for s in ranked[:keep]]})
+        alive = ranked[:keep]
+    out.winner = alive[0]
+    return out
+
+
+class PipelineChecks:
+    """`halving` on a job: each candidate's sites chosen once by the run's scorer (kept for the final select
+    stage), then fine-tuned on a fraction of the final schedule and measured on the selection split. Each
+    measured (split, fraction) is stored in ``map-pipeline-checks.jsonl`` and reused like a point."""
+
+    def __init__(self, job: PruneJob):
+        self.job = job
+        run = job.config
+        self.cfg = job.train_config("finetune")
+        self.final_images = (epoch_images(self.cfg, job.task.train_size) or 0) * self.cfg.epochs
+        self.key = fingerprint({"base": job.base_key, "data": job.task.key, "seed": job.seed,
+                                "scorer": run.scorer, "scorer_options": run.options_for("scorer", run.scorer),
+                                "scoring": run.scoring, "short": run.short_finetune, "finetune": run.finetune,
+                                "removers": [run.attn_remover, run.act_remover], "split": job.choice_split,
+                                "amp": job.amp, "v": 1})
+        self.sites: dict[Split, list] = {}
+        self.models: dict[Split, object] = {}
+
+    def selection_cost(self, split: Split) -> float:
+        """A candidate's selection in final-fine-tune units: its scorer's counted phase (none for a one-shot
+        scorer)."""
+        if not self.final_images:
+            return 0.0
+        scorer = self.scorer()
+        if not hasattr(scorer, "plan"):
+            return 0.0
+        return scorer.plan(self.job, {"attn": split[0], "act": split[1]}).train_images / self.final_images
+
+    def scorer(self):
+        run = self.job.config
+        return self.job.once("verify scorer", lambda: self.job.registry.build(
+            "scorer", run.scorer, **run.options_for("scorer", run.scorer)))
+
+    def selected(self, split: Split):
+        """The candidate's model with its sites off (chosen once, from the dense model, as the final select
+        stage would)."""
+        if split not in self.models:
+            model = self.job.place(copy.deepcopy(self.job.dense))
+            ctx = scoring_context(self.job, self.job.workdir / "pipeline-checks" / f"{split[0]}+{split[1]}")
+            ctx.progress, ctx.on_epoch_end = False, None
+            chosen = select_sites(self.job, model, {"attn": split[0], "act": split[1]}, ctx=ctx)
+            remove_sites(self.job, model, chosen)
+            self.sites[split], self.models[split] = chosen, model
+        return self.models[split]
+
+    def run(self, candidates: list[Split], budget: float) -> Halving:
+        job = self.job
+        sign = 1 if job.task.higher_is_better else -1
+        cost = sum(self.selection_cost(s) for s in candidates)
+        stores: dict[float, tuple[PointStore, dict]] = {}
+
+        def measure(split: Split, fraction: float) -> float:
+            fraction = round(fraction, 6)
+            if fraction not in stores:   # one store key per fraction: a point is (split, fraction)
+                store = PointStore(job.shared_dir / "map-pipeline-checks.jsonl",
+                                   fingerprint({"checks": self.key, "fraction": fraction}), run=job.reuse_tag)
+                stores[fraction] = (store, dist.on_main(store.load))
+            store, have = stores[fraction]
+            if split in have:
+                return have[split]["metric"]
+            t0 = time.time()
+            model = copy.deepcopy(self.selected(split))
+            cfg = self.schedule(fraction)
+            job.task.fit(model, job.teacher_for(cfg)[0], cfg, "check", progress=False, desc="pipeline check")
+            value = job.choice_metric(model)
+            point = dist.broadcast({"n_attn": split[0], "n_act": split[1], "fraction": fraction,
+                                    "metric": value, "split": job.choice_split, "epochs": cfg.epochs,
+                                    "subset": cfg.subset,
+                                    "sites": [str(s) for s in self.sites[split]],
+                                    "seconds": round(time.time() - t0, 2)})
+            if dist.is_main():
+                store.append(point)
+            have[split] = point
+            job.log(f"[hetdpt] pipeline check {split[0]}+{split[1]} at {fraction:.0%} of the final fine-tune -> "
+                    f"{job.task.format(value)} ({point['seconds']:.1f}s)")
+            return value
+
+        return halving(candidates, measure, budget, cost, sign)
+
+    def schedule(self, fraction: float):
+        """The final fine-tune at ``fraction`` of its images: fewer images per epoch where the training set's
+        size is known (its epochs, warm-up and cosine kept), else fewer epochs."""
+        per = epoch_images(self.cfg, self.job.task.train_size)
+        if per:
+            return self.job.train_config("finetune", subset=max(self.cfg.batch_size, round(fraction * per)))
+        return self.job.train_config("finetune", epochs=max(1, round(fraction * self.cfg.epochs)))
+
+    def plan_steps(self, k: int, budget: float) -> list[PlanStep]:
+        """What the checks cost at most (``--plan``): the budget's final-fine-tune units."""
+        return [PlanStep("stage 1: pipeline checks", f"{k} splits by successive halving, {budget:g} final "
+                         "fine-tunes in all", k, int(budget * self.final_images), 0)]
+
