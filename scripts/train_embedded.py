@@ -4,6 +4,7 @@ thread count, versions, machine, this command).
 
     python scripts/train_embedded.py --data digits
     python scripts/train_embedded.py --data digit-pairs --threads 2
+    python scripts/train_embedded.py --data digit-grid --threads 1
 
 It trains from scratch in a fresh cache folder (never reads a cached model), so the
 index says exactly how the shipped file was made. Training is deterministic for a
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, choices=["digits", "digit-pairs"])
+    p.add_argument("--data", required=True, choices=["digits", "digit-pairs", "digit-grid"])
     p.add_argument("--threads", type=int, default=2, help="torch threads for training (default 2)")
     args = p.parse_args()
 

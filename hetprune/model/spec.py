@@ -157,6 +157,11 @@ DIGITS_SPEC = ModelSpec(
 # With 4x4 patches the sum learned far too slowly for an embedded default (48 % after 40 epochs, 11 minutes).
 DIGIT_PAIRS_SPEC = ModelSpec(DIGITS_SPEC.name, {**DIGITS_SPEC.kwargs, "num_classes": 19, "patch_size": [16, 8]})
 
+# The third embedded benchmark, digit grid (two digits on a 4x4 grid of 8x8 cells, their sum mod 10): DIGITS_SPEC's
+# ViT with one 8x8 patch per cell, 16 patches + the class token = 17 tokens, a label no single token carries.
+DIGIT_GRID_SPEC = ModelSpec(DIGITS_SPEC.name, {**DIGITS_SPEC.kwargs, "img_size": 32, "patch_size": 8,
+                                               "num_classes": 10})
+
 
 def input_shape_of(model) -> tuple[int, int, int]:
     """``(C, H, W)`` the model was built for (timm's pretrained_cfg ignores img_size overrides)."""

@@ -25,7 +25,17 @@ from ..core.errors import HetpruneError
 
 DIGITS = "digits"
 DIGIT_PAIRS = "digit-pairs"
-EMBEDDED = (DIGITS, DIGIT_PAIRS)  # the data sets that need no download; --data takes these names or a folder
+# the data sets that need no download (--data takes these names or a folder): each name's builder, called
+# with ``seed`` and ``selection``; a module that builds another (digit_grid.py) adds itself with `register_embedded`
+EMBEDDED_BUILDERS: dict = {}
+EMBEDDED: list[str] = []
+
+
+def register_embedded(name: str, builder) -> None:
+    """Make ``builder(seed=..., selection=...) -> DataBundle`` the embedded data set ``name`` (``--data NAME``)."""
+    EMBEDDED_BUILDERS[name] = builder
+    if name not in EMBEDDED:
+        EMBEDDED.append(name)
 
 
 @dataclass
@@ -307,6 +317,10 @@ def digit_pairs(train_pairs: int = 4000, val_pairs: int = 1000, val_size: int = 
                       selection=held)
 
 
+register_embedded(DIGITS, digits)
+register_embedded(DIGIT_PAIRS, digit_pairs)
+
+
 def read_image(path: str):
     """torchvision's image loader, with an unreadable file named in one clear error."""
     from torchvision.datasets.folder import default_loader
@@ -521,10 +535,8 @@ def load_data(spec: str, model: torch.nn.Module | None = None, seed: int = 0, au
     root (``augment``: see `train_transform`; ``workers`` and ``fingerprint_by``: see `image_folder`).
     ``selection``: the size of the selection split held out of the training data (None: the data set's
     default; 0: none)."""
-    if spec == DIGITS:
-        return digits(seed=seed, selection=selection)
-    if spec == DIGIT_PAIRS:
-        return digit_pairs(seed=seed, selection=selection)
+    if spec in EMBEDDED_BUILDERS:
+        return EMBEDDED_BUILDERS[spec](seed=seed, selection=selection)
     if model is None:
         raise HetpruneError("an ImageFolder data set needs the model to resolve its transforms")
     return image_folder(spec, model, augment=augment, workers=workers, fingerprint_by=fingerprint_by,

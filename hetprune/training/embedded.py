@@ -1,5 +1,5 @@
 """The embedded base models: a small timm ViT per embedded data set (scikit-learn's
-digits, and digit pairs built from them).
+digits, and digit pairs and the digit grid built from them).
 
 Their weights ship inside the package (``hetprune/weights/``, made by
 ``scripts/train_embedded.py``) and are read after their SHA-256 is checked
@@ -23,9 +23,10 @@ from torch import nn
 from ..core import distributed as dist
 from ..core.fingerprint import fingerprint
 from .data import DIGIT_PAIRS, DIGITS, DataBundle, digit_pairs, digits, loader
+from .digit_grid import DIGIT_GRID, DIGIT_GRID_TRAINING, digit_grid
 from ..core.errors import HetpruneError
 from ..core.io import cache_dir, file_sha256, load_weights, read_json, save_weights, write_json_atomic
-from ..model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build, load_state_into
+from ..model.spec import DIGIT_GRID_SPEC, DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build, load_state_into
 from .train import TrainConfig, evaluate, train
 
 DIGITS_TRAINING = dict(epochs=30, lr=1e-3, batch_size=32, weight_decay=0.05, seed=0)
@@ -52,6 +53,7 @@ BENCHMARKS = {
     DIGITS: EmbeddedBenchmark(DIGITS, DIGITS_SPEC, DIGITS_TRAINING, digits),
     DIGIT_PAIRS: EmbeddedBenchmark(DIGIT_PAIRS, DIGIT_PAIRS_SPEC, DIGIT_PAIRS_TRAINING, digit_pairs,
                                    {"data": DIGIT_PAIRS}),
+    DIGIT_GRID: EmbeddedBenchmark(DIGIT_GRID, DIGIT_GRID_SPEC, DIGIT_GRID_TRAINING, digit_grid, {"data": DIGIT_GRID}),
 }
 
 

@@ -17,8 +17,8 @@ def add_model_arguments(p, data: bool = True) -> None:
     g = p.add_argument_group("base model")
     g.add_argument("--model", metavar="NAME",
                    help="timm model name, or LIBRARY:NAME for an adapter's own models (e.g. "
-                        "hf-vit:ViTForImageClassification); default: the embedded ViT of --data (digits or "
-                        "digit-pairs), whose weights ship with hetprune")
+                        "hf-vit:ViTForImageClassification); default: the embedded ViT of --data (digits, "
+                        "digit-pairs or digit-grid), whose weights ship with hetprune")
     g.add_argument("--model-kwargs", metavar="JSON", default=None,
                    help='extra timm.create_model arguments as JSON, e.g. \'{"num_classes": 100}\'')
     w = g.add_mutually_exclusive_group()
@@ -28,10 +28,11 @@ def add_model_arguments(p, data: bool = True) -> None:
                    help="train the embedded base model here instead of reading the shipped weights (once; "
                         "then cached; the same thread count gives the shipped weights)")
     if data:
-        g.add_argument("--data", metavar="digits|digit-pairs|PATH", default=None,
-                       help="an embedded data set: 'digits' (the default; scikit-learn's digits) or "
-                            "'digit-pairs' (two digits side by side, labelled by their sum), or an ImageFolder "
-                            "root with train/ and val/")
+        g.add_argument("--data", metavar="digits|digit-pairs|digit-grid|PATH", default=None,
+                       help="an embedded data set: 'digits' (the default; scikit-learn's digits), "
+                            "'digit-pairs' (two digits side by side, labelled by their sum) or 'digit-grid' (two "
+                            "digits on a 4x4 grid of patches, labelled by their sum mod 10: 17 tokens), or an "
+                            "ImageFolder root with train/ and val/")
         g.add_argument("--augment", default=None, choices=("light", "imagenet", "none", "paper"),
                        help="training augmentation of an ImageFolder --data (default: the settings' augment, else "
                             "light: random crops of 60-100 %% "
@@ -123,17 +124,17 @@ def data_line(args, command: str, defaulted: bool | None = None) -> str:
     """The first line a command prints: which data it runs on, and how to pick another. The embedded
     defaults differ: ``prune`` and ``ablate`` take digits, ``compare`` digit pairs (where the split between
     the kinds is a real question), so a row of the default compare is rerun with ``--data digit-pairs``."""
-    from ...training.data import DIGIT_PAIRS, DIGITS, EMBEDDED
+    from ...training.data import DIGITS, EMBEDDED
 
     data = args.data or DIGITS
     if data not in EMBEDDED:
         return f"hetprune {command}: data {data} (ImageFolder, --augment {getattr(args, 'augment', None) or 'light'})"
-    other = DIGIT_PAIRS if data == DIGITS else DIGITS
+    other = ", ".join(f"--data {name}" for name in EMBEDDED if name != data)
     defaulted = not args.data if defaulted is None else defaulted
     why = f", the default of hetprune {command}" if defaulted else ""
     where = "the checkpoint's" if getattr(args, "checkpoint", None) else f"embedded {data} ViT"
     return (f"hetprune {command}: data {data} (embedded{why}; base model: {where}); "
-            f"--data {other} or --data PATH for another")
+            f"{other} or --data PATH for another")
 
 
 def data_for(args, model, seed: int = 0):

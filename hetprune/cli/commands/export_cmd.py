@@ -71,7 +71,7 @@ def add_arguments(p) -> None:
                    help=f"int8: images per calibration run (default {CALIBRATION_BATCH}); the memory calibration "
                         "needs grows with it")
     q.add_argument("--seed", type=int, metavar="N", help="seed of the calibration subset and check batch (default 0)")
-    q.add_argument("--data", metavar="digits|digit-pairs|PATH",
+    q.add_argument("--data", metavar="digits|digit-pairs|digit-grid|PATH",
                    help="the data set to calibrate on and measure the metric on (default: the one the model was "
                         "pruned on, from its recipe; needed for a model name)")
     q.add_argument("--int8-ops", metavar="OPS",
@@ -156,7 +156,7 @@ def _int8_task(args, recipe, model):
     name = args.data or recorded
     if not name:
         raise HetpruneError("--quantize needs the data to calibrate on and to measure the metric on: pass --data "
-                            "digits, digit-pairs or PATH (an ImageFolder root with train/ and val/)")
+                            "digits, digit-pairs, digit-grid or PATH (an ImageFolder root with train/ and val/)")
     if name not in EMBEDDED and not Path(name).is_dir():
         where = "--data" if args.data else "the model's recipe (the data it was pruned on)"
         raise HetpruneError(f"{where} names {name!r}, which is neither an embedded data set ({', '.join(EMBEDDED)}) "
