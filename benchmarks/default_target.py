@@ -1,8 +1,8 @@
 """Choose the default MAC target of `hetprune compare` by measurement.
 
 For each candidate target, `hetprune ablate` fine-tunes every split the target
-allows (the cheapest pairs (n_attn, n_act) that reach it) on the embedded
-digit-pairs ViT, seeds as given. A target is a real choice for HetDPT when the
+allows (the cheapest pairs (n_attn, n_act) that reach it) on an embedded
+benchmark (``--data``, digit pairs by default), seeds as given. A target is a real choice for HetDPT when the
 best split lies inside the budget line, not at a corner, and beats the best
 corner by more than the seeds' noise. The script tabulates, per target, the
 true top-1 of every split, the best split, the corners, and the margin, and
@@ -11,6 +11,7 @@ inside. Writes benchmarks/results/default-target.{md,json}.
 
     python benchmarks/default_target.py                       # targets 0.7,0.55,0.45; seeds 0,1
     python benchmarks/default_target.py --targets 0.55 --seeds 0 --out runs/quick-target
+    python benchmarks/default_target.py --data digit-grid --name default-target-grid --out runs/default-target-grid
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def main() -> int:
     p.add_argument("--jobs", default="2")
     p.add_argument("--out", default="runs/default-target")
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--data", default="digit-pairs", help="the embedded benchmark (digit-pairs, digit-grid, digits)")
+    p.add_argument("--name", default="default-target", help="stem of the files in benchmarks/results/")
     args = p.parse_args()
 
     from hetprune.cli import main as cli
@@ -62,7 +65,7 @@ def main() -> int:
     found = []
     for t in [float(v) for v in args.targets.split(",")]:
         out = Path(args.out) / f"macs{t:g}"
-        argv = ["ablate", "--data", "digit-pairs", "--target-macs", f"{t:g}", "--seeds", args.seeds,
+        argv = ["ablate", "--data", args.data, "--target-macs", f"{t:g}", "--seeds", args.seeds,
                 "--scorers", "", "--jobs", args.jobs, "--out", str(out)]
         if (out / "rows.jsonl").exists():
             argv.append("--resume")
@@ -71,8 +74,8 @@ def main() -> int:
         found.append(summarise(t, json.loads((out / "ablation.json").read_text())))
     chosen = max((f for f in found if f["real_choice"]), key=lambda f: f["margin"], default=None)
     command = "python benchmarks/default_target.py " + " ".join(sys.argv[1:])
-    lines = ["# The default MAC target of `hetprune compare`", "",
-             f"Produced by `{command.strip()}` (each target: `hetprune ablate --data digit-pairs --target-macs T "
+    lines = [f"# The default MAC target of `hetprune compare` on {args.data}", "",
+             f"Produced by `{command.strip()}` (each target: `hetprune ablate --data {args.data} --target-macs T "
              f"--seeds {args.seeds} --scorers '' --jobs {args.jobs}`): every split the target allows fine-tuned on "
              "the final schedule, true top-1 % on val, mean over seeds.", "",
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
@@ -95,8 +98,8 @@ def main() -> int:
               (f"**Chosen: {chosen['target_macs']:g}** (the largest margin among the real choices)." if chosen else
                "**No candidate is a real choice**: keep the old default.")]
     results = Path(args.results)
-    (results / "default-target.md").write_text("\n".join(lines) + "\n")
-    (results / "default-target.json").write_text(json.dumps({"command": command, "targets": found,
+    (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    (results / f"{args.name}.json").write_text(json.dumps({"command": command, "data": args.data, "targets": found,
                                                               "chosen": chosen and chosen["target_macs"]}, indent=2))
     print("\n".join(lines))
     return 0

@@ -12,9 +12,11 @@
 
     python benchmarks/observations.py                       # digits and digit-pairs, seed 0, 6 epochs
     python benchmarks/observations.py --data digits --epochs 2 --sites 2   # a quick look
+    python benchmarks/observations.py --data digit-grid --sites 6 --epochs 5 --add   # one more benchmark
     python benchmarks/observations.py --render               # the summary again from the results file
 
-Writes benchmarks/results/observations.{md,json} with the machine, the load and the command.
+Writes benchmarks/results/observations.{md,json} with the machine, the load and the command (of each run,
+where ``--add`` put runs of several commands in one file).
 """
 
 from __future__ import annotations
@@ -151,8 +153,11 @@ def markdown(r: dict) -> str:
     for run_ in r["runs"]:
         k = run_["by_kind"]
         v = verdict(k)
+        made = (f"Command: `{run_['command']}` ({run_.get('wall_s', 0):.0f} s); load average {run_['load_before']} "
+                f"before, {run_['load_after']} after; {run_['epochs']} epochs."
+                if run_.get("command") and run_["command"] != r["command"] else "")
         lines += [f"## {run_['data']} (seed {run_['seed']}; {run_['tokens']} tokens; dense top-1 "
-                  f"{run_['dense_top1']:.2f})", "",
+                  f"{run_['dense_top1']:.2f})", "", *([made, ""] if made else []),
                   "| kind | sites | mean \\|dL/dm\\| | median | min | max | top-1 at once (mean) | drop (mean / largest) | "
                   "won back after epoch 1 | top-1 by epoch (mean) |", "|---|---|---|---|---|---|---|---|---|---|"]
         for kind in KINDS:
@@ -177,6 +182,8 @@ def main() -> int:
     p.add_argument("--sites", type=int, default=None, help="sites per kind (default: every site)")
     p.add_argument("--batches", type=int, default=8)
     p.add_argument("--out", default=str(RESULTS / "observations"))
+    p.add_argument("--add", action="store_true",
+                   help="add these runs to OUT.json (replacing a run of the same data and seed), keeping the others")
     p.add_argument("--render", action="store_true",
                    help="recompute the summary and the Markdown from OUT.json's per-site measurements (no runs)")
     args = p.parse_args()
@@ -194,12 +201,26 @@ def main() -> int:
     t0 = time.time()
     runs = [run(name, int(seed), args.epochs, args.sites, args.batches)
             for name in args.data.split(",") for seed in args.seeds.split(",")]
-    r = {"command": "python benchmarks/observations.py " + shlex.join(sys.argv[1:]),
-         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-         "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
-         "wall_s": time.time() - t0, "epochs": args.epochs, "batches": args.batches, "runs": runs}
+    command = "python benchmarks/observations.py " + shlex.join(sys.argv[1:])
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
+    load_after = [round(x, 2) for x in os.getloadavg()]
     for run_ in runs:
         run_["verdict"] = verdict(run_["by_kind"])
+        # each run says how it was made (a file may hold runs of several commands: --add)
+        run_.update(command=command, machine=machine, load_before=load_before, load_after=load_after,
+                    epochs=args.epochs, batches=args.batches)
+    r = {"command": command, "machine": machine, "load_before": load_before, "load_after": load_after,
+         "wall_s": time.time() - t0, "epochs": args.epochs, "batches": args.batches, "runs": runs}
+    if args.add and out.with_suffix(".json").is_file():
+        old = json.loads(out.with_suffix(".json").read_text())
+        mine = {(x["data"], x["seed"]) for x in runs}
+        kept = [x for x in old["runs"] if (x["data"], x["seed"]) not in mine]
+        for x in kept:   # the runs of the earlier command keep its provenance
+            for k in ("command", "machine", "load_before", "load_after", "epochs", "batches"):
+                x.setdefault(k, old[k])
+        for x in runs:
+            x["wall_s"] = round(r["wall_s"], 1)
+        r = {**old, "runs": kept + runs}   # the header keeps the first command's own time
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(r, indent=1))
     out.with_suffix(".md").write_text(markdown(r))

@@ -59,9 +59,9 @@ def test_compare_shows_an_unreachable_strategy_in_its_row_and_runs_the_rest(trai
     assert [r.get("wall_s") for r in again["rows"]] == [r.get("wall_s") for r in data["rows"]]
 
 
-def test_the_default_compare_runs_on_digit_pairs_at_one_mac_target():
+def test_the_default_compare_runs_on_the_digit_grid_at_one_mac_target():
     from hetprune.cli import build_parser
-    from hetprune.cli.commands.compare_cmd import DEFAULT_TARGET_MACS, compare_budgets, compare_data
+    from hetprune.cli.commands.compare_cmd import DEFAULT_TARGET_MACS, DEFAULT_TARGETS, compare_budgets, compare_data
 
     def parsed(*argv):
         return build_parser().parse_args(["compare", *argv])
@@ -71,6 +71,8 @@ def test_the_default_compare_runs_on_digit_pairs_at_one_mac_target():
                                                                      Budget(target_macs=0.5)]
     assert compare_budgets(parsed("--budgets", "8,12")) == [Budget(sites=8), Budget(sites=12)]
     assert compare_budgets(parsed("--budget", "12")) == [Budget(sites=12)]
-    assert compare_data(parsed()) == "digit-pairs"
+    assert compare_data(parsed()) == "digit-grid"
+    # each embedded benchmark has its own measured target
+    assert compare_budgets(parsed("--data", "digit-pairs")) == [Budget(target_macs=DEFAULT_TARGETS["digit-pairs"])]
     assert compare_data(parsed("--data", "digits")) == "digits"
     assert compare_data(parsed("--model", "vit_tiny_patch16_224")) is None    # a real model names its own data
