@@ -209,7 +209,7 @@ CASES = [
      "does not fit this model"),
     # data trees
     ("data-unknown-name", lambda c: ["prune", "--data", "digit-triples", "--budget", "1", "--out", c.out()],
-     r"'digit-triples' is neither an embedded data set \(digits, digit-pairs\)"),
+     r"'digit-triples' is neither an embedded data set \(digits, digit-pairs, digit-grid\)"),
     ("data-without-train-folder", lambda c: ["prune", *TINY, "--checkpoint", c.ckpt(), "--data",
                                              str(c.root), "--budget", "1", "--out", c.out()], "no train/ folder"),
     ("data-empty-class-folder", lambda c: ["prune", "--model", "vit_tiny_patch16_224", "--model-kwargs",
