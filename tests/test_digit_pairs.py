@@ -98,7 +98,7 @@ def test_data_option_picks_the_embedded_spec_and_refuses_unknown_names():
 
     assert model_spec(args(None)) == DIGITS_SPEC and model_spec(args(DIGITS)) == DIGITS_SPEC
     assert model_spec(args(DIGIT_PAIRS)) == DIGIT_PAIRS_SPEC
-    with pytest.raises(HetpruneError, match=r"'digit-triples' is neither an embedded data set \(digits, digit-pairs\)"):
+    with pytest.raises(HetpruneError, match=r"'digit-triples' is neither an embedded data set \(digits, digit-pairs, digit-grid\)"):
         model_spec(args("digit-triples"))
 
 

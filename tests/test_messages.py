@@ -90,7 +90,7 @@ def test_a_metric_is_printed_with_the_digits_its_scale_needs():
     assert format_metric("mIoU", 83.3871) == "mIoU 83.387" and format_metric("top1", 97.7777) == "top-1 97.78%"
 
 
-@pytest.mark.parametrize("command,data", [("prune", "digits"), ("compare", "digit-pairs"), ("ablate", "digits")])
+@pytest.mark.parametrize("command,data", [("prune", "digits"), ("compare", "digit-grid"), ("ablate", "digits")])
 def test_each_command_names_its_data_in_its_first_line(monkeypatch, capsys, tmp_path, command, data):
     """Issue 34, item 27: prune and compare default to different embedded data sets; each says which."""
     import importlib
@@ -106,6 +106,9 @@ def test_each_command_names_its_data_in_its_first_line(monkeypatch, capsys, tmp_
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith(f"hetprune {command}: data {data} (embedded, the default of hetprune {command};")
     assert "--data digit" in first
+    # the others are named, this one is not
+    others = [name for name in ("digits", "digit-pairs", "digit-grid") if name != data]
+    assert all(f"--data {name}" in first for name in others) and f"--data {data} " not in first
 
 
 def test_a_bad_setting_from_python_names_the_settings_argument_not_the_command_line(digits_data):

@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset
 
 from ..core.errors import HetpruneError
 from ..core.fingerprint import fingerprint
-from ..model.spec import DIGIT_GRID_SPEC
+from ..model.spec import DIGIT_GRID_SPEC  # noqa: F401  (the benchmark's base model, importable beside its data)
 from .data import DataBundle, ShiftedImages, _digits_split, _selection_size, register_embedded
 
 DIGIT_GRID = "digit-grid"
