@@ -75,7 +75,7 @@ def test_the_checks_run_the_final_pipeline_on_the_selection_split_and_go_into_th
 
 def test_bad_verify_settings_are_refused_with_what_is_allowed(tmp_path):
     for changes, words in (({"verify_by": "grid"}, "verify_by must be one of points, pipeline"),
-                           ({"verify_budget": 0}, "verify_budget must be a number of final fine-tunes > 0")):
+                           ({"verify_budget": 0}, "verify_budget must be a number of final fine-tunes > 0, or null")):
         with pytest.raises(HetpruneError, match=words):
             tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, {"hetdpt": changes}).options(HetDPTOptions)
 
@@ -91,3 +91,24 @@ def test_a_learning_selectors_phase_is_counted_against_the_budget(tmp_path):
     assert cost == pytest.approx((1 + 2 * 1) * 16 / 48)
     with pytest.raises(HetpruneError, match="does not pay for the 2 candidates' selections"):
         checks.run([(1, 1), (2, 0)], budget=2 * cost)
+
+
+def test_the_default_budget_pays_for_the_selections_and_two_final_finetunes(tmp_path, monkeypatch):
+    from hetprune_hetdpt import halving as module
+
+    job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, {"scorer": "gate-taylor"})
+    checks = module.PipelineChecks(job)
+    seen = {}
+
+    def record(candidates, run, budget, selection_cost=0.0, sign=1):
+        seen.update(budget=budget, cost=selection_cost)
+        return module.Halving(budget=budget)
+
+    monkeypatch.setattr(module, "halving", record)
+    checks.run([(1, 1), (2, 0)])
+    cost = checks.selection_cost((1, 1)) + checks.selection_cost((2, 0))
+    assert cost > 0 and seen == {"budget": pytest.approx(cost + module.FINETUNES_BEYOND_SELECTION),
+                                 "cost": pytest.approx(cost)}
+    checks.run([(1, 1), (2, 0)], budget=5.0)
+    assert seen["budget"] == 5.0
+    assert HetDPTOptions.defaults()["verify_budget"] is None

@@ -32,6 +32,7 @@ from hetprune.pruning.point_store import PointStore
 from hetprune.core.fingerprint import fingerprint
 
 Split = tuple[int, int]
+FINETUNES_BEYOND_SELECTION = 2.0   # the default budget: the K selections, then this many final fine-tunes
 
 
 @dataclass
@@ -137,10 +138,13 @@ class PipelineChecks:
             self.sites[split], self.models[split] = chosen, model
         return self.models[split]
 
-    def run(self, candidates: list[Split], budget: float) -> Halving:
+    def run(self, candidates: list[Split], budget: float | None = None) -> Halving:
+        """Successive halving of ``candidates`` within ``budget`` final fine-tunes (None: the candidates'
+        selections plus `FINETUNES_BEYOND_SELECTION`)."""
         job = self.job
         sign = 1 if job.task.higher_is_better else -1
         cost = sum(self.selection_cost(s) for s in candidates)
+        budget = cost + FINETUNES_BEYOND_SELECTION if budget is None else budget
         stores: dict[float, tuple[PointStore, dict]] = {}
 
         def measure(split: Split, fraction: float) -> float:
@@ -179,8 +183,11 @@ class PipelineChecks:
             return self.job.train_config("finetune", subset=max(self.cfg.batch_size, round(fraction * per)))
         return self.job.train_config("finetune", epochs=max(1, round(fraction * self.cfg.epochs)))
 
-    def plan_steps(self, k: int, budget: float) -> list[PlanStep]:
-        """What the checks cost at most (``--plan``): the budget's final-fine-tune units."""
-        return [PlanStep("stage 1: pipeline checks", f"{k} splits by successive halving, {budget:g} final "
+    def plan_steps(self, k: int, budget: float | None, sites: int) -> list[PlanStep]:
+        """What the checks cost at most (``--plan``): the budget's final-fine-tune units (None: k selections of
+        a ``sites``-site split, half of each kind, plus `FINETUNES_BEYOND_SELECTION`)."""
+        if budget is None:
+            budget = k * self.selection_cost((sites - sites // 2, sites // 2)) + FINETUNES_BEYOND_SELECTION
+        return [PlanStep("stage 1: pipeline checks", f"{k} splits by successive halving, {budget:.3g} final "
                          "fine-tunes in all", k, int(budget * self.final_images), 0)]
 

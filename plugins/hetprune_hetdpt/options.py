@@ -47,8 +47,9 @@ class HetDPTOptions(Section):
                                        "progressive checks from the nearest path point) or pipeline (the final "
                                        "run's own selection and fine-tune, by successive halving within "
                                        "verify_budget)")
-    verify_budget: float = setting(3.0, "verify_by pipeline: what the checks may cost in all, in final fine-tunes' "
-                                        "training images (the K selections counted too)")
+    verify_budget: float | None = setting(None, "verify_by pipeline: what the checks may cost in all, in final "
+                                               "fine-tunes' training images, the K selections counted (null: "
+                                               "the K selections plus 2 final fine-tunes)")
 
     def __post_init__(self):
         self.need("predictor", isinstance(self.predictor, str) and self.predictor != "", "a predictor's name")
@@ -69,8 +70,8 @@ class HetDPTOptions(Section):
         self.need("refine", whole(self.refine, 0), "a count of rounds >= 0")
         self.need("verify", whole(self.verify, 0), "a count of splits >= 0")
         self.need("verify_by", self.verify_by in VERIFY_BY, f"one of {', '.join(VERIFY_BY)}")
-        self.need("verify_budget", number(self.verify_budget) and self.verify_budget > 0,
-                  "a number of final fine-tunes > 0")
+        self.need("verify_budget", self.verify_budget is None or (number(self.verify_budget) and self.verify_budget > 0),
+                  "a number of final fine-tunes > 0, or null")
 
     def predictor_options_for(self, name: str) -> dict:
         return dict(self.predictor_options.get(name) or {})

@@ -90,7 +90,8 @@ class HetDPT(DepthStrategy):
         steps = scheme.plan_steps(scheme.plan(pairs), pairs)
         opts = job.options(HetDPTOptions)
         if opts.verify and opts.verify_by == "pipeline":
-            steps += PipelineChecks(job).plan_steps(min(opts.verify, len(pairs)), opts.verify_budget)
+            steps += PipelineChecks(job).plan_steps(min(opts.verify, len(pairs)), opts.verify_budget,
+                                                    self.plan_sites(job))
         return steps
 
     # -- stage 1: allocation ---------------------------------------------------
