@@ -154,7 +154,7 @@ class HetDPT(DepthStrategy):
                 verified = next((m["metric"] for r in reversed(halved.rounds) for m in r["measured"]
                                  if (m["n_attn"], m["n_act"]) == pick), None)
                 job.log(f"[hetdpt] pipeline checks: {pick[0]}+{pick[1]} kept after {len(halved.rounds)} round(s), "
-                        f"{halved.spent:.2f} of {halved.budget:g} final fine-tunes spent")
+                        f"{halved.spent:.2f} of {halved.budget:.2f} final fine-tunes spent")
             else:
                 found = scheme.verify(best)
                 pick = max(best, key=lambda p: (sign * metric_of(found[p]), -p[0]))
