@@ -92,6 +92,14 @@ def test_an_image_folder_holds_a_tenth_of_train_out_read_as_at_inference(tmp_pat
     none = image_folder(root, model, workers=0, selection=0)
     assert none.selection is None and len(none.train) == 24 and none.fingerprint != data.fingerprint
     assert len(without_augmentation(data)) == 22
+    # the report counts the split's own images, not the folder it was cut from
+    from hetprune.core.plugins import get_registry
+    from hetprune.harness.testing import tiny_settings
+    from hetprune.pruning.job import PruneJob
+
+    job = PruneJob(dense=model, spec=None, data=data, budget=hetprune.Budget(sites=1), settings=tiny_settings(),
+                   registry=get_registry(), workdir=tmp_path / "work", progress=False, log=lambda msg: None)
+    assert job.splits() == {"metric": "val", "choices": "selection", "val_items": 6, "selection_items": 2}
 
 
 def test_reading_val_while_choosing_is_refused_where_a_selection_split_exists(tiny_model):

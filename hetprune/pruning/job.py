@@ -20,6 +20,7 @@ from ..model.adapters import Adapter, adapter_for, serving
 from .budget import Budget, feasible_pairs
 from ..core.config import RunSettings, Section, per_gpu_resolved
 from .cost_choice import build as build_cost_model, run_model_name
+from .plan import val_size
 from ..training.data import DataBundle
 from ..core.errors import HetpruneError
 from ..model.spec import ModelSpec, model_hash
@@ -264,7 +265,7 @@ class PruneJob:
     def splits(self) -> dict:
         """What the report says of the data's splits: the one its metric is measured on, the one choices were
         measured on, and their sizes where known."""
-        sizes = {name: _size(getattr(self.task, name, None)) for name in ("val", "selection")}
+        sizes = {name: val_size(self.task, name) for name in ("val", "selection")}
         return {"metric": "val", "choices": self.choice_split,
                 **{f"{k}_items": v for k, v in sizes.items() if v is not None}}
 
@@ -372,14 +373,3 @@ def scoring_context(job: PruneJob, workdir: Path | None = None) -> ScoringContex
         workdir=workdir or job.workdir / "scoring", progress=job.progress, resume=job.resume, log=job.log,
         on_epoch_end=lambda e, m: job.event("on_epoch_end", stage="select", epoch=e, metrics=m),
     )
-
-
-def _size(data) -> int | None:
-    """How many items a split holds, where that is known (a sized data set, or one behind a loader)."""
-    if data is None:
-        return None
-    inner = getattr(data, "dataset", data)
-    try:
-        return len(inner) if not isinstance(inner, (list, tuple)) or inner is not data else None
-    except TypeError:
-        return None
