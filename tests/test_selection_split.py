@@ -180,6 +180,10 @@ def test_a_report_says_which_split_each_number_came_from(tmp_path):
     result = SelectionPicker().run(tiny_job(hetprune.Budget(sites=2), tmp_path))
     assert result.report["splits"] == {"metric": "val", "choices": "selection", "val_items": 450,
                                        "selection_items": 300}
+    from hetprune.harness.api import plan_title   # --plan's first line names the three sizes
+
+    assert "(1,047 train / 300 selection / 450 val images)" in plan_title(
+        tiny_job(hetprune.Budget(sites=2), tmp_path / "plan"), "hetdpt", "2 sites")
 
 
 class Unreadable(torch.utils.data.Dataset):

@@ -139,9 +139,9 @@ def plan_title(job: PruneJob, what: str, budget: str) -> str:
     """A plan's first line: strategy and budget, the base model, the data's sizes and the ranks."""
     val, held = val_size(job.task), val_size(job.task, "selection")
     train = job.task.train_size
-    sizes = f"{train:,} train / {val:,} val images" if train is not None and val is not None else "sizes unknown"
-    if held is not None:
-        sizes = sizes.replace(" / ", f" / {held:,} selection / ")
+    selection = "" if held is None else f"{held:,} selection / "
+    sizes = (f"{train:,} train / {selection}{val:,} val images" if train is not None and val is not None
+             else "sizes unknown")
     return f"{what}, {budget}; {job.spec.name}; data {job.task.name} ({sizes}); {dist.world()} rank(s)"
 
 

@@ -310,7 +310,7 @@ class ClassificationSource:
 
     def evaluate(self, model: nn.Module, cfg: TrainConfig, device: torch.device, amp: str, distributed: bool) -> float:
         workers = workers_for(self.data, cfg)
-        dataset = self.data.selection if self.data.selection is not None else self.data.val
+        dataset = getattr(self.data, self.eval_split)   # the selection split, else val
         if distributed:
             return evaluate_dataset(model, dataset, device, workers=workers, amp=amp)
         return evaluate(model, loader(dataset, 256, shuffle=False, workers=workers,

@@ -94,9 +94,10 @@ def halving(candidates: list[Split], run: Callable[[Split, float], float], budge
 
 
 class PipelineChecks:
-    """`halving` on a job: each candidate's sites chosen once by the run's scorer (kept for the final select
-    stage), then fine-tuned on a fraction of the final schedule and measured on the selection split. Each
-    measured (split, fraction) is stored in ``map-pipeline-checks.jsonl`` and reused like a point."""
+    """`halving` on a job: each candidate's sites chosen once by the run's scorer (the final select stage
+    chooses the winner's again), then fine-tuned on a fraction of the final schedule and measured on the
+    selection split. Each measured (split, fraction) is stored in ``map-pipeline-checks.jsonl`` and reused
+    like a point."""
 
     def __init__(self, job: PruneJob):
         self.job = job
