@@ -207,6 +207,8 @@ CASES = [
                                                json.dumps({**TINY_KWARGS, "embed_dim": 48}), "--checkpoint",
                                                c.ckpt(), "--budget", "1", "--out", c.out()],
      "does not fit this model"),
+    ("selection-split-negative", lambda c: ["prune", "--set", "selection=-1", "--budget", "1", "--out", c.out()],
+     r"selection must be a whole number of items >= 0 \(0: none\) or null"),
     # data trees
     ("data-unknown-name", lambda c: ["prune", "--data", "digit-triples", "--budget", "1", "--out", c.out()],
      r"'digit-triples' is neither an embedded data set \(digits, digit-pairs, digit-grid\)"),
