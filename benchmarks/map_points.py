@@ -635,7 +635,8 @@ def studied_targets(result: dict) -> list[tuple[str, str]]:
 def highlights(result: dict) -> list[tuple[str, str, str]]:
     """The rows the plot and the docs show: (label, scheme, predictor) of the chosen default, the shipped
     default (progressive points, gp, 3 checks), pipeline checks, one-shot points, the paper's (progressive
-    points, poly with CV's degree) and the best at any cost; only those the result holds."""
+    points, poly with CV's degree), the best at any cost and the lowest mean regret within the cost cap; only those the result holds, one row per
+    (scheme, predictor) with its labels joined."""
     ranking = result["choice"]["ranking"]
     have = {(c["scheme"], c["predictor"]) for c in ranking}
     pick = result["choice"]["chosen"]
@@ -646,7 +647,16 @@ def highlights(result: dict) -> list[tuple[str, str, str]]:
              ("one-shot points, local", "oneshot", "local"),
              ("the paper's: progressive, poly (CV degree)", "progressive", "poly (auto)"),
              (f"best at any cost ({best_any['cost_ratio']:.1f}x)", best_any["scheme"], best_any["predictor"])]
-    return [r for r in rows if (r[1], r[2]) in have]
+    affordable = [c for c in ranking if c["affordable"]]
+    if affordable:
+        best_mean = min(affordable, key=lambda c: c["mean_regret"])
+        rows.append(("lowest mean regret over targets within the cost cap", best_mean["scheme"],
+                     best_mean["predictor"]))
+    merged: dict[tuple[str, str], list[str]] = {}
+    for label, scheme, predictor in rows:
+        if (scheme, predictor) in have:
+            merged.setdefault((scheme, predictor), []).append(label)
+    return [("; ".join(labels), scheme, predictor) for (scheme, predictor), labels in merged.items()]
 
 
 def plot(result: dict, path: Path) -> None:
