@@ -196,7 +196,8 @@ def test_the_users_training_loop_runs_every_fine_tune_hetprune_plans(digits_data
                 opt.step()
         return [{"loss": 0.0}]
 
-    settings = {**TINY_SETTINGS, "scorer": "gate-taylor", "hetdpt": {"axis_points": 2, "mixed_points": 1}}
+    settings = {**TINY_SETTINGS, "scorer": "gate-taylor",
+                "hetdpt": {"axis_points": 2, "mixed_points": 1, "point_selection": "progressive", "verify": 3}}
     result = hetprune.prune(Wrapped(), user_task(digits_data, finetune=finetune), strategy="hetdpt", budget=2,
                             settings=settings, out=tmp_path / "out", progress=False, log=lambda m: None)
     s = result.report["settings"]
@@ -205,7 +206,7 @@ def test_the_users_training_loop_runs_every_fine_tune_hetprune_plans(digits_data
     def planned(section):
         return ("point", s[section]["epochs"], s[section]["subset"], s[section]["lr"])
 
-    # the default progressive points: one fine-tune per path step (the dense point has none), then each check's
+    # progressive points (the paper's): one fine-tune per path step (the dense point has none), then each check's
     # extra steps and its check fine-tune (hetdpt.verify)
     step = planned(next(p["point_finetune"] for p in points if "point_finetune" in p))
     n_steps = sum(p.get("fine_tunes", 0) for p in points) + sum(c["extra_steps"] for c in checks)

@@ -227,7 +227,7 @@ def test_a_strategys_section_is_checked_when_settings_are_resolved():
     with pytest.raises(HetpruneError, match=r"unknown key 'hetdpt.stride'.*allowed here: .*path_stride"):
         config.resolve(hetdpt, sets=["hetdpt.stride=2"])
     s = config.resolve(hetdpt, sets=["hetdpt.verify=0"])
-    assert s["hetdpt"]["verify"] == 0 and s["hetdpt"]["point_selection"] == "progressive"
+    assert s["hetdpt"]["verify"] == 0 and s["hetdpt"]["point_selection"] == "oneshot"
 
 
 def test_component_options_refuse_unknown_keys_naming_the_allowed_ones():
