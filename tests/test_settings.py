@@ -264,3 +264,20 @@ def test_prune_compare_and_ablate_all_start_through_start_run(monkeypatch, digit
         assert main(argv + ["--out", str(tmp_path / argv[0])]) == 2
     assert started == ["pruned model", "compare", "ablation"] * 2
     assert real is not spy
+
+
+def test_hetdpts_defaults_are_what_the_committed_map_points_study_chose():
+    """The default point scheme and predictor are the study's rule's pick (issue 43): changing either without
+    rerunning benchmarks/map_points.py, or committing a study that chose otherwise, fails here."""
+    from pathlib import Path
+
+    from hetprune_hetdpt.options import HetDPTOptions
+
+    study = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+                        / "map-points-selection.json").read_text())
+    chosen = study["choice"]["chosen"]
+    scheme = dict(item.split("=", 1) for item in study["schemes"][chosen["scheme"]])
+    predictor, options = study["predictors"][chosen["predictor"]]
+    defaults = HetDPTOptions()
+    assert defaults.predictor == predictor and defaults.predictor_options_for(predictor) == options
+    assert {key: str(getattr(defaults, key.split(".", 1)[1])) for key in scheme} == scheme

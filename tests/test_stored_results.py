@@ -20,8 +20,10 @@ from hetprune.training.resume import base_key, code_key, config_key
 from hetprune.harness.testing import TINY_SETTINGS
 from conftest import TINY_KWARGS, TINY_SPEC
 
-# hetdpt on a tiny model, as fast as it goes: progressive points on 1-epoch fine-tunes, no checks
+# hetdpt on a tiny model, as fast as it goes: the default (one-shot) points on 1-epoch fine-tunes, no checks
 HETDPT = {**TINY_SETTINGS, "scorer": "magnitude", "hetdpt": {"verify": 0, "point_scorer": "magnitude"}}
+# the keying tests run with both kinds of points that fine-tune: the default and the paper's progressive paths
+SCHEMES = pytest.mark.parametrize("scheme", ["oneshot", "progressive"])
 
 
 def ce(model, batch):
@@ -59,8 +61,10 @@ def model(**kwargs):
     return build(ModelSpec(TINY_SPEC.name, {**TINY_KWARGS, **kwargs}))
 
 
-def run(m, t, out, log, **kwargs):
-    return hetprune.prune(m, t, strategy="hetdpt", budget=2, settings=HETDPT, out=out, progress=False,
+def run(m, t, out, log, scheme="oneshot", **kwargs):
+    settings = copy.deepcopy(HETDPT)
+    settings["hetdpt"]["point_selection"] = scheme
+    return hetprune.prune(m, t, strategy="hetdpt", budget=2, settings=settings, out=out, progress=False,
                           log=log.append, **kwargs)
 
 
@@ -73,10 +77,12 @@ def measured(report) -> dict:
     return {(p["n_attn"], p["n_act"]): p["metric"] for p in report["allocation"]["points"]}
 
 
-def test_a_changed_metric_measures_its_points_again_and_picks_by_the_new_direction(digits_data, tmp_path):
+@SCHEMES
+def test_a_changed_metric_measures_its_points_again_and_picks_by_the_new_direction(digits_data, tmp_path, scheme):
     out, first, second = tmp_path / "r", [], []
-    a = run(model(), task(digits_data), out, first)
-    b = run(model(), task(digits_data, metric=top1_error, higher_is_better=False), out, second, overwrite=True)
+    a = run(model(), task(digits_data), out, first, scheme)
+    b = run(model(), task(digits_data, metric=top1_error, higher_is_better=False), out, second, scheme,
+            overwrite=True)
     assert not any("reusing" in line for line in second), second
     # the very same models, measured with the new metric: every point is the old one's error
     points_a, points_b = measured(a.report), measured(b.report)
@@ -86,23 +92,25 @@ def test_a_changed_metric_measures_its_points_again_and_picks_by_the_new_directi
     assert b.report["metric"] == pytest.approx(100.0 - a.report["metric"])   # the same split, the same model
 
 
-def test_a_changed_model_configuration_measures_its_points_again(digits_data, tmp_path):
+@SCHEMES
+def test_a_changed_model_configuration_measures_its_points_again(digits_data, tmp_path, scheme):
     out, first, second = tmp_path / "r", [], []
     plain = model()
-    run(plain, task(digits_data), out, first)
+    run(plain, task(digits_data), out, first, scheme)
     noisy = model(drop_path_rate=0.5, proj_drop_rate=0.5)
     noisy.load_state_dict(plain.state_dict())     # the same weights, another configuration
     assert hetprune.model.spec.model_hash(noisy) == hetprune.model.spec.model_hash(plain)
-    run(noisy, task(digits_data), out, second, overwrite=True)
+    run(noisy, task(digits_data), out, second, scheme, overwrite=True)
     assert not any("reusing" in line for line in second), second
     keys = [p["key"] for p in points_file(out)]
     assert len(set(keys)) > len(set(keys[:len(keys) // 2]))   # the second run's points under keys of their own
 
 
-def test_a_run_that_reuses_every_point_says_what_and_when(digits_data, tmp_path):
+@SCHEMES
+def test_a_run_that_reuses_every_point_says_what_and_when(digits_data, tmp_path, scheme):
     out, first, second = tmp_path / "r", [], []
-    a = run(model(), task(digits_data), out, first)
-    b = run(model(), task(digits_data), out, second, overwrite=True)
+    a = run(model(), task(digits_data), out, first, scheme)
+    b = run(model(), task(digits_data), out, second, scheme, overwrite=True)
     n = len(a.report["allocation"]["points"])
     said = [line for line in second if "reusing" in line]
     assert len(said) == 1, second
