@@ -28,8 +28,8 @@ from hetprune_hetdpt.strategy import HetDPT
 from hetprune.pruning.point_store import PointStore
 
 
-# the one-shot machinery these tests check (the defaults are progressive points, gp and hetdpt.verify:
-# tests/test_point_schemes.py)
+# the one-shot machinery these tests check, pinned (the defaults are one-shot points with local and no checks
+# too, but poly's degree is pinned and a later default may differ; progressive points: tests/test_point_schemes.py)
 ONESHOT = {"hetdpt.point_selection": "oneshot", "hetdpt.verify": 0, "hetdpt.predictor": "local",
            "hetdpt.predictor_options": "{poly: {degree: 2}}"}
 
