@@ -338,6 +338,15 @@ def pipeline_checks(job, fits: dict, pairs, k: int, budget) -> None:
         return checks.models[split]
 
     checks.selected = timed
+    stored: dict = {}   # fraction -> the stored checks at that fraction, read once
+
+    def stored_at(fraction):
+        if fraction not in stored:
+            stored[fraction] = PointStore(job.shared_dir / "map-pipeline-checks.jsonl",
+                                          fingerprint({"checks": checks.key, "fraction": fraction}),
+                                          run=job.reuse_tag).load()
+        return stored[fraction]
+
     for fit in fits.values():
         if "predicted" not in fit:
             continue
@@ -346,8 +355,7 @@ def pipeline_checks(job, fits: dict, pairs, k: int, budget) -> None:
         halved = checks.run(best, budget)
         seconds = sum(selecting.get(s, 0.0) for s in best)
         for r in halved.rounds:
-            have = PointStore(job.shared_dir / "map-pipeline-checks.jsonl",
-                              fingerprint({"checks": checks.key, "fraction": r["fraction"]}), run=job.reuse_tag).load()
+            have = stored_at(r["fraction"])
             seconds += sum(have[(m["n_attn"], m["n_act"])].get("seconds") or 0 for m in r["measured"])
         fit["pipeline"] = halved.to_dict()
         fit["pipeline_pick"] = f"{halved.winner[0]}+{halved.winner[1]}"
@@ -633,16 +641,16 @@ def studied_targets(result: dict) -> list[tuple[str, str]]:
 
 
 def highlights(result: dict) -> list[tuple[str, str, str]]:
-    """The rows the plot and the docs show: (label, scheme, predictor) of the chosen default, the shipped
-    default (progressive points, gp, 3 checks), pipeline checks, one-shot points, the paper's (progressive
-    points, poly with CV's degree), the best at any cost and the lowest mean regret within the cost cap; only those the result holds, one row per
-    (scheme, predictor) with its labels joined."""
+    """The rows the plot and the docs show: (label, scheme, predictor) of the chosen default, the default
+    before it (progressive points, gp, 3 checks), pipeline checks, one-shot points, the paper's (progressive
+    points, poly with CV's degree), the best at any cost and the lowest mean regret within the cost cap;
+    only those the result holds, one row per (scheme, predictor) with its labels joined."""
     ranking = result["choice"]["ranking"]
     have = {(c["scheme"], c["predictor"]) for c in ranking}
     pick = result["choice"]["chosen"]
     best_any = min(ranking, key=lambda c: (c["worst_excess"], c["mean_regret"]))
     rows = [("chosen default", pick["scheme"], pick["predictor"])] if pick else []
-    rows += [("shipped default: progressive, gp, 3 checks", "progressive-verify3", "gp"),
+    rows += [("the default before: progressive, gp, 3 checks", "progressive-verify3", "gp"),
              ("pipeline checks (3, halving), gp", "progressive-pipeline3", "gp"),
              ("one-shot points, local", "oneshot", "local"),
              ("the paper's: progressive, poly (CV degree)", "progressive", "poly (auto)"),
@@ -691,8 +699,8 @@ def plot(result: dict, path: Path) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--benchmarks", default=",".join(TARGETS))
-    p.add_argument("--targets", default=None, help="only these targets (e.g. b12,macs0.45, or digits:macs0.45 for one benchmark's), else every "
-                        "studied one")
+    p.add_argument("--targets", default=None, help="only these targets (e.g. b12,macs0.45, or digits:macs0.45 for "
+                                                   "one benchmark's), else every studied one")
     p.add_argument("--schemes", default=",".join(SCHEMES))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--phase", default="all", choices=("truth", "points", "report", "all"))
