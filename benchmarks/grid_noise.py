@@ -46,7 +46,7 @@ def split_of(text: str) -> tuple[int, int]:
 
 
 VARIANTS = ["finetune.subset=300", "finetune.subset=1000", "finetune.subset=3000", "finetune.subset=10000",
-            "scoring.subset=3000", "scoring.subset=3000 finetune.subset=3000"]   # 300 and 300: the defaults
+            "scoring.subset=1000", "scoring.subset=3000", "scoring.subset=3000 finetune.subset=3000"]   # 300 and 300: the defaults
 
 
 def measure(variant: str, splits, seeds, target: str, out: Path, jobs: int, log) -> dict:
@@ -58,13 +58,13 @@ def measure(variant: str, splits, seeds, target: str, out: Path, jobs: int, log)
     for r in rows:
         per.setdefault((r["n_attn"], r["n_act"]), {})[r["seed"]] = r["metric"]
         sites.setdefault((r["n_attn"], r["n_act"]), set()).add(tuple(sorted(r.get("sites") or ())))
-    val_n = len(ctx.task.data.val) if hasattr(ctx.task, "data") and hasattr(ctx.task.data, "val") else None
+    val_n = len(ctx.task.data.val)   # the embedded grid's fixed val set
     result = {"variant": variant, "images": final_images(ctx), "val_images": val_n,
               "row_seconds": statistics.median(r["wall_s"] for r in rows if "wall_s" in r), "splits": {}}
     for (a, m), values in sorted(per.items()):
         v = [values[s] for s in sorted(values)]
         mean = statistics.mean(v)
-        se = (mean * (100 - mean) / val_n) ** 0.5 if val_n else None   # in points: p(1-p)/n with p in %
+        se = (mean * (100 - mean) / val_n) ** 0.5   # in points: p(1-p)/n with p in %
         result["splits"][f"{a}+{m}"] = {"per_seed": {str(s): values[s] for s in sorted(values)}, "mean": mean,
                                         "std": statistics.stdev(v) if len(v) > 1 else 0.0,
                                         "range": max(v) - min(v), "val_se": se,
