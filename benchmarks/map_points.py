@@ -476,6 +476,11 @@ def oracle_rows(truths: dict) -> list[dict]:
     return out
 
 
+def floors_of(oracle: list[dict]) -> dict:
+    """Each target's seed-noise floor, ``{(bench, target): mean regret of each seed's own best split}``."""
+    return {(o["bench"], o["target"]): o["mean_regret"] for o in oracle}
+
+
 def slim(results: list[dict]) -> list[dict]:
     """The units as the results file keeps them: each point as (n_attn, n_act, metric, images, seconds, path)
     and each fit's predictions, verified values and degree choice (the full records stay under --out)."""
@@ -558,7 +563,7 @@ def markdown(result: dict) -> str:
                  for b, t in cols]
         lines.append(f"| {label} | {scheme} / {predictor} | " + " | ".join(cells)
                      + f" | {c['worst_excess']:.2f} | {c['cost_ratio']:.2f}x |")
-    oracle = {(o["bench"], o["target"]): o["mean_regret"] for o in result["oracle"]}
+    oracle = floors_of(result["oracle"])
     lines += ["| seed noise alone | each seed's own best split | "
               + " | ".join(f"{oracle[k]:.2f}" if k in oracle else "-" for k in cols)
               + f" | {max(oracle.values()):.2f} | (every split fine-tuned) |", ""]
@@ -674,7 +679,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     by = {(r["scheme"], r["predictor"], r["bench"], r["target"]): r["mean_regret"] for r in result["rows"]}
-    oracle = {(o["bench"], o["target"]): o["mean_regret"] for o in result["oracle"]}
+    oracle = floors_of(result["oracle"])
     targets = studied_targets(result)
     series = [(f"{label}: {scheme} / {predictor}", [by.get((scheme, predictor, b, t), float("nan"))
                                                     for b, t in targets]) for label, scheme, predictor in
@@ -786,7 +791,7 @@ def main() -> int:
         "schemes": {s: SCHEMES[s] for s in schemes}, "predictors": PREDICTORS, "rows": rows,
         "oracle": oracle_rows(truths), "units": slim(done), "name": args.name,
     }
-    result["choice"] = choose(rows, {(o["bench"], o["target"]): o["mean_regret"] for o in result["oracle"]})
+    result["choice"] = choose(rows, floors_of(result["oracle"]))
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
