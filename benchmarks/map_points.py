@@ -150,7 +150,7 @@ def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:
     start = start_run(["hetdpt"], [Budget(sites=0)], sets=list(sets or []))   # the run start every command has
     dense, spec, info = base_model(args, log=lambda m: None)
     attached = start.attach(dense, classification(data_for(args, dense)), spec, info, log=lambda m: None)
-    return SimpleNamespace(bench=bench, registry=start.registry, strategy=start.strategy, settings=start.settings,
+    return SimpleNamespace(bench=bench, sets=list(sets or []), registry=start.registry, strategy=start.strategy, settings=start.settings,
                            dense=dense, spec=spec, info=attached.info, task=attached.task, base_key=attached.key)
 
 
@@ -200,7 +200,7 @@ def truth(ctx, target: str, seeds: list[int], out: Path, jobs: int, log) -> dict
     (fine-tuned here or reused), the rows, and the median wall time of one truth row."""
     folder = out / ctx.bench / f"truth-{target}"
     pairs = feasible(ctx, target, folder)
-    reused = committed_truth(ctx.bench, target)
+    reused = None if ctx.sets else committed_truth(ctx.bench, target)   # committed truth: the defaults
     note, per_seed = "every seed fine-tuned here", {}
     if reused is not None:
         if set(reused) != set(pairs):
@@ -266,20 +266,21 @@ def fit_all(points: list[dict], pairs, registry) -> dict:
     return out
 
 
-def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path) -> dict:
+def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extra: list[str] = ()) -> dict:
     """One (benchmark, seed, scheme): its points for every target, and every predictor's fit on them (saved;
-    a rerun with the same targets and settings reads it back)."""
+    a rerun with the same targets and settings reads it back). ``extra``: ``--set`` settings on top of the
+    scheme's, for the truth and every scheme alike."""
     import torch
 
     torch.set_num_threads(1)
     path = out / "units" / f"{bench}-seed{seed}-{scheme}.json"   # scheme names are file-safe
     if path.is_file():
         done = json.loads(path.read_text())
-        if done.get("targets") == targets and done.get("sets") == SCHEMES[scheme]:
+        if done.get("targets") == targets and done.get("sets") == SCHEMES[scheme] + list(extra):
             return done
-    ctx = context(bench, SCHEMES[scheme])
+    ctx = context(bench, SCHEMES[scheme] + list(extra))
     shared = out / bench / "points"
-    result = {"bench": bench, "seed": seed, "scheme": scheme, "sets": SCHEMES[scheme], "targets": targets,
+    result = {"bench": bench, "seed": seed, "scheme": scheme, "sets": SCHEMES[scheme] + list(extra), "targets": targets,
               "per_target": {}}
     for target in targets:
         work = out / bench / "work" / f"{target}-seed{seed}-{scheme}"
@@ -364,10 +365,11 @@ def pipeline_checks(job, fits: dict, pairs, k: int, budget) -> None:
         fit["verify_count"] = len(best)
 
 
-def units(bench: str, seed: int, schemes: list[str], targets: list[str], out: Path) -> list[dict]:
+def units(bench: str, seed: int, schemes: list[str], targets: list[str], out: Path,
+          extra: list[str] = ()) -> list[dict]:
     """Several schemes of one (benchmark, seed) one after the other: schemes whose paths share points (the
     progressive variants' axis paths) must not walk them at the same time in two processes."""
-    return [unit(bench, seed, scheme, targets, out) for scheme in schemes]
+    return [unit(bench, seed, scheme, targets, out, extra) for scheme in schemes]
 
 
 def groups(schemes: list[str]) -> list[list[str]]:
@@ -540,6 +542,8 @@ def markdown(result: dict) -> str:
                  f"{b}: {w['truth_rows_s']} + {w['points_s']} s" for b, w in result["work"].get("per_benchmark",
                                                                                              {}).items()) + ".",
              "", "Base models: " + "; ".join(f"{b}: {i}" for b, i in result["bases"].items()) + ".", "",
+             *([f"Settings on top of the defaults, for the truth rows and every scheme: "
+                f"{', '.join(f'`{x}`' for x in result['sets'])}.", ""] if result.get("sets") else []),
              "Ground truth per target: every feasible split pruned (gate-taylor) and fine-tuned on the final "
              "schedule, mean top-1 over the seeds; regret = the best split's true top-1 minus the pick's (points); "
              "Kendall tau between predicted and true values over the feasible splits; cost = images through the "
@@ -713,6 +717,9 @@ def main() -> int:
     p.add_argument("--out", default="runs/map-points")
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--name", default="map-points", help="the results files' name (NAME.md, NAME.json, NAME.png)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting on top of the defaults for the truth rows and every scheme (repeatable), "
+                        "e.g. scoring.subset=1000; use its own --out")
     args = p.parse_args()
 
     import torch
@@ -737,7 +744,7 @@ def main() -> int:
     truths, bases, final = {}, {}, {"images": {}, "seconds": {}}
     if args.phase in ("truth", "all", "report", "points"):
         for bench in benches:
-            ctx = context(bench)
+            ctx = context(bench, args.sets)
             bases[bench] = f"{ctx.info.get('source')}, {ctx.info.get('weights', 'weights ?')}, dense top-1 " \
                            f"{ctx.info['metric']:.2f} %"
             final["images"][bench] = final_images(ctx)
@@ -752,7 +759,7 @@ def main() -> int:
         return 0
 
     done = []
-    todo = [(b, s, group, targets[b], out) for b in benches for s in seeds for group in groups(schemes)]
+    todo = [(b, s, group, targets[b], out, args.sets) for b in benches for s in seeds for group in groups(schemes)]
     if args.jobs > 1 and len(todo) > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -789,7 +796,7 @@ def main() -> int:
         "truth": {f"{b}|{t}": {**v, "splits": {f"{a}+{m}": s for (a, m), s in v["splits"].items()}}
                   for (b, t), v in truths.items()},
         "schemes": {s: SCHEMES[s] for s in schemes}, "predictors": PREDICTORS, "rows": rows,
-        "oracle": oracle_rows(truths), "units": slim(done), "name": args.name,
+        "oracle": oracle_rows(truths), "units": slim(done), "name": args.name, "sets": args.sets,
     }
     result["choice"] = choose(rows, floors_of(result["oracle"]))
     results = Path(args.results)
