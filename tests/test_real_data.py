@@ -324,6 +324,53 @@ def test_a_large_task_from_python_without_chosen_schedules_stops_and_says_what_t
     assert "config=deit-b-paper | config=deit-s-paper | config=quick" in text and "--" not in text
 
 
+def _big_task(n):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    big = TensorDataset(torch.zeros(n, 1, 16, 16), torch.zeros(n, dtype=torch.long))
+    return hetprune.Task(train=DataLoader(big, batch_size=64), val=[(torch.zeros(4, 1, 16, 16),
+                                                                     torch.zeros(4, dtype=torch.long))],
+                         loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                         metric=lambda m, v: 50.0)
+
+
+CHOSEN_FINETUNES = {"finetune": {"subset": None, "epochs": 1}, "short_finetune": {"subset": None, "epochs": 1}}
+
+
+def test_hand_chosen_fine_tunes_with_the_toy_scoring_subset_stop_and_say_what_the_scorers_would_read():
+    from hetprune.harness.testing import tiny_model
+
+    with pytest.raises(HetpruneError) as caught:   # the fine-tunes are chosen; the gate phase's 300 images not
+        hetprune.prune(tiny_model(), _big_task(20_000), "act-only", 1, settings=dict(CHOSEN_FINETUNES),
+                       progress=False, log=lambda m: None)
+    text = str(caught.value)
+    assert "scorers would read 300 of 20,000 training images" in text and "scoring.subset" in text
+    assert "config=deit-b-paper | config=deit-s-paper | config=quick" in text
+
+
+@pytest.mark.parametrize("scoring", [{"subset": None}, {"subset": 300}])
+def test_a_scoring_subset_the_caller_set_is_their_choice_and_passes_the_start(scoring):
+    from hetprune.pruning.run_start import start_run
+    from hetprune.pruning.budget import Budget
+    from hetprune.harness.testing import tiny_model
+
+    start = start_run(["act-only"], [Budget(sites=1)], settings={**CHOSEN_FINETUNES, "scoring": scoring})
+    assert start.scoring_chosen   # 300 given explicitly counts as chosen, as null does
+    start.attach(tiny_model(), _big_task(20_000), log=lambda m: None, measure=False)
+
+
+def test_the_scoring_subset_stop_spares_tasks_at_most_ten_times_the_subset():
+    from hetprune.pruning.run_start import start_run
+    from hetprune.pruning.budget import Budget
+    from hetprune.harness.testing import tiny_model
+
+    start = start_run(["act-only"], [Budget(sites=1)], settings=dict(CHOSEN_FINETUNES))
+    assert not start.scoring_chosen
+    start.attach(tiny_model(), _big_task(3_000), log=lambda m: None, measure=False)   # 10 x 300: not far larger
+    with pytest.raises(HetpruneError, match="scorers would read 300 of 3,001"):
+        start.attach(tiny_model(), _big_task(3_001), log=lambda m: None, measure=False)
+
+
 def test_the_shipped_configs_resolve_and_say_where_each_value_came_from():
     from hetprune.core import config
     from hetprune.core.plugins import get_registry

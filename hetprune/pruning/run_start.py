@@ -64,6 +64,7 @@ class RunStart:
     overwrite: bool = False
     folder: ResultFolder | None = None
     schedules_chosen: bool = False   # whether the caller chose the fine-tune schedules (a config, finetune.*, ...)
+    scoring_chosen: bool = False     # whether the caller set scoring.* (a flag or --set; a config: by its value)
     _prepared: bool = field(default=False, repr=False)
 
     @property
@@ -102,6 +103,8 @@ class RunStart:
             log(f"device: {devices.describe(self.device, self.config.amp, dist.world())}")
         if not self.schedules_chosen:
             check_schedules_fit(task, self.config)   # ImageNet with the embedded benchmarks' toy schedule stops here
+        if not self.scoring_chosen:
+            check_scoring_fits(task, self.config)    # ... and with the toy scoring subset, schedules chosen or not
         devices.place(model, self.device)
         check_data_fits(task, model)   # a digits model on digit-pairs data (10 against 19 classes) fails now
         info = dense_info(model, task, spec, base_info, self.settings, measure)
@@ -133,9 +136,12 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
             raise HetpruneError("an output folder needs the kind of result it holds")
         # rank 0 checks the folder (the others may see a shared folder late) and every rank takes its answer
         where = dist.on_main(lambda: check_result_folder(out, folder, overwrite, resume=resume and folder.resumable))
+    named = [item.partition("=")[0].strip().split(".")[0] for item in sets or []]
     chosen = bool(config_file) or any(k in config_mod.SCHEDULES for k in given) or any(
-        item.partition("=")[0].strip().split(".")[0] in config_mod.SCHEDULES for item in sets or [])
-    return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder, chosen)
+        n in config_mod.SCHEDULES for n in named)
+    scoring = "scoring" in given or "scoring" in named or (
+        config_mod.RunSettings.of(run_settings).scoring_batches.subset != config_mod.ScoringConfig().subset)
+    return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder, chosen, scoring)
 
 
 # the default schedules were made for the embedded benchmarks; a training set this many times larger than what
@@ -164,6 +170,23 @@ def check_schedules_fit(task: Task, run: config_mod.RunSettings) -> None:
         f"{distinct:,} of {n:,} training images ({final.epochs} epochs, {sees:,} image passes) and a MAP point "
         f"{point:,} image passes; choose schedules for this data: a shipped config ({shipped}), your own "
         f"{option('config', 'FILE')}, or finetune.* and short_finetune.* settings")
+
+
+def check_scoring_fits(task: Task, run: config_mod.RunSettings) -> None:
+    """Stop a run on real data whose scoring subset nobody chose: the default ``scoring.subset`` (300) is the
+    embedded benchmarks', and gate-taylor's gate phase trains on it for every epoch of its search, so DeiT-B
+    would learn which layers to remove from 300 of ImageNet's images even with hand-chosen fine-tunes."""
+    data = getattr(task, "data", None)
+    if isinstance(data, DataBundle) and data.name in EMBEDDED:
+        return
+    n, subset = task.train_size, run.scoring_batches.subset
+    if n is None or subset is None or n <= FAR_LARGER * subset:
+        return
+    shipped = " | ".join(option("config", name) for name in config_mod.shipped_configs())
+    raise HetpruneError(
+        f"the default scoring subset is the embedded benchmarks' toy one: scorers would read {subset:,} of {n:,} "
+        f"training images (gate-taylor's gate phase trains on them every epoch of its search); choose it for "
+        f"this data: the scoring.subset setting (a number of images, or null: all), or a shipped config ({shipped})")
 
 
 def run_device(settings: dict) -> torch.device:
