@@ -99,9 +99,8 @@ def markdown(res: dict) -> str:
     for m in res["schedules"]:
         for name, s in m["splits"].items():
             per = ", ".join(f"{v:.1f}" for v in s["per_seed"].values())
-            se = f"{s['val_se']:.2f}" if s["val_se"] is not None else "-"
             lines.append(f"| {m['variant']} | {m['images']} | {name} | {per} | {s['mean']:.2f} ± {s['std']:.2f} | "
-                         f"{s['range']:.1f} | {s['site_sets']} of {len(s['per_seed'])} | {se} | "
+                         f"{s['range']:.1f} | {s['site_sets']} of {len(s['per_seed'])} | {s['val_se']:.2f} | "
                          f"{m['row_seconds']:.0f} |")
     lines += ["", "| variant | better split on the mean | margin (points) | seeds where it is also better "
               "| largest std of a split | at most 1 point? |", "|---|---|---|---|---|---|"]

@@ -150,8 +150,8 @@ def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:
     start = start_run(["hetdpt"], [Budget(sites=0)], sets=list(sets or []))   # the run start every command has
     dense, spec, info = base_model(args, log=lambda m: None)
     attached = start.attach(dense, classification(data_for(args, dense)), spec, info, log=lambda m: None)
-    return SimpleNamespace(bench=bench, sets=list(sets or []), registry=start.registry, strategy=start.strategy, settings=start.settings,
-                           dense=dense, spec=spec, info=attached.info, task=attached.task, base_key=attached.key)
+    return SimpleNamespace(bench=bench, sets=list(sets or []), registry=start.registry, strategy=start.strategy,
+                           settings=start.settings, dense=dense, spec=spec, info=attached.info, task=attached.task, base_key=attached.key)
 
 
 def job_for(ctx, target: str, seed: int, workdir: Path, shared: Path, settings: dict | None = None):
@@ -274,14 +274,14 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extr
 
     torch.set_num_threads(1)
     path = out / "units" / f"{bench}-seed{seed}-{scheme}.json"   # scheme names are file-safe
+    sets = SCHEMES[scheme] + list(extra)
     if path.is_file():
         done = json.loads(path.read_text())
-        if done.get("targets") == targets and done.get("sets") == SCHEMES[scheme] + list(extra):
+        if done.get("targets") == targets and done.get("sets") == sets:
             return done
-    ctx = context(bench, SCHEMES[scheme] + list(extra))
+    ctx = context(bench, sets)
     shared = out / bench / "points"
-    result = {"bench": bench, "seed": seed, "scheme": scheme, "sets": SCHEMES[scheme] + list(extra), "targets": targets,
-              "per_target": {}}
+    result = {"bench": bench, "seed": seed, "scheme": scheme, "sets": sets, "targets": targets, "per_target": {}}
     for target in targets:
         work = out / bench / "work" / f"{target}-seed{seed}-{scheme}"
         job = job_for(ctx, target, seed, work, shared)

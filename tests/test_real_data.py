@@ -307,23 +307,6 @@ def test_an_image_folder_run_without_chosen_schedules_stops_with_one_line_naming
                  "--scorer", "magnitude", "--workers", "0", "--out", str(out), *FAST]) == 0
 
 
-def test_a_large_task_from_python_without_chosen_schedules_stops_and_says_what_the_default_would_see(tmp_path):
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from hetprune.harness.testing import tiny_model
-
-    big = TensorDataset(torch.zeros(20_000, 1, 16, 16), torch.zeros(20_000, dtype=torch.long))
-    task = hetprune.Task(train=DataLoader(big, batch_size=64), val=[(torch.zeros(4, 1, 16, 16),
-                                                                     torch.zeros(4, dtype=torch.long))],
-                         loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
-                         metric=lambda m, v: 50.0)
-    with pytest.raises(HetpruneError) as caught:
-        hetprune.prune(tiny_model(), task, "act-only", 1, progress=False, log=lambda m: None)
-    text = str(caught.value)
-    assert "the fine-tune would see 300 of 20,000 training images (3 epochs, 900 image passes)" in text
-    assert "config=deit-b-paper | config=deit-s-paper | config=quick" in text and "--" not in text
-
-
 def _big_task(n):
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -332,6 +315,16 @@ def _big_task(n):
                                                                      torch.zeros(4, dtype=torch.long))],
                          loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
                          metric=lambda m, v: 50.0)
+
+
+def test_a_large_task_from_python_without_chosen_schedules_stops_and_says_what_the_default_would_see(tmp_path):
+    from hetprune.harness.testing import tiny_model
+
+    with pytest.raises(HetpruneError) as caught:
+        hetprune.prune(tiny_model(), _big_task(20_000), "act-only", 1, progress=False, log=lambda m: None)
+    text = str(caught.value)
+    assert "the fine-tune would see 300 of 20,000 training images (3 epochs, 900 image passes)" in text
+    assert "config=deit-b-paper | config=deit-s-paper | config=quick" in text and "--" not in text
 
 
 CHOSEN_FINETUNES = {"finetune": {"subset": None, "epochs": 1}, "short_finetune": {"subset": None, "epochs": 1}}

@@ -154,9 +154,7 @@ def check_schedules_fit(task: Task, run: config_mod.RunSettings) -> None:
     schedules see) whose fine-tune schedules nobody chose: the defaults are the embedded benchmarks' toy
     schedules, and would fine-tune DeiT-B on 900 of ImageNet's 1,281,167 training images without a word."""
     data = getattr(task, "data", None)
-    if isinstance(data, DataBundle) and data.name in EMBEDDED:
-        return
-    n = task.train_size
+    n = _non_embedded_train_size(task)
     if n is None:
         return
     final, short = run.schedule("finetune"), run.schedule("short_finetune")
@@ -164,11 +162,10 @@ def check_schedules_fit(task: Task, run: config_mod.RunSettings) -> None:
     if not (isinstance(data, DataBundle) or n > FAR_LARGER * sees):
         return
     distinct, point = min(final.subset or n, n), short.epochs * min(short.subset or n, n)
-    shipped = " | ".join(option("config", name) for name in config_mod.shipped_configs())
     raise HetpruneError(
         f"the default fine-tune schedules are the embedded benchmarks' toy ones: the fine-tune would see "
         f"{distinct:,} of {n:,} training images ({final.epochs} epochs, {sees:,} image passes) and a MAP point "
-        f"{point:,} image passes; choose schedules for this data: a shipped config ({shipped}), your own "
+        f"{point:,} image passes; choose schedules for this data: a shipped config ({_shipped()}), your own "
         f"{option('config', 'FILE')}, or finetune.* and short_finetune.* settings")
 
 
@@ -176,17 +173,26 @@ def check_scoring_fits(task: Task, run: config_mod.RunSettings) -> None:
     """Stop a run on real data whose scoring subset nobody chose: the default ``scoring.subset`` (300) is the
     embedded benchmarks', and gate-taylor's gate phase trains on it for every epoch of its search, so DeiT-B
     would learn which layers to remove from 300 of ImageNet's images even with hand-chosen fine-tunes."""
-    data = getattr(task, "data", None)
-    if isinstance(data, DataBundle) and data.name in EMBEDDED:
-        return
-    n, subset = task.train_size, run.scoring_batches.subset
+    n, subset = _non_embedded_train_size(task), run.scoring_batches.subset
     if n is None or subset is None or n <= FAR_LARGER * subset:
         return
-    shipped = " | ".join(option("config", name) for name in config_mod.shipped_configs())
     raise HetpruneError(
         f"the default scoring subset is the embedded benchmarks' toy one: scorers would read {subset:,} of {n:,} "
         f"training images (gate-taylor's gate phase trains on them every epoch of its search); choose it for "
-        f"this data: the scoring.subset setting (a number of images, or null: all), or a shipped config ({shipped})")
+        f"this data: the scoring.subset setting (a number of images, or null: all), or a shipped config "
+        f"({_shipped()})")
+
+
+def _non_embedded_train_size(task: Task) -> int | None:
+    """The task's training set size where the default schedules may not suit it: None for an embedded
+    benchmark (the defaults were made for them) and for a training set of unknown size."""
+    data = getattr(task, "data", None)
+    return None if isinstance(data, DataBundle) and data.name in EMBEDDED else task.train_size
+
+
+def _shipped() -> str:
+    """The shipped configs, as the stops name them (``--config NAME`` or ``config=NAME``)."""
+    return " | ".join(option("config", name) for name in config_mod.shipped_configs())
 
 
 def run_device(settings: dict) -> torch.device:
