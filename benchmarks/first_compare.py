@@ -18,9 +18,7 @@ Writes benchmarks/results/<name>.{md,json} (default first-compare).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
 import shlex
 import subprocess
@@ -28,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from study_files import load, machine, write
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT_S = 180.0      # issue 43: the first compare after install finishes within 3 minutes on 2 cores
@@ -67,11 +67,11 @@ def run(variant: str) -> dict:
     command = ["hetprune", "compare"] + [x for s in sets for x in ("--set", s)]
     with tempfile.TemporaryDirectory(prefix="hetprune-first-compare-") as tmp:
         env = dict(os.environ, HETPRUNE_CACHE=str(Path(tmp) / "cache"))
-        load_start, started = [round(v, 2) for v in os.getloadavg()], time.perf_counter()
+        load_start, started = load(), time.perf_counter()
         done = subprocess.run(command + ["--out", str(Path(tmp) / "out")], env=env, capture_output=True,
                               text=True, cwd=tmp)
         wall = time.perf_counter() - started
-        load_end = [round(v, 2) for v in os.getloadavg()]
+        load_end = load()
     text = done.stdout + done.stderr
     if done.returncode != 0:
         raise SystemExit(f"{shlex.join(command)} failed ({done.returncode}):\n{text[-3000:]}")
@@ -119,13 +119,8 @@ def main() -> int:
         variants.append(run(variant))
         print(f"   {variants[-1]['wall_s']:.0f} s, load {variants[-1]['load_start'][0]} at the start", flush=True)
     res = {"command": shlex.join(["python", "benchmarks/first_compare.py", *sys.argv[1:]]),
-           "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-           "seconds": time.time() - started, "limit_s": LIMIT_S, "variants": variants}
-    out = Path(args.results)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / f"{args.name}.md").write_text(markdown(res))
-    print(markdown(res))
+           "machine": machine(), "seconds": time.time() - started, "limit_s": LIMIT_S, "variants": variants}
+    write(args.results, args.name, res, markdown(res))
     return 0
 
 

@@ -24,9 +24,6 @@ Writes benchmarks/results/<name>.{md,json} (default grid-noise).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -36,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from map_points import context, final_images, truth_rows  # noqa: E402  (the truth rows of the MAP study)
+from study_files import load, machine, write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,21 +130,16 @@ def main() -> int:
     torch.set_num_threads(1)
     splits = [split_of(s) for s in args.splits.split(",") if s]
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    load_start, started = [round(v, 2) for v in os.getloadavg()], time.time()
+    load_start, started = load(), time.time()
     schedules = []
     for variant in args.variant or VARIANTS:
         print(f"== {variant}", flush=True)
         schedules.append(measure(variant, splits, seeds, args.target, Path(args.out), args.jobs,
                                  lambda m: print(m, flush=True)))
     res = {"command": ("python benchmarks/grid_noise.py " + shlex.join(sys.argv[1:])).strip(),
-           "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-           "load_start": load_start, "load_end": [round(v, 2) for v in os.getloadavg()],
+           "machine": machine(), "load_start": load_start, "load_end": load(),
            "seconds": time.time() - started, "target": args.target, "schedules": schedules}
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"{args.name}.json").write_text(json.dumps(res, indent=1) + "\n")
-    (results / f"{args.name}.md").write_text(markdown(res))
-    print(markdown(res))
+    write(args.results, args.name, res, markdown(res))
     return 0
 
 

@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -56,6 +54,7 @@ from types import SimpleNamespace
 
 from hetprune.pruning.point_store import metric_of
 from hetprune_hetdpt.options import HetDPTOptions
+from study_files import load, machine, write
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -738,7 +737,7 @@ def main() -> int:
     for s in schemes:
         if s not in SCHEMES:
             raise SystemExit(f"unknown scheme {s!r}; studied schemes: {', '.join(SCHEMES)}")
-    load_start, started = [round(v, 2) for v in os.getloadavg()], time.time()
+    load_start, started = load(), time.time()
     log = lambda m: print(m, flush=True)   # noqa: E731
 
     truths, bases, final = {}, {}, {"images": {}, "seconds": {}}
@@ -790,8 +789,7 @@ def main() -> int:
             "points_s": sum(v["points_s"] for v in per_bench.values()), "per_benchmark": per_bench}
     result = {
         "command": ("python benchmarks/map_points.py " + shlex.join(sys.argv[1:])).strip(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-        "load_start": load_start, "load_end": [round(v, 2) for v in os.getloadavg()],
+        "machine": machine(), "load_start": load_start, "load_end": load(),
         "seconds": time.time() - started, "work": work, "bases": bases, "final": final,
         "truth": {f"{b}|{t}": {**v, "splits": {f"{a}+{m}": s for (a, m), s in v["splits"].items()}}
                   for (b, t), v in truths.items()},
@@ -799,12 +797,8 @@ def main() -> int:
         "oracle": oracle_rows(truths), "units": slim(done), "name": args.name, "sets": args.sets,
     }
     result["choice"] = choose(rows, floors_of(result["oracle"]))
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (results / f"{args.name}.md").write_text(markdown(result))
+    results = write(args.results, args.name, result, markdown(result))
     plot(result, results / f"{args.name}.png")
-    print(markdown(result))
     return 0
 
 
