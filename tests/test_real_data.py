@@ -337,19 +337,49 @@ def test_hand_chosen_fine_tunes_with_the_toy_scoring_subset_stop_and_say_what_th
         hetprune.prune(tiny_model(), _big_task(20_000), "act-only", 1, settings=dict(CHOSEN_FINETUNES),
                        progress=False, log=lambda m: None)
     text = str(caught.value)
-    assert "scorers would read 300 of 20,000 training images" in text and "scoring.subset" in text
+    assert "the scorer 'gate-taylor' would train on 300 of 20,000 training images" in text
+    assert "scoring.subset setting" in text and "a one-shot scorer (scorer=taylor)" in text
     assert "config=deit-b-paper | config=deit-s-paper | config=quick" in text
 
 
-@pytest.mark.parametrize("scoring", [{"subset": None}, {"subset": 300}])
-def test_a_scoring_subset_the_caller_set_is_their_choice_and_passes_the_start(scoring):
+@pytest.mark.parametrize("scorer", ["taylor", "magnitude", "loss-drop"])
+def test_a_one_shot_scorer_reads_its_batches_whatever_the_subset_and_passes_the_start(scorer):
     from hetprune.pruning.run_start import start_run
     from hetprune.pruning.budget import Budget
     from hetprune.harness.testing import tiny_model
 
-    start = start_run(["act-only"], [Budget(sites=1)], settings={**CHOSEN_FINETUNES, "scoring": scoring})
-    assert start.scoring_chosen   # 300 given explicitly counts as chosen, as null does
+    start = start_run(["act-only"], [Budget(sites=1)], settings=dict(CHOSEN_FINETUNES), overrides={"scorer": scorer})
+    assert not start.scoring_chosen
     start.attach(tiny_model(), _big_task(20_000), log=lambda m: None, measure=False)
+
+
+@pytest.mark.parametrize("trains", [True, False])
+def test_an_outside_scorer_that_trains_on_the_subset_says_so_and_gets_the_stop(monkeypatch, trains):
+    from conftest import PluginOf
+    from hetprune.core import plugins
+    from hetprune.pruning.run_start import start_run
+    from hetprune.pruning.budget import Budget
+    from hetprune.harness.testing import tiny_model
+
+    class Learner:
+        name = "learner"
+        trains_on_scoring_subset = trains
+
+        def score(self, model, sites, ctx):
+            return {s: 0.0 for s in sites}
+
+    monkeypatch.setattr(plugins, "_extra_objects", [])
+    hetprune.register_plugin(PluginOf("register_scorers", Learner), name="learner-plugin")
+    try:
+        start = start_run(["act-only"], [Budget(sites=1)], settings=dict(CHOSEN_FINETUNES),
+                          overrides={"scorer": "learner"})
+        if trains:
+            with pytest.raises(HetpruneError, match="the scorer 'learner' would train on 300 of 20,000"):
+                start.attach(tiny_model(), _big_task(20_000), log=lambda m: None, measure=False)
+        else:
+            start.attach(tiny_model(), _big_task(20_000), log=lambda m: None, measure=False)
+    finally:
+        plugins.reset()
 
 
 def test_the_scoring_subset_stop_spares_tasks_at_most_ten_times_the_subset():
@@ -360,7 +390,7 @@ def test_the_scoring_subset_stop_spares_tasks_at_most_ten_times_the_subset():
     start = start_run(["act-only"], [Budget(sites=1)], settings=dict(CHOSEN_FINETUNES))
     assert not start.scoring_chosen
     start.attach(tiny_model(), _big_task(3_000), log=lambda m: None, measure=False)   # 10 x 300: not far larger
-    with pytest.raises(HetpruneError, match="scorers would read 300 of 3,001"):
+    with pytest.raises(HetpruneError, match="would train on 300 of 3,001"):
         start.attach(tiny_model(), _big_task(3_001), log=lambda m: None, measure=False)
 
 

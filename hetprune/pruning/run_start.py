@@ -104,7 +104,7 @@ class RunStart:
         if not self.schedules_chosen:
             check_schedules_fit(task, self.config)   # ImageNet with the embedded benchmarks' toy schedule stops here
         if not self.scoring_chosen:
-            check_scoring_fits(task, self.config)    # ... and with the toy scoring subset, schedules chosen or not
+            check_scoring_fits(task, self.config, self.registry)   # ... and a toy scoring subset a scorer trains on
         devices.place(model, self.device)
         check_data_fits(task, model)   # a digits model on digit-pairs data (10 against 19 classes) fails now
         info = dense_info(model, task, spec, base_info, self.settings, measure)
@@ -169,17 +169,22 @@ def check_schedules_fit(task: Task, run: config_mod.RunSettings) -> None:
         f"{option('config', 'FILE')}, or finetune.* and short_finetune.* settings")
 
 
-def check_scoring_fits(task: Task, run: config_mod.RunSettings) -> None:
-    """Stop a run on real data whose scoring subset nobody chose: the default ``scoring.subset`` (300) is the
-    embedded benchmarks', and gate-taylor's gate phase trains on it for every epoch of its search, so DeiT-B
-    would learn which layers to remove from 300 of ImageNet's images even with hand-chosen fine-tunes."""
+def check_scoring_fits(task: Task, run: config_mod.RunSettings, registry: Registry | None = None) -> None:
+    """Stop a run on real data whose scoring subset nobody chose, where the run's scorer trains on it (its
+    class says ``trains_on_scoring_subset = True``, as gate-taylor does): the default ``scoring.subset`` (300)
+    is the embedded benchmarks', and gate-taylor's gate phase trains on it for every epoch of its search, so
+    DeiT-B would learn which layers to remove from 300 of ImageNet's images even with hand-chosen fine-tunes.
+    A one-shot scorer (taylor, magnitude, ...) reads ``scoring.batches`` batches whatever the subset: no stop."""
     n, subset = _non_embedded_train_size(task), run.scoring_batches.subset
     if n is None or subset is None or n <= FAR_LARGER * subset:
         return
+    scorer = (registry or get_registry()).component("scorer", run.scorer).factory
+    if not getattr(scorer, "trains_on_scoring_subset", False):
+        return
     raise HetpruneError(
-        f"the default scoring subset is the embedded benchmarks' toy one: scorers would read {subset:,} of {n:,} "
-        f"training images (gate-taylor's gate phase trains on them every epoch of its search); choose it for "
-        f"this data: the scoring.subset setting (a number of images, or null: all), or a shipped config "
+        f"the default scoring subset is the embedded benchmarks' toy one: the scorer {run.scorer!r} would train "
+        f"on {subset:,} of {n:,} training images; choose the scoring.subset setting for this data (a number of "
+        f"images, or null: all), a one-shot scorer ({option('scorer', 'taylor')}), or a shipped config "
         f"({_shipped()})")
 
 

@@ -226,6 +226,7 @@ class GateTaylorScorer:
 
     name = "gate-taylor"
     Options = GateTaylorOptions
+    trains_on_scoring_subset = True   # the gate phase trains on scoring.subset: a toy one stops real-data runs
 
     def __init__(self, **options):
         o = GateTaylorOptions.from_dict(options)
