@@ -112,3 +112,91 @@ def test_the_default_budget_pays_for_the_selections_and_two_final_finetunes(tmp_
     checks.run([(1, 1), (2, 0)], budget=5.0)
     assert seen["budget"] == 5.0
     assert HetDPTOptions.defaults()["verify_budget"] is None
+
+
+def test_gate_taylor_says_which_first_removals_two_selections_share():
+    from hetprune_hetdpt.scorers import GateTaylorScorer
+
+    share = GateTaylorScorer.shared_removals
+    # alternating, attention first: 5+9 and 6+8 remove attn, act, ... alike for their first 10 removals
+    assert share({"attn": 5, "act": 9}, {"attn": 6, "act": 8}) == 10
+    assert share({"attn": 1, "act": 2}, {"attn": 2, "act": 2}) == 2
+    assert share({"attn": 3, "act": 3}, {"attn": 3, "act": 3}) == 6
+    # other kinds gated (an act-only or attn-only split): nothing shared, though the first removal's kind agrees
+    assert share({"attn": 0, "act": 3}, {"attn": 1, "act": 2}) == 0
+    assert share({"attn": 2, "act": 0}, {"attn": 1, "act": 1}) == 0
+
+
+def _gate_select(job, counts, workdir, shared):
+    """gate-taylor's selection of ``counts`` from the job's dense model: (sites, weights, removals trained)."""
+    import copy
+
+    from hetprune.pruning.pipeline import scoring_context, select_sites
+
+    model = job.place(copy.deepcopy(job.dense))
+    ctx = scoring_context(job, workdir)
+    trained = []
+    ctx.progress, ctx.on_epoch_end = False, lambda step, metrics: trained.append(step)
+    ctx.shared_states, ctx.keep_states_at = shared
+    chosen = select_sites(job, model, counts, ctx=ctx)
+    return sorted(map(str, chosen)), model.state_dict(), trained
+
+
+def test_a_selection_continuing_from_a_kept_state_is_the_one_made_from_scratch(tmp_path):
+    import torch
+
+    job = tiny_job(hetprune.Budget(sites=3), tmp_path / "job", HetDPT, {"scorer": "gate-taylor"})
+    logs = []
+    job.log = logs.append
+    alone = _gate_select(job, {"attn": 1, "act": 2}, tmp_path / "alone", (None, ()))
+    assert alone[2] == [1, 2, 3]
+    shared = tmp_path / "shared"
+    first = _gate_select(job, {"attn": 2, "act": 2}, tmp_path / "a", (shared, (2, 4)))
+    assert first[2] == [1, 2, 3, 4] and len(list(shared.glob("gate-*.pt"))) == 2
+    second = _gate_select(job, {"attn": 1, "act": 2}, tmp_path / "b", (shared, ()))
+    assert second[2] == [3]   # removals 1-2 (attn, act) were the 2+2 selection's
+    assert any("removals 1-2 of 3 are another selection's" in m for m in logs)
+    assert second[0] == alone[0]
+    assert second[1].keys() == alone[1].keys() and all(torch.equal(second[1][k], alone[1][k]) for k in alone[1])
+    # the kept state of all 4 removals: the same selection again trains nothing (the final select stage after
+    # the checks); the 1+2 selection kept nothing, so another 1+2 trains its last removal again
+    again = _gate_select(job, {"attn": 2, "act": 2}, tmp_path / "c", (shared, ()))
+    assert again[2] == [] and again[0] == first[0]
+    assert all(torch.equal(again[1][k], first[1][k]) for k in first[1])
+
+
+def test_a_kept_state_from_another_start_or_setting_is_not_taken(tmp_path):
+    job = tiny_job(hetprune.Budget(sites=3), tmp_path / "job", HetDPT, {"scorer": "gate-taylor"})
+    shared = tmp_path / "shared"
+    _gate_select(job, {"attn": 2, "act": 2}, tmp_path / "a", (shared, (2,)))
+    other = tiny_job(hetprune.Budget(sites=3), tmp_path / "job2", HetDPT,
+                     {"scorer": "gate-taylor", "short_finetune": {"lr": 1e-5}})
+    assert _gate_select(other, {"attn": 1, "act": 2}, tmp_path / "b", (shared, ()))[2] == [1, 2, 3]
+    seeded = tiny_job(hetprune.Budget(sites=3), tmp_path / "job3", HetDPT, {"scorer": "gate-taylor", "seed": 1})
+    assert _gate_select(seeded, {"attn": 1, "act": 2}, tmp_path / "c", (shared, ()))[2] == [1, 2, 3]
+
+
+def test_shared_removals_are_counted_once_against_the_budget(tmp_path):
+    from hetprune_hetdpt.halving import PipelineChecks
+
+    job = tiny_job(hetprune.Budget(sites=4), tmp_path, HetDPT, {"scorer": "gate-taylor"})
+    checks = PipelineChecks(job)
+    per_epoch = 16 / 48   # one gate epoch over the scoring subset, in final fine-tunes (1 epoch x 48)
+    assert checks.selection_cost((2, 2)) == pytest.approx((1 + 4) * per_epoch)        # warm-up + 4 removals
+    assert checks.selection_cost((1, 2), shared=2) == pytest.approx(1 * per_epoch)     # its third removal only
+    assert checks.selections_cost([(2, 2), (1, 2), (0, 4)]) == pytest.approx((5 + 1 + 5) * per_epoch)
+    assert checks.selections_cost([(1, 2), (2, 2)]) == pytest.approx((4 + 2) * per_epoch)
+
+
+def test_the_final_select_stage_continues_from_the_winners_kept_selection(tmp_path):
+    settings = {"hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1, "verify": 2,
+                           "verify_by": "pipeline", "verify_budget": 12.0},
+                "scorer": "gate-taylor"}
+    job = tiny_job(hetprune.Budget(sites=3), tmp_path, HetDPT, settings)
+    logs = []
+    job.log = logs.append
+    result = HetDPT().run(job)
+    winner = result.report["allocation"]["pipeline_checks"]["winner"]
+    n = sum(winner)
+    said = [m for m in logs if f"removals 1-{n} of {n} are another selection's" in m]
+    assert len(said) == 1, logs   # the final select trained nothing: the winner's check had made it

@@ -333,6 +333,9 @@ class ScoringContext:
     registry: Registry | None = None   # the job's (components a scorer builds, e.g. the remover it simulates)
     base_key: str = ""                 # the job's: what keys a checkpoint made from the dense model (its config too)
     distributed: bool = False          # the scorer runs on every rank together (its training under DDP), not alone
+    shared_states: Path | None = None  # where a learning scorer keeps states other selections from the same start
+    #                                    continue from (gate-taylor: its gate phase after n removals)
+    keep_states_at: tuple[int, ...] = ()   # the removal counts whose state this selection keeps there
 
     def __post_init__(self):
         if self.task is None and self.data is None:
@@ -369,7 +372,7 @@ class ScoringContext:
 def scoring_context(job: PruneJob, workdir: Path | None = None) -> ScoringContext:
     return ScoringContext(
         data=job.data, task=job.task, registry=job.registry, teacher=job.dense, settings=job.settings, device=job.device,
-        seed=job.seed, base_key=job.base_key,
+        seed=job.seed, base_key=job.base_key, shared_states=job.workdir / "shared-selections",
         workdir=workdir or job.workdir / "scoring", progress=job.progress, resume=job.resume, log=job.log,
         on_epoch_end=lambda e, m: job.event("on_epoch_end", stage="select", epoch=e, metrics=m),
     )

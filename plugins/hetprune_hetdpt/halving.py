@@ -8,7 +8,11 @@ attention-heavy splits in the study (benchmarks/results/map-points.md). Here eac
 run would be, at a fraction of its fine-tune:
 
 * every candidate's sites are chosen once by the run's scorer from the dense model, as the final ``select``
-  stage does (which then chooses the winner's again: a learning scorer also adapts the weights it hands on);
+  stage does (which then chooses the winner's again: a learning scorer also adapts the weights it hands on).
+  A learning scorer that can say which first removals two selections share (gate-taylor: ``shared_removals``,
+  the common beginning of their removal schedules) trains those once: a later candidate continues from an
+  earlier one's state kept there, and the final select stage from the winner's, with identical results;
+  only the removals trained are counted against the budget;
 * round 1 fine-tunes all K candidates on a short fraction of the final schedule, measures each on the
   selection split and keeps the better half (at least one); each later round gives the survivors a longer
   fraction (the round's equal share of the budget over fewer candidates), until one is left.
@@ -111,16 +115,29 @@ class PipelineChecks:
                                 "amp": job.amp, "v": 1})
         self.sites: dict[Split, list] = {}
         self.models: dict[Split, object] = {}
+        self.candidates: list[Split] = []   # the splits being checked: which removals their selections share
 
-    def selection_cost(self, split: Split) -> float:
+    def shared(self, a: Split, b: Split) -> int:
+        """The first removals the selections of ``a`` and ``b`` share (0 for a scorer that cannot say)."""
+        share = getattr(self.scorer(), "shared_removals", None)
+        return share({"attn": a[0], "act": a[1]}, {"attn": b[0], "act": b[1]}) if share and a != b else 0
+
+    def selection_cost(self, split: Split, shared: int = 0) -> float:
         """A candidate's selection in final-fine-tune units: its scorer's counted phase (none for a one-shot
-        scorer)."""
+        scorer), less its first ``shared`` removals, continued from an earlier candidate's kept state."""
         if not self.final_images:
             return 0.0
         scorer = self.scorer()
         if not hasattr(scorer, "plan"):
             return 0.0
-        return scorer.plan(self.job, {"attn": split[0], "act": split[1]}).train_images / self.final_images
+        counts = {"attn": split[0], "act": split[1]}
+        step = scorer.plan(self.job, counts, shared=shared) if shared else scorer.plan(self.job, counts)
+        return step.train_images / self.final_images
+
+    def selections_cost(self, candidates: list[Split]) -> float:
+        """The candidates' selections in order, each continuing from the earlier one it shares most with."""
+        return sum(self.selection_cost(s, max((self.shared(s, t) for t in candidates[:i]), default=0))
+                   for i, s in enumerate(candidates))
 
     def scorer(self):
         run = self.job.config
@@ -134,6 +151,12 @@ class PipelineChecks:
             model = self.job.place(copy.deepcopy(self.job.dense))
             ctx = scoring_context(self.job, self.job.workdir / "pipeline-checks" / f"{split[0]}+{split[1]}")
             ctx.progress, ctx.on_epoch_end = False, None
+            # kept for the other candidates (where they share this one's first removals) and for the final
+            # select stage, which chooses the winner's sites again from the same start
+            schedule = getattr(self.scorer(), "schedule", None)
+            if schedule is not None:
+                ctx.keep_states_at = tuple(sorted({len(schedule({"attn": split[0], "act": split[1]})),
+                                                   *(n for t in self.candidates if (n := self.shared(split, t)))}))
             chosen = select_sites(self.job, model, {"attn": split[0], "act": split[1]}, ctx=ctx)
             remove_sites(self.job, model, chosen)
             self.sites[split], self.models[split] = chosen, model
@@ -144,7 +167,8 @@ class PipelineChecks:
         selections plus `FINETUNES_BEYOND_SELECTION`)."""
         job = self.job
         sign = 1 if job.task.higher_is_better else -1
-        cost = sum(self.selection_cost(s) for s in candidates)
+        self.candidates = list(candidates)
+        cost = self.selections_cost(self.candidates)
         budget = cost + FINETUNES_BEYOND_SELECTION if budget is None else budget
         stores: dict[float, tuple[PointStore, dict]] = {}
 

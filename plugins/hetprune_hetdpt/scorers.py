@@ -18,6 +18,7 @@ from hetprune.core import distributed as dist
 from hetprune.training import train as training
 from hetprune.model.adapters import adapter_for
 from hetprune.core.config import Section, number, setting, whole
+from hetprune.core.fingerprint import fingerprint
 from hetprune.training.resume import made_when, note_saved, now, reusable, weights_key
 
 from . import gates
@@ -237,13 +238,14 @@ class GateTaylorScorer:
         """One-shot fallback: the gate gradient on the scoring batches (same as ``taylor``)."""
         return TaylorScorer().score(model, sites, ctx)
 
-    def plan(self, job, counts: dict[str, int]):
+    def plan(self, job, counts: dict[str, int], shared: int = 0):
         """The gate phase counted (``--plan``): warm-up plus ``epochs_per_removal`` per removal, each epoch over
-        the scoring subset, with short_finetune's batch and optimiser (at most ``counts`` removals)."""
+        the scoring subset, with short_finetune's batch and optimiser (at most ``counts`` removals). ``shared``:
+        its first removals continue from another selection's kept state (`shared_removals`), not trained."""
         from hetprune.pruning.plan import PlanStep, epoch_images
 
-        removals = len(self.schedule(counts))
-        epochs = self.warmup_epochs + self.epochs_per_removal * removals
+        removals = len(self.schedule(counts)) - shared
+        epochs = (self.warmup_epochs if not shared else 0) + self.epochs_per_removal * removals
         cfg = job.config.schedule("short_finetune", subset=job.config.scoring_batches.subset)
         per = epoch_images(cfg, job.task.train_size) or 0
         return PlanStep("select: gate phase", f"{epochs} epochs x {per:,} images, up to {removals} removals",
@@ -261,6 +263,20 @@ class GateTaylorScorer:
                 order.append(kind)
                 left[kind] -= 1
         return order
+
+    @classmethod
+    def shared_removals(cls, a: dict[str, int], b: dict[str, int]) -> int:
+        """How many first removals the gate phases of two selections from the same start share: their
+        schedules' common beginning, where both remove from the same kinds (the gates cover the same sites);
+        one selection continues from the other's state kept there (``ScoringContext.keep_states_at``)."""
+        if {k for k, n in a.items() if n} != {k for k, n in b.items() if n}:
+            return 0
+        n = 0
+        for x, y in zip(cls.schedule(a), cls.schedule(b)):
+            if x != y:
+                break
+            n += 1
+        return n
 
     def every_rank(self, ctx) -> bool:
         """Under torchrun the gate phase trains on every rank together (exact DDP) on hetprune's own trainer;
@@ -298,6 +314,9 @@ class GateTaylorScorer:
         ckpt_path = Path(ctx.workdir) / "gate-checkpoint.pt"
         step, removed = 0, []
         state = self._resume(ckpt_path, key, ctx, device, distributed) if ctx.resume else None
+        shared_from = None
+        if state is None and ctx.shared_states is not None:
+            state, shared_from = self._shared(ctx, key, order, device, distributed)
         if state is not None:
             model.load_state_dict(state["model"])
             opt_w.load_state_dict(state["opt_w"])
@@ -306,8 +325,12 @@ class GateTaylorScorer:
                 scaler.load_state_dict(state["scaler"])
             step = state["step"]
             removed = [s for s in candidates if bank.mask[bank.index[s]] == 0]
-            ctx.log(f"resume: the gate phase continues after removal {step} of {len(order)}, from {ckpt_path} "
-                    f"saved {made_when([state], 'saved_at')}")
+            if shared_from is not None:
+                ctx.log(f"  gate-taylor: removals 1-{step} of {len(order)} are another selection's from the same "
+                        f"start ({shared_from.name}); continuing from its kept state")
+            else:
+                ctx.log(f"resume: the gate phase continues after removal {step} of {len(order)}, from {ckpt_path} "
+                        f"saved {made_when([state], 'saved_at')}")
         teacher = ctx.place(ctx.teacher).eval()
         net = model
         if distributed:   # the global batch split across the ranks; DDP sums the gate scores' gradients too
@@ -340,13 +363,16 @@ class GateTaylorScorer:
                     ctx.log(f"  gate-taylor: step {i + 1}/{len(order)} removed {victim} "
                             f"(score {bank.score_of(victim):+.4f}), loss {loss:.4f}")
                 if not distributed or dist.is_main():   # under DDP every rank holds the same state: rank 0 writes
-                    ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = ckpt_path.with_suffix(".tmp")
-                    torch.save({"model": model.state_dict(), "opt_w": opt_w.state_dict(),
-                                "opt_s": opt_s.state_dict(), "scaler": scaler.state_dict(), "step": i + 1,
-                                "key": key, "saved_at": now()}, str(tmp))
-                    tmp.replace(ckpt_path)
+                    saved = {"model": model.state_dict(), "opt_w": opt_w.state_dict(), "opt_s": opt_s.state_dict(),
+                             "scaler": scaler.state_dict(), "step": i + 1, "key": key, "saved_at": now()}
+                    _save(saved, ckpt_path)
                     note_saved(f"a gate checkpoint in {ckpt_path.parent}")
+                if ctx.shared_states is not None and i + 1 in ctx.keep_states_at:   # for selections sharing it
+                    prefix = {**key, "schedule": order[:i + 1]}
+                    path = _shared_path(ctx.shared_states, prefix)
+                    if not distributed or dist.is_main():
+                        _save({**saved, "key": prefix}, path)
+                    _KEPT.add(str(path))   # on every rank: they look for it together
         finally:
             self.last_scores = {str(s): bank.score_of(s) for s in candidates}
             gates.uninstall(model, handles)
@@ -385,6 +411,22 @@ class GateTaylorScorer:
             found = decide()
             return None if found is None else found[0]
         return dist.follow_main(decide, fetch, "resume: the gate phase")
+
+    @classmethod
+    def _shared(cls, ctx, key: dict, order: list[str], device, distributed: bool):
+        """The kept state of another selection from the same start that shares the most of this one's first
+        removals (same weights, teacher, sites, data and settings: the key, its schedule cut to the shared
+        beginning), and its path; (None, None) when there is none. Only states this process kept are taken,
+        or any with ``ctx.resume`` (a run continued: its work folder is its own)."""
+        for n in range(len(order), 0, -1):
+            prefix = {**key, "schedule": order[:n]}
+            path = _shared_path(ctx.shared_states, prefix)
+            if not (ctx.resume or str(path) in _KEPT):
+                continue
+            state = cls._resume(path, prefix, ctx, device, distributed)
+            if state is not None:
+                return state, path
+        return None, None
 
     @staticmethod
     def _epoch(net, teacher, cfg, optimizers, scaler, ctx, device, amp, seed: int, rank: int = 0, world: int = 1,
@@ -434,6 +476,23 @@ class GateTaylorScorer:
             bank.scores.copy_(saved - self.score_lr * summed)
         last = history[-1] if history else {}
         return float(last.get("loss", float("nan"))) if isinstance(last, dict) else float("nan")
+
+
+_KEPT: set[str] = set()   # the shared gate states this process kept: taken without --resume too
+
+
+def _shared_path(folder: Path, prefix_key: dict) -> Path:
+    """Where a gate state kept for other selections lives: named by its key (start, settings, removals so far)."""
+    return Path(folder) / f"gate-{fingerprint(prefix_key)[:24]}.pt"
+
+
+def _save(state: dict, path: Path) -> Path:
+    """``state`` to ``path`` whole or not at all (written beside it, then renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, str(tmp))
+    tmp.replace(path)
+    return path
 
 
 def _attn_mode(ctx) -> str:
