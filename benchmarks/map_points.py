@@ -111,7 +111,8 @@ WORDS = {   # what each scheme's points are, for the tables
     "progressive-final-stride3-verify2": "that, then the 2 best predicted splits checked as in progressive-verify3",
     "progressive-pipeline3": "progressive points, then the 3 best predicted splits each selected by the run's own "
                              "scorer from the dense model and fine-tuned on fractions of the final schedule by "
-                             "successive halving (verify_by pipeline; budget: the 3 selections + 2 final fine-tunes)",
+                             "successive halving (verify_by pipeline; budget: the 3 selections, the first removals "
+                             "they share trained once, + 2 final fine-tunes)",
     "progressive-pipeline2": "the same with the 2 best predicted splits (budget: 2 selections + 2 final fine-tunes)",
 }
 # the predictors fitted on every scheme's points: label -> (registered name, options)
@@ -328,24 +329,24 @@ def pipeline_checks(job, fits: dict, pairs, k: int, budget) -> None:
     from hetprune_hetdpt.halving import PipelineChecks
 
     checks = PipelineChecks(job)
-    chosen, selecting = checks.selected, {}
+    chosen = checks.selected
+    timings = job.workdir / "selection-seconds.json"   # kept: a rerun that reuses stored checks still counts them
+    selecting = {tuple(map(int, k.split("+"))): v for k, v in
+                 (json.loads(timings.read_text()) if timings.is_file() else {}).items()}
 
     def timed(split):
         if split not in checks.models:
             t0 = time.time()
             chosen(split)
             selecting[split] = time.time() - t0
+            timings.parent.mkdir(parents=True, exist_ok=True)
+            timings.write_text(json.dumps({f"{a}+{m}": v for (a, m), v in selecting.items()}))
         return checks.models[split]
 
     checks.selected = timed
-    stored: dict = {}   # fraction -> the stored checks at that fraction, read once
-
-    def stored_at(fraction):
-        if fraction not in stored:
-            stored[fraction] = PointStore(job.shared_dir / "map-pipeline-checks.jsonl",
-                                          fingerprint({"checks": checks.key, "fraction": fraction}),
-                                          run=job.reuse_tag).load()
-        return stored[fraction]
+    def stored_at(fraction):   # read after each predictor's halving: it may have stored new checks
+        return PointStore(job.shared_dir / "map-pipeline-checks.jsonl",
+                          fingerprint({"checks": checks.key, "fraction": fraction}), run=job.reuse_tag).load()
 
     for fit in fits.values():
         if "predicted" not in fit:
