@@ -382,6 +382,17 @@ def test_an_outside_scorer_that_trains_on_the_subset_says_so_and_gets_the_stop(m
         plugins.reset()
 
 
+@pytest.mark.parametrize("scoring", [{"subset": None}, {"subset": 300}])
+def test_a_scoring_subset_the_caller_set_is_their_choice_and_passes_the_start(scoring):
+    from hetprune.pruning.run_start import start_run
+    from hetprune.pruning.budget import Budget
+    from hetprune.harness.testing import tiny_model
+
+    start = start_run(["act-only"], [Budget(sites=1)], settings={**CHOSEN_FINETUNES, "scoring": scoring})
+    assert start.scoring_chosen   # 300 given explicitly counts as chosen, as null does
+    start.attach(tiny_model(), _big_task(20_000), log=lambda m: None, measure=False)
+
+
 def test_the_scoring_subset_stop_spares_tasks_at_most_ten_times_the_subset():
     from hetprune.pruning.run_start import start_run
     from hetprune.pruning.budget import Budget
