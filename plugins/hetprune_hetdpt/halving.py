@@ -118,9 +118,10 @@ class PipelineChecks:
         self.candidates: list[Split] = []   # the splits being checked: which removals their selections share
 
     def shared(self, a: Split, b: Split) -> int:
-        """The first removals the selections of ``a`` and ``b`` share (0 for a scorer that cannot say)."""
+        """The first removals the selections of ``a`` and ``b`` share (0 for a scorer that cannot say; all of
+        them where ``a`` is ``b``)."""
         share = getattr(self.scorer(), "shared_removals", None)
-        return share({"attn": a[0], "act": a[1]}, {"attn": b[0], "act": b[1]}) if share and a != b else 0
+        return share({"attn": a[0], "act": a[1]}, {"attn": b[0], "act": b[1]}) if share else 0
 
     def selection_cost(self, split: Split, shared: int = 0) -> float:
         """A candidate's selection in final-fine-tune units: its scorer's counted phase (none for a one-shot
@@ -151,12 +152,9 @@ class PipelineChecks:
             model = self.job.place(copy.deepcopy(self.job.dense))
             ctx = scoring_context(self.job, self.job.workdir / "pipeline-checks" / f"{split[0]}+{split[1]}")
             ctx.progress, ctx.on_epoch_end = False, None
-            # kept for the other candidates (where they share this one's first removals) and for the final
-            # select stage, which chooses the winner's sites again from the same start
-            schedule = getattr(self.scorer(), "schedule", None)
-            if schedule is not None:
-                ctx.keep_states_at = tuple(sorted({len(schedule({"attn": split[0], "act": split[1]})),
-                                                   *(n for t in self.candidates if (n := self.shared(split, t)))}))
+            # kept for the other candidates (where they share this one's first removals) and, after all of
+            # them (what it shares with itself), for the final select stage, which chooses the winner's again
+            ctx.keep_states_at = tuple(sorted({n for t in {*self.candidates, split} if (n := self.shared(split, t))}))
             chosen = select_sites(self.job, model, {"attn": split[0], "act": split[1]}, ctx=ctx)
             remove_sites(self.job, model, chosen)
             self.sites[split], self.models[split] = chosen, model
