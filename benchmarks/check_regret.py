@@ -28,14 +28,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from map_points import floors_of
 from study_files import write
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STUDIES = ["map-points-selection", "map-points-scoring1000"]
-
-
-def fewer_attention_first(k: str) -> tuple:
-    return (-int(k.split("+")[0]),)
 
 
 def checks_of(fit: dict) -> dict[str, float] | None:
@@ -51,7 +48,7 @@ def checks_of(fit: dict) -> dict[str, float] | None:
 
 def split_regret(study: dict) -> list[dict]:
     """One row per (benchmark, target, scheme, predictor) with checks: both parts of the regret per seed."""
-    floors = {(o["bench"], o["target"]): o["mean_regret"] for o in study["oracle"]}
+    floors = floors_of(study["oracle"])
     picks = {(r["bench"], r["target"], r["scheme"], r["predictor"], s["seed"]): (s["pick"], s["regret"])
              for r in study["rows"] for s in r["seeds"]}
     rows = []
@@ -62,7 +59,7 @@ def split_regret(study: dict) -> list[dict]:
                 continue
             true = {k: v["true"] for k, v in truth["splits"].items()}
             own = {k: v["per_seed"].get(str(u["seed"])) for k, v in truth["splits"].items()}
-            best = max(true, key=lambda k: (true[k], *fewer_attention_first(k)))
+            best = max(true, key=lambda k: (true[k], -int(k.split("+")[0])))   # ties: fewer attention, as map_points
             floor = floors[(u["bench"], target)]
             for label, fit in pt["fits"].items():
                 checks = checks_of(fit)
