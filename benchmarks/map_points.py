@@ -26,6 +26,11 @@ from benchmarks/results/default-target.json (made on the shipped base model);
 before it is used, one split per target is fine-tuned again on both seeds and
 must reproduce the committed mean and std, else every seed is fine-tuned here.
 
+``--reuse-from NAME`` takes an earlier study's results (NAME.json, made with the same ``--set``) for what
+this pass does not redo: a target's truth where one of its rows (the best split, first seed) fine-tuned again
+here reproduces the committed value exactly (else every seed is fine-tuned here), and the units of the
+schemes not in ``--schemes`` (the md names them).
+
     python benchmarks/map_points.py                      # everything: truth, points, report
     python benchmarks/map_points.py --phase truth        # only the ground truth
     python benchmarks/map_points.py --benchmarks digit-pairs --targets macs0.45 --seeds 0 --out runs/quick
@@ -94,6 +99,10 @@ SCHEMES = {
     # fine-tune on the selection split, by successive halving within hetdpt.verify_budget (its default)
     "progressive-pipeline3": ["hetdpt.point_selection=progressive", "hetdpt.verify=3", "hetdpt.verify_by=pipeline"],
     "progressive-pipeline2": ["hetdpt.point_selection=progressive", "hetdpt.verify=2", "hetdpt.verify_by=pipeline"],
+    # the same checks, each candidate's gate phase on a fifth of the scoring subset (hetdpt.verify_selection);
+    # the winner is selected again by the final run on the whole subset
+    "progressive-pipeline3-sel20": ["hetdpt.point_selection=progressive", "hetdpt.verify=3",
+                                    "hetdpt.verify_by=pipeline", "hetdpt.verify_selection=0.2"],
 }
 WORDS = {   # what each scheme's points are, for the tables
     "oneshot": "today's default: each point's sites off the dense model at once (taylor's order), one fine-tune "
@@ -114,6 +123,9 @@ WORDS = {   # what each scheme's points are, for the tables
                              "successive halving (verify_by pipeline; budget: the 3 selections, the first removals "
                              "they share trained once, + 2 final fine-tunes)",
     "progressive-pipeline2": "the same with the 2 best predicted splits (budget: 2 selections + 2 final fine-tunes)",
+    "progressive-pipeline3-sel20": "progressive-pipeline3 with cheaper checks: each candidate's gate phase on a "
+                                   "fifth of the scoring subset (verify_selection 0.2; budget: those selections + "
+                                   "2 final fine-tunes); the final run selects the winner again on the whole subset",
 }
 # the predictors fitted on every scheme's points: label -> (registered name, options)
 PREDICTORS = {
@@ -238,6 +250,47 @@ def truth(ctx, target: str, seeds: list[int], out: Path, jobs: int, log) -> dict
             "row_seconds_total": round(sum(walls), 1),
             "seeds": sorted(set(todo_seeds) | set(REUSED[(ctx.bench, target)][1] if reused is not None else ())),
             "row_seconds": statistics.median(walls) if walls else None}
+
+
+def reused_truth(ctx, target: str, seeds: list[int], out: Path, jobs: int, log, earlier: dict,
+                 name: str, base: str) -> dict | None:
+    """The truth of one target taken from an earlier study's results file (``--reuse-from``) where it was made
+    with the same settings, base model, splits and seeds, and one of its rows fine-tuned again here reproduces
+    its committed value exactly (the best split on the first seed); None otherwise (then fine-tuned here)."""
+    t = earlier.get("truth", {}).get(f"{ctx.bench}|{target}")
+    if t is None or earlier.get("sets") != ctx.sets or earlier.get("bases", {}).get(ctx.bench) != base:
+        return None
+    pairs = feasible(ctx, target, out / ctx.bench / f"truth-{target}")
+    splits = {tuple(map(int, k.split("+"))): v for k, v in t["splits"].items()}
+    if set(splits) != set(pairs) or not all(str(s) in v["per_seed"] for v in splits.values() for s in seeds):
+        return None
+    check = max(splits, key=lambda p: (splits[p]["true"], -p[0]))
+    [row] = truth_rows(ctx, target, [check], seeds[:1], out / ctx.bench / f"truth-{target}", jobs, log)
+    committed = splits[check]["per_seed"][str(seeds[0])]
+    if abs(row["metric"] - committed) > 1e-6:
+        log(f"{ctx.bench} {target}: {name} not reused: split {check[0]}+{check[1]} seed {seeds[0]} gives "
+            f"{row['metric']:.2f} here, {committed:.2f} there")
+        return None
+    keep = {str(s) for s in seeds}
+    kept = {}
+    for p, v in splits.items():
+        values = {k: x for k, x in v["per_seed"].items() if k in keep}
+        kept[p] = {"true": statistics.mean(values.values()),
+                   "std": statistics.stdev(values.values()) if len(values) > 1 else 0.0,
+                   "seeds": len(values), "per_seed": values}
+    return {"target": target, "pairs": [list(p) for p in pairs], "splits": kept,
+            "note": f"reused from {name}.json (split {check[0]}+{check[1]} on seed {seeds[0]} fine-tuned again here: "
+                    f"{row['metric']:.2f}, as committed)",
+            "row_seconds_total": round(row.get("wall_s") or 0.0, 1), "seeds": sorted(seeds),
+            "row_seconds": t.get("row_seconds")}
+
+
+def reused_units(earlier: dict, benches: list[str], seeds: list[int], schemes: list[str],
+                 extra: list[str]) -> list[dict]:
+    """An earlier study's units (``--reuse-from``) of the schemes this pass does not run, on its benchmarks and
+    seeds: their fits as that study stored them (scored here against the same truth)."""
+    return [u for u in earlier.get("units", []) if u["scheme"] not in schemes and u["bench"] in benches
+            and u["seed"] in seeds and u["scheme"] in SCHEMES and u.get("sets") == SCHEMES[u["scheme"]] + list(extra)]
 
 
 # -- phase 2: every scheme's points, every predictor ---------------------------------------------------------
@@ -545,6 +598,10 @@ def markdown(result: dict) -> str:
                  f"{b}: {w['truth_rows_s']} + {w['points_s']} s" for b, w in result["work"].get("per_benchmark",
                                                                                              {}).items()) + ".",
              "", "Base models: " + "; ".join(f"{b}: {i}" for b, i in result["bases"].items()) + ".", "",
+             *([f"Schemes whose points and checks were not run by this pass: their units (fits, picks and costs) "
+                f"are {', '.join(f'`{k}` from {v}.json' for k, v in result['reused_units'].items())}, made on the "
+                f"same base models, settings and seeds, scored here against the same truth.", ""]
+               if result.get("reused_units") else []),
              *([f"Settings on top of the defaults, for the truth rows and every scheme: "
                 f"{', '.join(f'`{x}`' for x in result['sets'])}.", ""] if result.get("sets") else []),
              "Ground truth per target: every feasible split pruned (gate-taylor) and fine-tuned on the final "
@@ -731,6 +788,9 @@ def main() -> int:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting on top of the defaults for the truth rows and every scheme (repeatable), "
                         "e.g. scoring.subset=1000; use its own --out")
+    p.add_argument("--reuse-from", default=None, metavar="NAME",
+                   help="an earlier study's results (NAME.json under --results, same --set): its truth where one "
+                        "of its rows is reproduced here exactly, and its units of the schemes not in --schemes")
     args = p.parse_args()
 
     import torch
@@ -752,6 +812,7 @@ def main() -> int:
     load_start, started = load(), time.time()
     log = lambda m: print(m, flush=True)   # noqa: E731
 
+    earlier = json.loads((Path(args.results) / f"{args.reuse_from}.json").read_text()) if args.reuse_from else {}
     truths, bases, final = {}, {}, {"images": {}, "seconds": {}}
     if args.phase in ("truth", "all", "report", "points"):
         for bench in benches:
@@ -762,7 +823,8 @@ def main() -> int:
             walls = []
             for target in targets[bench]:
                 log(f"== truth: {bench} {target}")
-                t = truth(ctx, target, seeds, out, args.jobs, log)
+                t = (earlier and reused_truth(ctx, target, seeds, out, args.jobs, log, earlier, args.reuse_from,
+                                              bases[bench])) or truth(ctx, target, seeds, out, args.jobs, log)
                 truths[(bench, target)] = t
                 walls += [t["row_seconds"]] if t["row_seconds"] else []
             final["seconds"][bench] = statistics.median(walls) if walls else None
@@ -788,6 +850,8 @@ def main() -> int:
     if args.phase == "points":
         return 0
 
+    borrowed = reused_units(earlier, benches, seeds, schemes, args.sets) if earlier else []
+    done += borrowed
     rows = score(done, truths, final)
     def stored_seconds(bench: str) -> float:   # every point and check stored for the benchmark under --out
         return sum(json.loads(line).get("seconds", 0) for name in ("map-points.jsonl", "map-checks.jsonl",
@@ -805,7 +869,9 @@ def main() -> int:
         "seconds": time.time() - started, "work": work, "bases": bases, "final": final,
         "truth": {f"{b}|{t}": {**v, "splits": {f"{a}+{m}": s for (a, m), s in v["splits"].items()}}
                   for (b, t), v in truths.items()},
-        "schemes": {s: SCHEMES[s] for s in schemes}, "predictors": PREDICTORS, "rows": rows,
+        "schemes": {s: SCHEMES[s] for s in [*schemes, *dict.fromkeys(u["scheme"] for u in borrowed)]},
+        "reused_units": {s: args.reuse_from for s in dict.fromkeys(u["scheme"] for u in borrowed)},
+        "predictors": PREDICTORS, "rows": rows,
         "oracle": oracle_rows(truths), "units": slim(done), "name": args.name, "sets": args.sets,
     }
     result["choice"] = choose(rows, floors_of(result["oracle"]))

@@ -200,3 +200,48 @@ def test_the_final_select_stage_continues_from_the_winners_kept_selection(tmp_pa
     n = sum(winner)
     said = [m for m in logs if f"removals 1-{n} of {n} are another selection's" in m]
     assert len(said) == 1, logs   # the final select trained nothing: the winner's check had made it
+
+
+def test_cheaper_checks_select_on_a_share_of_the_scoring_subset_and_cost_that_share(tmp_path):
+    from hetprune_hetdpt.halving import PipelineChecks
+
+    full = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "a", HetDPT, {"scorer": "gate-taylor"}))
+    half = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "b", HetDPT,
+                                   {"scorer": "gate-taylor", "hetdpt": {"verify_selection": 0.5}}))
+    assert full.select_job is full.job and half.select_job.config.scoring_batches.subset == 8   # of 16
+    assert half.job.config.scoring_batches.subset == 16   # the run's own selection keeps its subset
+    assert half.selection_cost((2, 2)) == pytest.approx((1 + 4) * 8 / 48)
+    assert half.selections_cost([(2, 2), (1, 2)]) == pytest.approx(full.selections_cost([(2, 2), (1, 2)]) / 2)
+    assert half.key != full.key   # checks stored at one share are not taken for another's
+    # no subset: the share is of the training set
+    whole = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "c", HetDPT,
+                                    {"scorer": "gate-taylor", "scoring": {"subset": None},
+                                     "hetdpt": {"verify_selection": 0.25}}))
+    assert whole.select_job.config.scoring_batches.subset == round(whole.job.task.train_size / 4)
+
+
+def test_a_bad_verify_selection_is_refused_with_what_is_allowed(tmp_path):
+    share = r"verify_selection must be a share of scoring.subset within \(0, 1\]"
+    for bad, words in ((0, share), (1.5, share), (-0.5, share), ("half", "verify_selection = 'half' is not a number")):
+        with pytest.raises(HetpruneError, match=words):
+            tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
+                     {"hetdpt": {"verify_selection": bad}}).options(HetDPTOptions)
+
+
+def test_after_cheaper_checks_the_final_select_stage_selects_the_winner_on_the_whole_subset(tmp_path):
+    settings = {"hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1, "verify": 2,
+                           "verify_by": "pipeline", "verify_budget": 12.0, "verify_selection": 0.5},
+                "scorer": "gate-taylor"}
+    job = tiny_job(hetprune.Budget(sites=3), tmp_path, HetDPT, settings)
+    logs = []
+    job.log = logs.append
+    result = HetDPT().run(job)
+    checks = result.report["allocation"]["pipeline_checks"]
+    n = sum(checks["winner"])
+    assert not [m for m in logs if f"removals 1-{n} of {n} are another selection's" in m], logs
+    assert checks["spent"] <= 12.0
+    # the final selection is the run's own, from scratch on the whole subset
+    fresh = tiny_job(hetprune.Budget(sites=3), tmp_path / "fresh", HetDPT, settings)
+    alone = _gate_select(fresh, {"attn": checks["winner"][0], "act": checks["winner"][1]}, tmp_path / "alone",
+                         (None, ()))
+    assert alone[2] == list(range(1, n + 1)) and alone[0] == sorted(result.report["sites"])

@@ -12,7 +12,9 @@ run would be, at a fraction of its fine-tune:
   A learning scorer that can say which first removals two selections share (gate-taylor: ``shared_removals``,
   the common beginning of their removal schedules) trains those once: a later candidate continues from an
   earlier one's state kept there, and the final select stage from the winner's, with identical results;
-  only the removals trained are counted against the budget;
+  only the removals trained are counted against the budget. ``hetdpt.verify_selection`` below 1 selects the
+  candidates on that share of the scoring subset instead (cheaper checks whose sites may differ from the final
+  run's; the final select stage then selects the winner again on the whole subset);
 * round 1 fine-tunes all K candidates on a short fraction of the final schedule, measures each on the
   selection split and keeps the better half (at least one); each later round gives the survivors a longer
   fraction (the round's equal share of the budget over fewer candidates), until one is left.
@@ -24,16 +26,20 @@ run would be, at a fraction of its fine-tune:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from hetprune import HetpruneError
+from hetprune.core import config
 from hetprune.core import distributed as dist
 from hetprune.pruning.pipeline import PruneJob, remove_sites, scoring_context, select_sites
 from hetprune.pruning.plan import PlanStep, epoch_images
 from hetprune.pruning.point_store import PointStore
 from hetprune.core.fingerprint import fingerprint
+
+from .options import HetDPTOptions
 
 Split = tuple[int, int]
 FINETUNES_BEYOND_SELECTION = 2.0   # the default budget: the K selections, then this many final fine-tunes
@@ -97,6 +103,22 @@ def halving(candidates: list[Split], run: Callable[[Split, float], float], budge
     return out
 
 
+def selection_job(job: PruneJob, share: float) -> PruneJob:
+    """The job the candidates' selections run in: the run's own (``share`` 1), or the same with ``share`` of
+    its scoring subset (``hetdpt.verify_selection``): a cheaper gate phase for the checks alone."""
+    if share >= 1:
+        return job
+    run = job.config
+    subset, size = run.scoring_batches.subset, job.task.train_size
+    whole = min(subset, size) if subset is not None and size is not None else (subset or size)
+    if whole is None:
+        raise HetpruneError("hetdpt.verify_selection below 1 is a share of scoring.subset, and this run has neither "
+                            "a scoring.subset nor a training set of known size: set scoring.subset, or "
+                            "hetdpt.verify_selection 1")
+    n = max(1, round(share * whole))
+    return dataclasses.replace(job, settings=config.changed(job.settings, scoring={**run.scoring, "subset": n}))
+
+
 class PipelineChecks:
     """`halving` on a job: each candidate's sites chosen once by the run's scorer (the final select stage
     chooses the winner's again), then fine-tuned on a fraction of the final schedule and measured on the
@@ -105,12 +127,14 @@ class PipelineChecks:
 
     def __init__(self, job: PruneJob):
         self.job = job
+        self.share = job.options(HetDPTOptions).verify_selection
+        self.select_job = selection_job(job, self.share)
         run = job.config
         self.cfg = job.train_config("finetune")
         self.final_images = (epoch_images(self.cfg, job.task.train_size) or 0) * self.cfg.epochs
         self.key = fingerprint({"base": job.base_key, "data": job.task.key, "seed": job.seed,
                                 "scorer": run.scorer, "scorer_options": run.options_for("scorer", run.scorer),
-                                "scoring": run.scoring, "short": run.short_finetune, "finetune": run.finetune,
+                                "scoring": self.select_job.config.scoring, "short": run.short_finetune, "finetune": run.finetune,
                                 "removers": [run.attn_remover, run.act_remover], "split": job.choice_split,
                                 "amp": job.amp, "v": 1})
         self.sites: dict[Split, list] = {}
@@ -132,7 +156,8 @@ class PipelineChecks:
         if not hasattr(scorer, "plan"):
             return 0.0
         counts = {"attn": split[0], "act": split[1]}
-        step = scorer.plan(self.job, counts, shared=shared) if shared else scorer.plan(self.job, counts)
+        job = self.select_job
+        step = scorer.plan(job, counts, shared=shared) if shared else scorer.plan(job, counts)
         return step.train_images / self.final_images
 
     def selections_cost(self, candidates: list[Split]) -> float:
@@ -149,13 +174,16 @@ class PipelineChecks:
         """The candidate's model with its sites off (chosen once, from the dense model, as the final select
         stage would)."""
         if split not in self.models:
-            model = self.job.place(copy.deepcopy(self.job.dense))
-            ctx = scoring_context(self.job, self.job.workdir / "pipeline-checks" / f"{split[0]}+{split[1]}")
+            job = self.select_job
+            model = job.place(copy.deepcopy(job.dense))
+            ctx = scoring_context(job, job.workdir / "pipeline-checks" / f"{split[0]}+{split[1]}")
             ctx.progress, ctx.on_epoch_end = False, None
             # kept for the other candidates (where they share this one's first removals) and, after all of
             # them (what it shares with itself), for the final select stage, which chooses the winner's again
-            ctx.keep_states_at = tuple(sorted({n for t in {*self.candidates, split} if (n := self.shared(split, t))}))
-            chosen = select_sites(self.job, model, {"attn": split[0], "act": split[1]}, ctx=ctx)
+            # (from this state only where the checks select as it does: verify_selection 1)
+            ctx.keep_states_at = tuple(sorted({n for t in {*self.candidates, split} if (n := self.shared(split, t))
+                                               and (t != split or self.share >= 1)}))
+            chosen = select_sites(job, model, {"attn": split[0], "act": split[1]}, ctx=ctx)
             remove_sites(self.job, model, chosen)
             self.sites[split], self.models[split] = chosen, model
         return self.models[split]

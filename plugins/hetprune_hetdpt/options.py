@@ -51,6 +51,10 @@ class HetDPTOptions(Section):
     verify_budget: float | None = setting(None, "verify_by pipeline: what the checks may cost in all, in final "
                                                "fine-tunes' training images, the K selections counted (null: "
                                                "the K selections plus 2 final fine-tunes)")
+    verify_selection: float = setting(1.0, "verify_by pipeline: the share of scoring.subset the candidates' "
+                                           "selections train on (1: the final run's own selection, the "
+                                           "winner's reused; less: cheaper checks whose sites may differ, the "
+                                           "winner's selected again on the whole subset)")
 
     def __post_init__(self):
         self.need("predictor", isinstance(self.predictor, str) and self.predictor != "", "a predictor's name")
@@ -73,6 +77,8 @@ class HetDPTOptions(Section):
         self.need("verify_by", self.verify_by in VERIFY_BY, f"one of {', '.join(VERIFY_BY)}")
         self.need("verify_budget", self.verify_budget is None or (number(self.verify_budget) and self.verify_budget > 0),
                   "a number of final fine-tunes > 0, or null")
+        self.need("verify_selection", number(self.verify_selection, 0, 1) and self.verify_selection > 0,
+                  "a share of scoring.subset within (0, 1] (1: the final run's own selection)")
 
     def predictor_options_for(self, name: str) -> dict:
         return dict(self.predictor_options.get(name) or {})
