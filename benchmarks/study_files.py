@@ -11,8 +11,13 @@ from pathlib import Path
 
 
 def machine() -> str:
-    """The machine as the results files name it: processor (or architecture), core count, platform."""
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
+    """The machine as the results files name it: processor (or architecture), core count, platform, and torch
+    with the CPU kernels it dispatches to (AVX2, AVX512...: results on the CPU are bit-reproducible only on the
+    same kernels)."""
+    import torch
+
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, "
+            f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()} kernels)")
 
 
 def load() -> list[float]:

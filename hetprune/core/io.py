@@ -94,20 +94,35 @@ def follow_umask(path: str | os.PathLike) -> None:
     os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask())
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+@contextmanager
+def replacing(path: str | os.PathLike):
+    """A temporary name beside ``path`` (``.NAME.*.tmp``, which a folder's cleaning knows as ours) to write in
+    the block; moved over ``path`` when the block ends, removed if it fails: the file is whole or not at all."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        yield tmp
         follow_umask(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def save_torch_atomic(path: str | os.PathLike, state) -> Path:
+    """``torch.save(state)`` to ``path``, whole or not at all (`replacing`)."""
+    with replacing(path) as tmp:
+        torch.save(state, tmp)
+    return Path(path)
 
 
 def write_json_atomic(path: str | os.PathLike, data) -> None:
@@ -134,15 +149,8 @@ def save_weights(path: str | os.PathLike, model_or_state, metadata: dict | None 
     path.parent.mkdir(parents=True, exist_ok=True)
     state = model_or_state if isinstance(model_or_state, dict) else state_dict_for_saving(model_or_state)
     state = {k: v.detach().contiguous() for k, v in state.items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with replacing(path) as tmp:
         save_file(state, tmp, metadata={k: str(v) for k, v in (metadata or {}).items()})
-        follow_umask(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:

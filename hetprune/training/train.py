@@ -23,7 +23,7 @@ from ..core.config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's pu
 from .data import DataBundle, loader, subset
 from .mixing import mix_batch
 from ..core.errors import HetpruneError
-from ..core.io import note_saved
+from ..core.io import note_saved, save_torch_atomic
 from .resume import made_when, now, reusable
 
 
@@ -186,9 +186,6 @@ def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, hist
                      scaler=None, key: dict | None = None, extra: dict | None = None):
     """The fine-tune's state after ``epoch`` whole epochs (``extra``: the steps done in the next one, the
     EMA, the best epoch's weights), written atomically by rank 0."""
-    import os
-    import tempfile
-
     if not dist.is_main():
         return
 
@@ -197,15 +194,8 @@ def _save_checkpoint(folder: Path, model, optimizer, scheduler, epoch: int, hist
              "scheduler": scheduler.state_dict(), "epoch": epoch, "history": history, "config": cfg.to_dict(),
              "scaler": scaler.state_dict() if scaler is not None else {}, "key": key or {}, "saved_at": now(),
              **(extra or {})}
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt.", dir=folder)
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, _checkpoint_path(folder))
-        note_saved(f"a checkpoint in {folder}")
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    save_torch_atomic(_checkpoint_path(folder), state)
+    note_saved(f"a checkpoint in {folder}")
 
 
 def _load_checkpoint(folder: Path) -> dict | None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import pathlib
 import time
 
+from hetprune.core.io import save_torch_atomic
 from hetprune import HetpruneError, Site, sites
 from hetprune.core import distributed as dist
 from hetprune.core.fingerprint import fingerprint
@@ -261,14 +261,11 @@ class ProgressivePoints(PointScheme):
     def keep(self, model, removed: list, file) -> None:
         """Keep a step's weights and sites (written whole, then moved into place; by rank 0: under torchrun
         every rank holds the same model)."""
-        import torch
 
         if not dist.is_main():
             return
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
-        torch.save({"model": model.state_dict(), "sites": [str(s) for s in removed], "step": len(removed)}, str(tmp))
-        tmp.replace(file)
+        save_torch_atomic(file, {"model": model.state_dict(), "sites": [str(s) for s in removed],
+                                 "step": len(removed)})
 
     def verify(self, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
         """Each split of ``pairs`` measured past the paper: from the nearest path step its removals contain

@@ -12,6 +12,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from hetprune.core.io import save_torch_atomic
 from hetprune import HetpruneError
 from hetprune.core import devices
 from hetprune.core import distributed as dist
@@ -488,11 +489,7 @@ def _shared_path(folder: Path, prefix_key: dict) -> Path:
 
 def _save(state: dict, path: Path) -> Path:
     """``state`` to ``path`` whole or not at all (written beside it, then renamed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, str(tmp))
-    tmp.replace(path)
-    return path
+    return save_torch_atomic(path, state)
 
 
 def _attn_mode(ctx) -> str:
