@@ -103,6 +103,8 @@ SCHEMES = {
     # the winner is selected again by the final run on the whole subset
     "progressive-pipeline3-sel20": ["hetdpt.point_selection=progressive", "hetdpt.verify=3",
                                     "hetdpt.verify_by=pipeline", "hetdpt.verify_selection=0.2"],
+    "progressive-pipeline3-sel33": ["hetdpt.point_selection=progressive", "hetdpt.verify=3",
+                                    "hetdpt.verify_by=pipeline", "hetdpt.verify_selection=0.33"],
 }
 WORDS = {   # what each scheme's points are, for the tables
     "oneshot": "today's default: each point's sites off the dense model at once (taylor's order), one fine-tune "
@@ -126,6 +128,7 @@ WORDS = {   # what each scheme's points are, for the tables
     "progressive-pipeline3-sel20": "progressive-pipeline3 with cheaper checks: each candidate's gate phase on a "
                                    "fifth of the scoring subset (verify_selection 0.2; budget: those selections + "
                                    "2 final fine-tunes); the final run selects the winner again on the whole subset",
+    "progressive-pipeline3-sel33": "the same on a third of the scoring subset (verify_selection 0.33)",
 }
 # the predictors fitted on every scheme's points: label -> (registered name, options)
 PREDICTORS = {
