@@ -69,7 +69,7 @@ def test_the_checks_run_the_final_pipeline_on_the_selection_split_and_go_into_th
     rows = [json.loads(line) for line in (tmp_path / "map-pipeline-checks.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and {r["split"] for r in rows} == {"selection"}
     again = HetDPT().run(tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, settings))
-    assert again.report["allocation"]["pipeline_checks"] == checks
+    assert again.report["allocation"]["pipeline_checks"] == checks and "selection_subset" not in checks
     assert len((tmp_path / "map-pipeline-checks.jsonl").read_text().splitlines()) == 2
 
 
@@ -239,7 +239,7 @@ def test_after_cheaper_checks_the_final_select_stage_selects_the_winner_on_the_w
     checks = result.report["allocation"]["pipeline_checks"]
     n = sum(checks["winner"])
     assert not [m for m in logs if f"removals 1-{n} of {n} are another selection's" in m], logs
-    assert checks["spent"] <= 12.0
+    assert checks["spent"] <= 12.0 and checks["selection_subset"] == 8   # half of the tiny run's 16
     # the final selection is the run's own, from scratch on the whole subset
     fresh = tiny_job(hetprune.Budget(sites=3), tmp_path / "fresh", HetDPT, settings)
     alone = _gate_select(fresh, {"attn": checks["winner"][0], "act": checks["winner"][1]}, tmp_path / "alone",

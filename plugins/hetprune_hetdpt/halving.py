@@ -54,10 +54,12 @@ class Halving:
     rounds: list[dict] = field(default_factory=list)
     spent: float = 0.0
     winner: Split | None = None
+    selection_subset: int | None = None   # the scoring subset the candidates were selected on, where not the run's
 
     def to_dict(self) -> dict:
         return {"budget": self.budget, "spent": round(self.spent, 4), "rounds": self.rounds,
-                "winner": list(self.winner) if self.winner else None}
+                "winner": list(self.winner) if self.winner else None,
+                **({"selection_subset": self.selection_subset} if self.selection_subset is not None else {})}
 
 
 def fractions(k: int, budget: float, selection_cost: float) -> list[float]:
@@ -224,7 +226,10 @@ class PipelineChecks:
                     f"{job.task.format(value)} ({point['seconds']:.1f}s)")
             return value
 
-        return halving(candidates, measure, budget, cost, sign)
+        out = halving(candidates, measure, budget, cost, sign)
+        if self.select_job is not job:
+            out.selection_subset = self.select_job.config.scoring_batches.subset
+        return out
 
     def schedule(self, fraction: float):
         """The final fine-tune at ``fraction`` of its images: fewer images per epoch where the training set's
