@@ -111,8 +111,8 @@ def selection_job(job: PruneJob, share: float) -> PruneJob:
     if share >= 1:
         return job
     run = job.config
-    subset, size = run.scoring_batches.subset, job.task.train_size
-    whole = min(subset, size) if subset is not None and size is not None else (subset or size)
+    # the images one gate epoch reads, as gate-taylor's plan counts them (the subset, at most the training set)
+    whole = epoch_images(job.train_config("short_finetune", subset=run.scoring_batches.subset), job.task.train_size)
     if whole is None:
         raise HetpruneError("hetdpt.verify_selection below 1 is a share of scoring.subset, and this run has neither "
                             "a scoring.subset nor a training set of known size: set scoring.subset, or "
