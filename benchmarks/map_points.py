@@ -210,6 +210,13 @@ def truth_rows(ctx, target: str, pairs, seeds, out: Path, jobs: int, log) -> lis
                     data_spec=ctx.bench, log=log, progress=False)
 
 
+def split_record(values: list[float], per_seed: dict[str, float]) -> dict:
+    """One split's truth: the mean and std of its final top-1 over ``values`` (every seed's, reused ones
+    included) and the seeds fine-tuned, by seed."""
+    return {"true": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "seeds": len(values), "per_seed": per_seed}
+
+
 def truth(ctx, target: str, seeds: list[int], out: Path, jobs: int, log) -> dict:
     """The truth of one target: per split the mean and std of the final top-1 over ``seeds``, how it was made
     (fine-tuned here or reused), the rows, and the median wall time of one truth row."""
@@ -246,8 +253,7 @@ def truth(ctx, target: str, seeds: list[int], out: Path, jobs: int, log) -> dict
             m, sd = reused[p]
             half = sd / 2 ** 0.5
             values += [m - half, m + half][:n_old]
-        splits[p] = {"true": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                     "seeds": len(values), "per_seed": {str(k): v for k, v in sorted(per_seed.get(p, {}).items())}}
+        splits[p] = split_record(values, {str(k): v for k, v in sorted(per_seed.get(p, {}).items())})
     walls = [r["wall_s"] for r in rows if "wall_s" in r]
     return {"target": target, "pairs": [list(p) for p in pairs], "splits": splits, "note": note,
             "row_seconds_total": round(sum(walls), 1),
@@ -278,9 +284,7 @@ def reused_truth(ctx, target: str, seeds: list[int], out: Path, jobs: int, log, 
     kept = {}
     for p, v in splits.items():
         values = {k: x for k, x in v["per_seed"].items() if k in keep}
-        kept[p] = {"true": statistics.mean(values.values()),
-                   "std": statistics.stdev(values.values()) if len(values) > 1 else 0.0,
-                   "seeds": len(values), "per_seed": values}
+        kept[p] = split_record(list(values.values()), values)
     return {"target": target, "pairs": [list(p) for p in pairs], "splits": kept,
             "note": f"reused from {name}.json (split {check[0]}+{check[1]} on seed {seeds[0]} fine-tuned again here: "
                     f"{row['metric']:.2f}, as committed)",
