@@ -268,3 +268,16 @@ def test_the_role_check_sees_a_raw_role(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text('def f():\n    """See :func:`hetprune.prune`."""\n')
     assert raw_roles([bad], tmp_path) == ["bad.py:1: :func:`"]
+
+
+def test_ci_runs_the_test_command_the_install_section_gives():
+    """README's install section names the command CI runs: .ci/run must call that exact pytest command (and the
+    docs' copies of the section must name the same one), so a change to one cannot leave the other behind."""
+    command = re.compile(r"^bash scripts/install\.sh && (python -m pytest[^#]*?)\s*#", re.M)
+    given = {page: command.findall((ROOT / page).read_text()) for page in
+             ("README.md", "docs/index.md", "docs/getting-started.md")}
+    assert all(len(found) == 1 for found in given.values()), given
+    assert len({found[0] for found in given.values()}) == 1, given
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip().startswith("python -m pytest")]
+    assert ci == given["README.md"], (ci, given["README.md"])
