@@ -1,0 +1,173 @@
+"""What MAP points and checks cost against the rest of a run, at the toy scale the MAP study measures and at
+the paper's DeiT-B scale, counted by ``--plan`` (issue 43: "no more than 2x the one-shot points' cost").
+
+The MAP study (benchmarks/map_points.py) prices a scheme's points and checks in images against the one-shot
+points'. That ratio depends on how large the gate phase and the final fine-tune are beside the points, which
+differs by orders of magnitude between the embedded benchmarks and ImageNet. This counts every stage's
+training image passes with ``--plan`` (nothing is trained, no probe): digit pairs with the study's
+1,000-image gate phase (budget 8), and the paper's DeiT-B recipe (``--config deit-b-paper``, budget 10) on
+data sets of ImageNet-1k's sizes (1,281,167 training and 50,000 val images, made when read: only the plan's
+example is). Per case: the points' and checks' images, the checks against the points and against the final
+fine-tune, and the whole run's images.
+
+The plan counts every pipeline check's gate phase whole: the first removals the candidates share (trained
+once in a run) are known only once the candidates are, so its checks line is an upper bound; the MAP study
+reports what a run spent.
+
+    python benchmarks/plan_costs.py
+
+Writes benchmarks/results/plan-costs.{md,json}. Takes about a minute (DeiT-B is built on the CPU, once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from study_files import load, machine, write  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (label, settings): the MAP study's schemes that matter for the cost line
+SCHEMES = [
+    ("one-shot points (the embedded benchmarks' default)", {"hetdpt": {"point_selection": "oneshot", "verify": 0}}),
+    ("progressive points (the paper's), no checks", {"hetdpt": {"point_selection": "progressive", "verify": 0}}),
+    ("progressive points, 3 checks from path points", {"hetdpt": {"point_selection": "progressive", "verify": 3}}),
+    ("progressive points, 3 pipeline checks", {"hetdpt": {"point_selection": "progressive", "verify": 3,
+                                                          "verify_by": "pipeline"}}),
+    ("the same, verify_selection 0.33", {"hetdpt": {"point_selection": "progressive", "verify": 3,
+                                                    "verify_by": "pipeline", "verify_selection": 0.33}}),
+]
+
+
+class Sized(Dataset):
+    """``n`` items of 3x224x224 zeros, made when read: a data set of a real data set's size for the plan."""
+
+    def __init__(self, n: int, classes: int = 1000):
+        self.n, self.classes = n, classes
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.zeros(3, 224, 224), i % self.classes
+
+
+def merged(*dicts: dict) -> dict:
+    out: dict = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = merged(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+def stages(plan) -> dict[str, int]:
+    return {s.stage: s.train_images for s in plan.steps}
+
+
+def deit_b(settings: dict) -> dict[str, int]:
+    import hetprune
+
+    if not hasattr(deit_b, "model"):
+        torch.manual_seed(0)
+        deit_b.model = hetprune.model.spec.build(hetprune.model.spec.ModelSpec("deit_base_distilled_patch16_224"))
+        deit_b.task = hetprune.Task(train=DataLoader(Sized(1_281_167), batch_size=4),
+                                    val=DataLoader(Sized(50_000), batch_size=4),
+                                    loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                                    metric=lambda m, v: 0.0, name="imagenet-sized")
+    plan = hetprune.prune(deit_b.model, deit_b.task, "hetdpt", 10, config="deit-b-paper", amp="none", plan=True,
+                          plan_probe=0, progress=False, log=lambda m: None, settings=settings)
+    return stages(plan)
+
+
+def digit_pairs(settings: dict) -> dict[str, int]:
+    from hetprune.cli import main
+
+    sets = []
+    for section, values in settings.items():
+        sets += [a for k, v in values.items() for a in ("--set", f"{section}.{k}={json.dumps(v)}")]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+        out = Path(tmp) / "out"
+        rc = main(["prune", "--data", "digit-pairs", "--strategy", "hetdpt", "--budget", "8", *sets,
+                   "--plan", "--plan-probe", "0", "--out", str(out)])
+        if rc != 0:
+            raise SystemExit(f"the digit-pairs plan failed ({rc})")
+        steps = json.loads((Path(tmp) / "out.work" / "plan.json").read_text())["steps"]
+    return {s["stage"]: s["train_images"] for s in steps if s["stage"] != "total"}   # the stages, as prune() returns them
+
+
+CASES = {"digit pairs, budget 8, scoring.subset 1000 (the MAP study's replicate)":
+         (digit_pairs, {"scoring": {"subset": 1000}}),
+         "DeiT-B, deit-b-paper, budget 10, ImageNet-1k's sizes": (deit_b, {})}
+
+
+def row(label: str, counted: dict[str, int], oneshot: dict[str, int]) -> dict:
+    points = counted.get("stage 1: MAP points", 0)
+    checks = sum(v for k, v in counted.items() if k.startswith("stage 1:") and "checks" in k)
+    final = counted.get("stage 2: fine-tune", 0)
+    return {"scheme": label, "points": points, "checks": checks, "gate_phase": counted.get("select: gate phase", 0),
+            "final_finetune": final, "total": sum(counted.values()),
+            "points_and_checks_vs_oneshot": (points + checks) / oneshot["stage 1: MAP points"],
+            "run_vs_oneshot_run": sum(counted.values()) / sum(oneshot.values()),
+            "checks_vs_final_finetune": checks / final if final else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--name", default="plan-costs")
+    args = ap.parse_args()
+    command = "python benchmarks/plan_costs.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
+    started, load_start = time.time(), load()
+    cases = {}
+    for case, (count, base) in CASES.items():
+        counted = [(label, count(merged(base, s))) for label, s in SCHEMES]
+        oneshot = counted[0][1]
+        cases[case] = [row(label, c, oneshot) for label, c in counted]
+        print(f"{case}: counted", flush=True)
+    res = {"command": command, "machine": machine(), "load_start": load_start, "load_end": load(),
+           "seconds": round(time.time() - started, 1), "cases": cases}
+    write(args.results, args.name, res, markdown(res))
+
+
+def markdown(res: dict) -> str:
+    m = lambda n: f"{n / 1e6:,.1f} M" if n >= 1e6 else f"{n:,}"   # noqa: E731
+    lines = ["# What MAP points and checks cost against the rest of a run, by `--plan`", "",
+             f"Produced by `{res['command']}` (counts only: nothing trained, no probe).", "",
+             f"Machine: {res['machine']}; load average {res['load_start']} at the start, {res['load_end']} at "
+             f"the end; {res['seconds']:.0f} s (image counts do not depend on the machine).", "",
+             "Training image passes per stage as `--plan` counts them. Pipeline checks: each candidate's gate "
+             "phase counted whole (the removals the candidates share are known only once they are; the MAP "
+             "study reports what a run spent) plus the final fine-tunes successive halving spends "
+             "(`verify_budget`'s default: the selections + 2). The last two columns: the scheme's points and "
+             "checks against the one-shot points' images (the MAP study's cost line: at most 2x), and its "
+             "checks against one final fine-tune; the whole run against the same run with one-shot points and no "
+             "checks.", ""]
+    for case, rows in res["cases"].items():
+        lines += [f"## {case}", "",
+                  "| scheme | MAP points | checks | gate phase | final fine-tune | whole run | points + checks "
+                  "vs one-shot points | checks vs the final fine-tune | whole run vs one-shot's |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            vs = r["checks_vs_final_finetune"]
+            lines.append(f"| {r['scheme']} | {m(r['points'])} | {m(r['checks'])} | {m(r['gate_phase'])} | "
+                         f"{m(r['final_finetune'])} | {m(r['total'])} | {r['points_and_checks_vs_oneshot']:.2f}x | "
+                         f"{'-' if vs is None else f'{vs:.2f}'} | {r['run_vs_oneshot_run']:.2f}x |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
