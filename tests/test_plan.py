@@ -104,6 +104,7 @@ def test_the_paper_recipe_planned_on_deit_b_at_imagenet_size_has_the_releases_im
                                  settings={"hetdpt": {"verify": 3, "verify_by": "pipeline", "verify_selection": share}})
         checks = next(s for s in checked.steps if s.stage == "stage 1: pipeline checks")
         assert checks.train_images == 3 * per_gate + 2 * final, (share, checks.train_images)
+        assert "at most" in checks.what and "less the removals they share" in checks.what, checks.what   # a bound
 
 
 @pytest.mark.parametrize("command", [["compare", "--strategies", "hetdpt,mix50", "--budgets", "2,4"],

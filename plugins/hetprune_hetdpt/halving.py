@@ -244,6 +244,7 @@ class PipelineChecks:
         a ``sites``-site split, half of each kind, plus `FINETUNES_BEYOND_SELECTION`)."""
         if budget is None:
             budget = k * self.selection_cost((sites - sites // 2, sites // 2)) + FINETUNES_BEYOND_SELECTION
-        return [PlanStep("stage 1: pipeline checks", f"{k} splits by successive halving, {budget:.3g} final "
-                         "fine-tunes in all", k, int(budget * self.final_images), 0)]
+        shared = " (less the removals they share)" if getattr(self.scorer(), "shared_removals", None) else ""
+        return [PlanStep("stage 1: pipeline checks", f"{k} splits by successive halving, at most {budget:.3g} "
+                         f"final fine-tunes{shared}", k, int(budget * self.final_images), 0)]
 
