@@ -2,20 +2,26 @@
 
 A logistic regression on raw pixels (scikit-learn, L2, C=1) trained on each
 embedded data set's training images (unshifted) and scored on its val images:
-digits is nearly linearly separable; the sum of a digit pair is not. A few
-other labellings of the same pairs are listed for comparison.
+digits is nearly linearly separable; the sum of a digit pair is not, nor is
+the digit grid's label (the sum of its digits mod 10, read from 16 cells). A
+few other labellings of the same pairs are listed for comparison.
 
     python benchmarks/digit_pairs_linear.py
+
+Writes benchmarks/results/digit-pairs-linear.{md,json}.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from study_files import load, machine, write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +30,9 @@ def main() -> int:
     from sklearn.linear_model import LogisticRegression
 
     from hetprune.training.data import _digits_split, digit_pairs, digits
+    from hetprune.training.digit_grid import digit_grid
 
+    started, load_start = time.time(), load()
     rows = []
 
     def fit(name, xtr, ytr, xva, yva):
@@ -41,6 +49,9 @@ def main() -> int:
     p = digit_pairs()
     fit("digit-pairs: sum (the benchmark's label)", p.train.images.flatten(1).numpy(), p.train.labels.numpy(),
         p.val.tensors[0].flatten(1).numpy(), p.val.tensors[1].numpy())
+    g = digit_grid()
+    fit("digit-grid: sum mod 10 (the benchmark's label)", g.train.images.flatten(1).numpy(),
+        g.train.labels.numpy(), g.val.tensors[0].flatten(1).numpy(), g.val.tensors[1].numpy())
     # other labels of random pairs of the same split, for comparison (no blank halves)
     images, labels, train_idx, val_idx = _digits_split(450, 0)
     rng = np.random.default_rng(0)
@@ -54,15 +65,18 @@ def main() -> int:
     for name, f in [("pairs: left digit", lambda a, b: a), ("pairs: parity of the sum", lambda a, b: (a + b) % 2),
                     ("pairs: order (<, =, >)", lambda a, b: np.sign(a - b) + 1)]:
         fit(name, xtr, f(atr, btr), xva, f(ava, bva))
+    res = {"command": "python benchmarks/digit_pairs_linear.py", "machine": machine(), "load_start": load_start,
+           "load_end": load(), "seconds": round(time.time() - started, 1),
+           "rows": [{"data": n, "classes": c, "top1": round(a, 2), "majority": round(m, 2), "seconds": round(t, 1)}
+                    for n, c, a, m, t in rows]}
     lines = ["# A linear model on the embedded data sets", "",
-             "Produced by `python benchmarks/digit_pairs_linear.py`: a logistic regression (scikit-learn, L2, "
-             "C=1) on raw pixels, trained on the training images and scored on the val images. "
-             f"Load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.", "",
+             f"Produced by `{res['command']}`: a logistic regression (scikit-learn, L2, C=1) on raw pixels, "
+             "trained on the training images and scored on the val images.", "",
+             f"Machine: {res['machine']}; load average {res['load_start']} at the start, {res['load_end']} at the "
+             f"end; {res['seconds']:.0f} s.", "",
              "| data / label | classes | val top-1 % | majority class % |", "|---|---|---|---|"]
-    lines += [f"| {n} | {c} | {a:.1f} | {m:.1f} |" for n, c, a, m, _ in rows]
-    out = ROOT / "benchmarks" / "results" / "digit-pairs-linear.md"
-    out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {out}")
+    lines += [f"| {r['data']} | {r['classes']} | {r['top1']:.1f} | {r['majority']:.1f} |" for r in res["rows"]]
+    write(ROOT / "benchmarks" / "results", "digit-pairs-linear", res, "\n".join(lines) + "\n")
     return 0
 
 
