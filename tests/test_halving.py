@@ -105,10 +105,15 @@ def test_the_default_budget_pays_for_the_selections_and_two_final_finetunes(tmp_
         return module.Halving(budget=budget)
 
     monkeypatch.setattr(module, "halving", record)
+    logs = []
+    job.log = logs.append
     checks.run([(1, 1), (2, 0)])
     cost = checks.selection_cost((1, 1)) + checks.selection_cost((2, 0))
     assert cost > 0 and seen == {"budget": pytest.approx(cost + module.FINETUNES_BEYOND_SELECTION),
                                  "cost": pytest.approx(cost)}
+    # the run says what the checks may cost before they start
+    said = f"[hetdpt] pipeline checks of 1+1, 2+0: selections {cost:.2f} final fine-tunes, at most {cost + 2:.2f} in all"
+    assert said in logs, logs
     checks.run([(1, 1), (2, 0)], budget=5.0)
     assert seen["budget"] == 5.0
     assert HetDPTOptions.defaults()["verify_budget"] is None

@@ -198,6 +198,9 @@ class PipelineChecks:
         self.candidates = list(candidates)
         cost = self.selections_cost(self.candidates)
         budget = cost + FINETUNES_BEYOND_SELECTION if budget is None else budget
+        # said before hours of gate phases and fine-tunes begin: what they may cost, in the final run's unit
+        job.log(f"[hetdpt] pipeline checks of {', '.join(f'{a}+{m}' for a, m in self.candidates)}: selections "
+                f"{cost:.2f} final fine-tunes, at most {budget:.2f} in all")
         stores: dict[float, tuple[PointStore, dict]] = {}
 
         def measure(split: Split, fraction: float) -> float:
