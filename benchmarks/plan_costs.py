@@ -12,7 +12,8 @@ fine-tune, and the whole run's images.
 
 The plan counts every pipeline check's gate phase whole: the first removals the candidates share (trained
 once in a run) are known only once the candidates are, so its checks line is an upper bound; the MAP study
-reports what a run spent.
+reports what a run spent. The winner's selection is not in the checks line where the final select stage
+continues from it (``verify_selection`` 1): it is the gate phase's line.
 
     python benchmarks/plan_costs.py
 
@@ -151,7 +152,9 @@ def markdown(res: dict) -> str:
              "Training image passes per stage as `--plan` counts them. Pipeline checks: each candidate's gate "
              "phase counted whole (the removals the candidates share are known only once they are; the MAP "
              "study reports what a run spent) plus the final fine-tunes successive halving spends "
-             "(`verify_budget`'s default: the selections + 2). The last two columns: the scheme's points and "
+             "(`verify_budget`'s default: the selections + 2), less the winner's selection where the final select "
+             "stage continues from it (`verify_selection` 1: it is the gate phase's column; the MAP study counts "
+             "it with the checks). The last two columns: the scheme's points and "
              "checks against the one-shot points' images (the MAP study's cost line: at most 2x), and its "
              "checks against one final fine-tune; the whole run against the same run with one-shot points and no "
              "checks.", ""]

@@ -244,10 +244,17 @@ class PipelineChecks:
 
     def plan_steps(self, k: int, budget: float | None, sites: int) -> list[PlanStep]:
         """What the checks cost at most (``--plan``): the budget's final-fine-tune units (None: k selections of
-        a ``sites``-site split, half of each kind, plus `FINETUNES_BEYOND_SELECTION`)."""
+        a ``sites``-site split, half of each kind, plus `FINETUNES_BEYOND_SELECTION`). Where the final select
+        stage continues from the winner's kept selection (a scorer that shares removals, ``verify_selection``
+        1), that selection is the gate phase the plan counts for the select stage, so it is not counted twice."""
+        one = self.selection_cost((sites - sites // 2, sites // 2))
         if budget is None:
-            budget = k * self.selection_cost((sites - sites // 2, sites // 2)) + FINETUNES_BEYOND_SELECTION
-        shared = " (less the removals they share)" if getattr(self.scorer(), "shared_removals", None) else ""
-        return [PlanStep("stage 1: pipeline checks", f"{k} splits by successive halving, at most {budget:.3g} "
-                         f"final fine-tunes{shared}", k, int(budget * self.final_images), 0)]
+            budget = k * one + FINETUNES_BEYOND_SELECTION
+        shares = bool(getattr(self.scorer(), "shared_removals", None))
+        reused = one if shares and self.share >= 1 else 0.0
+        what = f"{k} splits by successive halving, at most {budget:.3g} final fine-tunes"
+        if shares:
+            what += " (less the removals they share" + ("; the winner's selection is the select stage's gate "
+                                                        "phase, counted there)" if reused else ")")
+        return [PlanStep("stage 1: pipeline checks", what, k, int((budget - reused) * self.final_images), 0)]
 
