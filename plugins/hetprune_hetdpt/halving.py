@@ -256,5 +256,5 @@ class PipelineChecks:
         if shares:
             what += " (less the removals they share" + ("; the winner's selection is the select stage's gate "
                                                         "phase, counted there)" if reused else ")")
-        return [PlanStep("stage 1: pipeline checks", what, k, int((budget - reused) * self.final_images), 0)]
+        return [PlanStep("stage 1: pipeline checks", what, k, int(max(0.0, budget - reused) * self.final_images), 0)]
 
