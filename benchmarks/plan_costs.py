@@ -154,7 +154,7 @@ def markdown(res: dict) -> str:
              "study reports what a run spent) plus the final fine-tunes successive halving spends "
              "(`verify_budget`'s default: the selections + 2), less the winner's selection where the final select "
              "stage continues from it (`verify_selection` 1: it is the gate phase's column; the MAP study counts "
-             "it with the checks). The last two columns: the scheme's points and "
+             "it with the checks). The last three columns: the scheme's points and "
              "checks against the one-shot points' images (the MAP study's cost line: at most 2x), and its "
              "checks against one final fine-tune; the whole run against the same run with one-shot points and no "
              "checks.", ""]
