@@ -48,6 +48,17 @@ def test_plan_prints_every_stage_and_trains_nothing(tmp_path, capsys, monkeypatc
     assert final["train_images"] == 1 * 32 and final["fine_tunes"] == 1
 
 
+def test_a_long_stage_or_description_wraps_instead_of_being_cut():
+    what = ("3 splits by successive halving, at most 2.42 final fine-tunes (less the removals they share; the "
+            "winner's selection is the select stage's gate phase, counted there)")
+    stage = "hetdpt-plus: stage 1: pipeline checks of every row"
+    text = plan_mod.Plan("t", [plan_mod.PlanStep(stage, what, 3, 1_237_600_000, 0)], None, "k", 1).text()
+    words = text.split()
+    assert set(what.split()) <= set(words) and set(stage.split()) <= set(words), text
+    row = next(line for line in text.splitlines() if "1,237,600,000" in line)
+    assert row.startswith("hetdpt-plus: stage 1: pipeline") and "3 splits by successive halving" in row, text
+
+
 def test_the_run_after_a_plan_reports_its_probe(tmp_path, capsys):
     out = tmp_path / "out"
     args = ["prune", *tiny_cli(tmp_path), "--strategy", "act-only", "--scorer", "magnitude", "--budget", "2",

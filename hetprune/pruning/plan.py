@@ -13,8 +13,10 @@ the probe's student is a copy of the dense model, and nothing is saved but the p
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import os
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -228,11 +230,14 @@ class Plan:
         head += f" {'hours':>8} {'GPU-hours':>10}" if timed else ""
         lines = [f"plan: {self.title}", head]
         for row in d["steps"]:
-            line = (f"{row['stage'][:34]:<34} {row['what'][:46]:<46} {row['fine_tunes']:>10,} "
+            # a long stage name or description wraps onto lines of its own below the row, never cut off
+            stage, what = textwrap.wrap(row["stage"], 34) or [""], textwrap.wrap(row["what"], 46) or [""]
+            line = (f"{stage[0]:<34} {what[0]:<46} {row['fine_tunes']:>10,} "
                     f"{row['train_images']:>15,} {row['eval_images']:>13,}")
             if timed:
                 line += f" {row['hours']:>8.2f} {row['gpu_hours']:>10.2f}"
             lines.append(line)
+            lines += [f"{s:<34} {w}".rstrip() for s, w in itertools.zip_longest(stage[1:], what[1:], fillvalue="")]
         if self.probe:
             p = self.probe
             memory = f"{p.peak_memory_gb:.1f} GiB peak per device" if p.peak_memory_gb is not None else p.note
