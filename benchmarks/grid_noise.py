@@ -18,6 +18,7 @@ Rows are keyed and kept under ``--out``, so a rerun continues where an interrupt
     python benchmarks/grid_noise.py       # the default variants (below); seeds 0-4
     python benchmarks/grid_noise.py --variant finetune.subset=300 --seeds 0,1 --out runs/quick-noise
     python benchmarks/grid_noise.py --variant 'scoring.subset=3000 finetune.subset=10000' --name grid-noise-long
+    python benchmarks/grid_noise.py --variant 'scoring.subset=1000 finetune.subset=3000' --name grid-noise-mid
 
 Writes benchmarks/results/<name>.{md,json} (default grid-noise).
 """
