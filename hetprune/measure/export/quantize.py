@@ -35,6 +35,7 @@ import copy
 import json
 import logging
 import math
+import platform
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -81,6 +82,7 @@ class Int8Settings:
     keep: bool = False
     quantize_outputs: bool = False
     fuse: bool = False
+    reduce_range: bool | None = None   # 7-bit weights; None: when this CPU lacks VNNI (`lacks_vnni`)
 
     def checked(self) -> "Int8Settings":
         if self.scheme not in SCHEMES:
@@ -108,9 +110,13 @@ class Int8Settings:
                 or not math.isfinite(self.max_drop) or self.max_drop < 0:
             raise HetpruneError(f"{option('max-drop')} must be a number >= 0 (in the metric's units), got "
                                 f"{self.max_drop!r}")
+        if self.reduce_range is not None and not isinstance(self.reduce_range, bool):
+            raise HetpruneError(f"reduce_range must be True, False or None (None: when this CPU lacks VNNI), got "
+                                f"{self.reduce_range!r}")
         return Int8Settings(self.scheme, bool(self.per_channel), self.calibration, self.calibration_batch,
                             int(self.seed), ops, parts, float(self.max_drop), bool(self.keep),
-                            bool(self.quantize_outputs), bool(self.fuse))
+                            bool(self.quantize_outputs), bool(self.fuse),
+                            lacks_vnni() if self.reduce_range is None else self.reduce_range)
 
     @property
     def product_ops(self) -> tuple[str, ...]:
@@ -125,6 +131,22 @@ class Int8Settings:
         weights = "per-channel" if self.per_channel else "per-tensor"
         how = "static QDQ" if self.static else "dynamic"
         return f"{self.scheme} ({how}, {weights} int8 weights)"
+
+
+def lacks_vnni(cpuinfo: str | None = None) -> bool:
+    """Whether ONNX Runtime's INT8 products here need 7-bit weights (``reduce_range``): on an x86 CPU
+    without VNNI its u8 x s8 kernels add pairs of products in 16 bits, which full-range weights can
+    saturate (seen here: one logit off by a third on an AVX2 machine). Where the flags cannot be read
+    (not Linux) an x86 CPU is assumed to lack it; other CPUs (ARM) do not need it."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return False
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return True
+    flags = set(cpuinfo.split())
+    return not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
 
 
 def _names(value, flag: str, arg: str) -> tuple[str, ...]:
@@ -339,13 +361,13 @@ def quantize_file(source: Path, out: Path, settings: Int8Settings, excluded: lis
             quantization.quantize_static(
                 str(source), str(out), reader, quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=None if settings.ops == (ALL_OPS,) else list(settings.ops),
-                per_channel=settings.per_channel, reduce_range=False, activation_type=QuantType.QUInt8,
+                per_channel=settings.per_channel, reduce_range=settings.reduce_range, activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8, nodes_to_exclude=list(excluded),
                 calibrate_method=CalibrationMethod.MinMax, extra_options=extra)
         else:   # it rewrites a Gemm as a MatMul named NAME_MatMul (and an Add) before it reads the exclusions
             quantization.quantize_dynamic(
                 str(source), str(out), op_types_to_quantize=[o for o in settings.product_ops if o == "MatMul"],
-                per_channel=settings.per_channel, reduce_range=False, weight_type=QuantType.QInt8,
+                per_channel=settings.per_channel, reduce_range=settings.reduce_range, weight_type=QuantType.QInt8,
                 nodes_to_exclude=[*excluded, *(f"{n}_MatMul" for n in excluded)],
                 extra_options={"MatMulConstBOnly": True})
 
@@ -473,7 +495,8 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
                 scheme: str = "int8", per_channel: bool = True, calibration: int = DEFAULT_CALIBRATION,
                 calibration_batch: int = CALIBRATION_BATCH, seed: int = 0, ops=DEFAULT_OPS,
                 float_parts=DEFAULT_FLOAT, max_drop: float = DEFAULT_MAX_DROP, keep: bool = False,
-                quantize_outputs: bool = False, fuse: bool = False, opset: int = DEFAULT_OPSET,
+                quantize_outputs: bool = False, fuse: bool = False, reduce_range: bool | None = None,
+                opset: int = DEFAULT_OPSET,
                 dynamic_batch: bool = False, batch: int = 1, threads: int | None = None,
                 metadata: dict | None = None, log=None, overwrite: bool = False) -> dict:
     """Write ``model`` as an INT8 ONNX file at ``out``, checked; return what was checked.
@@ -492,11 +515,13 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
     list, or one name as a string. ``batch`` (a whole number >= 1) is the file's batch unless
     ``dynamic_batch``. The file is written only when every check passes and the metric drops by at most
     ``max_drop`` (``keep``: write it anyway, and say so); an existing ``out`` is refused before any work
-    unless ``overwrite``. ``metadata``: more to record in the file.
+    unless ``overwrite``. ``reduce_range``: 7-bit weights, which ONNX Runtime's kernels need on an x86 CPU
+    without VNNI (None, the default: when the CPU running the export lacks it, `lacks_vnni`; pass True for
+    a file that will run on such a CPU). ``metadata``: more to record in the file.
     """
     log = log or (lambda msg: None)
     settings = Int8Settings(scheme, per_channel, calibration, calibration_batch, seed, ops, float_parts, max_drop,
-                            keep, quantize_outputs, fuse).checked()
+                            keep, quantize_outputs, fuse, reduce_range).checked()
     check_batch(batch)
     out = Path(out)
     check_output(out, overwrite)
@@ -536,7 +561,8 @@ def export_int8(model: nn.Module, out: str | Path, task, *, images=None, base: n
         calibration_info = ({"images": len(calib), "source": "images given" if images is not None else
                              f"training data of {task.name}", "seed": settings.seed,
                              "batch": settings.calibration_batch, "method": "MinMax"} if settings.static else None)
-        info = {"scheme": settings.scheme, "per_channel": settings.per_channel, "ops": list(settings.ops),
+        info = {"scheme": settings.scheme, "per_channel": settings.per_channel,
+                "reduce_range": settings.reduce_range, "ops": list(settings.ops),
                 "float_parts": {p: len(n) for p, n in parts.items()}, "calibration": calibration_info,
                 "metric": metric, "max_drop": settings.max_drop, "kept_over_max_drop": over,
                 "check": check, "census": census, "params": count_params(model),
