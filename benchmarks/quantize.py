@@ -29,7 +29,6 @@ Resumable: the compares resume, and finished INT8 measurements are kept in ``--w
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -99,19 +98,14 @@ def log(msg: str) -> None:
 
 
 def machine() -> dict:
-    from hetprune.measure.bench import cpu_name, load_average
+    from hetprune.measure.bench.environment import cpu_flags, cpu_name, load_average
 
-    flags = set()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
-        for line in fh:
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+    flags = cpu_flags() or set()
     import onnxruntime
 
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "isa": sorted(f for f in flags if f.startswith(("avx2", "avx512", "avx_vnni", "amx")) or f == "fma"),
-            "vnni": bool(flags & {"avx512_vnni", "avx_vnni"}), "torch": torch.__version__,
+            "vnni": bool(flags & {"avx512_vnni", "avx_vnni"}),   # the kernels' flags (quantize.VNNI_FLAGS adds AMX) "torch": torch.__version__,
             "onnxruntime": onnxruntime.__version__, "platform": platform.platform(), "load": load_average()}
 
 

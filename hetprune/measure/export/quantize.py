@@ -47,6 +47,7 @@ from torch import nn
 
 from ...core import tensors
 from ...core.errors import HetpruneError, on_command_line, option, switch
+from ..bench.environment import cpu_flags
 from .calibration import calibration_images, check_count, check_images
 from .common import DEFAULT_OPSET, _publish, _temp_path, check_batch, check_output, need
 from .ort_model import OnnxModule, fixed_batch
@@ -133,20 +134,19 @@ class Int8Settings:
         return f"{self.scheme} ({how}, {weights} int8 weights)"
 
 
-def lacks_vnni(cpuinfo: str | None = None) -> bool:
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})   # x86 flags of an INT8 dot product in 32 bits
+
+
+def lacks_vnni(flags: set[str] | None = None) -> bool:
     """Whether ONNX Runtime's INT8 products here need 7-bit weights (``reduce_range``): on an x86 CPU
     without VNNI its u8 x s8 kernels add pairs of products in 16 bits, which full-range weights can
-    saturate (seen here: one logit off by a third on an AVX2 machine). Where the flags cannot be read
-    (not Linux) an x86 CPU is assumed to lack it; other CPUs (ARM) do not need it."""
+    saturate (seen here: one logit off by a third on an AVX2 machine). ``flags``: the CPU's (default:
+    this one's, `cpu_flags`); where they cannot be read (not Linux) an x86 CPU is assumed to lack it;
+    other CPUs (ARM) do not need it."""
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
         return False
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return True
-    flags = set(cpuinfo.split())
-    return not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
+    flags = cpu_flags() if flags is None else flags
+    return flags is None or not flags & VNNI_FLAGS
 
 
 def _names(value, flag: str, arg: str) -> tuple[str, ...]:
