@@ -180,8 +180,9 @@ FAST = ["--device", "cpu", "--repeats", "2", "--warmup", "1", "--min-time", "0",
 def test_cli_int8_then_bench_it_beside_fp32(saved, tmp_path, capsys):
     out = tmp_path / "m.onnx"
     rc, printed, _ = run_cli(["export", str(saved), "--quantize", "int8", "--dynamic-batch", "--calibration", "32",
-                              "--out", str(out)], capsys)
+                              "--reduce-range", "off", "--out", str(out)], capsys)
     assert rc == 0 and out.is_file(), printed
+    assert export.read_metadata(out)["reduce_range"] is False   # full-range weights, whatever this CPU lacks
     for text in ("static QDQ, per-channel int8 weights", "3 attention, 2 activation",
                  "calibrated on 32 images (training data of digits", "top-1 agreement",
                  "top1 on the validation data through ONNX Runtime", "--max-drop 1"):
@@ -204,14 +205,15 @@ def test_cli_int8_then_bench_it_beside_fp32(saved, tmp_path, capsys):
 def test_hub_folder_carries_the_int8_file_and_its_card_states_the_metric(saved, tmp_path, capsys):
     hub = tmp_path / "hub"
     rc, printed, _ = run_cli(["export", str(saved), "--format", "hub", "--quantize", "int8", "--calibration", "32",
-                              "--out", str(hub)], capsys)
-    assert rc == 0, printed
+                              "--reduce-range", "on", "--out", str(hub)], capsys)
+    assert rc == 0 and "static QDQ, per-channel 7-bit int8 weights" in printed, printed
     assert sorted(p.name for p in hub.iterdir()) == ["README.md", "config.json", "model.int8.onnx",
                                                      "model.safetensors", "recipe.json", "report.json"]
     meta = export.read_metadata(hub / export.INT8_FILE)
     card = (hub / "README.md").read_text()
     m = meta["metric"]
-    for text in ("## INT8 (ONNX Runtime)", "static QDQ, per-channel int8 weights",
+    assert meta["reduce_range"] is True   # a file meant for a CPU without VNNI, whatever this one has
+    for text in ("## INT8 (ONNX Runtime)", "static QDQ, per-channel int8 weights in 7 bits (`reduce_range`",
                  f"| top1 (validation data) | {m['fp32']:.2f} | {m['int8']:.2f} | {m['drop']:.2f} |",
                  "Calibrated on 32 images (training data of digits, seed 0) in runs of 8, MinMax ranges",
                  "19 of 19 matrix products and 1 of 1 convolution in INT8"):
@@ -275,7 +277,9 @@ def test_bad_inputs_are_one_error_line_and_no_file(saved, tmp_path, capsys, monk
     _bad([*q, "int8", "--int8-ops", "Add"], capsys, tmp_path, "allowed: a comma list of MatMul, Gemm, Conv")
     _bad([*q, "int8", "--max-drop", "-1"], capsys, tmp_path, "--max-drop must be a number >= 0")
     _bad([*q, "int8", "--data", "nowhere"], capsys, tmp_path, "neither an embedded data set")
+    _bad([*q, "int8", "--reduce-range", "yes"], capsys, tmp_path, "allowed: auto, on, off")
     _bad(["export", str(saved), *out, "--per-tensor"], capsys, tmp_path, "use it with --quantize int8")
+    _bad(["export", str(saved), *out, "--reduce-range", "on"], capsys, tmp_path, "--reduce-range is an INT8 option")
     _bad(["export", "vit_tiny_patch16_224", *out, "--quantize", "int8"], capsys, tmp_path, "pass --data digits")
     _bad(["bench", str(saved), "--onnx", str(tmp_path / "none.onnx"), *FAST], capsys, tmp_path,
          "add --backend onnxruntime")
@@ -308,6 +312,7 @@ def test_a_task_without_images_to_calibrate_on_is_refused(models, tmp_path):
 
 def test_the_cli_defaults_are_the_librarys():
     assert export_cmd.SCHEMES == quantize.SCHEMES
+    assert export_cmd.REDUCE_RANGE["auto"] is quantize.Int8Settings().reduce_range is None
     assert (export_cmd.DEFAULT_CALIBRATION, export_cmd.CALIBRATION_BATCH, export_cmd.DEFAULT_MAX_DROP) == (
         quantize.DEFAULT_CALIBRATION, quantize.CALIBRATION_BATCH, quantize.DEFAULT_MAX_DROP)
     assert export_cmd.DEFAULT_OPS == ",".join(quantize.DEFAULT_OPS)

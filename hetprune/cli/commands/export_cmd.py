@@ -37,7 +37,8 @@ SCHEMES = ("int8", "int8-dynamic")
 DEFAULT_CALIBRATION, CALIBRATION_BATCH, DEFAULT_MAX_DROP = 256, 8, 1.0
 DEFAULT_OPS, DEFAULT_FLOAT = "MatMul,Gemm,Conv", ""
 INT8_OPTIONS = ("per_tensor", "calibration", "calibration_batch", "seed", "data", "int8_ops", "float_parts",
-                "max_drop", "keep")
+                "max_drop", "keep", "reduce_range")
+REDUCE_RANGE = {"auto": None, "on": True, "off": False}   # --reduce-range: 7-bit weights (None: when this CPU lacks VNNI)
 
 
 def add_arguments(p) -> None:
@@ -84,6 +85,10 @@ def add_arguments(p) -> None:
                    help=f"largest metric drop against the fp32 model allowed (default {DEFAULT_MAX_DROP:g}, in the "
                         "metric's units: top-1 points)")
     q.add_argument("--keep", action="store_true", help="write the INT8 file even when it drops more than --max-drop")
+    q.add_argument("--reduce-range", metavar="|".join(REDUCE_RANGE),
+                   help="7-bit int8 weights, which ONNX Runtime needs on an x86 CPU without VNNI (its kernels "
+                        "saturate full-range weights there): auto (default) turns it on when the exporting CPU "
+                        "lacks VNNI; on for a file meant for such a CPU; off for full-range weights")
 
 
 def _target(args):
@@ -137,6 +142,8 @@ def _check_int8_options(args) -> None:
         if static:
             raise HetpruneError(f"{flag(static[0])} is for --quantize int8: int8-dynamic measures activation ranges "
                                 "at run time and needs no calibration")
+    if args.reduce_range is not None and args.reduce_range not in REDUCE_RANGE:
+        raise HetpruneError(f"--reduce-range {args.reduce_range!r} is not a choice; allowed: {', '.join(REDUCE_RANGE)}")
     for name in ("calibration", "calibration_batch"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -170,7 +177,8 @@ def _int8_kwargs(args) -> dict:
             "calibration_batch": args.calibration_batch if args.calibration_batch is not None else CALIBRATION_BATCH,
             "seed": args.seed or 0, "ops": _comma_list(args.int8_ops, DEFAULT_OPS),
             "float_parts": _comma_list(args.float_parts, DEFAULT_FLOAT),
-            "max_drop": args.max_drop if args.max_drop is not None else DEFAULT_MAX_DROP, "keep": args.keep}
+            "max_drop": args.max_drop if args.max_drop is not None else DEFAULT_MAX_DROP, "keep": args.keep,
+            "reduce_range": REDUCE_RANGE[args.reduce_range or "auto"]}
 
 
 def run(args) -> int:
@@ -277,7 +285,8 @@ def _run_int8(args, out: Path, label, model, recipe, folder, report, base, comma
     batch = "dynamic batch" if result["dynamic_batch"] else f"batch {result['batch']}"
     file = out if args.format == "onnx" else out / INT8_FILE
     how = "static QDQ" if settings["scheme"] == "int8" else "dynamic"
-    weights = "per-channel" if settings["per_channel"] else "per-tensor"
+    weights = ("per-channel" if settings["per_channel"] else "per-tensor") + (
+        " 7-bit" if settings["reduce_range"] else "")
     print(f"wrote {file} ({settings['scheme']}: {how}, {weights} int8 weights; opset {result['opset']}, {batch}) "
           f"in {seconds:.1f}s")
     c = result["census"]

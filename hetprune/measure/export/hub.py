@@ -150,7 +150,9 @@ def int8_section(result: dict) -> list[str]:
     s, m, chk, cal = result["settings"], result["metric"], result["check"], result["calibration"]
     how = "static QDQ" if s["scheme"] == "int8" else "dynamic (activation ranges measured at run time)"
     lines = ["## INT8 (ONNX Runtime)", "",
-             f"`{INT8_FILE}`: {how}, {'per-channel' if s['per_channel'] else 'per-tensor'} int8 weights, made with "
+             f"`{INT8_FILE}`: {how}, {'per-channel' if s['per_channel'] else 'per-tensor'} int8 weights"
+             + (" in 7 bits (`reduce_range`, which ONNX Runtime needs on x86 CPUs without VNNI)"
+                if s.get("reduce_range") else "") + ", made with "
              "ONNX Runtime's quantization tools and checked before it was written.", "",
              "| | fp32 (PyTorch) | INT8 (ONNX Runtime) | drop |", "|---|---|---|---|",
              f"| {m['name']} (validation data) | {m['fp32']:.2f} | {m['int8']:.2f} | {m['drop']:.2f} |", ""]
