@@ -5,7 +5,7 @@
     python benchmarks/quantize.py --parts speed,memory             # the speed table and calibration memory
     python benchmarks/quantize.py --parts speed --configs tiny --speed-batch-sizes 1,8 --out /tmp/q   # smoke
 
-Writes ``benchmarks/results/quantize-cpu.md`` and ``.json``; a part run alone replaces its own section and
+Writes ``benchmarks/results/quantize-cpu.md`` and ``.json`` (``--name`` for another stem); a part run alone replaces its own section and
 keeps the others. Every INT8 file is made by ``hetprune.measure.export.export_int8`` (what ``hetprune export
 --quantize`` runs), so each is checked (census, ONNX Runtime against PyTorch, the metric) before it is used.
 
@@ -89,6 +89,7 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=2, help="accuracy: INT8 measurements in parallel processes")
     p.add_argument("--work", default="runs/quantize-study", help="compare folders, unmerged twins, kept results")
     p.add_argument("--out", default=str(OUT), help="results folder")
+    p.add_argument("--name", default=STEM, help=f"results file stem (default {STEM}: OUT/{STEM}.md and .json)")
     p.add_argument("--memory-probe", type=int, help=argparse.SUPPRESS)   # internal: one export, print its memory
     return p.parse_args(argv)
 
@@ -105,7 +106,8 @@ def machine() -> dict:
 
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "isa": sorted(f for f in flags if f.startswith(("avx2", "avx512", "avx_vnni", "amx")) or f == "fma"),
-            "vnni": bool(flags & {"avx512_vnni", "avx_vnni"}),   # the kernels' flags (quantize.VNNI_FLAGS adds AMX) "torch": torch.__version__,
+            "vnni": bool(flags & {"avx512_vnni", "avx_vnni"}),   # the kernels' flags (quantize.VNNI_FLAGS adds AMX)
+            "torch": torch.__version__,
             "onnxruntime": onnxruntime.__version__, "platform": platform.platform(), "load": load_average()}
 
 
@@ -168,6 +170,7 @@ def speed_part(args) -> dict:
                                     calibration=args.speed_calibration, threads=args.threads, **kwargs)
                     files[name] = str(path)
                     checks[name] = {"seconds": time.perf_counter() - t0, "census": r["census"],
+                                    "reduce_range": r["reduce_range"],
                                     "check": r["check"], "size_mb": path.stat().st_size / 2**20}
                     log(f"  {name}: {r['census']['int8_products']} of {r['census']['products']} products in INT8, "
                         f"{checks[name]['seconds']:.0f} s")
@@ -566,12 +569,14 @@ def render_speed(s: dict) -> list[str]:
                 "time per run):", "", "| op | ms | share |", "|---|---|---|"]
         doc += [f"| {o['op']} | {o['ms']:.1f} | {o['share']:.1%} |" for o in p["ops"][:12]]
         doc.append("")
-    doc += ["Files (the checks each passed):", "", "| model | INT8 products | seconds to export | size MB |",
-            "|---|---|---|---|"]
+    doc += ["Files (the checks each passed; weights in 7 bits where ONNX Runtime's kernels need them, on x86 "
+            "without VNNI: `reduce_range`, by default when the exporting CPU lacks VNNI):", "",
+            "| model | INT8 products | weights | seconds to export | size MB |", "|---|---|---|---|---|"]
     for key, c in s["configs"].items():
         for name, f in c["files"].items():
+            bits = {True: "7-bit", False: "8-bit"}.get(f.get("reduce_range"), "8-bit (not recorded then)")
             doc.append(f"| {c['model']}: {name} | {f['census']['int8_products']} of {f['census']['products']} | "
-                       f"{f['seconds']:.0f} | {f['size_mb']:.0f} |")
+                       f"{bits} | {f['seconds']:.0f} | {f['size_mb']:.0f} |")
     doc.append("")
     for key, c in s["configs"].items():
         for batch, run in c["runs"].items():
@@ -720,7 +725,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"--parts: unknown {', '.join(unknown)}; allowed: {', '.join(PARTS)}")
     torch.set_num_threads(args.threads)
     command = shlex.join(["python", "benchmarks/quantize.py", *(sys.argv[1:] if argv is None else argv)])
-    stem = Path(args.out) / STEM
+    stem = Path(args.out) / args.name
     from hetprune.measure.bench import load_average
     from hetprune.core.io import write_json_atomic, write_text_atomic
 
