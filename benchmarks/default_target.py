@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from study_files import write
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -97,11 +99,8 @@ def main() -> int:
               "real `hetdpt` runs are in the comparison study.", "",
               (f"**Chosen: {chosen['target_macs']:g}** (the largest margin among the real choices)." if chosen else
                "**No candidate is a real choice**: keep the old default.")]
-    results = Path(args.results)
-    (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    (results / f"{args.name}.json").write_text(json.dumps({"command": command, "data": args.data, "targets": found,
-                                                              "chosen": chosen and chosen["target_macs"]}, indent=2))
-    print("\n".join(lines))
+    write(args.results, args.name, {"command": command, "data": args.data, "targets": found,
+                                     "chosen": chosen and chosen["target_macs"]}, "\n".join(lines))
     return 0
 
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
+from study_files import write
 
 PAPER = {"isomorphic_2.6G_speedup": 4.24, "hetdpt_plus_speedup": 5.19}
 
@@ -206,13 +206,11 @@ def main(argv=None) -> int:
     print(text)
     if args.out:
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
         raw = {**result, "command": command, "target_macs": target, "depth_macs": depth_macs,
                "widths": {"isomorphic": read_widths(iso), "hetdpt-plus": read_widths(plus)},
                "width_search": {"isomorphic": iso_report, "hetdpt-plus": plus_report},
                "paper": PAPER, "load_before_pruning": load_before}
-        out.with_suffix(".json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
+        write(out.parent, out.stem, raw, text, echo=False)
     return 0
 
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import shlex
 import statistics
@@ -60,6 +59,7 @@ from hetprune.pruning.budget import Budget, feasible_pairs  # noqa: E402
 from hetprune.measure.latency_table import LatencyTable  # noqa: E402
 from hetprune.model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build  # noqa: E402
 from hetprune.model.sites import depth  # noqa: E402
+from study_files import write  # noqa: E402
 
 AA = "dense again (A/A)"
 CONFIGS = {
@@ -266,12 +266,8 @@ def main() -> int:
             if args.quiet_load is not None:
                 results[-1]["quiet"] = {**quiet, "limit": args.quiet_load}
     md = markdown(results, command)
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"latency-model-{args.tag}.md").write_text(md + "\n")
-    (out / f"latency-model-{args.tag}.json").write_text(json.dumps({"command": command, "results": results},
-                                                                   indent=1, default=str))
-    print(md)
+    write(Path(args.out) if args.out else ROOT / "benchmarks" / "results", f"latency-model-{args.tag}",
+          {"command": command, "results": results}, md)
     print(f"load average at end: {bench.load_average()}")
     return 0
 

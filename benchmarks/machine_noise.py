@@ -18,7 +18,6 @@ Writes benchmarks/results/machine-noise.{md,json} (``--tag`` changes the name).
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from hetprune import bench  # noqa: E402
+from study_files import write  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -98,11 +98,8 @@ def main() -> int:
     results = [rounds(int(t), args.seconds, args.calls) for t in args.threads.split(",")]
     load = [start, bench.load_average()]
     md = markdown(results, env, command, load)
-    out = ROOT / "benchmarks" / "results"
-    (out / f"{args.tag}.md").write_text(md)
-    (out / f"{args.tag}.json").write_text(json.dumps({"command": command, "environment": env, "load": load,
-                                                      "results": results}, indent=1, default=str))
-    print(md)
+    write(ROOT / "benchmarks" / "results", args.tag, {"command": command, "environment": env, "load": load,
+                                                      "results": results}, md)
     return 0
 
 

@@ -43,6 +43,7 @@ from hetprune.model import surgery  # noqa: E402
 from hetprune.training.embedded import benchmark, embedded_model  # noqa: E402
 from hetprune.training.task import classification  # noqa: E402
 from hetprune_hetdpt import gates  # noqa: E402
+from study_files import write  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 KINDS = ("attn", "act")
@@ -193,9 +194,7 @@ def main() -> int:
         for run_ in r["runs"]:
             run_["by_kind"] = kind_summary(run_["dense_top1"], run_["recovery"], run_["gradients"])
             run_["verdict"] = verdict(run_["by_kind"])
-        out.with_suffix(".json").write_text(json.dumps(r, indent=1))
-        out.with_suffix(".md").write_text(markdown(r))
-        print(markdown(r))
+        write(out.parent, out.stem, r, markdown(r))
         return 0
     load_before = [round(x, 2) for x in os.getloadavg()]
     t0 = time.time()
@@ -221,10 +220,7 @@ def main() -> int:
         for x in runs:
             x["wall_s"] = round(r["wall_s"], 1)
         r = {**old, "runs": kept + runs}   # the header keeps the first command's own time
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(r, indent=1))
-    out.with_suffix(".md").write_text(markdown(r))
-    print(markdown(r))
+    write(out.parent, out.stem, r, markdown(r))
     return 0
 
 

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from study_files import write
+
 ROOT = Path(__file__).resolve().parent.parent
 ORDERS = ("depth-width", "width-depth", "interleaved")
 
@@ -76,8 +78,6 @@ def main() -> int:
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
     payload = {"command": command, "machine": machine, "load_start": load_start, "load_end": os.getloadavg(),
                "minutes": round((time.time() - started) / 60, 1), "rows": table}
-    results = Path(args.results)
-    (results / "hetdpt-plus-order.json").write_text(json.dumps(payload, indent=1) + "\n")
     lines = ["# HetDPT+ order: depth-width, width-depth, interleaved, against isomorphic at equal MACs", "",
              f"Produced by `{command}` ({payload['minutes']} min of runs not reused from an earlier "
              "invocation), which runs `hetprune compare --data DATA --target-macs T --seeds "
@@ -101,8 +101,7 @@ def main() -> int:
                      f"{', '.join(row['splits']) if row['strategy'] != 'isomorphic' else '-'} | "
                      f"{statistics.mean(row['mac_ratio']):.3f} | "
                      f"{'-' if row is iso else f'{diff:+.2f}'} | {wall_text} |")
-    (results / "hetdpt-plus-order.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write(args.results, "hetdpt-plus-order", payload, "\n".join(lines))
     return 0
 
 

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from scipy.stats import spearmanr
+from study_files import write
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,10 +90,8 @@ def main() -> int:
     command = "python benchmarks/point_proxies.py " + shlex.join(sys.argv[1:])
     results = [study(Path(f)) for f in args.ablations]
     md = markdown(results, command)
-    Path(args.out).write_text(md)
-    Path(args.out).with_suffix(".json").write_text(json.dumps({"command": command, "results": results}, indent=1,
-                                                              default=str) + "\n")
-    print(md)
+    out = Path(args.out)
+    write(out.parent, out.stem, {"command": command, "results": results}, md)
     return 0
 
 

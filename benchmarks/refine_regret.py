@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from study_files import write
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -124,13 +126,11 @@ def main() -> int:
                             if all(r["held_out_regret"] is not None for r in rs) else "-")
                          + f" | {statistics.mean(r['refinement_points'] for r in rs):.1f} | "
                          f"{statistics.mean(r['point_seconds'] for r in rs):.0f} |")
-    results = Path(args.results)
     name = f"{args.data}-refine-b{budget}" + (f"-{args.tag}" if args.tag else "")
-    (results / f"{name}.md").write_text("\n".join(lines) + "\n")
-    (results / f"{name}.json").write_text(json.dumps({"command": command, "budget": budget, "best": list(best),
-                                                      "true": {f"{a}+{m}": v for (a, m), v in true.items()},
-                                                      "runs": runs, "load_before": load_before,
-                                                      "load_after": load_after}, indent=2) + "\n")
+    results = write(args.results, name, {"command": command, "budget": budget, "best": list(best),
+                                         "true": {f"{a}+{m}": v for (a, m), v in true.items()}, "runs": runs,
+                                         "load_before": load_before, "load_after": load_after},
+                    "\n".join(lines), echo=False)
     print(f"wrote {results}/{name}.md")
     return 0
 

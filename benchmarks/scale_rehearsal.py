@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from study_files import write
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = ROOT / "runs" / "rehearsal"
@@ -222,9 +224,7 @@ def main() -> int:
         "runs": runs, "reports": reports, "plan_exit": rc_plan, "plan_s": round(seconds_plan, 1), "plan": plan,
     }
     target = (WORK if args.quick else RESULTS) / "scale-rehearsal"
-    target.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    target.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    write(target.parent, target.stem, result, markdown(result))
     ok = rc == 0 and rc_resume == 0 and identical and rc_plan == 0 and killed
     return 0 if ok else 1
 

@@ -36,6 +36,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from study_files import write
+
 HERE = Path(__file__).resolve().parent
 
 VARIANTS = {   # name -> extra prune arguments
@@ -156,8 +158,6 @@ def main() -> None:
                "seeds": seeds, "machine": machine, "load_start": load_start, "load_end": load_end,
                "minutes": round((time.time() - started) / 60, 1),
                "prune_minutes": round(sum(x or 0 for r in rows for x in r["seconds"]) / 60, 1), "rows": rows}
-    out_dir = HERE / "results"
-    (out_dir / f"{tag}.json").write_text(json.dumps(payload, indent=1) + "\n")
 
     lines = [f"# Scorers at the split {n_attn}+{n_act} (budget {args.budget}) on the embedded {args.data} ViT", "",
              f"Produced by `{command}` (the prunes' own times add up to {payload['prune_minutes']} min, two run "
@@ -181,7 +181,7 @@ def main() -> None:
     for r in rows:
         for s in seeds:
             lines.append(f"* {r['variant']}, seed {s}: {' '.join(r['sites'][s])}")
-    (out_dir / f"{tag}.md").write_text("\n".join(lines) + "\n")
+    write(HERE / "results", tag, payload, "\n".join(lines), echo=False)
     print("\n".join(lines[:len(rows) + 9]))
 
 

@@ -9,6 +9,8 @@ import os
 import platform
 from pathlib import Path
 
+from hetprune.core.io import write_text_atomic
+
 
 def machine() -> str:
     """The machine as the results files name it: processor (or architecture), core count, platform, and torch
@@ -25,12 +27,15 @@ def load() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
 
-def write(results: str | Path, name: str, res: dict, markdown: str) -> Path:
-    """``res`` as ``NAME.json`` and ``markdown`` as ``NAME.md`` under ``results`` (made if missing); the
-    markdown is printed too. Returns the folder."""
+def write(results: str | Path, name: str, res: dict, markdown: str, echo: bool = True) -> Path:
+    """``res`` as ``NAME.json`` and ``markdown`` as ``NAME.md`` under ``results`` (made if missing), each whole
+    or not at all (an interrupted study never leaves half a results file over the committed one); what JSON
+    cannot hold (a path, a numpy number) is written as its text. The markdown is printed too unless ``echo`` is
+    off. Returns the folder."""
     folder = Path(results)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
-    (folder / f"{name}.md").write_text(markdown)
-    print(markdown)
+    write_text_atomic(folder / f"{name}.json", json.dumps(res, indent=1, default=str) + "\n")
+    write_text_atomic(folder / f"{name}.md", markdown if markdown.endswith("\n") else markdown + "\n")
+    if echo:
+        print(markdown)
     return folder
