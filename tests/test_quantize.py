@@ -177,7 +177,7 @@ def run_cli(argv, capsys):
 FAST = ["--device", "cpu", "--repeats", "2", "--warmup", "1", "--min-time", "0", "--threads", "1"]
 
 
-def test_cli_int8_then_bench_it_beside_fp32(saved, tmp_path, capsys):
+def test_cli_int8_then_bench_it_beside_fp32(saved, tmp_path, capsys, monkeypatch):
     out = tmp_path / "m.onnx"
     rc, printed, _ = run_cli(["export", str(saved), "--quantize", "int8", "--dynamic-batch", "--calibration", "32",
                               "--reduce-range", "off", "--out", str(out)], capsys)
@@ -193,9 +193,17 @@ def test_cli_int8_then_bench_it_beside_fp32(saved, tmp_path, capsys):
                        r"convolution in INT8", printed)
     assert counts and counts.groups() == ("19", "19", "19", "1", "1"), printed
     speed = tmp_path / "speed.json"
+    monkeypatch.setattr(quantize, "lacks_vnni", lambda: True)   # timed on a CPU its full-range weights saturate
     rc, printed, _ = run_cli(["bench", str(saved), "--backend", "onnxruntime", "--onnx", str(out),
                               "--batch-sizes", "2", "--json", str(speed), *FAST], capsys)
     assert rc == 0, printed
+    assert f"warning: {out} has full-range INT8 weights and this CPU lacks VNNI" in printed, printed
+    from hetprune.measure.bench import timing
+
+    said = []
+    monkeypatch.setattr(quantize, "lacks_vnni", lambda: False)   # a CPU with VNNI: nothing to say
+    timing._file_sessions({"m": str(out)}, (1, 16, 16), [2], "fp32", torch.device("cpu"), 1, said.append)
+    assert said == []
     rows = {r["model"]: r for r in json.loads(speed.read_text())["results"]}
     assert list(rows) == ["vit_tiny_patch16_224 (dense)", "pruned", str(out)]   # one interleaved session
     assert rows[str(out)]["macs"] == rows["pruned"]["macs"] and rows[str(out)]["mac_ratio"] > 1

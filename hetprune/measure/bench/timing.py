@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -172,10 +173,13 @@ def check_onnx_file(path, input_shape: tuple, batch_sizes: list[int]) -> None:
 
 
 def _file_sessions(files: dict, input_shape: tuple, batch_sizes: list[int], dtype: str, device: torch.device,
-                   threads: int) -> tuple[dict, dict]:
+                   threads: int, log=None) -> tuple[dict, dict]:
     """ONNX Runtime sessions on ONNX files given as they are (an INT8 export), and their costs: the params and
-    MACs ``hetprune export --quantize`` recorded in the file (None for another file: it is timed, not counted)."""
+    MACs ``hetprune export --quantize`` recorded in the file (None for another file: it is timed, not counted).
+    An INT8 file with full-range weights timed on a CPU without VNNI is warned of: it runs, but its outputs there
+    may be wrong (ONNX Runtime's kernels saturate), so its speed is not that of a file one would deploy."""
     from ..export import onnx_session, read_metadata
+    from ..export.quantize import lacks_vnni
 
     if dtype != "fp32":
         raise HetpruneError(f"ONNX files are timed as they are, with float32 input; --dtype {dtype} is for the "
@@ -191,9 +195,21 @@ def _file_sessions(files: dict, input_shape: tuple, batch_sizes: list[int], dtyp
             raise HetpruneError(f"--onnx {path}: ONNX Runtime cannot load it: {str(exc).splitlines()[0]}") from exc
         _check_input(path, session.get_inputs()[0].shape, input_shape, batch_sizes)
         meta = read_metadata(path) or {}
+        if meta.get("reduce_range") is False and device.type == "cpu" and lacks_vnni():
+            _warn(f"{path} has full-range INT8 weights and this CPU lacks VNNI: ONNX Runtime's kernels here can "
+                  "saturate them, so its outputs may be wrong; for this CPU export it with --reduce-range on (or "
+                  "auto, on this machine)", log)
         sessions[name] = session
         costs[name] = {"params": meta.get("params"), "macs": meta.get("macs")}
     return sessions, costs
+
+
+def _warn(message: str, log=None) -> None:
+    """A warning through the caller's log (the CLI prints it), else Python's warnings."""
+    if log:
+        log(f"warning: {message}")
+    else:
+        warnings.warn(message, stacklevel=3)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -371,7 +387,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
 
             # the files first: one that cannot be timed is refused before any model is exported
             files, file_costs = _file_sessions(onnx_files, input_shape, list(batch_sizes), dtype, dev,
-                                               torch.get_num_threads())
+                                               torch.get_num_threads(), log)
             tmp = tempfile.TemporaryDirectory(prefix="hetprune-bench-")
             runnable = {**_ort_sessions(models, dtype, dev, torch.get_num_threads(), tmp.name, log), **files}
             costs.update(file_costs)
