@@ -175,10 +175,20 @@ def test_evaluate_and_train_move_the_model_they_are_given(float64_place, tiny_mo
     assert watch.placed[-1] is tiny_model and tiny_model.cls_token.dtype == torch.float64 and not watch.wrong
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
-@pytest.mark.parametrize("strategy,budget", [("hetdpt", ["--budget", "2"]),
-                                             ("hetdpt-plus", ["--target-macs", "0.6"])])
-def test_every_model_and_batch_of_prune_goes_through_the_helper(device, strategy, budget, trained_tiny, tmp_path,
+# the latency cost model times models on the run's device: on CUDA ``cost_model: auto`` is latency, so the CPU
+# row with ``cost_model=latency`` is the CUDA row's twin (its bench timing bypassed the helper once, unseen here)
+LATENCY = ["--set", "cost_model=latency", "--set", "cost_model_options={latency: {batch_size: 4, repeats: 1, "
+           "min_time_s: 0, budget_s: 0.01, verify_repeats: 1, cache: false, tolerance: 10}}"]
+
+
+@pytest.mark.parametrize("device,strategy,budget,cost", [
+    ("cpu", "hetdpt", ["--budget", "2"], []),
+    ("cpu", "hetdpt", ["--budget", "2"], LATENCY),
+    ("cpu", "hetdpt-plus", ["--target-macs", "0.6"], []),
+    pytest.param("cuda", "hetdpt", ["--budget", "2"], [], marks=CUDA),
+    pytest.param("cuda", "hetdpt-plus", ["--target-macs", "0.6"], [], marks=CUDA),
+], ids=["cpu-hetdpt", "cpu-hetdpt-latency", "cpu-hetdpt-plus", "cuda-hetdpt", "cuda-hetdpt-plus"])
+def test_every_model_and_batch_of_prune_goes_through_the_helper(device, cost, strategy, budget, trained_tiny, tmp_path,
                                                                 float64_place, capsys):
     """Walk every forward pass of a ``prune`` run and check its model and input are on the resolved device
     (and went through the helper: see ``float64_place``)."""
@@ -203,7 +213,7 @@ def test_every_model_and_batch_of_prune_goes_through_the_helper(device, strategy
                      *FAST, "--set", "hetdpt.axis_points=1", "--set", "hetdpt.mixed_points=1",
                      "--set", "hetdpt.dense_point=false", "--set", "hetdpt.predictor_options={poly: {degree: 1}}",
                      "--set", "scorer_options={gate-taylor: {epochs_per_removal: 1, warmup_epochs: 0}}",
-                     "--scorer", "gate-taylor", "--out", str(tmp_path / "out")])
+                     "--scorer", "gate-taylor", *cost, "--out", str(tmp_path / "out")])
     finally:
         handle.remove()
     assert code == 0, capsys.readouterr().err

@@ -15,8 +15,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ...model.macs import CONVENTION, count_macs, count_params
+from ...core import devices
 from ...core.errors import HetpruneError
+from ...model.macs import CONVENTION, count_macs, count_params
 from .environment import BACKENDS, DEVICES, DTYPES, check_dtype, environment, load_average, resolve_device
 
 
@@ -222,7 +223,8 @@ def _time_batch(models: dict, input_shape: tuple, batch: int, device: torch.devi
                 budget_s: float | None = None, **until) -> dict[str, dict]:
     """Time every model (torch modules, or ONNX Runtime sessions with ``ort``) at one batch size, interleaved;
     raises on OOM."""
-    x = torch.randn(batch, *input_shape, device="cpu" if ort else device)
+    x = torch.randn(batch, *input_shape)
+    x = x if ort else devices.place(x, device)   # the one door to a run's device (and a test's watch)
     runners = {name: OrtRunner(m, x, dtype) if ort else Runner(m, x, device, dtype) for name, m in models.items()}
     peak = {}
     if device.type == "cuda" and not ort:  # peak memory, one model at a time (interleaving would mix them)
@@ -373,11 +375,12 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
         env = environment(dev, dtype, compile)
         env["backend"] = backend
         costs, runnable = {}, {}
-        example = torch.randn(1, *input_shape, device="cpu" if ort else dev)
+        example = torch.randn(1, *input_shape)
+        example = example if ort else devices.place(example, dev)
         for name, model in models.items():
             model.eval()
             if not ort:
-                model.to(dev)
+                model = devices.place(model, dev)
             costs[name] = {"params": count_params(model), "macs": count_macs(model, example)}
             runnable[name] = torch.compile(model) if compile else model
         if ort:
@@ -469,8 +472,8 @@ def per_block(model: nn.Module, input_shape: tuple[int, ...], batch: int, device
 
     dev = resolve_device(device)
     adapter = adapter_for(model)
-    model = model.to(dev).eval()
-    x = torch.randn(batch, *input_shape, device=dev)
+    model = devices.place(model, dev).eval()
+    x = devices.place(torch.randn(batch, *input_shape), dev)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     spent: dict[tuple[int, str], float] = {}
     started: dict[int, float] = {}
