@@ -167,18 +167,21 @@ def test_cuda_without_cuda_is_a_clear_error(tiny_model, capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_bf16_peak_memory_and_oom_halving(tiny_model, tiny_spec, monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def test_bf16_peak_memory_and_oom_halving(device, tiny_model, tiny_spec, monkeypatch):
+    """On CUDA: bf16, CUDA events, peak memory, and an out-of-memory batch halved. Its CPU twin runs the same
+    calls: the timer is the clock, no device memory, and the simulated OOM is halved the same way."""
     other = hetprune.model.spec.build(tiny_spec)
     surgery.remove_attention(other, 0)
-    result = bench.measure({"dense": tiny_model, "pruned": other}, SHAPE, [1, 8], device="cuda", dtype="bf16",
+    result = bench.measure({"dense": tiny_model, "pruned": other}, SHAPE, [1, 8], device=device, dtype="bf16",
                            repeats=2, warmup=1, min_time_s=0.01)
     env = result["environment"]
-    assert env["device"] == "cuda" and env["gpu"]
-    assert result["settings"]["timer"] == "cuda events"
+    assert env["device"] == device and env["dtype"] == "bf16" and bool(env.get("gpu")) == (device == "cuda")
+    assert result["settings"]["timer"] == ("cuda events" if device == "cuda" else "time.perf_counter")
     for row in result["results"]:
-        assert row["peak_memory_bytes"] > 0 and row["throughput_img_s"] > 0 and row["speedup"] > 0
+        assert row["throughput_img_s"] > 0 and row["speedup"] > 0
+        assert (row["peak_memory_bytes"] or 0) > 0 if device == "cuda" else row["peak_memory_bytes"] is None
 
     real = bench.timing._time_batch
 
@@ -188,7 +191,7 @@ def test_cuda_bf16_peak_memory_and_oom_halving(tiny_model, tiny_spec, monkeypatc
         return real(models, shape, batch, *a, **k)
 
     monkeypatch.setattr(bench.timing, "_time_batch", fake)
-    result = bench.measure({"m": tiny_model}, SHAPE, [8], device="cuda", repeats=1, warmup=0, min_time_s=0)
+    result = bench.measure({"m": tiny_model}, SHAPE, [8], device=device, repeats=1, warmup=0, min_time_s=0)
     row = result["results"][0]
     assert row["batch_size"] == 2 and row["requested_batch_size"] == 8 and "out of memory" in row["note"]
 

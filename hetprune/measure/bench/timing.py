@@ -408,14 +408,15 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
                                         spread_target=spread_target, spread_budget_s=spread_budget_s)
                     break
                 except RuntimeError as exc:
-                    if dev.type != "cuda" or not _is_oom(exc):
+                    if not _is_oom(exc):
                         raise
-                    torch.cuda.empty_cache()
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
                     if batch == 1:
-                        raise HetpruneError(f"CUDA out of memory even at batch 1: {exc}") from exc
-                    log(f"  batch {batch}: CUDA out of memory, halving to {batch // 2}")
+                        raise HetpruneError(f"{dev.type.upper()} out of memory even at batch 1: {exc}") from exc
+                    log(f"  batch {batch}: {dev.type.upper()} out of memory, halving to {batch // 2}")
                     batch //= 2
-                    note = f"CUDA out of memory at batch {requested}; halved to {batch}"
+                    note = f"{dev.type.upper()} out of memory at batch {requested}; halved to {batch}"
             for name, t in timed.items():
                 median = t["latency_s"]["median"]
                 row = {"model": name, "backend": backend, "batch_size": batch, "requested_batch_size": requested,
