@@ -161,3 +161,38 @@ def test_each_fine_tune_pays_the_probes_start_up_in_the_plans_hours():
     hours = {row["stage"]: row["hours"] for row in plan.to_dict()["steps"]}
     assert hours["stage 1: MAP points"] == round(130.8 / 3600, 3) == hours["total"]
     assert "2.5 s of start-up per fine-tune" in plan.text()
+
+
+def test_a_plan_with_loader_workers_leaves_no_worker_process(tmp_path, capsys):
+    """Issue 57: ``--plan`` on an H200 printed its plan and never exited: the probe's loaders kept their
+    persistent, pinned workers, and the interpreter's exit waited on each. Every command and library call now
+    stops the workers of the loaders it opened before it returns."""
+    import multiprocessing
+
+    from PIL import Image
+
+    from hetprune.training import data as data_mod
+
+    root = tmp_path / "imgs"
+    for split, n in (("train", 12), ("val", 2)):
+        for c in ("a", "b"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(n):
+                Image.new("RGB", (20, 20), (40 * i % 255, 100 if c == "a" else 200, 30)).save(root / split / c / f"{i}.png")
+    kwargs = {"img_size": 16, "patch_size": 4, "num_classes": 2, "embed_dim": 32, "depth": 2, "num_heads": 2}
+    args = ["prune", "--model", "vit_tiny_patch16_224", "--model-kwargs", json.dumps(kwargs), "--data", str(root),
+            "--strategy", "act-only", "--scorer", "magnitude", "--budget", "1", "--workers", "2", "--subset", "8",
+            "--set", "finetune.epochs=1", "--set", "finetune.batch_size=4", "--set", "short_finetune.epochs=1",
+            "--set", "scoring.batches=1", "--plan", "--plan-probe", "0.5"]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    assert "images/s training" in capsys.readouterr().out
+    assert not multiprocessing.active_children() and not data_mod._LOADERS
+    # the library call the command makes does the same
+    data = data_mod.load_data(str(root), build(hetprune.ModelSpec("vit_tiny_patch16_224", kwargs)), workers=2)
+    made = hetprune.prune(build(hetprune.ModelSpec("vit_tiny_patch16_224", kwargs)), data, strategy="act-only",
+                          budget=1, plan=True, plan_probe=0.5, progress=False, log=lambda m: None,
+                          settings={"scorer": "magnitude", "finetune": {"epochs": 1, "subset": 8, "batch_size": 4,
+                                                                        "workers": 2},
+                                    "short_finetune": {"epochs": 1, "subset": 8}, "scoring": {"batches": 1}})
+    assert made.probe is not None and made.probe.train_ips > 0
+    assert not multiprocessing.active_children() and not data_mod._LOADERS

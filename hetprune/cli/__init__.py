@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted_message(args), file=sys.stderr)
         return 130
-    finally:   # a command that joined torchrun's process group leaves it, error or not (none: torch not loaded)
+    finally:
+        # a command leaves no loader worker behind (persistent, pinned workers made exit wait on each of them)
+        if "hetprune.training.data" in sys.modules:
+            sys.modules["hetprune.training.data"].close_loaders()
+        # a command that joined torchrun's process group leaves it, error or not (none: torch not loaded)
         if "hetprune.core.distributed" in sys.modules:
             sys.modules["hetprune.core.distributed"].shutdown()
 

@@ -19,6 +19,7 @@ from .compare import ROWS_FILE, RowPlan, distinct, mean_std, whole_number
 from ..core.errors import HetpruneError, option
 from ..core.io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic
 from ..pruning.point_store import metric_of
+from ..training.data import closing_loaders
 from ..training.task import metric_number
 
 # what hetprune writes in an ablation's folder
@@ -196,6 +197,7 @@ def write(out: Path, result: dict) -> None:
     plots(out, result)
 
 
+@closing_loaders()   # the call leaves no loader worker behind
 def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, predictors=None, scorers=(),
            tolerance: float = 0.3, settings: dict | None = None, config: str | None = None,
            out: str | Path = "runs/ablate",

@@ -26,7 +26,7 @@ from torch import nn
 from ..core import distributed as dist
 from ..model.adapters import Adapter
 from ..pruning.budget import Budget
-from ..training.data import seed_everything
+from ..training.data import closing_loaders, seed_everything
 from ..core.errors import HetpruneError
 from ..core.io import check_result_folder, no_empty_folder_on_error
 from ..model.spec import ModelSpec
@@ -69,6 +69,7 @@ def check_out(out: Path, overwrite: bool) -> Path:
     return check_result_folder(out, PRUNED_MODEL, overwrite)
 
 
+@closing_loaders()   # the call leaves no loader worker behind
 def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | Budget | None = None, *,
           target_macs: float | None = None, target_speedup: float | None = None,
           target_latency: float | None = None, settings: dict | None = None, config: str | None = None,

@@ -7,6 +7,7 @@ data it was measured on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from dataclasses import asdict, dataclass
@@ -616,6 +617,21 @@ def close_loaders() -> None:
     """Stop every reused loader's workers (the end of a run, or a test)."""
     while _LOADERS:
         close_loader(_LOADERS.pop(next(iter(_LOADERS))))
+
+
+@contextlib.contextmanager
+def closing_loaders():
+    """On leaving (error or not), stop the workers of every reused loader opened inside: a command or library
+    call leaves no worker process behind. Persistent workers with pinned memory (a CUDA run) otherwise made
+    the interpreter's exit wait on each of them (``--plan`` on an H200 never exited). Loaders opened before
+    are left to whoever opened them. Also a decorator."""
+    before = {id(cached) for cached in _LOADERS.values()}
+    try:
+        yield
+    finally:
+        for shape, cached in list(_LOADERS.items()):
+            if id(cached) not in before:
+                close_loader(_LOADERS.pop(shape))
 
 
 def seed_everything(seed: int) -> None:

@@ -26,6 +26,7 @@ from ...core.io import no_empty_folder_on_error
 from ...pruning.pipeline import PruneJob
 from ...pruning.plan import check_probe, read_probe
 from ...core.plugins import Registry
+from ...training.data import closing_loaders
 from ...pruning.run_start import run_key
 # the names other modules, benchmarks and tests import from hetprune.harness.compare
 from .report import aggregate, base_text, budget_text, markdown_table, mean_std, rows_csv, write_outputs  # noqa: F401
@@ -83,6 +84,7 @@ def python_call(function: str, **arguments) -> str:
     return f"hetprune.{function}(model, task, " + ", ".join(f"{k}={v!r}" for k, v in arguments.items()) + ")"
 
 
+@closing_loaders()   # the call leaves no loader worker behind
 def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,), seeds=(0,), *,
             settings: dict | None = None, out: str | Path = "runs/compare", resume: bool = False,
             overwrite: bool = False, batch_sizes=(1, 256), speed_budget_s: float = CompareSpec.speed_budget_s,
