@@ -317,7 +317,8 @@ class PruneJob:
 
 @dataclass
 class ScoringContext:
-    """What a scorer may use: the task (its batches and loss), the dense teacher, settings and a work folder."""
+    """What a scorer may use: the task (its batches and loss), the teacher of short_finetune (the dense model
+    unless that schedule names another), settings and a work folder."""
 
     data: DataBundle | None
     teacher: nn.Module
@@ -332,6 +333,7 @@ class ScoringContext:
     task: Task | None = None
     registry: Registry | None = None   # the job's (components a scorer builds, e.g. the remover it simulates)
     base_key: str = ""                 # the job's: what keys a checkpoint made from the dense model (its config too)
+    teacher_key: str = ""              # what keys the teacher (empty: its weights' hash)
     distributed: bool = False          # the scorer runs on every rank together (its training under DDP), not alone
     shared_states: Path | None = None  # where a learning scorer keeps states other selections from the same start
     #                                    continue from (gate-taylor: its gate phase after n removals)
@@ -370,8 +372,12 @@ class ScoringContext:
 
 
 def scoring_context(job: PruneJob, workdir: Path | None = None) -> ScoringContext:
+    """A scorer's view of ``job``; its teacher is short_finetune's, whose schedule a learning scorer (the gate
+    phase) trains on."""
+    teacher, teacher_key = job.teacher_for(job.train_config("short_finetune"))
     return ScoringContext(
-        data=job.data, task=job.task, registry=job.registry, teacher=job.dense, settings=job.settings, device=job.device,
+        data=job.data, task=job.task, registry=job.registry, teacher=teacher, teacher_key=teacher_key,
+        settings=job.settings, device=job.device,
         seed=job.seed, base_key=job.base_key, shared_states=job.workdir / "shared-selections",
         workdir=workdir or job.workdir / "scoring", progress=job.progress, resume=job.resume, log=job.log,
         on_epoch_end=lambda e, m: job.event("on_epoch_end", stage="select", epoch=e, metrics=m),

@@ -7,6 +7,7 @@ and the long fine-tune after pruning, so every strategy is trained alike.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -103,7 +104,7 @@ def grad_scaler(device: torch.device, amp: str) -> torch.amp.GradScaler:
 
 
 def optimisation_step(loss: torch.Tensor, optimizers: list, scaler, device: torch.device | None = None,
-                      distributed: bool = False) -> bool:
+                      distributed: bool = False, clip: TrainConfig | None = None) -> bool:
     """Backward, then one step of every optimizer through ``scaler``; False when the step was skipped.
 
     The one step every training loop takes, so AMP is handled alike everywhere.
@@ -111,6 +112,7 @@ def optimisation_step(loss: torch.Tensor, optimizers: list, scaler, device: torc
     is skipped and the scale backed off. A NaN loss (or an inf one without
     fp16) raises `NonFiniteLoss`. Under DDP the ranks' flags are summed,
     so all skip or stop together (or the others would wait forever).
+    ``clip``: the schedule whose ``clip_grad`` clips the first optimizer's gradients (the weights').
     """
     flags = torch.stack([torch.isnan(loss.detach()), torch.isinf(loss.detach())]).double()
     if distributed:
@@ -126,6 +128,8 @@ def optimisation_step(loss: torch.Tensor, optimizers: list, scaler, device: torc
         scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
         return False
     scaler.scale(loss).backward()   # without fp16 the scaler is off: plain backward and step
+    if clip is not None:
+        clip_gradients(optimizers[0], scaler, clip)
     for opt in optimizers:
         scaler.step(opt)
     scaler.update()
@@ -528,19 +532,28 @@ def train(
             where = f" and {start_step} of its {steps_per_epoch} steps" if start_step else ""
             log(f"resume: {desc} continues after epoch {start_epoch} of {cfg.epochs}{where}, from the checkpoint "
                 f"in {folder} saved {made_when([ckpt], 'saved_at')}")
-    restore_drop_path = set_drop_path(model, cfg.drop_path) if cfg.drop_path is not None else None
-    was_distilled = distilled_training(model, True) if cfg.kd_token else None
-    try:
+    with training_modes(model, cfg):
         history = _train_epochs(model, source, cfg, teacher, device, amp, scaler, optimizer, scheduler, ema, folder,
                                 start_epoch, start_step, history, best, carried, steps_per_epoch, distributed, rank,
                                 world, progress, desc, on_epoch_end, eval_each_epoch, resume_key)
+    model.eval()
+    return history
+
+
+@contextlib.contextmanager
+def training_modes(model: nn.Module, cfg: TrainConfig):
+    """``model`` as a schedule trains it: stochastic depth at ``drop_path`` and a distilled model's two heads
+    for ``kd_token``; put back as it was afterwards. Every loop that trains on a schedule (a fine-tune,
+    gate-taylor's gate phase) trains in it."""
+    restore_drop_path = set_drop_path(model, cfg.drop_path) if cfg.drop_path is not None else None
+    was_distilled = distilled_training(model, True) if cfg.kd_token else None
+    try:
+        yield model
     finally:
         if restore_drop_path is not None:
             restore_drop_path()
         if was_distilled is not None:
             model.set_distilled_training(was_distilled)
-    model.eval()
-    return history
 
 
 def _train_epochs(model, source, cfg, teacher, device, amp, scaler, optimizer, scheduler, ema, folder, start_epoch,
@@ -648,8 +661,6 @@ def _train_epochs(model, source, cfg, teacher, device, amp, scaler, optimizer, s
 def _accumulate(net, ddp, source, batch, share, whole, world, cfg, teacher, device, amp, scaler, distributed):
     """One global batch's gradients (this rank's share, in ``accum_steps`` micro-batches, DDP synchronising
     the last only): ``(sum of item losses, [NaNs, infs] among them)``, both on the device."""
-    import contextlib
-
     parts = split_batch(batch, cfg.accum_steps) if cfg.accum_steps > 1 else [(batch, share)]
     if cfg.accum_steps > 1 and not share:
         parts = parts[:1]
@@ -692,14 +703,22 @@ def _fp16_decision(flags, scaler, distributed: bool) -> bool:
 
 
 def _optimizer_step(model, optimizer, scaler, cfg: TrainConfig) -> None:
-    """Clip (timm's ``dispatch_clip_grad``, on unscaled gradients) and step."""
-    if cfg.clip_grad is not None:
-        from timm.utils import dispatch_clip_grad
-
-        scaler.unscale_(optimizer)
-        dispatch_clip_grad([p for p in model.parameters() if p.grad is not None], cfg.clip_grad, cfg.clip_mode)
+    """Clip and step."""
+    clip_gradients(optimizer, scaler, cfg)
     scaler.step(optimizer)
     scaler.update()
+
+
+def clip_gradients(optimizer, scaler, cfg: TrainConfig) -> None:
+    """``cfg.clip_grad`` (timm's ``dispatch_clip_grad``, on unscaled gradients) on ``optimizer``'s parameters;
+    nothing where it is null."""
+    if cfg.clip_grad is None:
+        return
+    from timm.utils import dispatch_clip_grad
+
+    scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    dispatch_clip_grad(params, cfg.clip_grad, cfg.clip_mode)
 
 
 def _stopped(desc: str, exc: NonFiniteLoss, epoch: int, step: int, lr: float | None, folder):

@@ -138,7 +138,7 @@ class PipelineChecks:
                                 "scorer": run.scorer, "scorer_options": run.options_for("scorer", run.scorer),
                                 "scoring": self.select_job.config.scoring, "short": run.short_finetune, "finetune": run.finetune,
                                 "removers": [run.attn_remover, run.act_remover], "split": job.choice_split,
-                                "amp": job.amp, "v": 1})
+                                "amp": job.amp, "v": 2})   # 2: gate-taylor's phase on short_finetune's whole schedule
         self.sites: dict[Split, list] = {}
         self.models: dict[Split, object] = {}
         self.candidates: list[Split] = []   # the splits being checked: which removals their selections share

@@ -310,7 +310,7 @@ class GradualPoints(PointScheme):
         # scoring.subset images), never the point_finetune section, which no gradual point uses
         return fingerprint({**self.common, "point_selection": "gradual", "scorer": self.selector,
                             "scorer_options": self.selector_options, "selector_schedule": run.short_finetune,
-                            "scoring": run.scoring})
+                            "scoring": run.scoring, "v": 2})   # 2: gate-taylor's phase on the whole schedule
 
     def plan_steps(self, plan, pairs):
         """Each point is the selector's own phase for its split, then an evaluation (``--plan``)."""

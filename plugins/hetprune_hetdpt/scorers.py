@@ -299,9 +299,9 @@ class GateTaylorScorer:
         ctx.place(model)
         attn_mode = _attn_mode(ctx)
         # the checkpoint is reused only for the same start, candidates, schedule, data and settings
-        key = {"starting weights": weights_key(model), "teacher": weights_key(ctx.teacher),
+        key = {"starting weights": weights_key(model), "teacher": ctx.teacher_key or weights_key(ctx.teacher),
                "base": ctx.base_key or None, "candidates": [str(s) for s in candidates], "schedule": order,
-               "data": ctx.task.key,
+               "data": ctx.task.key, "learning rate": LR_SCHEDULE,
                "training settings": cfg.to_dict(), "attention removal": attn_mode,
                "gate options": {"epochs_per_removal": self.epochs_per_removal, "warmup_epochs": self.warmup_epochs,
                                 "score_lr": self.score_lr,
@@ -342,43 +342,56 @@ class GateTaylorScorer:
             if ctx.progress and step < len(order):
                 ctx.log(f"  gate-taylor: the gate phase on all {world} ranks (exact DDP, "
                         f"{training.batch_split(cfg, world)})")
-        try:
-            for i in range(step, len(order)):
-                epochs = self.epochs_per_removal + (self.warmup_epochs if i == 0 else 0)
-                if ctx.task.own_finetune:
-                    loss = self._own_loop(model, teacher, cfg, epochs, bank, ctx, seed=ctx.seed * 7919 + i * 31)
-                for e in range(0 if ctx.task.own_finetune else epochs):
-                    loss = self._epoch(net, teacher, cfg, [opt_w, opt_s], scaler, ctx, device, amp,
-                                       seed=ctx.seed * 7919 + i * 31 + e, rank=rank, world=world,
-                                       distributed=distributed)
-                kind = order[i]
-                active = bank.active(kind)
-                victim = min(active, key=lambda s: (bank.score_of(s), s.block))
-                bank.switch_off(victim)
-                removed.append(victim)
-                with torch.no_grad():   # evidence gathered before this removal counts less (1: all of it)
-                    bank.scores.mul_(self.score_decay)
-                if ctx.on_epoch_end:
-                    ctx.on_epoch_end(i + 1, {"loss": loss, "removed": str(victim)})
-                if ctx.progress:
-                    ctx.log(f"  gate-taylor: step {i + 1}/{len(order)} removed {victim} "
-                            f"(score {bank.score_of(victim):+.4f}), loss {loss:.4f}")
-                if not distributed or dist.is_main():   # under DDP every rank holds the same state: rank 0 writes
-                    saved = {"model": model.state_dict(), "opt_w": opt_w.state_dict(), "opt_s": opt_s.state_dict(),
-                             "scaler": scaler.state_dict(), "step": i + 1, "key": key, "saved_at": now()}
-                    _save(saved, ckpt_path)
-                    note_saved(f"a gate checkpoint in {ckpt_path.parent}")
-                if ctx.shared_states is not None and i + 1 in ctx.keep_states_at:   # for selections sharing it
-                    prefix = {**key, "schedule": order[:i + 1]}
-                    path = _shared_path(ctx.shared_states, prefix)
-                    if not distributed or dist.is_main():
-                        _save({**saved, "key": prefix}, path)
-                    _KEPT.add(str(path))   # on every rank: they look for it together
-        finally:
-            self.last_scores = {str(s): bank.score_of(s) for s in candidates}
-            gates.uninstall(model, handles)
+        steps = 0 if ctx.task.own_finetune else ctx.task.source().steps_per_epoch(cfg)
+        lr = None
+        with training.training_modes(model, cfg):   # drop path, a distilled model's heads: as a fine-tune trains
+            try:
+                for i in range(step, len(order)):
+                    epochs = self.epochs_per_removal + (self.warmup_epochs if i == 0 else 0)
+                    if ctx.task.own_finetune:
+                        loss = self._own_loop(model, teacher, cfg, epochs, bank, ctx, seed=ctx.seed * 7919 + i * 31)
+                    else:
+                        lr = self.interval_schedule(opt_w, cfg, epochs, i == 0, steps)
+                    for e in range(0 if ctx.task.own_finetune else epochs):
+                        loss = self._epoch(net, teacher, cfg, [opt_w, opt_s], scaler, ctx, device, amp,
+                                           seed=ctx.seed * 7919 + i * 31 + e, rank=rank, world=world,
+                                           distributed=distributed, lr=lr, first_step=e * steps)
+                    kind = order[i]
+                    active = bank.active(kind)
+                    victim = min(active, key=lambda s: (bank.score_of(s), s.block))
+                    bank.switch_off(victim)
+                    removed.append(victim)
+                    with torch.no_grad():   # evidence gathered before this removal counts less (1: all of it)
+                        bank.scores.mul_(self.score_decay)
+                    if ctx.on_epoch_end:
+                        ctx.on_epoch_end(i + 1, {"loss": loss, "removed": str(victim)})
+                    if ctx.progress:
+                        ctx.log(f"  gate-taylor: step {i + 1}/{len(order)} removed {victim} "
+                                f"(score {bank.score_of(victim):+.4f}), loss {loss:.4f}")
+                    if not distributed or dist.is_main():   # under DDP every rank holds the same state: rank 0 writes
+                        saved = {"model": model.state_dict(), "opt_w": opt_w.state_dict(), "opt_s": opt_s.state_dict(),
+                                 "scaler": scaler.state_dict(), "step": i + 1, "key": key, "saved_at": now()}
+                        _save(saved, ckpt_path)
+                        note_saved(f"a gate checkpoint in {ckpt_path.parent}")
+                    if ctx.shared_states is not None and i + 1 in ctx.keep_states_at:   # for selections sharing it
+                        prefix = {**key, "schedule": order[:i + 1]}
+                        path = _shared_path(ctx.shared_states, prefix)
+                        if not distributed or dist.is_main():
+                            _save({**saved, "key": prefix}, path)
+                        _KEPT.add(str(path))   # on every rank: they look for it together
+            finally:
+                self.last_scores = {str(s): bank.score_of(s) for s in candidates}
+                gates.uninstall(model, handles)
         model.eval()
         return removed
+
+    @staticmethod
+    def interval_schedule(optimizer, cfg, epochs: int, first: bool, steps: int):
+        """The weights' learning rate over the epochs up to one removal: short_finetune's warm-up (at the
+        phase's start) and cosine decay to its ``min_lr``, restarted after every removal (the release's cyclic
+        cosine), so a selection that shares another's first removals shares their schedule too."""
+        interval = dataclasses.replace(cfg, epochs=epochs, warmup_epochs=cfg.warmup_epochs if first else 0)
+        return training.make_scheduler(optimizer, interval, training.scaled_lr(cfg), steps)
 
     @staticmethod
     def _resume(path: Path, key: dict, ctx, device, distributed: bool) -> dict | None:
@@ -431,20 +444,23 @@ class GateTaylorScorer:
 
     @staticmethod
     def _epoch(net, teacher, cfg, optimizers, scaler, ctx, device, amp, seed: int, rank: int = 0, world: int = 1,
-               distributed: bool = False) -> float:
+               distributed: bool = False, lr=None, first_step: int = 0) -> float:
         """One epoch of the gate phase: the fine-tune's own batches and step (autocast, fp32 loss, GradScaler)
         on both optimizers; the straight-through gates need nothing more. Under DDP (``net`` wraps the
         model) each rank takes its share of every global batch, its loss weighted by that share as the
-        trainer weighs it, so the weights and the gate scores move as in one process."""
+        trainer weighs it, so the weights and the gate scores move as in one process. ``lr``: the weights'
+        scheduler (`interval_schedule`), at step ``first_step`` of it when the epoch begins."""
         net.train()
         torch.manual_seed(seed)
         source = ctx.task.source()   # the task's training batches and loss, as every fine-tune sees them
         totals = torch.zeros(2, dtype=torch.float64)
-        for batch, share, items in source.epoch(cfg, seed, rank, world, device, distributed):
+        for n, (batch, share, items) in enumerate(source.epoch(cfg, seed, rank, world, device, distributed)):
+            if lr is not None:
+                lr.step_update(first_step + n)
             loss = source.loss(net, batch, teacher, cfg, device, amp)
             try:
                 stepped = training.optimisation_step(training.share_weighted(loss, share, items, world), optimizers,
-                                                     scaler, device, distributed)
+                                                     scaler, device, distributed, clip=cfg)
             except training.NonFiniteLoss as exc:
                 raise HetpruneError(f"gate-taylor: loss became {exc.value}; lower short_finetune.lr") from None
             if stepped and share:
@@ -480,6 +496,7 @@ class GateTaylorScorer:
 
 
 _KEPT: set[str] = set()   # the shared gate states this process kept: taken without --resume too
+LR_SCHEDULE = "warm-up, cosine per removal"   # in the gate states' key: those of a constant rate are not reused
 
 
 def _shared_path(folder: Path, prefix_key: dict) -> Path:

@@ -1,0 +1,94 @@
+"""Issue 56: every setting a run accepts is used where it runs, or refused before anything trains."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from hetprune import HetpruneError
+from hetprune.harness.testing import tiny_job
+from hetprune.pruning.budget import Budget
+from hetprune.pruning.pipeline import select_sites
+from hetprune.training import train as train_mod
+
+# a separate teacher small enough for a test: a timm ViT of depth 1 for the tiny digits
+TEACHER = {"teacher": "vit_tiny_patch16_224",
+           "teacher_kwargs": {"img_size": 16, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 32,
+                              "depth": 1, "num_heads": 2}}
+GATE = {"scorer": "gate-taylor", "scoring": {"subset": 32},
+        "scorer_options": {"gate-taylor": {"warmup_epochs": 1, "epochs_per_removal": 1}}}
+
+
+def hetdpt():
+    from hetprune_hetdpt.strategy import HetDPT
+
+    return HetDPT()
+
+
+def watch_steps(monkeypatch) -> list[dict]:
+    """What each training step of any loop saw: its teacher, the student's drop-path rates, and (a gate
+    phase's step) the weights' learning rate and whether gradients were clipped."""
+    from timm.layers import DropPath
+
+    seen: list[dict] = []
+    real_loss, real_step = train_mod.ClassificationSource.loss, train_mod.optimisation_step
+
+    def loss(self, net, batch, teacher, cfg, device, amp):
+        model = getattr(net, "module", net)
+        seen.append({"teacher": teacher, "drop": [m.drop_prob for m in model.modules() if isinstance(m, DropPath)]})
+        return real_loss(self, net, batch, teacher, cfg, device, amp)
+
+    def step(loss, optimizers, scaler, *args, **kwargs):
+        seen[-1].update(lr=optimizers[0].param_groups[0]["lr"], clip=kwargs.get("clip"))
+        return real_step(loss, optimizers, scaler, *args, **kwargs)
+
+    monkeypatch.setattr(train_mod.ClassificationSource, "loss", loss)
+    monkeypatch.setattr(train_mod, "optimisation_step", step)
+    return seen
+
+
+# -- defect 1: the gate phase distils from short_finetune's teacher, and is keyed by it ---------------------------
+
+def test_the_gate_phase_distils_from_short_finetunes_teacher_and_its_checkpoint_is_keyed_by_it(tmp_path, monkeypatch):
+    job = tiny_job(Budget(sites=2), tmp_path, hetdpt(), settings={**GATE, "short_finetune": {**TEACHER, "kd": "soft"}})
+    teacher, teacher_key = job.teacher_for(job.train_config("short_finetune"))
+    seen = watch_steps(monkeypatch)
+    select_sites(job, copy.deepcopy(job.dense), {"attn": 1, "act": 1})
+    assert seen and all(s["teacher"] is teacher for s in seen)
+    key = torch.load(tmp_path / "scoring" / "gate-checkpoint.pt", weights_only=True)["key"]
+    assert key["teacher"] == teacher_key != job.base_key
+
+
+# -- suspect 1: the gate phase trains on short_finetune's schedule, not only its rate and batch --------------------
+
+def test_the_gate_phase_takes_short_finetunes_warm_up_cosine_drop_path_and_clipping(tmp_path, monkeypatch):
+    schedule = {"lr": 1e-3, "warmup_epochs": 1, "warmup_lr": 1e-6, "min_lr": 1e-5, "drop_path": 0.3,
+                "clip_grad": 1.0, "kd": "none"}
+    job = tiny_job(Budget(sites=2), tmp_path, hetdpt(), settings={**GATE, "short_finetune": schedule})
+    seen = watch_steps(monkeypatch)
+    model = copy.deepcopy(job.dense)
+    select_sites(job, model, {"attn": 1, "act": 1})
+    # 32 images at batch 16: 2 steps an epoch; removal 1 after 2 epochs (1 of warm-up), removal 2 after 1 more
+    lrs = [s["lr"] for s in seen]
+    assert len(lrs) == 6
+    assert lrs[0] == pytest.approx(1e-6)                   # the schedule's warm-up from warmup_lr ...
+    assert lrs[1] < lrs[2] and lrs[3] < lrs[2] < 1e-3      # ... then a cosine decay
+    assert lrs[4] == pytest.approx(1e-3) and lrs[5] < lrs[4]   # restarted after the first removal, no warm-up
+    assert all(s["drop"] == pytest.approx([0.1, 0.1, 0.2, 0.2, 0.3, 0.3]) for s in seen)   # timm's rule, 4 blocks
+    assert all(s["clip"] is not None and s["clip"].clip_grad == 1.0 for s in seen)
+    assert not any(type(m).__name__ == "DropPath" for m in model.modules())   # put back as it was built
+
+
+def test_clipping_reaches_the_weights_of_a_gate_phase_step(monkeypatch):
+    """``optimisation_step(clip=cfg)`` clips the first optimizer's gradients (the weights'), not the others'."""
+    from hetprune.core.config import TrainConfig
+
+    w, s = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt_w, opt_s = torch.optim.SGD([w], lr=1.0), torch.optim.SGD([s], lr=1.0)
+    loss = 100 * (w.sum() + s.sum())
+    scaler = train_mod.grad_scaler(torch.device("cpu"), "none")
+    train_mod.optimisation_step(loss, [opt_w, opt_s], scaler, clip=TrainConfig(clip_grad=0.5))
+    assert float(w.grad.norm()) == pytest.approx(0.5)
+    assert float(s.grad.norm()) == pytest.approx(100 * 3 ** 0.5)
