@@ -310,3 +310,65 @@ def test_bench_onnx_files_are_checked_before_any_model_is_exported(pruned_dir, t
     with pytest.raises(HetpruneError, match="has a fixed batch of 1"):
         bench.measure({"m": hetprune.load(pruned_dir)}, SHAPE, [2], device="cpu", backend="onnxruntime",
                       onnx_files={"f": fixed})
+
+
+def test_low_precision_runs_under_autocast_or_in_cast_weights_and_each_row_says_which(tiny_model, monkeypatch):
+    """``cast="weights"`` times a bf16 copy of each model on bf16 input (the caller's model stays fp32);
+    ``autocast`` the fp32 model under autocast. Rows and the environment line name the precision."""
+    seen = []
+    real = bench.timing.Runner.__init__
+
+    def watch(self, model, x, device, dtype, fn=None):
+        seen.append((None if model is None else next(model.parameters()).dtype, None if x is None else x.dtype,
+                     dtype))
+        real(self, model, x, device, dtype, fn)
+
+    monkeypatch.setattr(bench.timing.Runner, "__init__", watch)
+    for cast, want in (("weights", (torch.bfloat16, torch.bfloat16, "fp32")),
+                       ("autocast", (torch.float32, torch.float32, "bf16"))):
+        seen.clear()
+        result = bench.measure({"m": tiny_model}, SHAPE, [2], device="cpu", dtype="bf16", cast=cast, repeats=1,
+                               warmup=0, min_time_s=0)
+        assert seen and set(seen) == {want}
+        assert result["results"][0]["precision"] == f"bf16 {cast}" == result["environment"]["precision"]
+        assert f"bf16 {cast}" in bench.environment_line(result)
+        assert tiny_model.cls_token.dtype == torch.float32
+    fp32 = bench.measure({"m": tiny_model}, SHAPE, [2], device="cpu", cast="weights", repeats=1, warmup=0,
+                         min_time_s=0)
+    assert fp32["results"][0]["precision"] == "fp32" and fp32["environment"]["fp32_matmuls"] == "fp32"
+    with pytest.raises(HetpruneError, match="cast must be one of autocast, weights"):
+        bench.measure({"m": tiny_model}, SHAPE, [1], device="cpu", dtype="bf16", cast="half")
+
+
+def test_tf32_is_set_where_the_gpu_has_it_and_reported(monkeypatch):
+    """TF32 for fp32 matmuls on a GPU that has it (on by default, as timm's trainers); a CPU is left alone."""
+    from hetprune.core import devices
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        assert devices.set_tf32(torch.device("cpu"), True) == "fp32"
+        assert torch.get_float32_matmul_precision() == before   # untouched on a CPU
+        monkeypatch.setattr(devices, "has_tf32", lambda device: True)   # an Ampere-or-later GPU
+        assert devices.set_tf32(torch.device("cuda", 0), True) == "tf32"
+        assert torch.get_float32_matmul_precision() == "high" and devices.fp32_matmuls(torch.device("cuda")) == "tf32"
+        assert devices.set_tf32(torch.device("cuda", 0), False) == "fp32"
+        assert torch.get_float32_matmul_precision() == "highest"
+        assert devices.fp32_matmuls(torch.device("cuda")) == "fp32"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_the_bench_command_passes_cast_and_tf32(monkeypatch, capsys):
+    import hetprune.measure.bench as bench_pkg
+
+    seen = {}
+
+    def fake(models, shape, sizes, **kwargs):
+        seen.update(kwargs)
+        raise HetpruneError("stop here")
+
+    monkeypatch.setattr(bench_pkg, "measure", fake)
+    kwargs = '{"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 2}'
+    assert main(["bench", "vit_tiny_patch16_224", "--model-kwargs", kwargs, "--device", "cpu", "--dtype", "bf16",
+                 "--cast", "weights", "--tf32", "off"]) == 2
+    assert seen["cast"] == "weights" and seen["tf32"] is False and seen["dtype"] == "bf16"

@@ -309,3 +309,20 @@ def test_the_device_defaults_to_auto_and_the_run_says_which_it_resolved_to(digit
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert result.report["settings"]["device"] == expected
     assert any(line.startswith(f"device: {expected}") for line in said), said
+
+
+def test_a_run_sets_tf32_as_its_setting_says_and_a_change_keys_the_run(monkeypatch, trained_tiny, tmp_path):
+    """``tf32`` (default true) reaches the device when a run starts; false keys what the run makes (its plan's
+    key here), true, the default, is left out of the settings (keys made before it do not move)."""
+    calls = []
+    monkeypatch.setattr(devices, "set_tf32", lambda device, on=True: calls.append((device.type, on)) or "fp32")
+    keys = []
+    for i, extra in enumerate(([], ["--set", "tf32=false"], ["--set", "tf32=true"])):
+        out = tmp_path / f"out{i}"
+        assert main(["prune", *model_args(trained_tiny), "--strategy", "act-only", "--budget", "1", "--device", "cpu",
+                     *FAST, *extra, "--plan", "--plan-probe", "0", "--out", str(out)]) == 0
+        assert calls[-1] == ("cpu", extra != ["--set", "tf32=false"])
+        keys.append(json.loads((tmp_path / f"out{i}.work" / "plan.json").read_text())["key"])
+    assert keys[0] == keys[2] != keys[1]
+    assert main(["prune", *model_args(trained_tiny), "--budget", "1", "--set", "tf32=maybe", "--plan", "--plan-probe", "0",
+                 "--out", str(tmp_path / "bad")]) == 2

@@ -420,6 +420,9 @@ class RunSettings(Section):
     scoring: dict = setting(help="the batches one-shot scorers read (see ScoringConfig)",
                             factory=lambda: ScoringConfig().to_dict())
     # -- left out of a run's settings while unset (OMITTED), so keys made before them do not move -------------
+    tf32: bool = setting(True, "fp32 matmuls in TF32 on GPUs that have it (Ampere and later), as timm's trainers "
+                               "run them: about 8x the fp32 rate, with a 10-bit mantissa; false: full fp32. No "
+                               "effect on a CPU")
     augment: str | None = setting(None, "an ImageFolder's training augmentation: light, imagenet, none or paper "
                                         "(null: the --augment option's, light by default)")
     selection: int | None = setting(None, "items held out of the training data as the selection split, on which "
@@ -439,6 +442,7 @@ class RunSettings(Section):
                   "a list of merger names")
         self.need("seed", whole(self.seed), "a whole number")
         self.need("amp", self.amp in AMPS, f"one of {', '.join(AMPS)}")
+        self.need("tf32", isinstance(self.tf32, bool), "true or false")
         self.need("dist_timeout_min", number(self.dist_timeout_min) and self.dist_timeout_min > 0, "minutes > 0")
         for name in ("scorer_options", "cost_model_options"):
             value = getattr(self, name)
@@ -464,7 +468,7 @@ class RunSettings(Section):
         return dict(getattr(self, f"{kind}_options").get(name) or {})
 
 
-OMITTED = {"augment": None, "selection": None}   # top-level settings left out of a run's settings at these values
+OMITTED = {"augment": None, "selection": None, "tf32": True}   # top-level settings left out of a run's settings at these values
 CORE_DEFAULTS: dict = {k: v for k, v in RunSettings().to_dict().items() if k not in OMITTED}
 UNKEYED = ("dist_timeout_min",)   # top-level settings that shape no result: left out of every key
 

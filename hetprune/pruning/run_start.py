@@ -32,6 +32,7 @@ from ..core.errors import HetpruneError, option
 from ..core.io import ResultFolder, check_result_folder, make_result_folder
 from ..model.spec import ModelSpec, model_hash
 from .pipeline import resolve_adapter
+from .plan import val_size
 from ..core.plugins import Registry, get_registry
 from ..training.resume import base_key
 from ..training.task import Task, as_task, check_data_fits, reuse_tag
@@ -105,6 +106,7 @@ class RunStart:
             check_schedules_fit(task, self.config)   # ImageNet with the embedded benchmarks' toy schedule stops here
         if not self.scoring_chosen:
             check_scoring_fits(task, self.config, self.registry)   # ... and a toy scoring subset a scorer trains on
+        check_selection(task, self.config.selection)   # a setting the task's own data would silently ignore
         devices.place(model, self.device)
         check_data_fits(task, model)   # a digits model on digit-pairs data (10 against 19 classes) fails now
         info = dense_info(model, task, spec, base_info, self.settings, measure)
@@ -188,6 +190,23 @@ def check_scoring_fits(task: Task, run: config_mod.RunSettings, registry: Regist
         f"({_shipped()})")
 
 
+def check_selection(task: Task, wanted: int | None) -> None:
+    """Refuse a ``selection`` setting the task's data does not hold: the setting sizes the selection split of
+    data hetprune loads (the command line's ``--data``), while a Task or DataBundle built by the caller brings
+    its own split, so a setting that says otherwise would be reported but never used."""
+    if wanted is None:
+        return
+    held = val_size(task, "selection") if task.choice_split == "selection" else 0
+    if held == wanted or (held is None and wanted > 0):
+        return
+    has = ("no selection split" if held == 0 else
+           "a selection split of unknown size" if held is None else f"a selection split of {held:,} items")
+    raise HetpruneError(f"the selection setting ({wanted}) does not match the task's data, which has {has}: the "
+                        "setting sizes the split of data hetprune loads (--data); a Task or DataBundle you build "
+                        "brings its own (Task(selection=...)): build it with the split you want and leave the "
+                        "setting null")
+
+
 def _non_embedded_train_size(task: Task) -> int | None:
     """The task's training set size where the default schedules may not suit it: None for an embedded
     benchmark (the defaults were made for them) and for a training set of unknown size."""
@@ -214,6 +233,7 @@ def run_device(settings: dict) -> torch.device:
     name = devices.canonical(run.device)
     device = devices.resolve(name)
     settings.update(config_mod.changed(settings, device=name, amp=devices.resolve_amp(run.amp, device)))
+    devices.set_tf32(device, run.tf32)
     dist.init_from_env(device, run.dist_timeout_min)
     settings.update(config_mod.per_gpu_resolved(settings, dist.world()))   # batch_per_gpu: the global batch from now on
     return device

@@ -10,8 +10,10 @@ Models are timed interleaved in one process (A, B, A, B, ...) after a
 warm-up; the table gives the median latency per batch, its spread (IQR),
 images/s, params, MACs and, with a reference, speedup beside the MAC ratio.
 A folder's reference defaults to the dense base model of its recipe, freshly
-built: weights are random, which does not change speed. bf16 on CPU runs under
-autocast (fast only on CPUs with native bf16); fp16 is for CUDA only.
+built: weights are random, which does not change speed. bf16 and fp16 run under
+autocast over fp32 weights, or with `--cast weights` in that dtype's weights (bf16
+on CPU is fast only on CPUs with native bf16; fp16 is for CUDA only); fp32
+matmuls run in TF32 on GPUs that have it unless `--tf32 off`.
 `--backend onnxruntime` exports every model to ONNX (verified against
 PyTorch) and times the ONNX Runtime sessions the same way (needs the export
 extra: pip install 'hetprune[export]'; CUDA needs onnxruntime-gpu); `--onnx FILE`
@@ -41,6 +43,12 @@ def add_arguments(p) -> None:
                         "same interleaved session (--backend onnxruntime)")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
                    help="fp32, or autocast to bf16 / fp16 (fp16: CUDA only)")
+    p.add_argument("--cast", default="autocast", choices=("autocast", "weights"),
+                   help="with --dtype bf16/fp16: autocast over fp32 weights (default; what training runs), or "
+                        "weights: the models' weights cast to that dtype (what one deploys; no casts per call)")
+    p.add_argument("--tf32", default="on", choices=("on", "off"),
+                   help="fp32 matmuls in TF32 on GPUs that have it (default on, as timm's trainers do); the "
+                        "environment line says what ran")
     p.add_argument("--compile", action="store_true", help="torch.compile every model first (warm-up absorbs it)")
     p.add_argument("--model-kwargs", metavar="JSON",
                    help="timm.create_model arguments for model names, e.g. '{\"img_size\": 384}'")
@@ -145,7 +153,8 @@ def run(args) -> int:
     print(f"timing {', '.join([*models, *files])} on input {shape}, batch sizes {sizes}, backend {args.backend} ...")
     result = measure(models, shape, sizes, device=args.device, dtype=args.dtype, compile=args.compile,
                      repeats=args.repeats, warmup=args.warmup, min_time_s=args.min_time, reference=reference,
-                     threads=args.threads, log=print, backend=args.backend, onnx_files=files)
+                     threads=args.threads, log=print, backend=args.backend, onnx_files=files, cast=args.cast,
+                     tf32=args.tf32 == "on")
     result["command"] = {"target": args.target, "against": args.against, "recipe": recipe.to_dict() if recipe else None}
     print(format_table(result, markdown=args.markdown))
     if args.per_block:

@@ -38,8 +38,8 @@ tables people read).
 
 from .environment import BACKENDS, DEVICES, DTYPES, check_dtype, cpu_name, environment, load_average, resolve_device
 from .report import environment_line, format_per_block, format_table
-from .timing import OrtRunner, Runner, measure, per_block, summarize, time_interleaved
+from .timing import CASTS, OrtRunner, Runner, measure, per_block, precision_of, summarize, time_interleaved
 
-__all__ = ["BACKENDS", "DEVICES", "DTYPES", "OrtRunner", "Runner", "check_dtype", "cpu_name", "environment", "environment_line",
-           "format_per_block", "format_table", "load_average", "measure", "per_block", "resolve_device",
+__all__ = ["BACKENDS", "CASTS", "DEVICES", "DTYPES", "OrtRunner", "Runner", "check_dtype", "cpu_name", "environment", "environment_line",
+           "format_per_block", "format_table", "load_average", "measure", "per_block", "precision_of", "resolve_device",
            "summarize", "time_interleaved"]

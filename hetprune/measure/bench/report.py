@@ -36,7 +36,8 @@ def environment_line(result: dict) -> str:
     ort = (f", onnxruntime {env['onnxruntime']} ({', '.join(env['providers'])})"
            if env.get("backend") == "onnxruntime" else "")
     return (f"{env['device_name']} ({env['device']}), torch {env['torch']}{ort}, {env['threads']} threads, "
-            f"{env['dtype']}{', compiled' if env['compile'] else ''}; load average "
+            f"{env.get('precision', env['dtype'])}{', compiled' if env['compile'] else ''}"
+            f"{', fp32 matmuls in TF32' if env.get('fp32_matmuls') == 'tf32' else ''}; load average "
             f"{env.get('load_start')} at start, {env.get('load_end')} at end")
 
 

@@ -5,6 +5,7 @@ runners; `measure` (whole models) and `per_block` (each block's parts).
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 import time
@@ -19,6 +20,14 @@ from ...core import devices
 from ...core.errors import HetpruneError
 from ...model.macs import CONVENTION, count_macs, count_params
 from .environment import BACKENDS, DEVICES, DTYPES, check_dtype, environment, load_average, resolve_device
+
+
+CASTS = ("autocast", "weights")   # how a bf16/fp16 timing runs the model (`measure`)
+
+
+def precision_of(dtype: str, cast: str) -> str:
+    """What a row ran in: ``fp32``, ``bf16 autocast`` (fp32 weights, matmuls cast per call) or ``bf16 weights``."""
+    return dtype if DTYPES[dtype] is None else f"{dtype} {cast}"
 
 
 # -- timing --------------------------------------------------------------------
@@ -220,11 +229,13 @@ def _is_oom(exc: BaseException) -> bool:
 
 def _time_batch(models: dict, input_shape: tuple, batch: int, device: torch.device, dtype: str,
                 repeats: int, warmup: int, min_time_s: float, log, ort: bool = False,
-                budget_s: float | None = None, **until) -> dict[str, dict]:
+                budget_s: float | None = None, cast: str = "autocast", **until) -> dict[str, dict]:
     """Time every model (torch modules, or ONNX Runtime sessions with ``ort``) at one batch size, interleaved;
-    raises on OOM."""
+    raises on OOM. ``cast="weights"``: the models hold ``dtype`` weights and take ``dtype`` input (no autocast)."""
     x = torch.randn(batch, *input_shape)
     x = x if ort else devices.place(x, device)   # the one door to a run's device (and a test's watch)
+    if cast == "weights" and DTYPES[dtype] is not None:
+        x, dtype = x.to(DTYPES[dtype]), "fp32"   # the model is already in that dtype: nothing to autocast
     runners = {name: OrtRunner(m, x, dtype) if ort else Runner(m, x, device, dtype) for name, m in models.items()}
     peak = {}
     if device.type == "cuda" and not ort:  # peak memory, one model at a time (interleaving would mix them)
@@ -318,7 +329,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
             min_time_s: float = 0.2, reference: str | None = None, threads: int | None = None,
             log: Callable[[str], None] | None = None, backend: str = "torch", budget_s: float | None = None,
             spread_target: float | None = None, spread_budget_s: float | None = None,
-            onnx_files: dict | None = None) -> dict:
+            onnx_files: dict | None = None, cast: str = "autocast", tf32: bool = True) -> dict:
     """Time ``models`` (name -> module) on random input of shape ``(B, *input_shape)``.
 
     ``reference`` names the model others are compared with (speedup = its
@@ -331,8 +342,11 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
     seconds per batch size, until every speedup over the reference is known within it; each row says its
     speedup's spread either way (``speedup_spread``: half the per-round IQR, relative). ``onnx_files`` (name ->
     path; backend ``onnxruntime``): ONNX files timed as they are in the same interleaved session, after the
-    models (an INT8 export beside the fp32 models it came from). Returns a JSON-ready
-    dict:
+    models (an INT8 export beside the fp32 models it came from). ``cast`` (bf16, fp16): ``autocast`` runs
+    fp32 weights under autocast (what training does), ``weights`` a copy of each model with its weights in
+    that dtype and input in it too (what one deploys: no casts per call); each row's ``precision`` says which.
+    ``tf32``: fp32 matmuls on a GPU that has TF32 run in it (``environment.fp32_matmuls`` says what ran).
+    Returns a JSON-ready dict:
     ``environment``, ``models`` (params, MACs), ``results`` (one row per model
     and batch size).
     """
@@ -355,6 +369,10 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
     if backend not in BACKENDS:
         raise HetpruneError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     ort = backend == "onnxruntime"
+    if cast not in CASTS:
+        raise HetpruneError(f"cast must be one of {', '.join(CASTS)}, got {cast!r}")
+    if ort and cast != "autocast":
+        raise HetpruneError("--cast weights is for the torch backend; ONNX Runtime runs the exported graph's dtype")
     if ort and (compile or dtype == "bf16"):
         raise HetpruneError("--compile and --dtype bf16 are for the torch backend; ONNX Runtime runs fp32, "
                             "or fp16 (CUDA)")
@@ -374,6 +392,10 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
     try:
         env = environment(dev, dtype, compile)
         env["backend"] = backend
+        precision = precision_of(dtype, cast)
+        env["precision"] = precision
+        if not ort:
+            env["fp32_matmuls"] = devices.set_tf32(dev, tf32)
         costs, runnable = {}, {}
         example = torch.randn(1, *input_shape)
         example = example if ort else devices.place(example, dev)
@@ -382,6 +404,8 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
             if not ort:
                 model = devices.place(model, dev)
             costs[name] = {"params": count_params(model), "macs": count_macs(model, example)}
+            if cast == "weights" and DTYPES[dtype] is not None:   # a copy: the caller's model stays as it was
+                model = copy.deepcopy(model).to(DTYPES[dtype])
             runnable[name] = torch.compile(model) if compile else model
         if ort:
             import tempfile
@@ -404,7 +428,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
                 load = load_average()
                 try:
                     timed = _time_batch(runnable, input_shape, batch, dev, dtype, repeats, warmup, min_time_s, log,
-                                        ort=ort, budget_s=budget_s, reference=reference,
+                                        ort=ort, budget_s=budget_s, cast=cast, reference=reference,
                                         spread_target=spread_target, spread_budget_s=spread_budget_s)
                     break
                 except RuntimeError as exc:
@@ -420,7 +444,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
             for name, t in timed.items():
                 median = t["latency_s"]["median"]
                 row = {"model": name, "backend": backend, "batch_size": batch, "requested_batch_size": requested,
-                       "dtype": dtype,
+                       "dtype": dtype, "precision": precision, "compile": bool(compile),
                        "device": env["device_name"], "threads": torch.get_num_threads(),
                        "latency_s": t["latency_s"], "calls_per_repeat": t["calls_per_repeat"],
                        "throughput_img_s": batch / median, **costs[name],
@@ -451,7 +475,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
                      "budget_s": budget_s, "spread_target": spread_target, "spread_budget_s": spread_budget_s,
                      "warmup": warmup, "min_time_s": min_time_s, "interleaved": True,
                      "timer": "cuda events" if dev.type == "cuda" and not ort else "time.perf_counter",
-                     "backend": backend},
+                     "backend": backend, "cast": cast, "tf32": tf32},
         "reference": reference,
         "macs_convention": CONVENTION,
         "models": costs,
