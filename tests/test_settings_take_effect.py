@@ -92,3 +92,51 @@ def test_clipping_reaches_the_weights_of_a_gate_phase_step(monkeypatch):
     train_mod.optimisation_step(loss, [opt_w, opt_s], scaler, clip=TrainConfig(clip_grad=0.5))
     assert float(w.grad.norm()) == pytest.approx(0.5)
     assert float(s.grad.norm()) == pytest.approx(100 * 3 ** 0.5)
+
+
+def no_training(monkeypatch) -> None:
+    """Any training step fails the test: what is refused must be refused before anything trains."""
+    def trained(*args, **kwargs):
+        raise AssertionError("a training step ran before the refusal")
+
+    monkeypatch.setattr(train_mod, "optimisation_step", trained)
+    monkeypatch.setattr(train_mod, "_train_epochs", trained)
+
+
+# -- defect 2: a selection setting the task's own data does not hold is refused --------------------------------
+
+def task_with_selection(data, selection: bool):
+    from torch.utils.data import DataLoader
+
+    from hetprune import Task
+    from hetprune.training.task import _cross_entropy, _top1
+
+    return Task(DataLoader(data.train, batch_size=16), DataLoader(data.val, batch_size=64), _cross_entropy, _top1,
+                selection=DataLoader(data.selection, batch_size=64) if selection else None, name="own")
+
+
+@pytest.mark.parametrize("given, selection, held", [("task", 0, "a selection split of 300 items"),
+                                                    ("task-without", 200, "no selection split"),
+                                                    ("bundle", 200, "a selection split of 300 items"),
+                                                    ("bundle", 0, "a selection split of 300 items")])
+def test_a_selection_setting_the_tasks_data_does_not_hold_is_refused_before_any_training(
+        given, selection, held, monkeypatch, tmp_path):
+    import hetprune
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_data, tiny_model
+
+    data = tiny_data()   # digits: 300 training images held out as the selection split
+    task = data if given == "bundle" else task_with_selection(data, given == "task")
+    no_training(monkeypatch)
+    with pytest.raises(HetpruneError, match=rf"the selection setting \({selection}\) does not match the task's "
+                                            rf"data, which has {held}"):
+        hetprune.prune(tiny_model(), task, strategy="act-only", budget=1,
+                       settings={**TINY_SETTINGS, "selection": selection}, progress=False, log=lambda m: None)
+
+
+def test_a_selection_setting_the_data_holds_is_accepted():
+    from hetprune.harness.testing import tiny_data, tiny_model
+    from hetprune.pruning.run_start import start_run
+
+    for selection, task in ((300, tiny_data()), (0, task_with_selection(tiny_data(), False)), (None, tiny_data())):
+        start = start_run(["act-only"], [Budget(sites=1)], settings={"device": "cpu", "selection": selection})
+        start.attach(tiny_model(), task, log=lambda m: None, measure=False)

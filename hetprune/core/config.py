@@ -429,7 +429,9 @@ class RunSettings(Section):
                                           "every choice is measured (MAP points, checks, share points, a best "
                                           "epoch), never on the val set the result reports; null: the data set's "
                                           "default (digits 300, digit pairs 1000, an ImageFolder a tenth of "
-                                          "train/, at most 10,000); 0: none (choices on val, the report says so)")
+                                          "train/, at most 10,000); 0: none (choices on val, the report says so); "
+                                          "a Task or DataBundle built in Python brings its own split: the setting "
+                                          "must match it or stay null")
 
     def __post_init__(self):
         self.need("augment", self.augment is None or self.augment in AUGMENTATIONS,
