@@ -140,3 +140,63 @@ def test_a_selection_setting_the_data_holds_is_accepted():
     for selection, task in ((300, tiny_data()), (0, task_with_selection(tiny_data(), False)), (None, tiny_data())):
         start = start_run(["act-only"], [Budget(sites=1)], settings={"device": "cpu", "selection": selection})
         start.attach(tiny_model(), task, log=lambda m: None, measure=False)
+
+
+# -- defect 3: the training log belongs to one run --------------------------------------------------------------
+
+def test_the_training_log_starts_afresh_for_a_new_run_and_continues_a_resumed_ones_steps(tmp_path):
+    import csv
+
+    import hetprune_logger
+
+    def rows():
+        return [(r["stage"], r["step"]) for r in csv.DictReader((tmp_path / hetprune_logger.CSV_FILE).open())]
+
+    events = tmp_path / "tensorboard" / "events.out.tfevents.1.host"
+    first = hetprune_logger.TrainingLog()
+    first.open(str(tmp_path), run="a")
+    for epoch in (1, 2):
+        first.row("finetune", epoch, {"loss": 1.0})
+    first.row("select", 1, {"loss": 1.0})
+    events.parent.mkdir()
+    events.write_bytes(b"")
+    (tmp_path / "tensorboard" / "mine.txt").write_text("kept")
+    first.close()
+    resumed = hetprune_logger.TrainingLog()   # a new process: --resume
+    resumed.open(str(tmp_path), run="b", resume=True)
+    resumed.row("finetune", 3, {"loss": 1.0})
+    assert rows() == [("finetune", "1"), ("finetune", "2"), ("select", "1"), ("finetune", "3")]
+    assert events.is_file()
+    fresh = hetprune_logger.TrainingLog()   # --overwrite, or a run started again without --resume
+    fresh.open(str(tmp_path), run="c")
+    fresh.row("finetune", 1, {"loss": 1.0})
+    assert rows() == [("finetune", "1")]
+    assert not events.exists() and (tmp_path / "tensorboard" / "mine.txt").is_file()   # only its own files go
+    fresh.open(str(tmp_path / "row2"), run="c")   # a run moving between folders continues in each
+    fresh.open(str(tmp_path), run="c")
+    fresh.row("finetune", 2, {"loss": 1.0})
+    assert rows() == [("finetune", "1"), ("finetune", "2")]
+
+
+def test_a_runs_stage_events_say_which_run_it_is_and_whether_it_resumes(tmp_path):
+    import hetprune
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_data, tiny_model
+
+    seen = []
+
+    class Watch:
+        @hetprune.hookimpl
+        def on_stage_start(self, stage, info):
+            seen.append((info["run"], info["resume"]))
+
+    name = hetprune.register_plugin(Watch(), "watch-stages")
+    try:
+        for resume in (False, True):
+            hetprune.prune(tiny_model(), tiny_data(), strategy="act-only", budget=1,
+                           settings={**TINY_SETTINGS, "scorer": "magnitude"}, out=tmp_path / "out", resume=resume,
+                           overwrite=True, progress=False, log=lambda m: None)
+    finally:
+        hetprune.unregister_plugin(name)
+    first, second = [s for s in seen if not s[1]], [s for s in seen if s[1]]
+    assert first and second and seen == first + second
+    assert len(set(first)) == 1 and len(set(second)) == 1 and first[0][0] != second[0][0]   # one id per run

@@ -148,7 +148,9 @@ def register_cost_models(register: Register) -> None:
 def on_stage_start(stage: str, info: dict) -> None:
     """Observe: a pipeline stage (``allocate``, ``select``, ``finetune``,
     ``merge``, ``measure``, ...) is starting. ``info`` names the strategy, the
-    run's work folder (``workdir``) and the settings of the stage."""
+    run's work folder (``workdir``), the run (``run``: one id for all its
+    stages) and whether it resumes an earlier one (``resume``), and the
+    settings of the stage."""
 
 
 @hookspec

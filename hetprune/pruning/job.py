@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -91,6 +92,7 @@ class PruneJob:
     measure_cost: bool = True        # time the result against the dense model when the cost model can
     task: Task | None = None         # what the model is pruned for (default: classification of ``data``)
     adapter: Adapter | None = None   # the dense model's adapter (default: the registry's choice)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)   # one per run: a sub-job (replace) keeps it
     _built: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -226,8 +228,8 @@ class PruneJob:
 
     def stage_start(self, stage: str, **info) -> float:
         contract.enter_stage(stage)  # named by any plugin error raised inside it
-        self.event("on_stage_start", stage=stage, info={"strategy": self.strategy_name,
-                                                         "workdir": str(self.workdir), **info})
+        self.event("on_stage_start", stage=stage, info={"strategy": self.strategy_name, "workdir": str(self.workdir),
+                                                         "run": self.run_id, "resume": self.resume, **info})
         return time.time()
 
     def stage_end(self, stage: str, started: float, **info) -> None:
