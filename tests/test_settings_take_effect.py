@@ -200,3 +200,34 @@ def test_a_runs_stage_events_say_which_run_it_is_and_whether_it_resumes(tmp_path
     first, second = [s for s in seen if not s[1]], [s for s in seen if s[1]]
     assert first and second and seen == first + second
     assert len(set(first)) == 1 and len(set(second)) == 1 and first[0][0] != second[0][0]   # one id per run
+
+
+# -- defect 4: --plan-probe without --plan is refused, as --reduce-range without --quantize ---------------------
+
+@pytest.mark.parametrize("command", ["prune", "compare", "ablate"])
+def test_plan_probe_without_plan_is_refused_before_anything_is_built(command, capsys, tmp_path, monkeypatch):
+    import importlib
+
+    from hetprune.cli import main
+
+    def built(*args, **kwargs):
+        raise AssertionError("the base model was built before the refusal")
+
+    monkeypatch.setattr(importlib.import_module(f"hetprune.cli.commands.{command}_cmd"), "base_model", built)
+    budget = ["--budget", "2"]
+    assert main([command, *budget, "--plan-probe", "5", "--out", str(tmp_path / "out")]) == 2
+    assert "error: --plan-probe 5.0 times the training step for a plan: give it with --plan" in capsys.readouterr().err
+
+
+def test_plan_probe_without_plan_is_refused_in_python_too(monkeypatch):
+    import hetprune
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_data, tiny_model
+
+    no_training(monkeypatch)
+    for run in (lambda: hetprune.prune(tiny_model(), tiny_data(), "act-only", 1, settings=TINY_SETTINGS,
+                                       plan_probe=5),
+                lambda: hetprune.compare(tiny_model(), tiny_data(), ["act-only"], [1], settings=TINY_SETTINGS,
+                                         plan_probe=5)):
+        with pytest.raises(HetpruneError, match="plan_probe=5 times the training step for a plan: give it with "
+                                                "plan=True"):
+            run()

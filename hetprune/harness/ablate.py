@@ -204,7 +204,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
            resume: bool = False, overwrite: bool = False, jobs: int = 1, spec=None, base_info: dict | None = None,
            registry=None, device: str | None = None, amp: str | None = None, adapter=None,
            data_spec: str | None = None, meta: dict | None = None, log=print, progress: bool = True,
-           start=None, plan: bool = False, plan_probe: float = 45.0):
+           start=None, plan: bool = False, plan_probe: float | None = None):
     """Does the strategy's predictor, fitted on cheap points, pick the split full fine-tuning finds best,
     on ``model`` for ``task``? (and, with ``scorers``, which scorer's sites recover best at that split)
 
@@ -222,8 +222,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     from ..core import distributed as dist
     from ..pruning.budget import Budget
     from .compare import plan_of_rows, python_call
-    from ..pruning.plan import check_probe
-    from ..pruning.run_start import run_key
+    from ..pruning.run_start import probe_for, run_key
     from .compare import run_rows
     from ..pruning.pipeline import PruneJob
     from ..pruning.run_start import as_given, start_run
@@ -232,7 +231,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
         raise HetpruneError(f"tolerance must be a finite number >= 0, got {tolerance}")
     if jobs < 1:
         raise HetpruneError(f"jobs must be >= 1, got {jobs}")
-    plan_probe = check_probe(plan_probe) if plan else plan_probe
+    plan_probe = probe_for(plan, plan_probe)   # a probe without a plan is refused: the rows would train
     seeds = distinct([whole_number(s, "a seed") for s in seeds], option("seeds"))
     if start is None:
         start = start_run([strategy], [budget if isinstance(budget, Budget) else Budget(sites=budget)],

@@ -32,7 +32,7 @@ from ..core.io import check_result_folder, no_empty_folder_on_error
 from ..model.spec import ModelSpec
 from ..pruning.pipeline import PruneJob, PruneResult
 from ..core.plugins import Registry
-from ..pruning.plan import PROBE_SECONDS, Plan, check_probe, probe, read_probe, val_size
+from ..pruning.plan import Plan, probe, read_probe, val_size
 from ..pruning.plan import write as write_plan
 from ..model.recipe import PRUNED_MODEL, REPORT_FILE, save
 from ..pruning import run_start
@@ -79,7 +79,7 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
           spec: ModelSpec | None = None, base_info: dict | None = None, progress: bool = True,
           log: Callable[[str], None] = print, provenance: dict | None = None,
           start: RunStart | None = None, plan: bool = False,
-          plan_probe: float = PROBE_SECONDS) -> PruneResult | Plan:
+          plan_probe: float | None = None) -> PruneResult | Plan:
     """Prune ``model`` for ``task`` with one strategy; returns the pruned model, its recipe and its report.
 
     ``model`` is not changed: the strategy prunes a copy, and the dense model
@@ -102,14 +102,15 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
 
     ``plan=True`` trains nothing and returns a [`Plan`][hetprune.pruning.plan.Plan]: every stage with its
     fine-tunes and images, and after a probe of ``plan_probe`` seconds of the final fine-tune's real step
-    (0: none) its rates, memory, hours and GPU-hours; it is written to ``OUT.work/plan.json``, and the run
-    that follows reports the probe (``report["plan_probe"]``).
+    (default 45; 0: none) its rates, memory, hours and GPU-hours; it is written to ``OUT.work/plan.json``, and
+    the run that follows reports the probe (``report["plan_probe"]``). ``plan_probe`` without ``plan`` is
+    refused (the run would train in full).
     """
     if not isinstance(model, nn.Module):
         raise HetpruneError(f"prune() takes a torch module as its model, got {type(model).__name__}")
     if out is None and resume:
         raise HetpruneError("resume=True needs out=FOLDER: checkpoints live beside the result")
-    plan_probe = check_probe(plan_probe) if plan else plan_probe
+    plan_probe = run_start.probe_for(plan, plan_probe)   # a probe without a plan is refused: the run would train
     if start is None:
         start = run_start.start_run([strategy], [make_budget(budget, target_macs, target_speedup, target_latency)],
                           folder=PRUNED_MODEL, out=out, resume=resume, overwrite=overwrite, settings=settings,

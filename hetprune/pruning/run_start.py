@@ -28,11 +28,11 @@ from ..core import distributed as dist
 from ..model.adapters import Adapter
 from .budget import Budget
 from ..training.data import EMBEDDED, DataBundle
-from ..core.errors import HetpruneError, option
+from ..core.errors import HetpruneError, option, switch
 from ..core.io import ResultFolder, check_result_folder, make_result_folder
 from ..model.spec import ModelSpec, model_hash
 from .pipeline import resolve_adapter
-from .plan import val_size
+from .plan import PROBE_SECONDS, check_probe, val_size
 from ..core.plugins import Registry, get_registry
 from ..training.resume import base_key
 from ..training.task import Task, as_task, check_data_fits, reuse_tag
@@ -144,6 +144,17 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
     scoring = "scoring" in given or "scoring" in named or (
         config_mod.RunSettings.of(run_settings).scoring_batches.subset != config_mod.ScoringConfig().subset)
     return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder, chosen, scoring)
+
+
+def probe_for(plan: bool, seconds) -> float | None:
+    """The plan probe's length for a run: ``seconds`` checked (None: `PROBE_SECONDS`) where it plans; refused
+    where it does not, since the run would train in full with the probe ignored."""
+    if plan:
+        return check_probe(PROBE_SECONDS if seconds is None else seconds)
+    if seconds is not None:
+        raise HetpruneError(f"{option('plan-probe', str(seconds))} times the training step for a plan: give it "
+                            f"with {switch('plan')}, or drop it for the full run")
+    return None
 
 
 # the default schedules were made for the embedded benchmarks; a training set this many times larger than what

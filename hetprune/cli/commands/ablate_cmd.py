@@ -63,10 +63,11 @@ def _run(args) -> int:
     """Parse the options, build the model and its Task, and call [`hetprune.ablate`][hetprune.harness.ablate.ablate]."""
     from ...core import distributed as dist
     from ...harness.ablate import ABLATION_FOLDER, ablate, markdown
-    from ...pruning.run_start import start_run
+    from ...pruning.run_start import probe_for, start_run
     from ...training.task import classification
 
     registry = get_registry()
+    probe_for(args.plan, args.plan_probe)   # refused before the base model is built or trained
     strategy = registry.build("strategy", args.strategy)
     budget = budget_from(args)
     if budget is None:

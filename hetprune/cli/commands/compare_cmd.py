@@ -94,10 +94,11 @@ def _run(args) -> int:
     """Parse the options, build the model and its Task, and call [`hetprune.compare`][hetprune.harness.compare.compare]."""
     from ...core import distributed as dist
     from ...harness.compare import COMPARE_FOLDER, DEFAULT_STRATEGIES, compare
-    from ...pruning.run_start import start_run
+    from ...pruning.run_start import probe_for, start_run
     from ...training.task import classification
 
     registry = get_registry()
+    probe_for(args.plan, args.plan_probe)   # refused before the base model is built or trained
     names = [s.strip() for s in (args.strategies or ",".join(DEFAULT_STRATEGIES)).split(",") if s.strip()]
     if len(set(names)) != len(names):
         raise HetpruneError(f"--strategies lists a strategy twice: {names}")

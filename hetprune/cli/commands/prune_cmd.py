@@ -70,8 +70,9 @@ def add_plan_arguments(g) -> None:
                         "short probe of the final fine-tune's real step on this device, images/s, peak memory and "
                         "the hours and GPU-hours of each stage (written to the work folder; the run that follows "
                         "reports the probe)")
-    g.add_argument("--plan-probe", type=float, default=45.0, metavar="S",
-                   help="seconds the --plan probe times the training step (default 45; 0: no probe, counts only)")
+    g.add_argument("--plan-probe", type=float, metavar="S",
+                   help="with --plan: seconds its probe times the training step (default 45; 0: no probe, counts "
+                        "only)")
 
 
 def add_arguments(p) -> None:
@@ -151,10 +152,11 @@ def run(args) -> int:
     from ...harness.api import prune
     from ...model.macs import human
     from ...model.recipe import PRUNED_MODEL
-    from ...pruning.run_start import start_run
+    from ...pruning.run_start import probe_for, start_run
     from ...training.task import classification
 
     registry = get_registry()
+    probe_for(args.plan, args.plan_probe)   # refused before the base model is built or trained
     strategy = registry.build("strategy", args.strategy)
     budget = budget_from(args)
     if budget is None:

@@ -24,10 +24,10 @@ from ...pruning.budget import Budget
 from ...core.errors import HetpruneError, option
 from ...core.io import no_empty_folder_on_error
 from ...pruning.pipeline import PruneJob
-from ...pruning.plan import check_probe, read_probe
+from ...pruning.plan import read_probe
 from ...core.plugins import Registry
 from ...training.data import closing_loaders
-from ...pruning.run_start import run_key
+from ...pruning.run_start import probe_for, run_key
 # the names other modules, benchmarks and tests import from hetprune.harness.compare
 from .report import aggregate, base_text, budget_text, markdown_table, mean_std, rows_csv, write_outputs  # noqa: F401
 from .rows import COMPARE_FOLDER, ROWS_FILE, RowStore, plan_rows, prepare_out, run_one, run_rows  # noqa: F401
@@ -91,7 +91,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
             jobs: int = 1, spec=None, base_info: dict | None = None,
             registry: Registry | None = None, device: str | None = None, amp: str | None = None, adapter=None,
             data_spec: str | None = None, meta: dict | None = None, log: Callable[[str], None] = print,
-            progress: bool = True, start=None, plan: bool = False, plan_probe: float = 45.0):
+            progress: bool = True, start=None, plan: bool = False, plan_probe: float | None = None):
     """Run several strategies on ``model`` for ``task`` under one harness: the same dense model, data,
     settings, seeds and timer; write ``results.md``, ``results.csv``, ``results.json`` and ``pareto.png``
     to ``out`` and return the rows.
@@ -123,7 +123,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
         raise HetpruneError("jobs > 1 runs rows in parallel processes on one machine; under torchrun use jobs=1")
     if not (isinstance(speed_budget_s, (int, float)) and speed_budget_s >= 0):
         raise HetpruneError(f"speed_budget_s must be a number of seconds >= 0, got {speed_budget_s!r}")
-    plan_probe = check_probe(plan_probe) if plan else plan_probe
+    plan_probe = probe_for(plan, plan_probe)   # a probe without a plan is refused: the rows would train
     if start is None:
         the_budgets = distinct([b if isinstance(b, Budget) else Budget(sites=whole_number(b, "a budget"))
                                 for b in budgets], option("budgets"))
