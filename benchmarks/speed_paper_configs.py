@@ -53,6 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--cast", default="autocast", choices=("autocast", "weights"),
+                   help="bf16/fp16 under autocast over fp32 weights (default), or in that dtype's weights")
+    p.add_argument("--tf32", default="on", choices=("on", "off"), help="fp32 matmuls in TF32 on GPUs with it")
     p.add_argument("--configs", default="deit_b,deit_s", help="comma list of " + ", ".join(CONFIGS))
     p.add_argument("--profile", default="auto", choices=("auto", "always", "never"),
                    help="auto: profile a pair whose CPU target is missed")
@@ -221,7 +224,8 @@ def render(payload: dict) -> str:
     warning = ([f"**Note: the 1-minute load average exceeded the {env['cpu_count']} cores during the run: other "
                 "jobs shared the CPU. Interleaving spreads that noise over both models, but the latencies "
                 "themselves are slower than on an idle machine and the ratios noisier.**", ""] if busy else [])
-    doc = [f"# Speed of the paper's pruned configurations ({env['device']}, {env['dtype']})", "",
+    mode = env.get("precision", env["dtype"]) + (", compiled" if env.get("compile") else "")
+    doc = [f"# Speed of the paper's pruned configurations ({env['device']}, {mode})", "",
            "Produced by:", "", "```", payload["command"], "```", "",
            f"Machine: {environment_line(first)}. Python {env['python']}, timm {env.get('timm')}, "
            f"{env['platform']}. Whole run: {payload['minutes']:.1f} min.", "", *warning,
@@ -259,7 +263,7 @@ def main(argv=None) -> int:
         batch, how = choose_batch(args.batch_size, dense, shape, device, args.max_forward_s, log)
         result = measure({"dense": dense, "hetdpt-paper": pruned}, shape, [batch], device=args.device, dtype=dtype,
                          compile=args.compile, repeats=args.repeats, warmup=args.warmup, min_time_s=0.0,
-                         reference="dense", threads=args.threads, log=log)
+                         reference="dense", threads=args.threads, log=log, cast=args.cast, tf32=args.tf32 == "on")
         row = _pruned_row(result)
         if device.type == "cuda":
             target = PAPER_SPEEDUP[key] if key == "deit_b" else None

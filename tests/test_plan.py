@@ -196,3 +196,78 @@ def test_a_plan_with_loader_workers_leaves_no_worker_process(tmp_path, capsys):
                                     "short_finetune": {"epochs": 1, "subset": 8}, "scoring": {"batches": 1}})
     assert made.probe is not None and made.probe.train_ips > 0
     assert not multiprocessing.active_children() and not data_mod._LOADERS
+
+
+class SlowItems(Dataset):
+    """Each item costs ``seconds`` to make: a loader slower than the training step."""
+
+    def __init__(self, dataset, seconds: float):
+        self.dataset, self.seconds = dataset, seconds
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(self.seconds)
+        return self.dataset[i]
+
+
+PROBE_SETTINGS = {"scorer": "magnitude", "finetune": {"epochs": 1, "subset": 64, "batch_size": 8, "kd": "none"}}
+
+
+@pytest.mark.parametrize("slow", ["loader", "step"])
+def test_the_probe_times_the_step_the_loader_and_both_and_names_the_bound(slow, digits_data, tiny_model):
+    """Issue 57: the probe reports the training step alone (a batch already on the device), the loader alone
+    and the two together, each in a steady state, and names the slower part as the run's bound. A loader made
+    slow (items that take 20 ms) bounds it; a step made slow (a forward that takes 40 ms) does."""
+    import dataclasses
+    import time
+
+    data = digits_data
+    if slow == "loader":
+        data = dataclasses.replace(digits_data, train=SlowItems(digits_data.train, 0.02))
+    else:
+        tiny_model.register_forward_pre_hook(lambda m, a: time.sleep(0.04) if m.training else None)
+    made = hetprune.prune(tiny_model, data, strategy="act-only", budget=1, plan=True, plan_probe=1.5,
+                          settings=PROBE_SETTINGS, progress=False, log=lambda m: None)
+    p = made.probe
+    assert p.step_ips > 0 and p.loader_ips > 0 and p.train_ips > 0 and p.steps >= 4 and p.workers == 0
+    if slow == "loader":   # 8 items of 20 ms: at most 400 images/s, the step far faster
+        assert p.loader_ips < 400 < p.step_ips and p.bound == "the loader"
+    else:                  # 8 images per 40 ms step: at most 200 images/s
+        assert p.step_ips < 200 < p.loader_ips and p.bound == "the training step"
+    assert p.train_ips <= 1.2 * min(p.step_ips, p.loader_ips)   # together never beats the slower part alone
+    text = made.text()
+    assert f"the run is bound by {p.bound}" in text and "the loader alone" in text
+
+
+def test_a_task_with_its_own_loop_is_probed_through_it(digits_data, tiny_model):
+    """A task that fine-tunes in its own loop cannot be timed apart: the probe times whole fine-tunes through
+    that loop, and reports no step or loader rate."""
+    import torch.nn.functional as F
+
+    from hetprune.training.data import loader
+
+    calls = []
+
+    def finetune(model, teacher, schedule):
+        calls.append(schedule.epochs)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(schedule.epochs):
+            for x, y in loader(digits_data.train, 8, shuffle=True):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+                break
+
+    train = [(torch.stack([digits_data.train[i][0] for i in range(8)]), torch.arange(8) % 10)] * 8
+    val = [(torch.stack([digits_data.val[i][0] for i in range(8)]), torch.arange(8) % 10)]
+    task = hetprune.Task(train=train, val=val, loss=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                         metric=lambda m, v: 1.0, finetune=finetune)
+    made = hetprune.prune(tiny_model, task, strategy="act-only", budget=1, plan=True, plan_probe=0.5,
+                          settings=PROBE_SETTINGS, progress=False, log=lambda m: None)
+    assert calls and made.probe.train_ips > 0
+    assert made.probe.step_ips is None and made.probe.loader_ips is None and made.probe.bound is None
+    assert "the loader alone" not in made.text()

@@ -13,6 +13,7 @@ the probe's student is a copy of the dense model, and nothing is saved but the p
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 import os
@@ -22,12 +23,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from torch.utils.data import Dataset
 
 from ..core import devices
 from ..core import distributed as dist
 from ..core.config import TrainConfig
 from ..core.errors import HetpruneError, option
 from ..core.io import read_json, write_json_atomic
+from ..training.data import DataBundle, set_epoch
+from ..training.train import train, workers_for
 
 PLAN_FILE = "plan.json"
 PROBE_SECONDS = 45.0   # the issue's 30-60 s: long enough for a stable rate, short enough for a quick look
@@ -116,7 +120,12 @@ def grouped(rows: list[tuple[str, list[PlanStep]]]) -> list[PlanStep]:
 @dataclass
 class Probe:
     """What the probe measured on this machine: training and evaluation rates (images per second over every
-    rank), the peak memory per device, and how it was measured."""
+    rank), the peak memory per device, and how it was measured.
+
+    ``train_ips`` is the rate the plan's hours use: the run's training step fed by its own loader, in a steady
+    state. Beside it, where the task trains with hetprune's trainer: ``step_ips``, the step alone on a batch
+    already on the device, and ``loader_ips``, the loader alone (the run's augmentations and workers, batches
+    copied to the device); ``bound`` names the slower of the two, which the run cannot beat."""
 
     train_ips: float
     eval_ips: float
@@ -131,53 +140,182 @@ class Probe:
     section: str
     note: str = ""
     load: float | None = None   # the machine's load average when the probe ran (a shared machine's rates vary)
-    startup_s: float = 0.0      # what one fine-tune costs before and after its steps (loaders, copies, wrapping)
+    startup_s: float = 0.0      # what one fine-tune costs before its steps (loader workers starting, wrapping)
+    step_ips: float | None = None     # the training step alone, on a batch already on the device
+    loader_ips: float | None = None   # the loader alone: augmentations, workers, the copy to the device
+    bound: str | None = None          # "the training step" or "the loader": the slower of the two alone
+    workers: int | None = None        # the loader's worker processes per rank
+
+
+WARM_STEPS = 3           # steps of a timed stretch that are not timed: allocation, compilation, workers' first batches
+MAX_PROBE_ITEMS = 2_000_000   # the longest epoch the probe draws (a sampler's order is a list of this many items)
+
+
+class Repeated(Dataset):
+    """A small training set repeated to ``length`` items, so one epoch lasts as long as the probe needs (an epoch
+    restarting every few steps on a small folder was timed instead of the run's steady state)."""
+
+    def __init__(self, dataset: Dataset, length: int):
+        self.dataset, self.length = dataset, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        return self.dataset[i % len(self.dataset)]
+
+    def set_epoch(self, seed: int) -> None:
+        set_epoch(self.dataset, seed)
+
+
+class TimedSource:
+    """A training source (what `hetprune.training.train.train` iterates) that yields ``steps`` batches of
+    ``inner``'s, one long stretch, each batch's arrival time recorded; with ``batch`` it yields that one batch
+    (already on the device) at every step instead: the training step alone. Everything else is ``inner``'s."""
+
+    def __init__(self, inner, steps: int, batch=None):
+        self.inner, self.steps, self.batch, self.marks, self.whole = inner, steps, batch, [], 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def steps_per_epoch(self, cfg) -> int:
+        return self.steps
+
+    def epoch(self, cfg, seed, rank, world, device, distributed, start=0):
+        def stream():
+            if self.batch is not None:
+                yield from itertools.repeat(self.batch)
+            for k in itertools.count():   # a source whose epoch is shorter than the stretch: the next epoch
+                yield from self.inner.epoch(cfg, seed + k, rank, world, device, distributed)
+
+        for item in itertools.islice(stream(), self.steps):   # item: (batch, this rank's share, global batch)
+            self.marks.append(time.perf_counter())
+            self.whole = item[2]
+            yield item
+
+    def rate(self, ended: float) -> float:
+        """Images per second (global batches) from the end of the warm-up steps to ``ended``."""
+        timed = self.marks[WARM_STEPS:]
+        return len(timed) * self.whole / max(ended - timed[0], 1e-9) if timed else 0.0
+
+
+def _sync(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _steps_for(seconds: float, per_step: float, cap: int) -> int:
+    """Timed steps that fill ``seconds`` at ``per_step`` seconds each (at least 4, at most ``cap``), the same on
+    every rank (rank 0's count)."""
+    steps = max(4, min(cap, int(seconds / max(per_step, 1e-9))))
+    return int(dist.broadcast(steps)) if dist.active() else steps
 
 
 def probe(job, seconds: float = PROBE_SECONDS, section: str = "finetune") -> Probe:
-    """Time the final fine-tune's training step for about ``seconds``: two warm-up steps (allocation,
-    compilation, workers starting), then as many steps as fit, through `hetprune.training.train.train` on a copy of
-    the dense model with the schedule's teacher, batch, accumulation and autocast; then evaluation batches.
-    Every rank takes part (the rates are the whole run's)."""
+    """Time the final fine-tune's training step for about ``seconds`` on a copy of the dense model, with the
+    schedule's teacher, batch, accumulation and autocast, on every rank (the rates are the whole run's), then
+    evaluation batches. Where the task trains with hetprune's trainer the probe times, each in a steady state
+    after `WARM_STEPS` untimed steps: the step alone (one batch, already on the device, at every step), the
+    loader alone (one long epoch of the training set repeated, with the run's augmentations and workers,
+    copied to the device), and the two together on that same, already running loader: the run's rate, which
+    the hours use. A task with its own training loop is timed through it, together only."""
     cfg = job.train_config(section)
-    n = job.task.train_size
     world = dist.world()
     teacher = job.teacher_for(cfg)[0] if cfg.kd != "none" else None
     device = job.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     student = job.place(copy.deepcopy(job.dense))
+    started = time.perf_counter()
+    run = TrainConfig.from_dict({**cfg.to_dict(), "device": device, "epochs": 1, "subset": None, "eval_every": 0,
+                                 "keep": "last", "save_every_steps": 0, "warmup_epochs": 0})
+    if job.task.own_finetune:   # its own loop: its loader and its step cannot be timed apart
+        found = _probe_user_loop(job, student, teacher, cfg, seconds)
+    else:
+        found = _probe_source(job, student, teacher, run, seconds)
+    eval_ips = _eval_rate(job, max(1.0, seconds / 8))
+    peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
+    note = "" if device.type == "cuda" else "on the CPU: no device memory to report"
+    return Probe(eval_ips=round(eval_ips, 1), peak_memory_gb=None if peak is None else round(peak, 2),
+                 seconds=round(time.perf_counter() - started, 1), batch=cfg.batch_size, device=str(device),
+                 amp=job.amp, world=world, teacher=teacher is not None, section=section, note=note,
+                 load=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None, **found)
+
+
+def _probe_source(job, student, teacher, run: TrainConfig, seconds: float) -> dict:
+    """The three rates of a task hetprune's trainer runs (see `probe`)."""
+
+    quiet = dict(progress=False, log=lambda m: None)
+    device = job.device
+    cap = max(WARM_STEPS + 8, min(10_000, MAX_PROBE_ITEMS // run.batch_size))
+    source = job.task.source()
+    data = getattr(source, "data", None)
+    if isinstance(data, DataBundle):   # hetprune's own classification data: one long epoch, the set repeated
+        source = type(source)(dataclasses.replace(data, train=Repeated(data.train, cap * run.batch_size)))
+
+    def steps(share: float, batch=None) -> tuple[TimedSource, float]:
+        """Train for about ``share`` of the probe's seconds, in a steady state, on ``source``'s batches (or on
+        ``batch`` at every step): a short calibrating stretch sets the timed stretch's steps. The timed
+        stretch, and when its call began."""
+        calibration = TimedSource(source, WARM_STEPS + 3, batch)
+        train(student, calibration, run, teacher=teacher, **quiet)
+        per_step = calibration.whole / max(calibration.rate(_sync(device)), 1e-9)
+        timed = TimedSource(source, WARM_STEPS + _steps_for(seconds * share, per_step, cap), batch)
+        began = time.perf_counter()
+        train(student, timed, run, teacher=teacher, **quiet)
+        return timed, began
+
+    # the step alone: one real batch, already on the device, at every step; fetching it starts the loader's
+    # workers cold, as each fine-tune of a run starts its own
+    began = time.perf_counter()
+    first = next(iter(TimedSource(source, 1).epoch(run, run.seed, dist.rank(), dist.world(), device, dist.active())))
+    cold_start = _sync(device) - began
+    alone, _ = steps(0.25, first)
+    step_ips = alone.rate(_sync(device))
+    # the loader alone: its batches copied to the device, nothing trained
+    feed, deadline = TimedSource(source, cap), None
+    for _ in feed.epoch(run, run.seed, dist.rank(), dist.world(), device, dist.active()):
+        if len(feed.marks) == WARM_STEPS + 1:
+            deadline = time.perf_counter() + seconds * 0.25
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+    loader_ips = feed.rate(_sync(device))
+    # the two together, on the same loader (its workers already up): the run's rate
+    both, began = steps(0.3)
+    train_ips = both.rate(_sync(device))
+    startup = cold_start + (both.marks[0] - began if both.marks else 0.0)
+    return dict(train_ips=round(train_ips, 1), steps=len(both.marks), startup_s=round(startup, 2),
+                step_ips=round(step_ips, 1), loader_ips=round(loader_ips, 1),
+                bound="the loader" if loader_ips < step_ips else "the training step",
+                workers=workers_for(data, run) if isinstance(data, DataBundle) else None)
+
+
+def _probe_user_loop(job, student, teacher, cfg: TrainConfig, seconds: float) -> dict:
+    """A task with its own training loop: whole fine-tunes through it (its loader and its step together), the
+    start-up of a fine-tune cancelled out by timing a short and a long one."""
+    n = job.task.train_size
     quiet = dict(progress=False, log=lambda m: None)
 
     def steps(k: int) -> tuple[int, float]:
-        """About ``k`` training steps (whole epochs of the data where it holds fewer): images trained, seconds."""
         images = k * cfg.batch_size
         epochs, subset = (1, images) if n is None or images <= n else (math.ceil(images / n), n)
-        run = TrainConfig.from_dict({**cfg.to_dict(), "device": device, "epochs": epochs, "subset": subset,
+        run = TrainConfig.from_dict({**cfg.to_dict(), "device": job.device, "epochs": epochs, "subset": subset,
                                      "eval_every": 0, "keep": "last", "save_every_steps": 0, "warmup_epochs": 0})
         if dist.active():
             dist.barrier()
         t0 = time.perf_counter()
         job.task.fit(student, teacher, run, "plan-probe", **quiet)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return epochs * subset, time.perf_counter() - t0
+        return epochs * subset, _sync(job.device) - t0
 
-    _, warm = steps(2)                 # allocation, compilation, workers starting: not timed
+    steps(2)                           # allocation, compilation, workers starting: not timed
     base_images, base = steps(2)       # a fine-tune's own start-up cost, plus about two steps
     per_image = max(base / base_images, 1e-9)
-    k = max(4, min(10_000, int(seconds / per_image / cfg.batch_size)))
-    images, took = steps(k)
+    images, took = steps(_steps_for(seconds * 0.8, per_image * cfg.batch_size, 10_000))
     train_ips = (images - base_images) / max(took - base, 1e-9)   # the start-up cost cancels out
-    startup = max(0.0, base - base_images / train_ips)   # ... and is what two steps took beyond their images
-    eval_ips = _eval_rate(job, max(1.0, seconds / 6))
-    peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
-    note = "" if device.type == "cuda" else "on the CPU: no device memory to report"
-    return Probe(round(train_ips, 1), round(eval_ips, 1), None if peak is None else round(peak, 2),
-                 round(warm + base + took, 1), math.ceil(images / cfg.batch_size), cfg.batch_size, str(device),
-                 job.amp, world, teacher is not None,
-                 section, note, round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-                 round(startup, 2))
+    startup = max(0.0, base - base_images / train_ips)
+    return dict(train_ips=round(train_ips, 1), steps=math.ceil(images / cfg.batch_size), startup_s=round(startup, 2))
 
 
 def _eval_rate(job, seconds: float) -> float:
@@ -239,16 +377,26 @@ class Plan:
             lines.append(line)
             lines += [f"{s:<34} {w}".rstrip() for s, w in itertools.zip_longest(stage[1:], what[1:], fillvalue="")]
         if self.probe:
-            p = self.probe
-            memory = f"{p.peak_memory_gb:.1f} GiB peak per device" if p.peak_memory_gb is not None else p.note
-            lines.append(f"probe: {p.steps} steps of the {p.section} step in {p.seconds:.0f} s ({'student + teacher' if p.teacher else 'student'}, "
-                         f"batch {p.batch} over {p.world} rank(s), {p.device}, amp {p.amp}): {p.train_ips:,.0f} "
-                         f"images/s training, {p.eval_ips:,.0f} images/s evaluating, {p.startup_s:.1f} s of "
-                         f"start-up per fine-tune; {memory}"
-                         + (f"; load average {p.load}" if p.load is not None else ""))
+            lines += probe_lines(self.probe)
         else:
             lines.append("no probe (--plan-probe 0): run --plan with a probe for hours and memory")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+
+def probe_lines(p: Probe) -> list[str]:
+    """What the probe measured, for people: its rates (and which bounds the run), memory, load."""
+    memory = f"{p.peak_memory_gb:.1f} GiB peak per device" if p.peak_memory_gb is not None else p.note
+    what = (f"probe: {p.steps} steps of the {p.section} step in {p.seconds:.0f} s "
+            f"({'student + teacher' if p.teacher else 'student'}, batch {p.batch} over {p.world} rank(s), "
+            f"{p.device}, amp {p.amp}): {p.train_ips:,.0f} images/s training")
+    lines = [what + (f" (the step fed by its loader, {p.workers} worker(s) per rank)" if p.step_ips else "")]
+    if p.step_ips and p.loader_ips:
+        lines.append(f"  the training step alone (a batch already on the device): {p.step_ips:,.0f} images/s; the "
+                     f"loader alone (augmentations, workers, copy to the device): {p.loader_ips:,.0f} images/s: "
+                     f"the run is bound by {p.bound}")
+    lines.append(f"  {p.eval_ips:,.0f} images/s evaluating, {p.startup_s:.1f} s of start-up per fine-tune; {memory}"
+                 + (f"; load average {p.load}" if p.load is not None else ""))
+    return lines
 
 
 def write(plan: Plan, folder: Path) -> Path:
