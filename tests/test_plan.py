@@ -271,3 +271,22 @@ def test_a_task_with_its_own_loop_is_probed_through_it(digits_data, tiny_model):
     assert calls and made.probe.train_ips > 0
     assert made.probe.step_ips is None and made.probe.loader_ips is None and made.probe.bound is None
     assert "the loader alone" not in made.text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="plans on a machine without the run's GPU")
+@pytest.mark.parametrize("where", [["--amp", "fp16"], ["--device", "cuda"]])
+def test_a_plan_on_a_machine_without_the_runs_gpu_prints_the_counts_and_says_where_to_probe(where, tmp_path,
+                                                                                            capsys):
+    """A login node: the run's precision (fp16, as deit-b-paper's) or device needs a GPU. The run itself is
+    refused; its --plan prints every count and says the probe needs the run's device, instead of stopping."""
+    args = ["prune", *tiny_cli(tmp_path), "--strategy", "act-only", "--scorer", "magnitude", "--budget", "2",
+            *FAST, *where]
+    assert main([*args, "--out", str(tmp_path / "run")]) == 2
+    assert "CUDA" in capsys.readouterr().err
+    assert main([*args, "--plan", "--plan-probe", "5", "--out", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    assert "stage 2: fine-tune" in text and "total" in text and "images/s" not in text
+    assert "note: no probe: it times the run's own device and precision, which this machine lacks" in text
+    assert "--plan-probe 0" not in text
+    written = json.loads((tmp_path / "out.work" / "plan.json").read_text())
+    assert written["probe"] is None and written["notes"][0].startswith("no probe")

@@ -224,7 +224,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     from .compare import plan_of_rows, python_call
     from ..pruning.run_start import probe_for, run_key
     from .compare import run_rows
-    from ..pruning.pipeline import PruneJob
+    from ..pruning.pipeline import PruneJob, check_job
     from ..pruning.run_start import as_given, start_run
 
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
@@ -236,7 +236,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     if start is None:
         start = start_run([strategy], [budget if isinstance(budget, Budget) else Budget(sites=budget)],
                           folder=ABLATION_FOLDER, out=out, resume=resume, overwrite=overwrite, settings=settings,
-                          config_file=config, overrides={"device": device, "amp": amp}, registry=registry)
+                          config_file=config, overrides={"device": device, "amp": amp}, registry=registry, plan=plan)
     registry, strat, the_budget, run_settings = start.registry, start.strategy, start.budget, start.settings
     if not all(hasattr(strat, m) for m in ("point_plan", "collect_points", "predictor", "predictor_name")):
         raise HetpruneError(f"strategy {strat.name!r} has no cheap predictor points (point_plan, collect_points, "
@@ -265,6 +265,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
                            base_info=dict(info), resume=start.resume, log=log, strategy_name=strat.name,
                            adapter=adapter, progress=progress)
             with job.serving():
+                check_job(strat, job)   # before the first cheap point trains
                 pairs = job.feasible_pairs()
                 if plan:
                     cheap.append(("cheap points", list(strat.plan_allocation(job))))
@@ -277,9 +278,11 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
             plans += [p for name in scorers for p in split_plans(pairs[:1], seeds, run_settings, the_budget,
                                                                  dense.key, task.key, scorer=name, kind="scorer",
                                                                  unused=(section,))]
-            return plan_of_rows(plans, registry, model, spec, task, info, out, adapter, log, plan_probe,
+            probe_s, notes = start.probe_here(plan_probe)
+            return plan_of_rows(plans, registry, model, spec, task, info, out, adapter, log, probe_s,
                                 run_key(start, dense, strat.name), f"ablate {strat.name}, {the_budget.describe()}, "
-                                f"seeds {seeds}", group=lambda p: p.id.split("-")[0] + " rows", before=cheap)
+                                f"seeds {seeds}", group=lambda p: p.id.split("-")[0] + " rows", before=cheap,
+                                notes=notes)
         triples = [(p["n_attn"], p["n_act"], metric_of(p)) for p in points]
 
         # 2. every predictor on the same points

@@ -30,7 +30,7 @@ from ..training.data import closing_loaders, seed_everything
 from ..core.errors import HetpruneError
 from ..core.io import check_result_folder, no_empty_folder_on_error
 from ..model.spec import ModelSpec
-from ..pruning.pipeline import PruneJob, PruneResult
+from ..pruning.pipeline import PruneJob, PruneResult, check_job
 from ..core.plugins import Registry
 from ..pruning.plan import Plan, probe, read_probe, val_size
 from ..pruning.plan import write as write_plan
@@ -115,7 +115,7 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
         start = run_start.start_run([strategy], [make_budget(budget, target_macs, target_speedup, target_latency)],
                           folder=PRUNED_MODEL, out=out, resume=resume, overwrite=overwrite, settings=settings,
                           config_file=config,
-                          overrides={"device": device, "amp": amp, "seed": seed}, registry=registry)
+                          overrides={"device": device, "amp": amp, "seed": seed}, registry=registry, plan=plan)
     strat, name = start.strategy, getattr(start.strategy, "name", type(start.strategy).__name__)
     seed_everything(start.config.seed)
     with _workdir(start.out) as workdir, as_given(model):
@@ -125,9 +125,10 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
                        progress=progress, log=log, strategy_name=name, adapter=dense.adapter, base_info=dense.info)
         key = run_key(start, dense, name)
         with job.serving():
+            check_job(strat, job)   # what can be refused is refused before anything trains (or is planned)
             if plan:
-                return make_plan(job, strat, plan_title(job, name, start.budget.describe()), key, plan_probe,
-                                 workdir)
+                return make_plan(job, strat, plan_title(job, name, start.budget.describe()), key,
+                                 *start.probe_here(plan_probe), workdir=workdir)
             result = strat.run(job)
             result.report["plan_probe"] = read_probe(workdir, key)   # what a --plan of this run measured
             if start.out is not None and dist.is_main():   # under torchrun rank 0 writes
@@ -147,15 +148,16 @@ def plan_title(job: PruneJob, what: str, budget: str) -> str:
     return f"{what}, {budget}; {job.spec.name}; data {job.task.name} ({sizes}); {dist.world()} rank(s)"
 
 
-def make_plan(job: PruneJob, strategy, title: str, key: str, probe_s: float, workdir: Path | None) -> Plan:
+def make_plan(job: PruneJob, strategy, title: str, key: str, probe_s: float, notes: list[str] = (),
+              workdir: Path | None = None) -> Plan:
     """The plan of one job: its strategy's steps (a strategy that does not describe them says so), the
     probe, written where the run finds it (rank 0)."""
+    notes = list(notes)
     if hasattr(strategy, "plan"):
         steps = list(strategy.plan(job))
-        notes = []
     else:
         steps = []
-        notes = [f"strategy {job.strategy_name} does not describe its stages (no plan method)"]
+        notes.append(f"strategy {job.strategy_name} does not describe its stages (no plan method)")
     found = probe(job, probe_s) if probe_s > 0 else None
     made = Plan(title, steps, found, key, dist.world(), notes)
     if workdir is not None and dist.is_main():

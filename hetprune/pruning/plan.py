@@ -378,7 +378,7 @@ class Plan:
             lines += [f"{s:<34} {w}".rstrip() for s, w in itertools.zip_longest(stage[1:], what[1:], fillvalue="")]
         if self.probe:
             lines += probe_lines(self.probe)
-        else:
+        elif not any(n.startswith("no probe") for n in self.notes):
             lines.append("no probe (--plan-probe 0): run --plan with a probe for hours and memory")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 

@@ -66,7 +66,17 @@ class RunStart:
     folder: ResultFolder | None = None
     schedules_chosen: bool = False   # whether the caller chose the fine-tune schedules (a config, finetune.*, ...)
     scoring_chosen: bool = False     # whether the caller set scoring.* (a flag or --set; a config: by its value)
+    probe_elsewhere: str | None = None   # a plan on a machine without the run's device: why it cannot probe here
     _prepared: bool = field(default=False, repr=False)
+
+    def probe_here(self, seconds: float) -> tuple[float, list[str]]:
+        """A plan's probe length on this machine and its notes: none, with a note saying why, where the run's
+        device or precision is not here (a login node without the run's GPUs)."""
+        if self.probe_elsewhere is None:
+            return seconds, []
+        return 0.0, [f"no probe: it times the run's own device and precision, which this machine lacks "
+                     f"({self.probe_elsewhere}); the counts above hold anywhere: run --plan where the run will run "
+                     "for its hours and memory"]
 
     @property
     def strategy(self):
@@ -117,18 +127,23 @@ class RunStart:
 def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: str | Path | None = None,
               resume: bool = False, overwrite: bool = False, settings: dict | None = None,
               config_file: str | None = None, sets: list[str] | None = None, overrides: dict | None = None,
-              registry: Registry | None = None) -> RunStart:
+              registry: Registry | None = None, plan: bool = False) -> RunStart:
     """Start a run of ``strategies`` (names or strategy objects) at ``budgets``: resolve and check
     everything that needs no model, in the order of the module docstring, and return it.
 
     ``settings`` is the Python call's nested dict, ``overrides`` the keyword options or the command line's
     flags (``device``, ``amp``, ``seed``, ``scorer``, ``cost_model``), ``sets`` the ``--set`` items.
     ``folder`` says what kind of result ``out`` holds; an output folder is refused here, before any work,
-    when it cannot take the result (`hetprune.core.io.check_result_folder`)."""
+    when it cannot take the result (`hetprune.core.io.check_result_folder`). A ``plan`` on a machine without the
+    run's device or precision (``--config deit-b-paper`` on a login node) plans on the CPU without a probe
+    (`RunStart.probe_here`) instead of stopping."""
     registry = registry or get_registry()
     built = [registry.build("strategy", s) if isinstance(s, str) else s for s in strategies]
     given = {**(settings or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
     run_settings = config_mod.resolve(built, config_file, given, sets)
+    elsewhere = unavailable_here(run_settings) if plan else None
+    if elsewhere is not None:   # the counts need no device: plan them here, on the CPU
+        run_settings.update(config_mod.changed(run_settings, device="cpu", amp="none"))
     device = run_device(run_settings)
     bound = [cost_model.bind(b, run_settings, registry) for b in budgets]
     check_names(registry, run_settings)
@@ -143,7 +158,8 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
         n in config_mod.SCHEDULES for n in named)
     scoring = "scoring" in given or "scoring" in named or (
         config_mod.RunSettings.of(run_settings).scoring_batches.subset != config_mod.ScoringConfig().subset)
-    return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder, chosen, scoring)
+    return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder, chosen, scoring,
+                    elsewhere)
 
 
 def probe_for(plan: bool, seconds) -> float | None:
@@ -228,6 +244,17 @@ def _non_embedded_train_size(task: Task) -> int | None:
 def _shipped() -> str:
     """The shipped configs, as the stops name them (``--config NAME`` or ``config=NAME``)."""
     return " | ".join(option("config", name) for name in config_mod.shipped_configs())
+
+
+def unavailable_here(settings: dict) -> str | None:
+    """Why the run's device or precision cannot run on this machine (the message a run would stop with), or
+    None where it can."""
+    run = config_mod.RunSettings.of(settings)
+    try:
+        devices.resolve_amp(run.amp, devices.resolve(devices.canonical(run.device)))
+    except HetpruneError as exc:
+        return str(exc)
+    return None
 
 
 def run_device(settings: dict) -> torch.device:

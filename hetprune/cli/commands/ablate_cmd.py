@@ -75,7 +75,7 @@ def _run(args) -> int:
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         raise HetpruneError(f"--tolerance must be a finite number of points >= 0, got {args.tolerance}")
     start = start_run([strategy], [budget], folder=ABLATION_FOLDER, out=args.out, resume=args.resume,
-                      overwrite=args.overwrite, registry=registry, **settings_options(args, [strategy]))
+                      overwrite=args.overwrite, registry=registry, **settings_options(args, [strategy]), plan=args.plan)
     predictors = [n.strip() for n in (args.predictors or "").split(",") if n.strip()] or None
     scorers = [n.strip() for n in (args.scorers or "").split(",") if n.strip()]
     seeds = int_list(args.seeds, "--seeds")

@@ -108,7 +108,7 @@ def _run(args) -> int:
     seeds = int_list(args.seeds, "--seeds")
     batch_sizes = int_list(args.batch_sizes, "--batch-sizes")
     start = start_run(strategies, budgets, folder=COMPARE_FOLDER, out=args.out, resume=args.resume,
-                      overwrite=args.overwrite, registry=registry, **settings_options(args, strategies))
+                      overwrite=args.overwrite, registry=registry, **settings_options(args, strategies), plan=args.plan)
     augment_from(args, start)
     if dist.is_main():   # the output folder was checked above, before the base model is trained
         print(data_line(args, "compare", defaulted), flush=True)

@@ -164,7 +164,7 @@ def run(args) -> int:
     tag = budget.to_dict()
     out = Path(args.out or f"runs/prune-{strategy.name}-{'-'.join(f'{k}{v}' for k, v in tag.items())}")
     start = start_run([strategy], [budget], folder=PRUNED_MODEL, out=out, resume=args.resume,
-                      overwrite=args.overwrite, registry=registry, **settings_options(args, [strategy]))
+                      overwrite=args.overwrite, registry=registry, **settings_options(args, [strategy]), plan=args.plan)
     settings = start.settings   # unknown names and a bad output folder failed above, before any model is built
     augment_from(args, start)
     if dist.is_main():

@@ -23,14 +23,13 @@ from ...core import distributed as dist
 from ...pruning.budget import Budget
 from ...core.errors import HetpruneError, option
 from ...core.io import no_empty_folder_on_error
-from ...pruning.pipeline import PruneJob
 from ...pruning.plan import read_probe
 from ...core.plugins import Registry
 from ...training.data import closing_loaders
 from ...pruning.run_start import probe_for, run_key
 # the names other modules, benchmarks and tests import from hetprune.harness.compare
 from .report import aggregate, base_text, budget_text, markdown_table, mean_std, rows_csv, write_outputs  # noqa: F401
-from .rows import COMPARE_FOLDER, ROWS_FILE, RowStore, plan_rows, prepare_out, run_one, run_rows  # noqa: F401
+from .rows import COMPARE_FOLDER, ROWS_FILE, RowStore, plan_rows, prepare_out, row_job, run_one, run_rows  # noqa: F401
 from .spec import CompareSpec, RowPlan, distinct, row_id, row_key, whole_number  # noqa: F401
 from .report import untrusted_timing  # noqa: F401
 from .timing import attach_speed, measure_rows, structure_of  # noqa: F401
@@ -53,26 +52,23 @@ class CompareResult:
 
 def plan_of_rows(plans: list[RowPlan], registry, model, spec, task, info: dict, out: Path, adapter, log,
                  probe_s: float, key: str, title: str, group=lambda plan: plan.label or plan.strategy,
-                 before: list | None = None):
+                 before: list | None = None, notes: list[str] = ()):
     """The plan of a harness's rows (a compare's, an ablation's): each row's job planned by its strategy,
     summed per ``group``; one probe of the final fine-tune (the rows share the schedule); written to
     ``OUT/work/plan.json``."""
-    from ...pruning.pipeline import FixedSplit
+    from ...pruning.pipeline import check_job
     from ...pruning.plan import Plan, grouped, probe, write
 
     rows, first = list(before or []), None
     for row in plans:
-        strategy = FixedSplit(*row.split) if row.split else registry.build("strategy", row.strategy)
-        job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=row.budget, settings=row.settings,
-                       registry=registry, workdir=out / "work" / row.id, shared_dir=out / "work" / "shared",
-                       base_info=dict(info), progress=False, log=log, strategy_name=row.label or row.strategy,
-                       adapter=adapter)
+        strategy, job = row_job(row, registry, model, spec, task, info, out, log=log, adapter=adapter)
         with job.serving():
+            check_job(strategy, job)   # a plan catches what the rows would refuse
             rows.append((group(row), list(strategy.plan(job)) if hasattr(strategy, "plan") else []))
         first = first or job
     with first.serving():
         found = probe(first, probe_s) if probe_s > 0 and first is not None else None
-    made = Plan(title, grouped(rows), found, key, dist.world())
+    made = Plan(title, grouped(rows), found, key, dist.world(), list(notes))
     if dist.is_main():
         write(made, out / "work")
     return made
@@ -128,7 +124,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
         the_budgets = distinct([b if isinstance(b, Budget) else Budget(sites=whole_number(b, "a budget"))
                                 for b in budgets], option("budgets"))
         start = start_run(names, the_budgets, folder=COMPARE_FOLDER, out=out, resume=resume, overwrite=overwrite,
-                          settings=settings, overrides={"device": device, "amp": amp}, registry=registry)
+                          settings=settings, overrides={"device": device, "amp": amp}, registry=registry, plan=plan)
     registry, run_settings, the_budgets = start.registry, start.settings, start.budgets
     for name in sorted(cost_model.refuse_parallel(jobs, the_budgets, run_settings)):
         cm = cost_model.build(registry, name, run_settings)   # time the models where it predicts, too
@@ -143,8 +139,9 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
         plans = plan_rows(spec_, dense.key, task.key)
         key = run_key(start, dense, ",".join(names))
         if plan:
-            return plan_of_rows(plans, registry, model, spec, task, info, out, adapter, log, plan_probe, key,
-                                f"compare {', '.join(names)}, {len(plans)} rows")
+            probe_s, notes = start.probe_here(plan_probe)
+            return plan_of_rows(plans, registry, model, spec, task, info, out, adapter, log, probe_s, key,
+                                f"compare {', '.join(names)}, {len(plans)} rows", notes=notes)
         rows = run_rows(plans, registry, model, spec, task, info, out, resume=start.resume, jobs=jobs,
                         data_spec=data_spec, adapter=adapter, log=log, progress=progress)
         if not dist.is_main():  # rank 0 times the models and writes the results
