@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The GPU check: what a user needs to know first, in at most 8 minutes on one GPU, in this order:
+# The GPU check: what a user needs to know first, in at most 5 minutes on one GPU, in this order:
 #   1. install this project (torch-pruning is optional: without it only the HetDPT+ step is skipped);
-#   2. DeiT-B dense against the paper's pruned recipe, fp32 and bf16, batch 64 and 256 (measured speedup);
-#   3. the training-step probe of `--plan` on DeiT-B with the paper's recipe (student + teacher, bf16):
-#      images/s and peak memory at batch 128 (probe-batch), and at 1024 through accumulation, 8 x 128
-#      (probe-accum); each prints the paper recipe's plan timed by its probe;
-#   4. the CUDA tests; 5. HetDPT+ speed (needs torch-pruning).
+#   2. the machine: GPU, driver, torch, CPUs;
+#   3. speed: DeiT-B dense against the paper's pruned recipe in fp32 (TF32 off and on), bf16 autocast, bf16
+#      weights and bf16 weights compiled, at batch 64 and 256 (benchmarks/gpu_speed.py);
+#   4. the loader alone: images/s per worker with the paper's augmentations on ImageNet-sized JPEGs
+#      (benchmarks/loader_throughput.py);
+#   5. the probe of `--plan` on DeiT-B with the paper's recipe (student + teacher, bf16, batch 128): the
+#      training step alone, the loader alone, the two together, and which one bounds the run;
+#   6. the CUDA tests (pytest -m cuda); 7. HetDPT+ speed (needs torch-pruning).
 #
 #   bash scripts/gpu-check.sh RESULTS_DIR              # on a GPU machine; RESULTS_DIR.tar.gz holds everything
 #   bash scripts/gpu-check.sh RESULTS_DIR --cpu-smoke  # the same steps, tiny and on the CPU: checks the script
@@ -13,9 +16,11 @@
 # Offline: needs python3 with torch, timm, pluggy, safetensors, scikit-learn, scipy, matplotlib, pyyaml, tqdm
 # and pillow. torch-pruning is installed from .whl/torch_pruning-*.whl when it is missing and a wheel is there
 # (fetch it beforehand: pip download --no-deps torch-pruning==1.6.1 -d .whl/). Each step has a cap; the caps
-# add up to at most the budget (GPU_CHECK_BUDGET_S, default 480), so no step is starved by an earlier one.
-# Every step logs to RESULTS_DIR/<step>.log; a failing step does not stop the others; summary.txt lists the
-# outcomes. The exit status is the number of steps that did not pass (a skipped step is not a failure).
+# add up to at most the budget (GPU_CHECK_BUDGET_S, default 300), so no step is starved by an earlier one.
+# Every step logs to RESULTS_DIR/<step>.log and writes its results as JSON (and Markdown) there; a failing
+# step does not stop the others. summary.txt is one table: each step's outcome and what it measured. The
+# folder holds logs and JSON only (no weights, no images): RESULTS_DIR.tar.gz is well under a megabyte.
+# The exit status is the number of steps that did not pass (a skipped step is not a failure).
 set -u
 
 OUT=${1:?usage: bash scripts/gpu-check.sh RESULTS_DIR [--cpu-smoke]}
@@ -25,21 +30,21 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 cd "$ROOT" || exit 2
 PY=${PYTHON:-python3}
-BUDGET=${GPU_CHECK_BUDGET_S:-480}
+BUDGET=${GPU_CHECK_BUDGET_S:-300}
 START=$(date +%s)
-SUMMARY="$OUT/summary.txt"
+STEPS="$OUT/steps.tsv"
 FAILED=0
 export HETPRUNE_NO_PROGRESS=1 PYTHONUNBUFFERED=1
 
 # name:cap in seconds, in the order they run; the caps must fit the budget (checked before anything runs)
-CAPS=(install:60 environment:15 speed-deitb:100 probe-batch:80 probe-accum:100 pytest-cuda:60 hetdpt-plus-speed:50)
+CAPS=(install:25 environment:10 speed:95 loader:20 probe:55 pytest-cuda:50 hetdpt-plus-speed:45)
 TOTAL=0
 for entry in "${CAPS[@]}"; do TOTAL=$((TOTAL + ${entry#*:})); done
 if ((TOTAL > BUDGET)); then
     echo "error: the steps' caps add up to ${TOTAL}s, over the ${BUDGET}s budget" >&2
     exit 2
 fi
-: > "$SUMMARY"
+: > "$STEPS"
 cap_of() { for entry in "${CAPS[@]}"; do [ "${entry%%:*}" = "$1" ] && echo "${entry#*:}"; done; }
 
 # step NAME COMMAND...: run under its cap (scaled by CAP_SCALE), log, record the outcome; exit 77 = skipped
@@ -54,12 +59,13 @@ step() {
     rc=$?
     case $rc in
         0) status=passed ;;
-        77) status="skipped ($(tail -n 1 "$OUT/$name.log"))" ;;
+        77) status="skipped: $(tail -n 1 "$OUT/$name.log")" ;;
         124|137) status="TIMED OUT after ${limit}s" ;;
         *) status="FAILED (exit $rc)" ;;
     esac
     ((rc == 0 || rc == 77)) || FAILED=$((FAILED + 1))
-    echo "$name: $status in $(($(date +%s) - t0))s (log: $name.log)" | tee -a "$SUMMARY"
+    printf '%s\t%s\t%s\n' "$name" "$status" "$(($(date +%s) - t0))" >> "$STEPS"
+    echo "$name: $status in $(($(date +%s) - t0))s"
 }
 
 install() {
@@ -78,59 +84,59 @@ install() {
 environment() {
     git -C "$ROOT" log -1 --format='commit %H %s' 2>/dev/null
     command -v nvidia-smi >/dev/null && nvidia-smi
-    "$PY" - <<'EOF'
-import os, platform, torch
-print("python", platform.python_version(), "| torch", torch.__version__, "| cuda", torch.version.cuda,
-      "| cpus", os.cpu_count(), "| load", os.getloadavg())
-print("cuda available:", torch.cuda.is_available(), "| devices:", torch.cuda.device_count())
-for i in range(torch.cuda.device_count()):
-    print(f"cuda:{i}", torch.cuda.get_device_name(i), "capability", torch.cuda.get_device_capability(i),
-          "native bf16:", torch.cuda.is_bf16_supported(including_emulation=False))
+    "$PY" - "$OUT/environment.json" <<'EOF'
+import json, os, platform, sys
+import torch
+gpus = [{"name": torch.cuda.get_device_name(i), "capability": list(torch.cuda.get_device_capability(i)),
+         "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2 ** 30, 1),
+         "native_bf16": torch.cuda.is_bf16_supported(including_emulation=False)}
+        for i in range(torch.cuda.device_count())]
+env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+       "cpus": os.cpu_count(), "load": os.getloadavg(), "gpus": gpus}
+print(json.dumps(env, indent=1))
+with open(sys.argv[1], "w") as fh:
+    json.dump(env, fh, indent=1)
 EOF
 }
 
-# DeiT-B dense against the paper's recipe (speed_paper_configs.py), each dtype at each batch size
-speed() {
-    local dtype batch rc=0
-    for dtype in $SPEED_DTYPES; do
-        for batch in $SPEED_BATCHES; do
-            echo "-- $dtype, batch $batch"
-            "$PY" benchmarks/speed_paper_configs.py --device "$DEVICE" --dtype "$dtype" --batch-size "$batch" \
-                $SPEED_ARGS --out "$OUT/speed-$dtype-$batch" || rc=1
-        done
-    done
-    return $rc
-}
-
-# an ImageFolder of generated JPEGs for the probe: the training step's speed does not depend on what the images show
+# JPEGs of photographs' size and detail for the loader and the probe (their speed depends on the files' size
+# and content, not on what they show): smooth colour fields with noise, JPEG quality 90
 make_images() {
     "$PY" - "$1" "$2" "$3" "$4" <<'EOF'
 import sys
 from pathlib import Path
 import numpy as np
 from PIL import Image
-root, size, classes, per_class = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+root, per_class, classes = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+width, height = (int(v) for v in sys.argv[4].split("x"))
 rng = np.random.default_rng(0)
+yy, xx = np.mgrid[0:height, 0:width] / max(width, height)
 for split, n in (("train", per_class), ("val", 2)):
     for c in range(classes):
         folder = root / split / f"c{c}"
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(n):
-            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(folder / f"{i}.jpg")
-print("made", root)
+            a, b, phase = rng.uniform(2, 12, 3)
+            base = np.stack([np.sin(a * xx + phase + k) * np.cos(b * yy - k) for k in range(3)], -1) * 90 + 128
+            pixels = np.clip(base + rng.normal(0, 18, base.shape), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=90)
 EOF
 }
 
-# --plan's probe of the paper recipe's training step (prints images/s and peak memory; nothing trained kept)
+loader_step() {
+    [ -f benchmarks/loader_throughput.py ] || { echo "benchmarks/loader_throughput.py is not here"; return 77; }
+    "$PY" benchmarks/loader_throughput.py "$@"
+}
+
+# --plan's probe of the paper recipe's training step (prints three rates and the bound; nothing trained kept)
 probe() {
-    local batch=$1 accum=$2
-    "$PY" -m hetprune prune --model "$PROBE_MODEL" --model-kwargs "$PROBE_KWARGS" --data "$OUT/images" \
+    "$PY" -m hetprune prune --model "$PROBE_MODEL" --model-kwargs "$PROBE_KWARGS" --data "$IMAGES" \
         --config deit-b-paper --amp "$PROBE_AMP" --device "$DEVICE" --budget "$PROBE_BUDGET" --plan \
-        --plan-probe "$PROBE_S" \
+        --plan-probe "$PROBE_S" --workers "$PROBE_WORKERS" \
         --set finetune.teacher="$PROBE_TEACHER" --set finetune.teacher_pretrained=false \
-        --set "finetune.teacher_kwargs=$PROBE_KWARGS" --set finetune.batch_size="$batch" \
-        --set finetune.accum_steps="$accum" --out "$OUT/probe-$batch" || return 1
-    cp "$OUT/probe-$batch.work/plan.json" "$OUT/plan-$batch.json"
+        --set "finetune.teacher_kwargs=$PROBE_KWARGS" --set finetune.batch_size="$PROBE_BATCH" \
+        --set finetune.accum_steps=1 --out "$OUT/probe" || return 1
+    cp "$OUT/probe.work/plan.json" "$OUT/plan.json"
 }
 
 plus_speed() {
@@ -138,15 +144,17 @@ plus_speed() {
     "$PY" benchmarks/hetdpt_plus_speed.py "$@" --out "$OUT/hetdpt-plus-speed-$DEVICE.md"
 }
 
-export -f install environment speed make_images probe plus_speed
+export -f install environment make_images loader_step probe plus_speed
 export PY ROOT OUT
 
 if [ "$MODE" = --cpu-smoke ]; then
     export PYTHONPATH="$ROOT:$ROOT/plugins${PYTHONPATH:+:$PYTHONPATH}"   # the checkout itself, not an install
-    export DEVICE=cpu SPEED_DTYPES="fp32 bf16" SPEED_BATCHES="1 2"
-    export SPEED_ARGS="--configs deit_s --repeats 1 --warmup 0 --profile never --threads 1"
-    export PROBE_MODEL=deit_tiny_distilled_patch16_224 PROBE_TEACHER=deit_tiny_patch16_224 PROBE_AMP=none PROBE_S=2
-    export PROBE_BUDGET=2 PROBE_BATCH=16 PROBE_ACCUM=4   # the accumulated step: 4 x 16
+    export DEVICE=cpu IMAGES="$OUT/images"
+    SPEED=(--device cpu --model deit_tiny_patch16_224 --modes fp32,bf16-weights --batches 1,2 --repeats 1
+           --warmup 1 --min-time 0)
+    LOADER=(--images "$IMAGES" --augments paper --workers 1 --seconds 1)
+    export PROBE_MODEL=deit_tiny_distilled_patch16_224 PROBE_TEACHER=deit_tiny_patch16_224 PROBE_AMP=none PROBE_S=3
+    export PROBE_BUDGET=2 PROBE_BATCH=16 PROBE_WORKERS=1
     export PROBE_KWARGS='{"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 10}'
     CAP_SCALE=${GPU_CHECK_CAP_SCALE:-2}   # a shared CPU is slower than the GPU these caps are sized for
     "$PY" - "$OUT" <<'EOF' || exit 2
@@ -161,31 +169,32 @@ with open(f"{sys.argv[1]}/deit-tiny-recipe.json", "w") as fh:
     json.dump(recipe.to_dict(), fh)
 EOF
     PLUS=(--model deit_tiny_patch16_224 --recipe "$OUT/deit-tiny-recipe.json" --target 0.5 --batch 1 --repeats 1
-          --warmup 0 --min-time 0 --threads 1 --device cpu --dtype fp32 --with-width-first)
-    make_images "$OUT/images" 32 10 8 > /dev/null || exit 2
-    echo "install: skipped (--cpu-smoke runs the checkout on PYTHONPATH)" | tee -a "$SUMMARY"
+          --warmup 0 --min-time 0 --threads 1 --device cpu --dtype fp32)
+    make_images "$IMAGES" 12 10 64x48 || exit 2
+    printf 'install\tskipped: --cpu-smoke runs the checkout on PYTHONPATH\t0\n' >> "$STEPS"
 else
-    export DEVICE=cuda SPEED_DTYPES="fp32 bf16" SPEED_BATCHES="64 256" SPEED_ARGS="--configs deit_b"
-    export PROBE_MODEL=deit_base_distilled_patch16_224 PROBE_TEACHER=deit_base_patch16_224 PROBE_AMP=bf16 PROBE_S=25
-    export PROBE_BUDGET=10 PROBE_BATCH=128 PROBE_ACCUM=8   # the accumulated step: 8 x 128 = 1024
+    export DEVICE=cuda IMAGES="$OUT/images"
+    SPEED=(--device cuda)
+    LOADER=(--images "$IMAGES" --augments paper,light --workers "1,$(($(nproc) - 1))" --seconds 4)
+    export PROBE_MODEL=deit_base_distilled_patch16_224 PROBE_TEACHER=deit_base_patch16_224 PROBE_AMP=bf16 PROBE_S=20
+    export PROBE_BUDGET=10 PROBE_BATCH=128 PROBE_WORKERS=$(($(nproc) - 1))
     export PROBE_KWARGS='{"num_classes": 10}'   # ten classes of generated images; the head is 0.01 % of the step
     CAP_SCALE=1
-    PLUS=(--device cuda --dtype bf16 --batch 256 1 --repeats 5 --min-time 0.2 --threads 8 --with-depth-only
-          --with-width-first)
+    PLUS=(--device cuda --dtype bf16 --batch 256 --repeats 3 --min-time 0.1 --threads 8)
     step install install
-    make_images "$OUT/images" 224 10 110 > /dev/null &   # 1,100 training images: a batch of 1,024 fits in one
-    IMAGES=$!
+    make_images "$IMAGES" 26 10 500x375 &   # 260 ImageNet-sized JPEGs: the loader and the probe repeat them
+    MAKING=$!
 fi
 
 step environment environment
-step speed-deitb speed
-[ -n "${IMAGES:-}" ] && wait "$IMAGES"
-step probe-batch probe "$PROBE_BATCH" 1
-step probe-accum probe $((PROBE_BATCH * PROBE_ACCUM)) "$PROBE_ACCUM"
+step speed "$PY" benchmarks/gpu_speed.py "${SPEED[@]}" --out "$OUT"
+[ -n "${MAKING:-}" ] && wait "$MAKING"
+step loader loader_step "${LOADER[@]}" --results "$OUT" --name loader
+step probe probe
 step pytest-cuda "$PY" -m pytest -q -m cuda -p no:cacheprovider --junitxml="$OUT/pytest-cuda.xml"
 step hetdpt-plus-speed plus_speed "${PLUS[@]}"
 
-echo "done in $(($(date +%s) - START))s; $FAILED step(s) did not pass; results in $OUT" | tee -a "$SUMMARY"
-rm -rf "$OUT/images" "$OUT"/probe-*.work "$OUT"/probe-*/
-tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && echo "packed $OUT.tar.gz" | tee -a "$SUMMARY"
+rm -rf "$OUT/images" "$OUT/probe.work" "$OUT/probe"
+"$PY" scripts/gpu_check_summary.py "$OUT" "$(($(date +%s) - START))" | tee "$OUT/summary.txt"
+tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && echo "packed $OUT.tar.gz"
 exit "$FAILED"
