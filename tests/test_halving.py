@@ -212,7 +212,8 @@ def test_cheaper_checks_select_on_a_share_of_the_scoring_subset_and_cost_that_sh
 
     full = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "a", HetDPT, {"scorer": "gate-taylor"}))
     half = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "b", HetDPT,
-                                   {"scorer": "gate-taylor", "hetdpt": {"verify_selection": 0.5}}))
+                                   {"scorer": "gate-taylor", "hetdpt": {"verify": 2, "verify_by": "pipeline",
+                                                                        "verify_selection": 0.5}}))
     assert full.select_job is full.job and half.select_job.config.scoring_batches.subset == 8   # of 16
     assert half.job.config.scoring_batches.subset == 16   # the run's own selection keeps its subset
     assert half.selection_cost((2, 2)) == pytest.approx((1 + 4) * 8 / 48)
@@ -221,7 +222,7 @@ def test_cheaper_checks_select_on_a_share_of_the_scoring_subset_and_cost_that_sh
     # no subset: the share is of the training set
     whole = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "c", HetDPT,
                                     {"scorer": "gate-taylor", "scoring": {"subset": None},
-                                     "hetdpt": {"verify_selection": 0.25}}))
+                                     "hetdpt": {"verify": 2, "verify_by": "pipeline", "verify_selection": 0.25}}))
     assert whole.select_job.config.scoring_batches.subset == round(whole.job.task.train_size / 4)
 
 

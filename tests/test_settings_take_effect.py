@@ -231,3 +231,90 @@ def test_plan_probe_without_plan_is_refused_in_python_too(monkeypatch):
         with pytest.raises(HetpruneError, match="plan_probe=5 times the training step for a plan: give it with "
                                                 "plan=True"):
             run()
+
+
+# -- defect 5: a verify_budget too small for its candidates is refused before any point trains -----------------
+
+PIPELINE_CHECKS = {"scorer": "gate-taylor", "hetdpt": {"verify": 3, "verify_by": "pipeline", "verify_budget": 0.01}}
+
+
+def test_a_verify_budget_that_cannot_pay_for_its_candidates_is_refused_before_any_point_trains(monkeypatch,
+                                                                                              tmp_path):
+    import hetprune
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_data, tiny_model
+
+    no_training(monkeypatch)
+    words = r"hetdpt.verify_budget 0.01 .* does not pay for the 3 candidates' selections \(at least "
+    for plan in (False, True):
+        with pytest.raises(HetpruneError, match=words):
+            hetprune.prune(tiny_model(), tiny_data(), "hetdpt", 4, settings={**TINY_SETTINGS, **PIPELINE_CHECKS},
+                           plan=plan, plan_probe=0 if plan else None, progress=False, log=lambda m: None)
+    # a compare refuses it before its first row (a baseline that would train at once) runs
+    with pytest.raises(HetpruneError, match=words):
+        hetprune.compare(tiny_model(), tiny_data(), ["act-only", "hetdpt"], [4], out=tmp_path / "cmp",
+                         settings={**TINY_SETTINGS, **PIPELINE_CHECKS}, batch_sizes=[1], progress=False,
+                         log=lambda m: None)
+
+
+def test_the_floor_under_the_checks_selections_never_exceeds_what_any_candidates_cost(tmp_path):
+    """The early refusal may only refuse what the late one would: its floor is at most the cost of every set of
+    candidates the predictor could pick, in any order."""
+    import itertools
+
+    from hetprune_hetdpt.halving import PipelineChecks
+
+    job = tiny_job(Budget(sites=4), tmp_path, hetdpt(), {"scorer": "gate-taylor"})
+    checks, pairs = PipelineChecks(job), job.feasible_pairs()
+    for k in (2, 3):
+        floor = checks.least_selections_cost(pairs, k)
+        costs = [checks.selections_cost(list(c)) for c in itertools.permutations(pairs, k)]
+        assert 0 < floor <= min(costs)
+
+
+# -- defect 8: kd_token on a student without a distillation token, refused before stage 1 and by --plan ----------
+
+@pytest.mark.parametrize("section", ["finetune", "short_finetune"])
+def test_kd_token_on_a_model_without_a_distillation_token_is_refused_before_stage_1_and_by_plan(section,
+                                                                                               monkeypatch):
+    import hetprune
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_data, tiny_model
+
+    no_training(monkeypatch)
+    settings = {**TINY_SETTINGS, "scorer": "gate-taylor", section: {**TINY_SETTINGS[section], "kd_token": True}}
+    for plan in (False, True):
+        with pytest.raises(HetpruneError, match=rf"^{section}.kd_token distils into a distillation token, and "
+                                                "VisionTransformer has none"):
+            hetprune.prune(tiny_model(), tiny_data(), "act-only", 2, settings=settings, plan=plan,
+                           plan_probe=0 if plan else None, progress=False, log=lambda m: None)
+
+
+# -- suspect 2: the checks' settings at verify 0 (or verify_by points) are refused, not silently inert ------------
+
+@pytest.mark.parametrize("hetdpt_settings, words", [
+    ({"verify_by": "pipeline"}, "hetdpt.verify_by shapes the checks of hetdpt.verify, which is 0"),
+    ({"verify_budget": 4.0}, "hetdpt.verify_budget shapes the checks of hetdpt.verify, which is 0"),
+    ({"verify_selection": 0.5}, "hetdpt.verify_selection shapes the checks of hetdpt.verify, which is 0"),
+    ({"verify": 2, "verify_budget": 4.0}, "hetdpt.verify_budget applies to the checks of verify_by pipeline, and this "
+                                          "run's are verify_by points"),
+    ({"verify": 2, "verify_selection": 0.5}, "hetdpt.verify_selection applies to the checks of verify_by pipeline")])
+def test_the_checks_settings_are_refused_where_there_are_no_such_checks(hetdpt_settings, words):
+    from hetprune.core import config
+
+    with pytest.raises(HetpruneError, match=words):
+        config.resolve(hetdpt(), overrides={"hetdpt": hetdpt_settings})
+    config.resolve(hetdpt(), overrides={"hetdpt": {"verify": 2, "verify_by": "pipeline", **hetdpt_settings}})
+
+
+# -- suspect 3: a strategy's section without that strategy in the run says so -----------------------------------
+
+def test_a_section_of_a_strategy_not_in_the_run_is_refused_naming_that_strategy(capsys):
+    from hetprune.cli import main
+
+    assert main(["compare", "--strategies", "act-only,mix50", "--set", "hetdpt.verify=2", "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert "error: settings section 'hetdpt' in --set options belongs to strategies hetdpt, hetdpt-plus, none of " \
+           "which is among this run's strategies (act-only, mix50)" in err
+    assert main(["prune", "--strategy", "act-only", "--budget", "2", "--set", "hetdpt_plus.depth_share=0.5",
+                 "--plan"]) == 2
+    assert "'hetdpt_plus' in --set options belongs to strategy hetdpt-plus, which is not among this run's " \
+           "strategies (act-only)" in capsys.readouterr().err

@@ -549,13 +549,16 @@ def typed(key: str, value, expected: tuple | None, where: str):
 
 
 def _merge(base: dict, update: dict, where: str, path: str = "", schema: dict | None = None,
-           declared: dict | None = None) -> dict:
-    """``base`` updated by ``update``; every value checked against ``schema`` (the defaults) and converted."""
+           declared: dict | None = None, foreign: dict | None = None) -> dict:
+    """``base`` updated by ``update``; every value checked against ``schema`` (the defaults) and converted.
+    ``foreign``: why a top-level section of a strategy the run does not run is not a key here."""
     schema = base if schema is None else schema
     declared = DECLARED_TYPES if declared is None else declared
     out = copy.deepcopy(base)
     for key, value in update.items():
         full = f"{path}{key}"
+        if key not in base and not path and key in (foreign or {}):
+            raise HetpruneError(f"settings section {key!r} in {where} {foreign[key]}")
         if key not in base:
             allowed = ", ".join(sorted(base))
             raise HetpruneError(f"unknown key {full!r} in {where}; allowed here: {allowed}")
@@ -679,14 +682,16 @@ def parse_set(items: list[str]) -> dict:
 
 
 def resolve(strategies=None, config_file: str | None = None, overrides: dict | None = None,
-            sets: list[str] | None = None, types: dict | None = None) -> dict:
+            sets: list[str] | None = None, types: dict | None = None, elsewhere: dict | None = None) -> dict:
     """A run's settings, the one way they are made: defaults (the core's and every section ``strategies``
     add: a strategy, a list of them, or a mapping of section defaults) <- the YAML file <- ``overrides``
     (the Python call's ``settings`` and keyword options, or the command line's flags) <- ``--set`` items.
 
     Every value is converted and checked against its field's type (``types``, keyed ``section.key``,
     declares more, e.g. ``(int, None)``); then every typed section is validated as a whole, so a bad value
-    fails now, not after an hour of work. Returns the nested dict the job carries (and reports).
+    fails now, not after an hour of work. ``elsewhere`` names, per settings section of a strategy this run
+    does not run, the strategies that declare it: such a section is refused saying so, not as an unknown key.
+    Returns the nested dict the job carries (and reports).
     """
     section_defaults, section_types = sections_of(strategies)
     schema = with_recipe_options(defaults_for(section_defaults))
@@ -695,17 +700,25 @@ def resolve(strategies=None, config_file: str | None = None, overrides: dict | N
                 **{f"{section}.{k}": v for section in SCHEDULES for k, v in field_types(TrainConfig).items()},
                 **section_types, **(types or {})}
     settings = copy.deepcopy(schema)
+    running = ", ".join(getattr(s, "name", type(s).__name__) for s in (
+        strategies if isinstance(strategies, (list, tuple)) else [strategies]) if not isinstance(s, dict | None))
+    foreign = {section: (f"belongs to strategy {owners[0]}, which is not" if len(owners) == 1 else
+                         f"belongs to strategies {', '.join(owners)}, none of which is")
+                        + f" among this run's strategies ({running or 'none'}): run it, or drop its settings"
+               for section, owners in (elsewhere or {}).items() if section not in schema}
     if config_file:
         given = read_yaml(config_file)
         if config_path(config_file).parent == SHIPPED_CONFIGS:   # made for hetdpt: another strategy takes the rest
             given = {k: v for k, v in given.items() if k in schema}
-        settings = _merge(settings, given, f"config file {config_file}", schema=schema, declared=declared)
+        settings = _merge(settings, given, f"config file {config_file}", schema=schema, declared=declared,
+                          foreign=foreign)
     if overrides:
         where = "command-line options" if on_command_line() else "the settings argument"   # from Python
         settings = _merge(settings, {k: v for k, v in overrides.items() if v is not None}, where,
-                          schema=schema, declared=declared)
+                          schema=schema, declared=declared, foreign=foreign)
     if sets:
-        settings = _merge(settings, parse_set(sets), "--set options", schema=schema, declared=declared)
+        settings = _merge(settings, parse_set(sets), "--set options", schema=schema, declared=declared,
+                          foreign=foreign)
     settings = without_recipe_defaults(settings)
     validate(settings, strategies)
     return settings

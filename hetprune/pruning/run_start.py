@@ -140,7 +140,7 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
     registry = registry or get_registry()
     built = [registry.build("strategy", s) if isinstance(s, str) else s for s in strategies]
     given = {**(settings or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
-    run_settings = config_mod.resolve(built, config_file, given, sets)
+    run_settings = config_mod.resolve(built, config_file, given, sets, elsewhere=sections_elsewhere(registry, built))
     elsewhere = unavailable_here(run_settings) if plan else None
     if elsewhere is not None:   # the counts need no device: plan them here, on the CPU
         run_settings.update(config_mod.changed(run_settings, device="cpu", amp="none"))
@@ -160,6 +160,18 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
         config_mod.RunSettings.of(run_settings).scoring_batches.subset != config_mod.ScoringConfig().subset)
     return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder, chosen, scoring,
                     elsewhere)
+
+
+def sections_elsewhere(registry: Registry, strategies: list) -> dict[str, list[str]]:
+    """Per settings section of a registered strategy the run does not run, the strategies that declare it
+    (``hetdpt``: hetdpt): what a setting there is refused for."""
+    running = {getattr(s, "name", None) for s in strategies}
+    out: dict[str, list[str]] = {}
+    for name in registry.names("strategy"):
+        if name not in running:
+            for section in config_mod.sections_of(registry.component("strategy", name).factory)[0]:
+                out.setdefault(section, []).append(name)
+    return out
 
 
 def probe_for(plan: bool, seconds) -> float | None:

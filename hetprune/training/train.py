@@ -351,11 +351,8 @@ def set_drop_path(model: nn.Module, rate: float) -> Callable[[], None]:
 
     from ..model.adapters import adapter_for
 
-    adapter = adapter_for(model)
-    slots = adapter.drop_path_slots(model)
-    if not any(slots):
-        raise HetpruneError(f"drop_path: the {adapter.name} adapter names no drop-path slot in "
-                            f"{type(model).__name__}; leave drop_path null for this model")
+    check_training_modes(model, TrainConfig(drop_path=rate))
+    slots = adapter_for(model).drop_path_slots(model)
     saved = []
     depth = len(slots)
     for i, block_slots in enumerate(slots):
@@ -374,12 +371,27 @@ def set_drop_path(model: nn.Module, rate: float) -> Callable[[], None]:
 def distilled_training(model: nn.Module, on: bool) -> bool:
     """Switch a distilled model (timm's ``VisionTransformerDistilled``) to return ``(class head,
     distillation head)`` while it trains; returns the setting it had. One error for any other model."""
-    if not hasattr(model, "set_distilled_training"):
-        raise HetpruneError(f"kd_token distils into a distillation token, and {type(model).__name__} has none: "
-                            "use a distilled model (e.g. deit_base_distilled_patch16_224) or leave kd_token off")
+    check_training_modes(model, TrainConfig(kd_token=True))
     before = bool(getattr(model, "distilled_training", False))
     model.set_distilled_training(on)
     return before
+
+
+def check_training_modes(model: nn.Module, cfg: TrainConfig, section: str = "") -> None:
+    """Refuse what `training_modes` cannot do to ``model``: ``kd_token`` without a distillation token,
+    ``drop_path`` where its adapter names no slot. A run checks every schedule (``section``) this way before
+    anything trains."""
+    key = f"{section}." if section else ""
+    if cfg.kd_token and not hasattr(model, "set_distilled_training"):
+        raise HetpruneError(f"{key}kd_token distils into a distillation token, and {type(model).__name__} has none: "
+                            f"use a distilled model (e.g. deit_base_distilled_patch16_224) or leave {key}kd_token off")
+    if cfg.drop_path is not None:
+        from ..model.adapters import adapter_for
+
+        adapter = adapter_for(model)
+        if not any(adapter.drop_path_slots(model)):
+            raise HetpruneError(f"{key}drop_path: the {adapter.name} adapter names no drop-path slot in "
+                                f"{type(model).__name__}; leave {key}drop_path null for this model")
 
 
 def split_batch(batch, parts: int) -> list[tuple[tuple, int]]:

@@ -71,14 +71,20 @@ def fractions(k: int, budget: float, selection_cost: float) -> list[float]:
     while n > 1:
         counts.append(n)
         n = max(1, n // 2)
-    left = budget - selection_cost
     if not counts:
         return []
-    if left <= 0:
-        raise HetpruneError(f"hetdpt.verify_budget {budget:g} (final-fine-tune units) does not pay for the "
-                            f"{k} candidates' selections ({selection_cost:.3g} units): raise it, or lower hetdpt.verify")
-    share = left / len(counts)
+    check_pays(budget, k, selection_cost)
+    share = (budget - selection_cost) / len(counts)
     return [min(1.0, share / n) for n in counts]
+
+
+def check_pays(budget: float, k: int, selection_cost: float, at_least: bool = False) -> None:
+    """Refuse a budget that leaves nothing for the fine-tunes of ``k`` candidates once their selections
+    (``selection_cost`` units; ``at_least``: a floor known before the candidates are) are paid."""
+    if k > 1 and budget - selection_cost <= 0:
+        raise HetpruneError(f"hetdpt.verify_budget {budget:g} (final-fine-tune units) does not pay for the "
+                            f"{k} candidates' selections ({'at least ' if at_least else ''}{selection_cost:.3g} "
+                            "units): raise it, or lower hetdpt.verify")
 
 
 def halving(candidates: list[Split], run: Callable[[Split, float], float], budget: float,
@@ -166,6 +172,20 @@ class PipelineChecks:
         """The candidates' selections in order, each continuing from the earlier one it shares most with."""
         return sum(self.selection_cost(s, max((self.shared(s, t) for t in candidates[:i]), default=0))
                    for i, s in enumerate(candidates))
+
+    def least_selections_cost(self, pairs: list[Split], k: int) -> float:
+        """A floor under what the selections of any ``k`` of ``pairs`` cost (`selections_cost`), known before
+        any point says which ``k``: the first candidate selects in full, each later one at least what is left
+        after the most it could share with another."""
+        full = [self.selection_cost(p) for p in pairs]
+        later = sorted(min([self.selection_cost(p, self.shared(p, q)) for q in pairs if q != p], default=cost)
+                       for p, cost in zip(pairs, full))
+        return min(full, default=0.0) + sum(later[:k - 1])
+
+    def check_budget(self, budget: float, pairs: list[Split], k: int) -> None:
+        """Refuse, before stage 1, a ``verify_budget`` that cannot pay for the selections of any ``k`` of the
+        feasible splits ``pairs``."""
+        check_pays(budget, k, self.least_selections_cost(pairs, k), at_least=True)
 
     def scorer(self):
         run = self.job.config

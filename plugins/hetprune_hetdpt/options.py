@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from hetprune import HetpruneError
 from hetprune.core.config import Section, number, setting, whole
 
 FINETUNES = ("auto", "finetune", "short_finetune")
@@ -44,7 +45,7 @@ class HetDPTOptions(Section):
                              "its unmeasured neighbours); 0 = the paper's one-shot fit")
     verify: int = setting(0, "past the paper: the K best predicted splits measured, the best of them picked (0 = the "
                              "predictor's argmax)")
-    verify_by: str = setting("points", "how the K splits are measured: points (a point of the scheme's kind: "
+    verify_by: str = setting("points", "with verify > 0, how the K splits are measured: points (a point of the scheme's kind: "
                                        "progressive checks from the nearest path point) or pipeline (the final "
                                        "run's own selection and fine-tune, by successive halving within "
                                        "verify_budget)")
@@ -79,6 +80,22 @@ class HetDPTOptions(Section):
                   "a number of final fine-tunes > 0, or null")
         self.need("verify_selection", number(self.verify_selection, 0, 1) and self.verify_selection > 0,
                   "a share of scoring.subset within (0, 1] (1: the final run's own selection)")
+        self._refuse_inert_checks()
+
+    def _refuse_inert_checks(self) -> None:
+        """The checks' settings do nothing where there are no checks (``verify`` 0), and ``verify_budget`` and
+        ``verify_selection`` nothing for checks of the points' kind: refused, not silently ignored."""
+        default = {f.name: f.default for f in fields(self)}
+        changed = [n for n in ("verify_by", "verify_budget", "verify_selection") if getattr(self, n) != default[n]]
+        if changed and not self.verify:
+            raise HetpruneError(f"hetdpt.{changed[0]} shapes the checks of hetdpt.verify, which is 0 (no checks): "
+                                f"set hetdpt.verify to the number of splits to check, or leave hetdpt.{changed[0]} "
+                                "at its default")
+        pipeline = [n for n in changed if n != "verify_by"]
+        if pipeline and self.verify_by != "pipeline":
+            raise HetpruneError(f"hetdpt.{pipeline[0]} applies to the checks of verify_by pipeline, and this run's "
+                                f"are verify_by {self.verify_by}: set hetdpt.verify_by pipeline, or leave "
+                                f"hetdpt.{pipeline[0]} at its default")
 
     def predictor_options_for(self, name: str) -> dict:
         return dict(self.predictor_options.get(name) or {})

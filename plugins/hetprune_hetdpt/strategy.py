@@ -94,6 +94,23 @@ class HetDPT(DepthStrategy):
                                                     self.plan_sites(job))
         return steps
 
+    def check_settings(self, job: PruneJob) -> None:
+        """What the job's hetdpt settings cannot do, refused before stage 1 trains anything: refinement its
+        point scheme cannot reach, fewer planned points than its predictor needs, and a ``verify_budget`` that
+        cannot pay for the selections of its pipeline checks' candidates."""
+        opts = job.options(HetDPTOptions)
+        scheme = self.scheme(job)
+        if opts.refine and not scheme.refinable:
+            raise HetpruneError(f"hetdpt.refine measures splits on the budget line, which {scheme.name} points "
+                                "cannot reach (a path only makes its own splits); use refine 0, or "
+                                "point_selection oneshot or gradual")
+        pairs = job.feasible_pairs()
+        if len(pairs) <= 1:   # nothing to choose: no point is measured
+            return
+        self.predictor_for(job, dist.on_main(lambda: self.point_plan(job, pairs)))
+        if opts.verify and opts.verify_by == "pipeline" and opts.verify_budget is not None:
+            PipelineChecks(job).check_budget(opts.verify_budget, pairs, min(opts.verify, len(pairs)))
+
     # -- stage 1: allocation ---------------------------------------------------
     def predictor_for(self, job: PruneJob, plan: list[tuple[int, int]], what: str = "this budget and model"):
         """The configured predictor (``hetdpt.predictor`` with its options), refused before any point is
@@ -117,13 +134,10 @@ class HetDPT(DepthStrategy):
             job.log(f"[hetdpt] the budget allows one split, {pairs[0][0]}+{pairs[0][1]}: taken without MAP points")
             return pairs[0], {"predictor": None, "points": [], "fit": {}, "surface": [], "refinement": [],
                               "single_split": True, "pick": {"n_attn": pairs[0][0], "n_act": pairs[0][1]}}
+        self.check_settings(job)   # again: a strategy that runs this one inside (hetdpt-plus) checks it here
         opts = job.options(HetDPTOptions)
         refine, verify = opts.refine, opts.verify
         scheme = self.scheme(job)
-        if refine and not scheme.refinable:
-            raise HetpruneError(f"hetdpt.refine measures splits on the budget line, which {scheme.name} points "
-                                "cannot reach (a path only makes its own splits); use refine 0, or "
-                                "point_selection oneshot or gradual")
         plan = dist.on_main(lambda: self.point_plan(job, pairs))
         predictor = self.predictor_for(job, plan)
         points = self.collect_points(job, plan)

@@ -90,19 +90,13 @@ def plan_rows(spec: CompareSpec, base_hash: str, data_fp: str) -> list[RowPlan]:
 def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, task, base_info: dict, out: Path,
             resume: bool, log: Callable[[str], None], progress: bool, adapter=None) -> dict:
     """Prune + fine-tune one row, save its model, and return the row."""
-    from ...pruning.pipeline import FixedSplit
     from ...model.recipe import save
 
     started = time.time()
     head = {"key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy, "budget": plan.budget.to_dict(),
             "seed": plan.seed}
-    strategy = FixedSplit(*plan.split) if plan.split else registry.build("strategy", plan.strategy)
     seed_everything(plan.seed)   # a row is the same whichever rows ran before it, in this process or another
-    job = PruneJob(dense=dense, spec=model_spec, data=None, task=task, budget=plan.budget, settings=plan.settings,
-                   registry=registry, workdir=out / "work" / plan.id, shared_dir=out / "work" / "shared",
-                   base_info=dict(base_info), resume=resume, progress=progress, log=log,
-                   strategy_name=plan.label or plan.strategy, measure_cost=False,  # phase 2 times every model
-                   adapter=adapter)
+    strategy, job = row_job(plan, registry, dense, model_spec, task, base_info, out, resume, log, progress, adapter)
     try:
         with job.serving():
             result = strategy.run(job)
@@ -134,6 +128,32 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
         row["predicted_speedup"] = r["cost"]["predicted_speedup"]
         row["cost_batch"] = r["cost"].get("about", {}).get("batch_size")
     return row
+
+
+def row_job(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, task, base_info: dict, out: Path,
+            resume: bool = False, log: Callable[[str], None] = print, progress: bool = False, adapter=None):
+    """A row's strategy and its job (in ``out/work/ROW``, sharing ``out/work/shared``; the model is timed in
+    phase 2, not by the job)."""
+    from ...pruning.pipeline import FixedSplit
+
+    strategy = FixedSplit(*plan.split) if plan.split else registry.build("strategy", plan.strategy)
+    job = PruneJob(dense=dense, spec=model_spec, data=None, task=task, budget=plan.budget, settings=plan.settings,
+                   registry=registry, workdir=out / "work" / plan.id, shared_dir=out / "work" / "shared",
+                   base_info=dict(base_info), resume=resume, progress=progress, log=log,
+                   strategy_name=plan.label or plan.strategy, measure_cost=False, adapter=adapter)
+    return strategy, job
+
+
+def check_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_spec, task, base_info: dict,
+               out: Path, adapter=None) -> None:
+    """Every row's refusals (`hetprune.pruning.pipeline.check_job`) before the first row trains."""
+    from ...pruning.pipeline import check_job
+
+    for plan in plans:
+        strategy, job = row_job(plan, registry, dense, model_spec, task, base_info, out, log=lambda m: None,
+                                adapter=adapter)
+        with job.serving():
+            check_job(strategy, job)
 
 
 def metric_columns(report: dict) -> dict:
@@ -195,6 +215,7 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
             results[i] = done[plan.key]
         else:
             todo.append((i, plan))
+    check_rows([plan for _, plan in todo], registry, dense, model_spec, task, base_info, out, adapter)
     durations: list[float] = []
 
     def finished(i: int, row: dict) -> None:
