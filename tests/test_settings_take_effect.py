@@ -318,3 +318,27 @@ def test_a_section_of_a_strategy_not_in_the_run_is_refused_naming_that_strategy(
                  "--plan"]) == 2
     assert "'hetdpt_plus' in --set options belongs to strategy hetdpt-plus, which is not among this run's " \
            "strategies (act-only)" in capsys.readouterr().err
+
+
+# -- defect 6: a point scorer's options reach it, and key its points ------------------------------------------
+
+def test_a_point_scorers_options_reach_it_and_key_the_points(tmp_path):
+    from hetprune_hetdpt.point_schemes import OneShotPoints
+    from hetprune_hetdpt.progressive import ProgressivePoints, paths_for
+
+    def scheme(cls, seed):
+        options = {} if seed is None else {"scorer_options": {"random": {"seed": seed}}}
+        job = tiny_job(Budget(sites=4), tmp_path / f"{cls.__name__}{seed}", hetdpt(),
+                       {"hetdpt": {"point_scorer": "random"}, **options})
+        return cls(job, hetdpt())
+
+    def key(made):   # a one-shot point's key; a progressive path's
+        if isinstance(made, ProgressivePoints):
+            return made.path_key(paths_for(made.job.feasible_pairs(), made.first, made.stride)[0])
+        return made.key
+
+    orders = {seed: str(scheme(OneShotPoints, seed).orders({"attn": 4, "act": 4})) for seed in (1, 2, 3)}
+    assert len(set(orders.values())) > 1                            # the seed reaches the point scorer
+    for cls in (OneShotPoints, ProgressivePoints):
+        assert len({key(scheme(cls, seed)) for seed in (None, 1, 2)}) == 3   # and keys the points
+    assert scheme(OneShotPoints, None).point_scorer_key == {"point_scorer": "random"}   # no options: keys kept

@@ -469,6 +469,12 @@ class RunSettings(Section):
         """The options the settings give component ``name`` of ``kind`` (``scorer``, ``cost_model``)."""
         return dict(getattr(self, f"{kind}_options").get(name) or {})
 
+    def options_entry(self, kind: str, name: str, label: str) -> dict:
+        """``{label: options}`` where the settings give component ``name`` options, else ``{}``: a key entry
+        that keeps the keys made before those options were keyed."""
+        options = self.options_for(kind, name)
+        return {label: options} if options else {}
+
 
 OMITTED = {"augment": None, "selection": None, "tf32": True}   # top-level settings left out of a run's settings at these values
 CORE_DEFAULTS: dict = {k: v for k, v in RunSettings().to_dict().items() if k not in OMITTED}

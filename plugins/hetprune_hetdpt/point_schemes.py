@@ -85,6 +85,13 @@ class PointScheme:
                        **({"amp": job.amp} if job.amp != "none" else {})}   # fp32 points keep their old key
 
     @property
+    def point_scorer_key(self) -> dict:
+        """What keys the points' removal orders: the point scorer and, where the settings give any, its options
+        (none: the key points had before options reached the point scorer)."""
+        name = self.options.point_scorer
+        return {"point_scorer": name, **self.job.config.options_entry("scorer", name, "point_scorer_options")}
+
+    @property
     def options(self) -> HetDPTOptions:
         """The job's ``hetdpt`` section, typed (read when asked: a plan follows the settings as they are)."""
         return self.job.options(HetDPTOptions)
@@ -198,10 +205,11 @@ class PointScheme:
         return ctx
 
     def scorer(self):
-        """The point scorer (``hetdpt.point_scorer``), built once, with a one-shot ``score``."""
+        """The point scorer (``hetdpt.point_scorer``) with its options (``scorer_options.NAME``), built once,
+        with a one-shot ``score``."""
         if getattr(self, "_scorer", None) is None:
             name = self.options.point_scorer
-            scorer = self.job.registry.build("scorer", name)
+            scorer = self.job.registry.build("scorer", name, **self.job.config.options_for("scorer", name))
             if hasattr(scorer, "select") and not hasattr(scorer, "score"):
                 raise HetpruneError(f"hetdpt.point_scorer {name!r} has no one-shot score(); pick e.g. taylor")
             self._scorer = scorer
@@ -253,7 +261,7 @@ class OneShotPoints(PointScheme):
         return fingerprint({
             "base": self.common["base"], "data": self.common["data"], "short": getattr(run, self.section),
             **({"point_finetune": self.section} if self.section != "short_finetune" else {}),  # short ones keep
-            "point_scorer": self.options.point_scorer, "attn_remover": run.attn_remover,   # their old key
+            **self.point_scorer_key, "attn_remover": run.attn_remover,   # their old key
             "act_remover": run.act_remover, "scoring": run.scoring, "seed": self.job.seed,
             **({"amp": self.common["amp"]} if "amp" in self.common else {}),
         })

@@ -52,7 +52,7 @@ class ProgressivePoints(PointScheme):
         run = self.job.config
         return fingerprint({**self.common, "point_selection": "progressive", "path": path.name,
                             "point_finetune": self.section, "schedule": getattr(run, self.section),
-                            "point_scorer": self.options.point_scorer, "scoring": run.scoring,
+                            **self.point_scorer_key, "scoring": run.scoring,
                             **({"stride": self.stride} if self.stride != 1 else {})})   # stride 1 keeps its key
 
     @property
@@ -232,7 +232,7 @@ class ProgressivePoints(PointScheme):
                             "point_finetune": self.section, "schedule": getattr(run, self.section),
                             "final": getattr(run, self.check_section), **({"check": self.check_section}
                                                                 if self.check_section != "finetune" else {}),
-                            "point_scorer": self.options.point_scorer, "scoring": run.scoring,
+                            **self.point_scorer_key, "scoring": run.scoring,
                             "stride": self.stride})
 
     def base_for(self, pair: tuple[int, int]) -> tuple[PointPath, int]:

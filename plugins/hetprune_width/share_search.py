@@ -60,9 +60,11 @@ def point_plan(depth_strategy, job: PruneJob, cands: list[tuple[int, int]]) -> l
 def points_key(job: PruneJob, depth_strategy, target: float, width: WidthOptions) -> str:
     """What shapes a share point: the base, the task, the short schedule, the depth strategy's point scorer,
     the removers and mergers, the scoring batches, the width pruner and the target."""
-    run = job.config
+    run, point_scorer = job.config, depth_strategy.point_scorer(job)
     return fingerprint({"base": job.base_key, "data": job.task.key, "short": run.short_finetune,
-                        "point_scorer": depth_strategy.point_scorer(job), "removers": [run.attn_remover, run.act_remover],
+                        "point_scorer": point_scorer,
+                        **run.options_entry("scorer", point_scorer, "point_scorer_options"),
+                        "removers": [run.attn_remover, run.act_remover],
                         "mergers": run.mergers, "scoring": run.scoring, "width": width.to_dict(),
                         "target": int(target), "seed": job.seed, "amp": run.amp})
 
