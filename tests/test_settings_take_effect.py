@@ -342,3 +342,19 @@ def test_a_point_scorers_options_reach_it_and_key_the_points(tmp_path):
     for cls in (OneShotPoints, ProgressivePoints):
         assert len({key(scheme(cls, seed)) for seed in (None, 1, 2)}) == 3   # and keys the points
     assert scheme(OneShotPoints, None).point_scorer_key == {"point_scorer": "random"}   # no options: keys kept
+
+
+# -- defect 7: a teacher without pretrained weights is the same on every run, so --resume keeps its fine-tune -----
+
+def test_a_teacher_built_without_weights_is_the_same_whatever_random_state_the_run_is_in(tmp_path):
+    def teacher(folder, global_seed, seed=0):
+        job = tiny_job(Budget(sites=2), tmp_path / folder, settings={"seed": seed, "finetune": TEACHER})
+        torch.manual_seed(global_seed)   # what ran before (a base model trained, a gate phase) moved the state
+        key = job.teacher_for(job.train_config("finetune"))[1]
+        untouched = torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(global_seed)))
+        return key, untouched
+
+    (first, untouched), (resumed, _) = teacher("a", 1), teacher("b", 2)
+    assert first == resumed          # the resumed run's fine-tune checkpoint keeps its key
+    assert teacher("c", 1, seed=1)[0] != first   # seeded by the run's seed
+    assert untouched                 # and the run's own random state goes on as it was

@@ -212,8 +212,13 @@ class PruneJob:
         def build():
             from ..model.spec import build_with_weights
 
-            model = self.place(build_with_weights(spec, pretrained=cfg.teacher_pretrained,
-                                                  checkpoint=cfg.teacher_checkpoint or None)).eval()
+            # seeded by the run, as the base model is: a teacher whose weights come from no file or hub (or only
+            # in part) is the same on every run and on --resume, so its fine-tunes' checkpoints stay reusable
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed)
+                model = build_with_weights(spec, pretrained=cfg.teacher_pretrained,
+                                           checkpoint=cfg.teacher_checkpoint or None)
+            model = self.place(model).eval()
             return model, base_key(model, model_hash(model), spec)
 
         return self.once(("teacher",) + what, build)
