@@ -358,3 +358,22 @@ def test_a_teacher_built_without_weights_is_the_same_whatever_random_state_the_r
     assert first == resumed          # the resumed run's fine-tune checkpoint keeps its key
     assert teacher("c", 1, seed=1)[0] != first   # seeded by the run's seed
     assert untouched                 # and the run's own random state goes on as it was
+
+
+# -- everything that can be refused is refused before stage 1 -------------------------------------------------
+
+@pytest.mark.parametrize("schedule, words", [({"mixup": 0.8}, "short_finetune: mixup act on hetprune's own"),
+                                             ({"accum_steps": 2}, "short_finetune: accum_steps > 1 cuts hetprune's")])
+def test_schedule_options_a_tasks_own_batches_cannot_take_are_refused_before_anything_trains(schedule, words,
+                                                                                           monkeypatch):
+    """A user's Task on hetprune's trainer: options that need hetprune's (images, labels) batches were refused
+    at the first fine-tune on that schedule, after the gate phase had trained."""
+    import hetprune
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_data, tiny_model
+
+    no_training(monkeypatch)
+    settings = {**TINY_SETTINGS, "scorer": "gate-taylor",
+                "short_finetune": {**TINY_SETTINGS["short_finetune"], **schedule}}
+    with pytest.raises(HetpruneError, match=words):
+        hetprune.prune(tiny_model(), task_with_selection(tiny_data(), True), "hetdpt", 2, settings=settings,
+                       progress=False, log=lambda m: None)

@@ -5,17 +5,25 @@ checked once its job exists. [`check_job`][hetprune.pruning.preflight.check_job]
 from __future__ import annotations
 
 from ..core.config import SCHEDULES
-from ..training.train import check_training_modes
+from ..core.errors import HetpruneError
+from ..training.train import check_source, check_training_modes
 from .job import PruneJob
 
 
 def check_job(strategy, job: PruneJob) -> None:
     """Refuse now what would fail or be ignored after hours of work: every schedule's training modes on the
-    dense model (``kd_token`` without a distillation token, a ``drop_path`` its adapter cannot place), then the
-    strategy's own ``check_settings(job)`` where it has one (HetDPT: a ``verify_budget`` too small for its
+    dense model (``kd_token`` without a distillation token, a ``drop_path`` its adapter cannot place) and its
+    options against the task's batches (mixup or ``accum_steps`` on a Task's own loader: `check_source`), then
+    the strategy's own ``check_settings(job)`` where it has one (HetDPT: a ``verify_budget`` too small for its
     candidates' selections, too few points for its predictor)."""
     for section in SCHEDULES:
-        check_training_modes(job.dense, job.config.schedule(section), section)
+        cfg = job.config.schedule(section)
+        check_training_modes(job.dense, cfg, section)
+        if not job.task.own_finetune:   # a task's own loop takes the schedule as it is
+            try:
+                check_source(job.task.source(), cfg)
+            except HetpruneError as exc:
+                raise HetpruneError(f"{section}: {exc}") from None
     check = getattr(strategy, "check_settings", None)
     if check is not None:
         check(job)

@@ -377,6 +377,16 @@ def distilled_training(model: nn.Module, on: bool) -> bool:
     return before
 
 
+def check_source(source, cfg: TrainConfig) -> None:
+    """Refuse the schedule options a training source cannot honour (its own ``check``; ``accum_steps`` on
+    batches hetprune cannot cut). A run checks every schedule this way before anything trains."""
+    if getattr(source, "check", None):
+        source.check(cfg)
+    if cfg.accum_steps > 1 and not getattr(source, "splits", False):
+        raise HetpruneError("accum_steps > 1 cuts hetprune's own (images, labels) batches; a Task's own loader "
+                            "sets its own batch size: give it smaller batches instead")
+
+
 def check_training_modes(model: nn.Module, cfg: TrainConfig, section: str = "") -> None:
     """Refuse what `training_modes` cannot do to ``model``: ``kd_token`` without a distillation token,
     ``drop_path`` where its adapter names no slot. A run checks every schedule (``section``) this way before
@@ -510,11 +520,7 @@ def train(
         devices.place(teacher, device).eval()
     scaler = grad_scaler(device, amp)
     source = data if hasattr(data, "epoch") else ClassificationSource(data)
-    if getattr(source, "check", None):
-        source.check(cfg)
-    if cfg.accum_steps > 1 and not getattr(source, "splits", False):
-        raise HetpruneError("accum_steps > 1 cuts hetprune's own (images, labels) batches; a Task's own loader "
-                            "sets its own batch size: give it smaller batches instead")
+    check_source(source, cfg)
     steps_per_epoch = source.steps_per_epoch(cfg)
     lr = scaled_lr(cfg)
     optimizer = make_optimizer(model, cfg, lr, device)
