@@ -377,3 +377,26 @@ def test_schedule_options_a_tasks_own_batches_cannot_take_are_refused_before_any
     with pytest.raises(HetpruneError, match=words):
         hetprune.prune(tiny_model(), task_with_selection(tiny_data(), True), "hetdpt", 2, settings=settings,
                        progress=False, log=lambda m: None)
+
+
+def test_a_point_scorer_without_a_one_shot_score_is_refused_before_anything_trains(monkeypatch, tmp_path):
+    import hetprune
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_data, tiny_model
+
+    class SelectOnly:
+        name = "select-only"
+
+        def select(self, model, counts, ctx):
+            return []
+
+    from conftest import PluginOf
+
+    name = hetprune.register_plugin(PluginOf("register_scorers", SelectOnly), "select-only-scorer")
+    no_training(monkeypatch)
+    try:
+        with pytest.raises(HetpruneError, match="hetdpt.point_scorer 'select-only' has no one-shot score"):
+            hetprune.compare(tiny_model(), tiny_data(), ["act-only", "hetdpt"], [2], progress=False,
+                             settings={**TINY_SETTINGS, "hetdpt": {"point_scorer": "select-only"}},
+                             batch_sizes=[1], log=lambda m: None, out=tmp_path / "cmp")
+    finally:
+        hetprune.unregister_plugin(name)

@@ -75,6 +75,7 @@ class PointScheme:
     refinable = True   # whether any split on the budget line can be measured (hetdpt.refine's rounds)
     schedule_section = "short_finetune"   # the schedule a point trains with (the log line on the ranks)
     trained_by = "fine-tuned"             # what the ranks do together for a point (the same line)
+    orders_by_point_scorer = True         # its removals are ordered by hetdpt.point_scorer (`scorer`)
 
     def __init__(self, job: PruneJob, strategy):
         self.job, self.strategy = job, strategy
@@ -340,6 +341,7 @@ class GradualPoints(PointScheme):
         return None if n is None else n * (per * removals + getattr(self.built, "warmup_epochs", 0))
 
     trained_by = "selected (its gate phase)"
+    orders_by_point_scorer = False   # the run's own scorer selects each point
 
     def measure(self, todo, store, have) -> None:
         job = self.job

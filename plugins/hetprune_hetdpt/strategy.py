@@ -108,8 +108,12 @@ class HetDPT(DepthStrategy):
         if len(pairs) <= 1:   # nothing to choose: no point is measured
             return
         self.predictor_for(job, dist.on_main(lambda: self.point_plan(job, pairs)))
-        if opts.verify and opts.verify_by == "pipeline" and opts.verify_budget is not None:
-            PipelineChecks(job).check_budget(opts.verify_budget, pairs, min(opts.verify, len(pairs)))
+        if scheme.orders_by_point_scorer:
+            scheme.scorer()   # a point scorer without a one-shot score is refused as it is built
+        if opts.verify and opts.verify_by == "pipeline":
+            checks = PipelineChecks(job)   # a verify_selection share of nothing known is refused as it is made
+            if opts.verify_budget is not None:
+                checks.check_budget(opts.verify_budget, pairs, min(opts.verify, len(pairs)))
 
     # -- stage 1: allocation ---------------------------------------------------
     def predictor_for(self, job: PruneJob, plan: list[tuple[int, int]], what: str = "this budget and model"):
