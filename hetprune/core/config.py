@@ -478,7 +478,9 @@ class RunSettings(Section):
 
 OMITTED = {"augment": None, "selection": None, "tf32": True}   # top-level settings left out of a run's settings at these values
 CORE_DEFAULTS: dict = {k: v for k, v in RunSettings().to_dict().items() if k not in OMITTED}
-UNKEYED = ("dist_timeout_min",)   # top-level settings that shape no result: left out of every key
+# top-level settings that shape no result, each with why: left out of every key made from the whole settings
+UNKEYED = {"dist_timeout_min": "how long a collective waits for a missing rank: a run that finishes is the same "
+                               "whatever it is"}
 
 
 def keyed(settings: dict) -> dict:

@@ -1,0 +1,125 @@
+"""Issue 56: a walk over every leaf setting. Each one, changed to another allowed value, is either refused with
+one error naming it (the run would ignore it), or keyed (a compare row made with it is not taken for one made
+without it), or declared unkeyed with its reason (`hetprune.core.config.UNKEYED`). A setting added without a
+place here fails the walk: say what it changes to below."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from hetprune import HetpruneError, get_registry
+from hetprune.core import config
+from hetprune.harness.compare.spec import CompareSpec, row_key
+from hetprune.pruning.budget import Budget
+
+# another allowed value of every leaf, by its name (the last part of its key); a number is changed by itself
+OTHER = {
+    "augment": "none", "selection": 0, "tf32": False, "scorer": "taylor", "attn_remover": "attn-ln-residual",
+    "act_remover": "act-identity-alt", "mergers": [], "cost_model": "macs", "device": "cpu", "amp": "none",
+    "kd": "hard", "subset": 64, "drop_path": 0.1, "teacher": "vit_tiny_patch16_224",
+    "teacher_kwargs": {"depth": 1}, "teacher_checkpoint": "teacher.safetensors", "clip_grad": 1.0,
+    "clip_mode": "value", "lr_scale": "linear", "warmup_lr": 1e-6, "min_lr": 1e-6, "keep": "best",
+    "predictor": "poly", "point_selection": "progressive", "point_finetune": "finetune", "interleave_first": "attn",
+    "point_scorer": "magnitude", "verify_by": "pipeline", "verify_budget": 3.0, "order": "depth-width",
+    "depth_strategy": "another-depth-strategy", "depth_sites": 2, "intermediate_finetune": "finetune",
+    "pruner": "another-width-pruner",   # names are checked when a run starts (start_run), not when settings are read
+    "scorer_options": {"gate-taylor": {"score_lr": 0.5}}, "cost_model_options": {"latency": {"batch_size": 8}},
+    "predictor_options": {"poly": {"degree": 2}}, "pruner_options": {"round_to": 16},
+}
+# the settings a changed value of a leaf needs beside it to be used at all; alone, it is refused (the run would
+# ignore it), with these words
+WITH = {"hetdpt.verify_by": ({"hetdpt": {"verify": 2}}, "hetdpt.verify_by shapes the checks of hetdpt.verify"),
+        "hetdpt.verify_budget": ({"hetdpt": {"verify": 2, "verify_by": "pipeline"}},
+                                 "hetdpt.verify_budget shapes the checks of hetdpt.verify"),
+        "hetdpt.verify_selection": ({"hetdpt": {"verify": 2, "verify_by": "pipeline"}},
+                                    "hetdpt.verify_selection shapes the checks of hetdpt.verify"),
+        **{f"{section}.{name}": ({section: {"teacher": "vit_tiny_patch16_224"}},
+                                 "teacher_checkpoint, teacher_pretrained and teacher_kwargs describe a separate")
+           for section in config.SCHEDULES for name in ("teacher_kwargs", "teacher_checkpoint", "teacher_pretrained")},
+        **{f"{section}.keep": ({section: {"eval_every": 1}}, "keep: best needs eval_every >= 1")
+           for section in config.SCHEDULES}}
+
+
+def strategies():
+    registry = get_registry()
+    return [registry.build("strategy", name) for name in registry.names("strategy")]
+
+
+def leaves(tree: dict, prefix: str = ""):
+    """Every leaf key of a settings tree (a component's option mapping is one leaf)."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and not key.endswith("_options"):
+            yield from leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def schema() -> dict:
+    """Every setting a run of any installed strategy may name, at its default."""
+    defaults, _ = config.sections_of(strategies())
+    return config.with_recipe_options(config.defaults_for(defaults))
+
+
+def other_value(key: str, value):
+    name = key.rsplit(".", 1)[-1]
+    if name in OTHER:
+        return copy.deepcopy(OTHER[name])
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value / 2 if value else 0.1
+    raise AssertionError(f"the settings walk has no other value for {key} ({value!r}): add one to OTHER")
+
+
+def nested(key: str, value) -> dict:
+    out: dict = {}
+    node = out
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def merged(a: dict, b: dict) -> dict:
+    out = copy.deepcopy(a)
+    for key, value in b.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def compare_key(settings: dict) -> str:
+    spec = CompareSpec(["hetdpt"], [Budget(sites=2)], [0], settings)
+    return row_key(spec, "hetdpt", Budget(sites=2), 0, "base", "data")
+
+
+WALK = list(leaves(schema()))
+
+
+def test_the_walk_covers_every_section_and_declares_each_unkeyed_setting_with_its_reason():
+    names = {key.split(".")[0] for key, _ in WALK}
+    assert {"finetune", "short_finetune", "scoring", "hetdpt", "hetdpt_plus", "width", "scorer_options"} <= names
+    assert all(key in names and isinstance(why, str) and len(why) > 20 for key, why in config.UNKEYED.items())
+
+
+@pytest.mark.parametrize("key, default", WALK, ids=[key for key, _ in WALK])
+def test_every_setting_is_keyed_refused_or_declared_unkeyed(key, default):
+    run = strategies()
+    needs, refused = WITH.get(key, ({}, None))
+    change = nested(key, other_value(key, default))
+    if refused is not None:   # alone it would be ignored: refused, naming it
+        with pytest.raises(HetpruneError, match=refused):
+            config.resolve(run, overrides=change)
+    reference = config.resolve(run, overrides=needs)
+    changed = config.resolve(run, overrides=merged(needs, change))   # used: accepted ...
+    if key in config.UNKEYED:   # ... and keyed, or declared unkeyed with its reason
+        assert compare_key(changed) == compare_key(reference), f"{key} is declared unkeyed, but moves a row's key"
+    else:
+        assert compare_key(changed) != compare_key(reference), (
+            f"{key} changed to {other_value(key, default)!r} leaves a compare row's key as it was: a row made "
+            "without it would be reused; key it, refuse it where it is ignored, or declare it in config.UNKEYED "
+            "with its reason")
