@@ -23,6 +23,7 @@ from ..core.fingerprint import fingerprint
 from ..core.io import file_sha256
 from ..core.config import AUGMENTATIONS, augmentation
 from ..core.errors import HetpruneError
+from . import images
 
 DIGITS = "digits"
 DIGIT_PAIRS = "digit-pairs"
@@ -333,6 +334,10 @@ def read_image(path: str):
 
 
 AUGMENTS = tuple(AUGMENTATIONS)   # training augmentations of an ImageFolder (--augment); light: the default
+# how an ImageFolder's training files become tensors: hetprune's (`hetprune.training.images`: the crop drawn
+# before decoding, a JPEG decoded no larger than the crop needs, the same draws as timm's), or timm's own
+# transform on a decoded image (bit for bit timm's pixels, at about twice the cost per core)
+READERS = ("hetprune", "timm")
 
 
 def train_transform(cfg: dict, augment) -> object:
@@ -352,6 +357,17 @@ def train_transform(cfg: dict, augment) -> object:
     return create_transform(**{**cfg, **aug.transform_args()}, is_training=True)
 
 
+def train_reading(cfg: dict, augment, reader: str = "hetprune") -> tuple:
+    """``(transform, file reader)`` of an ImageFolder's training images: `train_transform`, made faster by
+    `hetprune.training.images.faster` with its reader `open_image` (which leaves decoding to the crop), or
+    timm's as it is with `read_image` (``reader="timm"``, or a transform that does not start with a crop)."""
+    if reader not in READERS:
+        raise HetpruneError(f"an ImageFolder's reader is one of {', '.join(READERS)}, not {reader!r}")
+    transform = train_transform(cfg, augment)
+    fast = images.faster(transform) if reader == "hetprune" else None
+    return (fast, images.open_image) if fast is not None else (transform, read_image)
+
+
 class SeededItems(Dataset):
     """A data set whose random transforms are seeded per item by ``(epoch seed, index)``.
 
@@ -359,8 +375,9 @@ class SeededItems(Dataset):
     torch's generator, which nothing seeds per item: the same run gave other
     crops, other sites and another top-1. Here every draw an item's transform
     makes comes from generators seeded for that item (their states are put
-    back afterwards), so a run is the same in one process, with DataLoader
-    workers, or split over ranks, as `ShiftedImages` is.
+    back afterwards, except in a loader worker, where nothing else draws:
+    saving numpy's state costs 0.1 ms an item), so a run is the same in one
+    process, with DataLoader workers, or split over ranks, as `ShiftedImages` is.
     """
 
     def __init__(self, dataset: Dataset):
@@ -374,10 +391,13 @@ class SeededItems(Dataset):
 
     def __getitem__(self, i: int):
         item_seed = (self.seed * 1_000_003 + i) % (2 ** 31)
+        if torch.utils.data.get_worker_info() is not None:   # a loader worker: nothing else draws here
+            seed_cpu(item_seed)
+            return self.dataset[i]
         state = random.getstate(), np.random.get_state()
         try:
             with torch.random.fork_rng(devices=[]):
-                seed_everything(item_seed)
+                seed_cpu(item_seed)
                 return self.dataset[i]
         finally:
             random.setstate(state[0])
@@ -393,7 +413,7 @@ FINGERPRINTS = ("sizes", "content")   # what an ImageFolder's fingerprint reads 
 
 
 def image_folder(path: str | Path, model: torch.nn.Module, augment="light", workers: int | None = None,
-                 fingerprint_by: str = "sizes", selection: int | None = None) -> DataBundle:
+                 fingerprint_by: str = "sizes", selection: int | None = None, reader: str = "hetprune") -> DataBundle:
     """``PATH/train/<class>/*`` and ``PATH/val/<class>/*`` with timm's transforms for ``model``; the training
     images augmented as ``augment`` says (a name or an `Augmentation`: `train_transform`), seeded per item.
     ``workers``: loader processes when a schedule says 0 (None: `default_workers`). ``fingerprint_by``:
@@ -403,7 +423,8 @@ def image_folder(path: str | Path, model: torch.nn.Module, augment="light", work
 
     ``selection`` training images (None: a tenth, at most `FOLDER_SELECTION`; 0: none), a draw seeded
     apart from the run's seed, are held out of ``train`` and read with the validation transform: the
-    selection split every choice of a run is measured on (ImageNet: 10,000 of 1,281,167 images)."""
+    selection split every choice of a run is measured on (ImageNet: 10,000 of 1,281,167 images).
+    ``reader``: how training files become tensors (`READERS`, `train_reading`)."""
     aug = augmentation(augment)
     if fingerprint_by not in FINGERPRINTS:
         raise HetpruneError(f"the data fingerprint reads {' or '.join(FINGERPRINTS)} of each file, not "
@@ -419,7 +440,7 @@ def image_folder(path: str | Path, model: torch.nn.Module, augment="light", work
     cfg["input_size"] = input_shape_of(model)
     train, val, problem = None, None, None
     try:
-        train, val = _image_folders(root, cfg, aug)
+        train, val = _image_folders(root, cfg, aug, reader)
     except HetpruneError as exc:
         if not dist.active():
             raise
@@ -432,10 +453,14 @@ def image_folder(path: str | Path, model: torch.nn.Module, augment="light", work
     dist.agree(problem, f"data folder {root}")
     named = AUGMENTATIONS.get(aug.name) == aug   # a named one keys as its name, as it always did
 
+    # hetprune's reader gives pixels within a level of timm's: keyed apart, so no state measured on one resumes
+    # on the other
+    read = {"read": "hetprune-1"} if train.loader is images.open_image else {}
+
     def key() -> str:
         return fingerprint({"data": str(root.resolve()), "files": folder_fingerprint(root, train.classes,
                                                                                      fingerprint_by),
-                            "cfg": cfg, "augment": aug.name if named else asdict(aug), "seeded": 1})
+                            "cfg": cfg, "augment": aug.name if named else asdict(aug), "seeded": 1, **read})
 
     fp = dist.on_main(key)   # computed once, by rank 0 (each file stat'ed once), and broadcast
     size = (min(FOLDER_SELECTION, len(train) // FOLDER_SELECTION_SHARE) if selection is None
@@ -469,7 +494,7 @@ class FolderPart(Subset):
         raise AttributeError(name)
 
 
-def _image_folders(root: Path, cfg: dict, aug):
+def _image_folders(root: Path, cfg: dict, aug, reader: str = "hetprune"):
     """torchvision's ImageFolder of ``root/train`` and ``root/val``, checked: one error for a missing split,
     an empty class folder, or splits with different classes."""
     from timm.data import create_transform
@@ -481,7 +506,8 @@ def _image_folders(root: Path, cfg: dict, aug):
                 f"data folder {root}: no {split}/ folder; expected {root}/train/<class>/*.jpg and {root}/val/<class>/*"
             )
     try:
-        train = ImageFolder(str(root / "train"), transform=train_transform(cfg, aug), loader=read_image)
+        transform, read = train_reading(cfg, aug, reader)
+        train = ImageFolder(str(root / "train"), transform=transform, loader=read)
         val = ImageFolder(str(root / "val"), transform=create_transform(**cfg, is_training=False), loader=read_image)
     except (FileNotFoundError, OSError) as exc:  # e.g. a class folder with no image in it
         raise HetpruneError(f"data folder {root}: {exc}") from None
@@ -523,17 +549,20 @@ def folder_fingerprint(root: Path, classes: list[str], by: str = "sizes") -> str
 
 
 def default_workers() -> int:
-    """Loader processes for image files: a share of this machine's CPUs per local process (GPU), one left for
-    the process itself, at most 8."""
+    """Loader processes for image files: the CPUs this process may use, shared among the local processes
+    (one per GPU), less one for the process itself; at least one. No fixed cap: with the paper's augmentations
+    one core reads a few hundred images a second, and a GPU trains DeiT-B at thousands
+    (benchmarks/results/loader-throughput.md)."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(8, cpus // max(1, local) - 1))
+    return max(1, cpus // max(1, local) - 1)
 
 
 def load_data(spec: str, model: torch.nn.Module | None = None, seed: int = 0, augment="light",
-              workers: int | None = None, fingerprint_by: str = "sizes", selection: int | None = None) -> DataBundle:
+              workers: int | None = None, fingerprint_by: str = "sizes", selection: int | None = None,
+              reader: str = "hetprune") -> DataBundle:
     """An embedded data set by name (its own fixed augmentation: shifts of a pixel or two), or an ImageFolder
-    root (``augment``: see `train_transform`; ``workers`` and ``fingerprint_by``: see `image_folder`).
+    root (``augment``: see `train_transform`; ``workers``, ``fingerprint_by`` and ``reader``: see `image_folder`).
     ``selection``: the size of the selection split held out of the training data (None: the data set's
     default; 0: none)."""
     if spec in EMBEDDED_BUILDERS:
@@ -541,7 +570,7 @@ def load_data(spec: str, model: torch.nn.Module | None = None, seed: int = 0, au
     if model is None:
         raise HetpruneError("an ImageFolder data set needs the model to resolve its transforms")
     return image_folder(spec, model, augment=augment, workers=workers, fingerprint_by=fingerprint_by,
-                        selection=selection)
+                        selection=selection, reader=reader)
 
 
 def subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:
@@ -642,6 +671,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def seed_cpu(seed: int) -> None:
+    """`seed_everything` for the CPU generators alone (what an item's transforms draw from). ``torch.manual_seed``
+    also queues a seed for every CUDA device, formatting a stack trace each time (0.5-1 ms an item), and
+    in the main process it reseeded the GPU's generator, which `SeededItems` does not put back."""
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.default_generator.manual_seed(seed)
+
+
 def seed_worker(worker_id: int) -> None:
     """A DataLoader worker's ``random`` and numpy seeded from the torch seed the loader gave it (torch seeds
     only its own generator per worker)."""
@@ -673,6 +711,8 @@ def plain_copy(dataset: Dataset, transform) -> Dataset:
 
     plain = copy.copy(dataset)
     plain.transform = transform
+    if getattr(plain, "loader", None) is images.open_image:   # the training reader leaves decoding to the crop
+        plain.loader = read_image
     if hasattr(plain, "transforms"):   # torchvision's VisionDataset applies ``transforms``
         from torchvision.datasets.vision import StandardTransform
 

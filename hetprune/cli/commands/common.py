@@ -52,8 +52,8 @@ def add_model_arguments(p, data: bool = True) -> None:
                        help="the same as a fraction of the training set, e.g. 0.01")
         g.add_argument("--workers", type=int, metavar="N",
                        help="data-loading worker processes for every fine-tune, evaluation and scoring (default: "
-                            "none for the embedded data sets; for an ImageFolder a share of the CPUs per local "
-                            "process, at most 8; 0 turns them off)")
+                            "none for the embedded data sets; for an ImageFolder the CPUs each local process may "
+                            "use, less one for the process itself; 0 turns them off)")
 
 
 def embedded_name(args) -> str:
