@@ -4,8 +4,8 @@
 #   2. the machine: GPU, driver, torch, CPUs;
 #   3. speed: DeiT-B dense against the paper's pruned recipe in fp32 (TF32 off and on), bf16 autocast, bf16
 #      weights and bf16 weights compiled, at batch 64 and 256 (benchmarks/gpu_speed.py);
-#   4. the loader alone: images/s per worker with the paper's augmentations on ImageNet-sized JPEGs
-#      (benchmarks/loader_throughput.py);
+#   4. the loader alone: images/s per worker with the paper's augmentations on ImageNet-sized JPEGs, hetprune's
+#      against timm's own pipeline (benchmarks/loader_throughput.py);
 #   5. the probe of `--plan` on DeiT-B with the paper's recipe (student + teacher, bf16, batch 128): the
 #      training step alone, the loader alone, the two together, and which one bounds the run;
 #   6. the CUDA tests (pytest -m cuda); 7. HetDPT+ speed (needs torch-pruning).
@@ -37,7 +37,7 @@ FAILED=0
 export HETPRUNE_NO_PROGRESS=1 PYTHONUNBUFFERED=1
 
 # name:cap in seconds, in the order they run; the caps must fit the budget (checked before anything runs)
-CAPS=(install:25 environment:10 speed:95 loader:20 probe:55 pytest-cuda:50 hetdpt-plus-speed:45)
+CAPS=(install:25 environment:10 speed:95 loader:25 probe:50 pytest-cuda:50 hetdpt-plus-speed:45)
 TOTAL=0
 for entry in "${CAPS[@]}"; do TOTAL=$((TOTAL + ${entry#*:})); done
 if ((TOTAL > BUDGET)); then
@@ -82,7 +82,8 @@ install() {
 }
 
 environment() {
-    git -C "$ROOT" log -1 --format='commit %H %s' 2>/dev/null
+    # a copy without .git (a snapshot sent to a GPU machine) names its commit in GPU_CHECK_COMMIT
+    git -C "$ROOT" log -1 --format='commit %H %s' 2>/dev/null || echo "commit ${GPU_CHECK_COMMIT:-unknown}"
     command -v nvidia-smi >/dev/null && nvidia-smi
     "$PY" - "$OUT/environment.json" <<'EOF'
 import json, os, platform, sys
@@ -91,7 +92,8 @@ gpus = [{"name": torch.cuda.get_device_name(i), "capability": list(torch.cuda.ge
          "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2 ** 30, 1),
          "native_bf16": torch.cuda.is_bf16_supported(including_emulation=False)}
         for i in range(torch.cuda.device_count())]
-env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+env = {"commit": os.environ.get("GPU_CHECK_COMMIT"), "python": platform.python_version(), "torch": torch.__version__,
+       "cuda": torch.version.cuda,
        "cpus": os.cpu_count(), "load": os.getloadavg(), "gpus": gpus}
 print(json.dumps(env, indent=1))
 with open(sys.argv[1], "w") as fh:
@@ -152,7 +154,8 @@ if [ "$MODE" = --cpu-smoke ]; then
     export DEVICE=cpu IMAGES="$OUT/images"
     SPEED=(--device cpu --model deit_tiny_patch16_224 --modes fp32,bf16-weights --batches 1,2 --repeats 1
            --warmup 1 --min-time 0)
-    LOADER=(--images "$IMAGES" --augments paper --workers 1 --seconds 1)
+    LOADER=(--images "$IMAGES" --augment paper --workers 1 --pipelines timm,hetprune --seconds 1 --rounds 1
+            --warmup 1 --batch-size 8)
     export PROBE_MODEL=deit_tiny_distilled_patch16_224 PROBE_TEACHER=deit_tiny_patch16_224 PROBE_AMP=none PROBE_S=3
     export PROBE_BUDGET=2 PROBE_BATCH=16 PROBE_WORKERS=1
     export PROBE_KWARGS='{"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 10}'
@@ -175,7 +178,8 @@ EOF
 else
     export DEVICE=cuda IMAGES="$OUT/images"
     SPEED=(--device cuda)
-    LOADER=(--images "$IMAGES" --augments paper,light --workers "1,$(($(nproc) - 1))" --seconds 4)
+    LOADER=(--images "$IMAGES" --augment paper --workers "1,$(($(nproc) - 1))" --pipelines timm,hetprune --seconds 2
+            --rounds 1)
     export PROBE_MODEL=deit_base_distilled_patch16_224 PROBE_TEACHER=deit_base_patch16_224 PROBE_AMP=bf16 PROBE_S=20
     export PROBE_BUDGET=10 PROBE_BATCH=128 PROBE_WORKERS=$(($(nproc) - 1))
     export PROBE_KWARGS='{"num_classes": 10}'   # ten classes of generated images; the head is 0.01 % of the step
