@@ -24,7 +24,6 @@ import argparse
 import shlex
 import sys
 import time
-from pathlib import Path
 
 import torch
 from speed_paper_configs import make_pair

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 import hetprune
 from hetprune.pruning import plan as plan_mod
