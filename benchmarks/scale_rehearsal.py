@@ -22,9 +22,11 @@ folders stay in runs/rehearsal/ (git-ignored) so a rerun reuses the generated da
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import re
 import resource
 import shlex
 import signal
@@ -126,19 +128,64 @@ def torchrun(cli: list[str]) -> list[str]:
             *cli]
 
 
-def run(cmd: list[str], log: Path, env: dict, kill_when=None) -> tuple[int, float, bool]:
-    """Run ``cmd`` in its own process group (output to ``log``); with ``kill_when``, SIGKILL the whole group
-    as soon as it returns True. Returns (exit code, seconds, killed)."""
+FINETUNE_RESUMED = re.compile(r"resume: .*fine-?tune.* continues after")   # the trainer's line on --resume
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, theirs, ...), read from /proc. torchrun starts each rank in a
+    session of its own, so killing torchrun's process group leaves the ranks running: they must be found."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"   # a zombie has exited
+    except OSError:
+        return False
+
+
+def kill_tree(pid: int, wait_s: float = 30.0) -> tuple[list[int], list[int]]:
+    """SIGKILL ``pid`` and every process below it, each by its id (found before any is killed, while they are
+    still its descendants); wait until none is alive. Returns (killed ids, survivors)."""
+    pids = [pid, *descendants(pid)]
+    for p in reversed(pids):   # the ranks first, then torchrun (which would otherwise restart nothing anyway)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    deadline = time.time() + wait_s
+    while time.time() < deadline and any(alive(p) for p in pids[1:]):
+        time.sleep(0.2)
+    return pids, [p for p in pids[1:] if alive(p)]
+
+
+def run(cmd: list[str], log: Path, env: dict, kill_when=None) -> tuple[int, float, dict | None]:
+    """Run ``cmd`` in its own process group (output to ``log``); with ``kill_when``, SIGKILL torchrun and every
+    rank, each by its process id, as soon as it returns True. Returns (exit code, seconds, what the kill did:
+    None, or the processes killed and any that survived)."""
     t0 = time.time()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        killed = False
+        kill = None
         while proc.poll() is None:
             time.sleep(0.5)
-            if kill_when is not None and not killed and kill_when():
-                os.killpg(proc.pid, signal.SIGKILL)
-                killed = True
-        return proc.wait(), time.time() - t0, killed
+            if kill_when is not None and kill is None and kill_when():
+                killed, survivors = kill_tree(proc.pid)
+                kill = {"processes": len(killed), "survivors": len(survivors)}
+        return proc.wait(), time.time() - t0, kill
 
 
 def same_weights(a: Path, b: Path) -> tuple[bool, float]:
@@ -195,11 +242,16 @@ def main() -> int:
     work = WORK / "interrupted.work"
     checkpoint = work / "finetune" / "finetune-checkpoint.pt"
     cli_b = prune_args(args, student, teacher, WORK / "interrupted")
-    rc_kill, seconds_kill, killed = run(torchrun(cli_b), WORK / "interrupted-killed.log", env,
-                                        kill_when=lambda: checkpoint.is_file())
+    rc_kill, seconds_kill, kill = run(torchrun(cli_b), WORK / "interrupted-killed.log", env,
+                                      kill_when=lambda: checkpoint.is_file())
+    killed = kill is not None and kill["survivors"] == 0 and not (WORK / "interrupted" / "model.safetensors").exists()
     rc_resume, seconds_resume, _ = run(torchrun([*cli_b, "--resume"]), WORK / "interrupted-resumed.log", env)
-    runs["interrupted"] = {"killed": killed, "killed_after_s": round(seconds_kill, 1), "exit": rc_resume,
-                           "resumed_s": round(seconds_resume, 1)}
+    resumed_log = (WORK / "interrupted-resumed.log").read_text()
+    continued = FINETUNE_RESUMED.search(resumed_log) is not None
+    runs["interrupted"] = {"killed": killed, "kill": kill, "killed_after_s": round(seconds_kill, 1),
+                           "exit": rc_resume, "resumed_s": round(seconds_resume, 1),
+                           "continued_a_checkpoint": continued,
+                           "resume_lines": [line for line in resumed_log.splitlines() if "resume" in line][:6]}
     identical, diff = (same_weights(WORK / "uninterrupted" / "model.safetensors", WORK / "interrupted" / "model.safetensors")
                        if rc == 0 and rc_resume == 0 else (False, float("nan")))
     runs["interrupted"].update(identical=identical, max_abs_difference=diff)
@@ -225,7 +277,7 @@ def main() -> int:
     }
     target = (WORK if args.quick else RESULTS) / "scale-rehearsal"
     write(target.parent, target.stem, result, markdown(result))
-    ok = rc == 0 and rc_resume == 0 and identical and rc_plan == 0 and killed
+    ok = rc == 0 and rc_resume == 0 and identical and rc_plan == 0 and killed and continued
     return 0 if ok else 1
 
 
@@ -240,9 +292,13 @@ def markdown(r: dict) -> str:
              "images only, every feature of the recipe on, plus accumulation (2) and clipping, 2 ranks (gloo).", "",
              "## Kill and resume", "",
              f"* uninterrupted: exit {u['exit']} in {u['seconds']:.0f} s",
-             f"* interrupted: SIGKILL to every process {'after' if i['killed'] else 'never sent; finished in'} "
+             f"* interrupted: SIGKILL to torchrun and each rank by its process id "
+             f"({(i.get('kill') or {}).get('processes', 0)} processes, {(i.get('kill') or {}).get('survivors', '-')} "
+             f"survived; {'every one gone, no result written' if i['killed'] else 'NOT a clean kill'}) after "
              f"{i['killed_after_s']:.0f} s (the final fine-tune's first checkpoint), then `--resume`: exit {i['exit']} "
-             f"in {i['resumed_s']:.0f} s",
+             f"in {i['resumed_s']:.0f} s, "
+             + ("continuing the checkpoint" if i.get("continued_a_checkpoint") else "**without continuing a checkpoint**")
+             + "".join(f" (`{line}`)" for line in i.get("resume_lines", [])[:6] if FINETUNE_RESUMED.search(line))[:400],
              f"* the resumed model against the uninterrupted one: **{'bit-identical' if i['identical'] else 'DIFFERENT'}** "
              f"(largest difference {i['max_abs_difference']:.3g})", ""]
     if r.get("reports"):
