@@ -281,3 +281,18 @@ def test_ci_runs_the_test_command_the_install_section_gives():
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
           if line.strip().startswith("python -m pytest")]
     assert ci == given["README.md"], (ci, given["README.md"])
+
+
+# issue 60's limits for the front door: a README that fits on a few screens, one claim per results row
+README_MAX_LINES = 170
+README_MAX_CELL = 250
+
+
+def test_the_readme_fits_a_few_screens_and_its_table_cells_stay_short():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (f"README.md has {len(lines)} lines; issue 60 keeps it within "
+                                            f"{README_MAX_LINES}: move detail to docs/")
+    cells = [(n, cell.strip()) for n, line in enumerate(lines, 1) if line.startswith("|")
+             for cell in line.strip().strip("|").split(" | ")]
+    long = [(n, len(c)) for n, c in cells if len(c) > README_MAX_CELL]
+    assert not long, f"README.md table cells over {README_MAX_CELL} characters (line, length): {long}"
