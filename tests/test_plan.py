@@ -107,6 +107,11 @@ def test_the_paper_recipe_planned_on_deit_b_at_imagenet_size_has_the_releases_im
     assert points.train_images == points.fine_tunes * 10 * 106_764       # 10 epochs on 1/12 of ImageNet each
     assert "stage 1: checks" not in steps                                # verify 0: the paper's argmax
     assert "400 epochs, batch 4096" in steps["stage 2: fine-tune"].what
+    # the cost line (issue 58): choosing the split as a share of the run, counted by hand from the recipe
+    chosen = points.fine_tunes * 10 * 106_764
+    run = chosen + (3 + 8 * 10) * 1_281_167 + 400 * 1_281_167
+    assert made.map_share() == pytest.approx(chosen / run) and made.to_dict()["map_share"] == made.map_share()
+    assert f"{chosen / run:.1%} of the run's training images" in made.text()
     # pipeline checks at this scale (the digit-pairs study's 3.7x the points is a toy-scale ratio): each of the
     # 3 candidates' gate phases (at most: the removals they share are not known before the candidates) plus
     # the 2 final fine-tunes successive halving spends; the winner's selection is the select stage's own gate

@@ -351,6 +351,11 @@ class Plan:
         return PlanStep("total", "", sum(s.fine_tunes for s in self.steps), sum(s.train_images for s in self.steps),
                         sum(s.eval_images for s in self.steps))
 
+    def map_share(self) -> float | None:
+        """What choosing the split costs: stage 1's training images (MAP points and checks) as a share of the
+        whole run's (None where the run has no stage 1 or trains nothing)."""
+        return map_share(self.steps)
+
     def to_dict(self) -> dict:
         rates = (self.probe.train_ips, self.probe.eval_ips, self.probe.startup_s) if self.probe else (None, None)
         rows = []
@@ -358,7 +363,7 @@ class Plan:
             t = s.times(*rates)
             rows.append({**asdict(s), "hours": None if t is None else round(t / 3600, 3),
                          "gpu_hours": None if t is None else round(t * self.world / 3600, 3)})
-        return {"title": self.title, "key": self.key, "world": self.world, "steps": rows,
+        return {"title": self.title, "key": self.key, "world": self.world, "steps": rows, "map_share": self.map_share(),
                 "probe": None if self.probe is None else asdict(self.probe), "notes": self.notes}
 
     def text(self) -> str:
@@ -376,11 +381,25 @@ class Plan:
                 line += f" {row['hours']:>8.2f} {row['gpu_hours']:>10.2f}"
             lines.append(line)
             lines += [f"{s:<34} {w}".rstrip() for s, w in itertools.zip_longest(stage[1:], what[1:], fillvalue="")]
+        if d["map_share"] is not None:
+            lines.append(f"choosing the split (stage 1: MAP points and checks): {d['map_share']:.1%} of the run's "
+                         "training images")
         if self.probe:
             lines += probe_lines(self.probe)
         elif not any(n.startswith("no probe") for n in self.notes):
             lines.append("no probe (--plan-probe 0): run --plan with a probe for hours and memory")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+
+STAGE_ONE = "stage 1:"   # how the steps of choosing the split are named (a compare's: "hetdpt: stage 1: ...")
+
+
+def map_share(steps: list[PlanStep]) -> float | None:
+    """Stage 1's training images (a MAP's points and checks) over all of ``steps``' training images: what
+    choosing the split costs a run, the share issue 58's cost line bounds (None without a stage 1)."""
+    chosen = sum(s.train_images for s in steps if STAGE_ONE in s.stage)
+    total = sum(s.train_images for s in steps)
+    return chosen / total if total and any(STAGE_ONE in s.stage for s in steps) else None
 
 
 def probe_lines(p: Probe) -> list[str]:
