@@ -326,3 +326,23 @@ def test_a_run_sets_tf32_as_its_setting_says_and_a_change_keys_the_run(monkeypat
     assert keys[0] == keys[2] != keys[1]
     assert main(["prune", *model_args(trained_tiny), "--budget", "1", "--set", "tf32=maybe", "--plan", "--plan-probe", "0",
                  "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_exactness_checks_compare_in_full_fp32_whatever_tf32_says(tiny_model):
+    """On an H200 the merger contract failed a merge that is exact: with TF32 on (the runs' default on such
+    GPUs) the same forward differs from itself by about 1e-4 relative. The checks' forwards run with fp32
+    matmuls in full fp32, and the run's TF32 setting is put back after."""
+    from hetprune.model import checks, surgery
+
+    seen = []
+    tiny_model.register_forward_pre_hook(lambda m, a: seen.append(torch.get_float32_matmul_precision()))
+    x = torch.randn(2, 1, 16, 16)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")   # what a run sets on a GPU with TF32
+    try:
+        checks.outputs(tiny_model, x)
+        surgery.max_abs_error(tiny_model, tiny_model, x)
+        assert seen == ["highest"] * 3
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)

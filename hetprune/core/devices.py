@@ -160,6 +160,20 @@ def set_tf32(device: torch.device, on: bool = True) -> str:
     return "tf32" if on else "fp32"
 
 
+@contextlib.contextmanager
+def full_fp32():
+    """fp32 matmuls in full fp32 inside (TF32 off), put back as they were after: an exactness check (a merge
+    against the model it came from) compares at the precision it is stated in. Under TF32 the same DeiT
+    forward differs by about 1e-4 relative from itself in fp32, so a merge that is exact failed its check on
+    an H200."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def fp32_matmuls(device: torch.device) -> str:
     """What fp32 matmuls on ``device`` run in now (``tf32`` or ``fp32``), for a report."""
     return "tf32" if has_tf32(device) and torch.get_float32_matmul_precision() != "highest" else "fp32"

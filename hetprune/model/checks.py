@@ -58,13 +58,16 @@ def example_input(model: nn.Module, n: int = 2, seed: int = 0) -> torch.Tensor:
 
 
 def outputs(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model's outputs in eval mode, without gradients (its train/eval mode is restored)."""
+    """The model's outputs in eval mode, without gradients (its train/eval mode is restored), with fp32
+    matmuls in full fp32: what the checks compare is the function, not TF32's rounding."""
     import torch
+
+    from ..core.devices import full_fp32
 
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), full_fp32():
             return model(x)
     finally:
         model.train(was_training)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..core import tensors
+from ..core.devices import full_fp32
 from .adapters import adapter_for
 from ..core.errors import HetpruneError
 from .block_modules import ATTN_MODES, DroppedBlock, merge_pays
@@ -121,8 +122,10 @@ def max_abs_error(
     candidate: Callable[[torch.Tensor], torch.Tensor],
     inputs: torch.Tensor,
 ) -> float:
-    """Largest absolute difference between two models' outputs on ``inputs`` (over every output tensor)."""
-    return tensors.max_abs_diff(reference(inputs), candidate(inputs))
+    """Largest absolute difference between two models' outputs on ``inputs`` (over every output tensor), with
+    fp32 matmuls in full fp32 (TF32 rounding is not what a merge's exactness is about)."""
+    with full_fp32():
+        return tensors.max_abs_diff(reference(inputs), candidate(inputs))
 
 
 def check_exact(reference, candidate, inputs: torch.Tensor, tol: float) -> float:
