@@ -298,3 +298,40 @@ def test_a_plan_on_a_machine_without_the_runs_gpu_prints_the_counts_and_says_whe
     assert "--plan-probe 0" not in text
     written = json.loads((tmp_path / "out.work" / "plan.json").read_text())
     assert written["probe"] is None and written["notes"][0].startswith("no probe")
+
+
+def test_the_step_alone_is_timed_with_no_loader_worker_running(tmp_path, monkeypatch):
+    """On an H200 the step alone read 1,358 images/s and the step fed by its loader 1,600: the workers started
+    to fetch the step's one batch went on decoding while the step was timed. That batch is now read without
+    workers; the loader's workers start afterwards, for the loader alone and the two together."""
+    import multiprocessing
+
+    from PIL import Image
+
+    from hetprune.training import data as data_mod
+
+    root = tmp_path / "imgs"
+    for split, n in (("train", 12), ("val", 2)):
+        for c in ("a", "b"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(n):
+                Image.new("RGB", (20, 20), (20 * i, 90 if c == "a" else 180, 40)).save(root / split / c / f"{i}.png")
+    kwargs = {"img_size": 16, "patch_size": 4, "num_classes": 2, "embed_dim": 32, "depth": 2, "num_heads": 2}
+    seen, real_train = [], plan_mod.train
+
+    def watched(model, source, *args, **kw):
+        seen.append((source.batch is not None, len(multiprocessing.active_children())))
+        return real_train(model, source, *args, **kw)
+
+    monkeypatch.setattr(plan_mod, "train", watched)
+    data = data_mod.load_data(str(root), build(hetprune.ModelSpec("vit_tiny_patch16_224", kwargs)), workers=2)
+    made = hetprune.prune(build(hetprune.ModelSpec("vit_tiny_patch16_224", kwargs)), data, strategy="act-only",
+                          budget=1, plan=True, plan_probe=1.0, progress=False, log=lambda m: None,
+                          settings={"scorer": "magnitude", "finetune": {"epochs": 1, "subset": 8, "batch_size": 4,
+                                                                        "workers": 2},
+                                    "short_finetune": {"epochs": 1, "subset": 8}, "scoring": {"batches": 1}})
+    alone = [children for one_batch, children in seen if one_batch]
+    together = [children for one_batch, children in seen if not one_batch]
+    assert alone and set(alone) == {0}            # no worker while the step alone is timed
+    assert together and min(together) >= 2       # the loader's own workers feed the two together
+    assert made.probe.workers == 2 and made.probe.loader_ips > 0
