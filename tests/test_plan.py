@@ -171,37 +171,50 @@ def test_each_fine_tune_pays_the_probes_start_up_in_the_plans_hours():
     assert "2.5 s of start-up per fine-tune" in plan.text()
 
 
+FOLDER_KWARGS = {"img_size": 16, "patch_size": 4, "num_classes": 2, "embed_dim": 32, "depth": 2, "num_heads": 2}
+
+
+def two_class_folder(root):
+    """A tiny ImageFolder: 12 training and 2 val PNGs in each of two classes."""
+    from PIL import Image
+
+    for split, n in (("train", 12), ("val", 2)):
+        for c in ("a", "b"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(n):
+                Image.new("RGB", (20, 20), (40 * i % 255, 100 if c == "a" else 200, 30)).save(root / split / c / f"{i}.png")
+    return root
+
+
+def plan_with_workers(root, probe_s: float):
+    """``hetprune.prune(..., plan=True)`` of act-only on ``root`` with 2 loader workers: what the CLI calls."""
+    from hetprune.training.data import load_data
+
+    data = load_data(str(root), build(hetprune.ModelSpec("vit_tiny_patch16_224", FOLDER_KWARGS)), workers=2)
+    return hetprune.prune(build(hetprune.ModelSpec("vit_tiny_patch16_224", FOLDER_KWARGS)), data, strategy="act-only",
+                          budget=1, plan=True, plan_probe=probe_s, progress=False, log=lambda m: None,
+                          settings={"scorer": "magnitude", "finetune": {"epochs": 1, "subset": 8, "batch_size": 4,
+                                                                        "workers": 2},
+                                    "short_finetune": {"epochs": 1, "subset": 8}, "scoring": {"batches": 1}})
+
+
 def test_a_plan_with_loader_workers_leaves_no_worker_process(tmp_path, capsys):
     """Issue 57: ``--plan`` on an H200 printed its plan and never exited: the probe's loaders kept their
     persistent, pinned workers, and the interpreter's exit waited on each. Every command and library call now
     stops the workers of the loaders it opened before it returns."""
     import multiprocessing
 
-    from PIL import Image
-
     from hetprune.training import data as data_mod
 
-    root = tmp_path / "imgs"
-    for split, n in (("train", 12), ("val", 2)):
-        for c in ("a", "b"):
-            (root / split / c).mkdir(parents=True)
-            for i in range(n):
-                Image.new("RGB", (20, 20), (40 * i % 255, 100 if c == "a" else 200, 30)).save(root / split / c / f"{i}.png")
-    kwargs = {"img_size": 16, "patch_size": 4, "num_classes": 2, "embed_dim": 32, "depth": 2, "num_heads": 2}
-    args = ["prune", "--model", "vit_tiny_patch16_224", "--model-kwargs", json.dumps(kwargs), "--data", str(root),
+    root = two_class_folder(tmp_path / "imgs")
+    args = ["prune", "--model", "vit_tiny_patch16_224", "--model-kwargs", json.dumps(FOLDER_KWARGS), "--data", str(root),
             "--strategy", "act-only", "--scorer", "magnitude", "--budget", "1", "--workers", "2", "--subset", "8",
             "--set", "finetune.epochs=1", "--set", "finetune.batch_size=4", "--set", "short_finetune.epochs=1",
             "--set", "scoring.batches=1", "--plan", "--plan-probe", "0.5"]
     assert main([*args, "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
     assert "images/s training" in capsys.readouterr().out
     assert not multiprocessing.active_children() and not data_mod._LOADERS
-    # the library call the command makes does the same
-    data = data_mod.load_data(str(root), build(hetprune.ModelSpec("vit_tiny_patch16_224", kwargs)), workers=2)
-    made = hetprune.prune(build(hetprune.ModelSpec("vit_tiny_patch16_224", kwargs)), data, strategy="act-only",
-                          budget=1, plan=True, plan_probe=0.5, progress=False, log=lambda m: None,
-                          settings={"scorer": "magnitude", "finetune": {"epochs": 1, "subset": 8, "batch_size": 4,
-                                                                        "workers": 2},
-                                    "short_finetune": {"epochs": 1, "subset": 8}, "scoring": {"batches": 1}})
+    made = plan_with_workers(root, 0.5)   # the library call the command makes does the same
     assert made.probe is not None and made.probe.train_ips > 0
     assert not multiprocessing.active_children() and not data_mod._LOADERS
 
@@ -306,17 +319,6 @@ def test_the_step_alone_is_timed_with_no_loader_worker_running(tmp_path, monkeyp
     workers; the loader's workers start afterwards, for the loader alone and the two together."""
     import multiprocessing
 
-    from PIL import Image
-
-    from hetprune.training import data as data_mod
-
-    root = tmp_path / "imgs"
-    for split, n in (("train", 12), ("val", 2)):
-        for c in ("a", "b"):
-            (root / split / c).mkdir(parents=True)
-            for i in range(n):
-                Image.new("RGB", (20, 20), (20 * i, 90 if c == "a" else 180, 40)).save(root / split / c / f"{i}.png")
-    kwargs = {"img_size": 16, "patch_size": 4, "num_classes": 2, "embed_dim": 32, "depth": 2, "num_heads": 2}
     seen, real_train = [], plan_mod.train
 
     def watched(model, source, *args, **kw):
@@ -324,12 +326,7 @@ def test_the_step_alone_is_timed_with_no_loader_worker_running(tmp_path, monkeyp
         return real_train(model, source, *args, **kw)
 
     monkeypatch.setattr(plan_mod, "train", watched)
-    data = data_mod.load_data(str(root), build(hetprune.ModelSpec("vit_tiny_patch16_224", kwargs)), workers=2)
-    made = hetprune.prune(build(hetprune.ModelSpec("vit_tiny_patch16_224", kwargs)), data, strategy="act-only",
-                          budget=1, plan=True, plan_probe=1.0, progress=False, log=lambda m: None,
-                          settings={"scorer": "magnitude", "finetune": {"epochs": 1, "subset": 8, "batch_size": 4,
-                                                                        "workers": 2},
-                                    "short_finetune": {"epochs": 1, "subset": 8}, "scoring": {"batches": 1}})
+    made = plan_with_workers(two_class_folder(tmp_path / "imgs"), 1.0)
     alone = [children for one_batch, children in seen if one_batch]
     together = [children for one_batch, children in seen if not one_batch]
     assert alone and set(alone) == {0}            # no worker while the step alone is timed
