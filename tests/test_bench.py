@@ -372,3 +372,26 @@ def test_the_bench_command_passes_cast_and_tf32(monkeypatch, capsys):
     assert main(["bench", "vit_tiny_patch16_224", "--model-kwargs", kwargs, "--device", "cpu", "--dtype", "bf16",
                  "--cast", "weights", "--tf32", "off"]) == 2
     assert seen["cast"] == "weights" and seen["tf32"] is False and seen["dtype"] == "bf16"
+
+
+def test_measure_puts_the_matmul_precision_back_and_by_default_leaves_the_callers(tiny_model, monkeypatch):
+    """``tf32=True/False`` sets fp32 matmuls for the timing and puts them back after (a library call leaves no
+    global state behind); None, what a run's latency cost model passes, times under the run's own setting
+    (``tf32: false`` must not become TF32 because a cost model timed a model)."""
+    from hetprune.core import devices
+
+    monkeypatch.setattr(devices, "has_tf32", lambda device: True)   # as on an Ampere-or-later GPU
+    seen = []
+    tiny_model.register_forward_pre_hook(lambda m, a: seen.append(torch.get_float32_matmul_precision()))
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")   # a run with tf32: false
+        result = bench.measure({"m": tiny_model}, SHAPE, [1], device="cpu", repeats=1, warmup=0, min_time_s=0)
+        assert set(seen) == {"highest"} and result["environment"]["fp32_matmuls"] == "fp32"
+        seen.clear()
+        result = bench.measure({"m": tiny_model}, SHAPE, [1], device="cpu", repeats=1, warmup=0, min_time_s=0,
+                               tf32=True)
+        assert "high" in seen and result["environment"]["fp32_matmuls"] == "tf32"
+        assert torch.get_float32_matmul_precision() == "highest"   # put back
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -229,13 +229,13 @@ def _is_oom(exc: BaseException) -> bool:
 
 def _time_batch(models: dict, input_shape: tuple, batch: int, device: torch.device, dtype: str,
                 repeats: int, warmup: int, min_time_s: float, log, ort: bool = False,
-                budget_s: float | None = None, cast: str = "autocast", **until) -> dict[str, dict]:
+                budget_s: float | None = None, weights_dtype: torch.dtype | None = None, **until) -> dict[str, dict]:
     """Time every model (torch modules, or ONNX Runtime sessions with ``ort``) at one batch size, interleaved;
-    raises on OOM. ``cast="weights"``: the models hold ``dtype`` weights and take ``dtype`` input (no autocast)."""
+    raises on OOM. ``weights_dtype``: the models hold weights of that dtype and take input in it (no autocast)."""
     x = torch.randn(batch, *input_shape)
     x = x if ort else devices.place(x, device)   # the one door to a run's device (and a test's watch)
-    if cast == "weights" and DTYPES[dtype] is not None:
-        x, dtype = x.to(DTYPES[dtype]), "fp32"   # the model is already in that dtype: nothing to autocast
+    if weights_dtype is not None:
+        x, dtype = x.to(weights_dtype), "fp32"   # the model is already in that dtype: nothing to autocast
     runners = {name: OrtRunner(m, x, dtype) if ort else Runner(m, x, device, dtype) for name, m in models.items()}
     peak = {}
     if device.type == "cuda" and not ort:  # peak memory, one model at a time (interleaving would mix them)
@@ -329,7 +329,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
             min_time_s: float = 0.2, reference: str | None = None, threads: int | None = None,
             log: Callable[[str], None] | None = None, backend: str = "torch", budget_s: float | None = None,
             spread_target: float | None = None, spread_budget_s: float | None = None,
-            onnx_files: dict | None = None, cast: str = "autocast", tf32: bool = True) -> dict:
+            onnx_files: dict | None = None, cast: str = "autocast", tf32: bool | None = None) -> dict:
     """Time ``models`` (name -> module) on random input of shape ``(B, *input_shape)``.
 
     ``reference`` names the model others are compared with (speedup = its
@@ -345,7 +345,9 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
     models (an INT8 export beside the fp32 models it came from). ``cast`` (bf16, fp16): ``autocast`` runs
     fp32 weights under autocast (what training does), ``weights`` a copy of each model with its weights in
     that dtype and input in it too (what one deploys: no casts per call); each row's ``precision`` says which.
-    ``tf32``: fp32 matmuls on a GPU that has TF32 run in it (``environment.fp32_matmuls`` says what ran).
+    ``tf32``: fp32 matmuls on a GPU that has TF32 run in it (True) or in full fp32 (False), put back as they were
+    afterwards; None (a run's latency cost model) leaves them as the caller set them. ``environment.fp32_matmuls``
+    says what ran.
     Returns a JSON-ready dict:
     ``environment``, ``models`` (params, MACs), ``results`` (one row per model
     and batch size).
@@ -383,7 +385,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
     if reference is not None and reference not in models and reference not in onnx_files:
         raise HetpruneError(f"reference {reference!r} is not one of the models: {', '.join([*models, *onnx_files])}")
 
-    old_threads = torch.get_num_threads()
+    old_threads, old_matmuls = torch.get_num_threads(), torch.get_float32_matmul_precision()
     if threads is not None:
         if threads < 1:
             raise HetpruneError(f"threads must be >= 1, got {threads}")
@@ -393,9 +395,10 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
         env = environment(dev, dtype, compile)
         env["backend"] = backend
         precision = precision_of(dtype, cast)
+        weights_dtype = DTYPES[dtype] if cast == "weights" else None   # None for fp32: nothing to cast
         env["precision"] = precision
         if not ort:
-            env["fp32_matmuls"] = devices.set_tf32(dev, tf32)
+            env["fp32_matmuls"] = devices.fp32_matmuls(dev) if tf32 is None else devices.set_tf32(dev, tf32)
         costs, runnable = {}, {}
         example = torch.randn(1, *input_shape)
         example = example if ort else devices.place(example, dev)
@@ -404,8 +407,8 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
             if not ort:
                 model = devices.place(model, dev)
             costs[name] = {"params": count_params(model), "macs": count_macs(model, example)}
-            if cast == "weights" and DTYPES[dtype] is not None:   # a copy: the caller's model stays as it was
-                model = copy.deepcopy(model).to(DTYPES[dtype])
+            if weights_dtype is not None:   # a copy: the caller's model stays as it was
+                model = copy.deepcopy(model).to(weights_dtype)
             runnable[name] = torch.compile(model) if compile else model
         if ort:
             import tempfile
@@ -428,7 +431,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
                 load = load_average()
                 try:
                     timed = _time_batch(runnable, input_shape, batch, dev, dtype, repeats, warmup, min_time_s, log,
-                                        ort=ort, budget_s=budget_s, cast=cast, reference=reference,
+                                        ort=ort, budget_s=budget_s, weights_dtype=weights_dtype, reference=reference,
                                         spread_target=spread_target, spread_budget_s=spread_budget_s)
                     break
                 except RuntimeError as exc:
@@ -467,6 +470,7 @@ def measure(models: dict[str, nn.Module], input_shape: tuple[int, ...], batch_si
         env["threads"] = torch.get_num_threads()
     finally:
         torch.set_num_threads(old_threads)
+        torch.set_float32_matmul_precision(old_matmuls)
         if tmp is not None:
             tmp.cleanup()
     return {
