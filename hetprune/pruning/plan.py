@@ -246,13 +246,14 @@ def probe(job, seconds: float = PROBE_SECONDS, section: str = "finetune") -> Pro
 
 def _probe_source(job, student, teacher, run: TrainConfig, seconds: float) -> dict:
     """The three rates of a task hetprune's trainer runs (see `probe`)."""
-
     quiet = dict(progress=False, log=lambda m: None)
     device = job.device
     cap = max(WARM_STEPS + 8, min(10_000, MAX_PROBE_ITEMS // run.batch_size))
     source = job.task.source()
     data = getattr(source, "data", None)
-    if isinstance(data, DataBundle):   # hetprune's own classification data: one long epoch, the set repeated
+    if not isinstance(data, DataBundle):   # a user's own loader (its batches, its workers)
+        data = None
+    else:   # hetprune's own classification data: one long epoch, the set repeated
         source = type(source)(dataclasses.replace(data, train=Repeated(data.train, cap * run.batch_size)))
 
     def steps(share: float, batch=None) -> tuple[TimedSource, float]:
@@ -271,8 +272,7 @@ def _probe_source(job, student, teacher, run: TrainConfig, seconds: float) -> di
     # workers started for it would go on filling their queues while the step is timed, and on the H200 their
     # decoding slowed the step's own process (step alone 1,358 images/s, the two together 1,600)
     quiet_run = TrainConfig.from_dict({**run.to_dict(), "workers": 0})
-    alone_source = (type(source)(dataclasses.replace(source.data, workers=0)) if isinstance(data, DataBundle)
-                    else source)
+    alone_source = source if data is None else type(source)(dataclasses.replace(source.data, workers=0))
     first = next(iter(TimedSource(alone_source, 1).epoch(quiet_run, run.seed, dist.rank(), dist.world(), device,
                                                          dist.active())))
     alone, _ = steps(0.25, first)
@@ -294,7 +294,7 @@ def _probe_source(job, student, teacher, run: TrainConfig, seconds: float) -> di
     return dict(train_ips=round(train_ips, 1), steps=len(both.marks), startup_s=round(startup, 2),
                 step_ips=round(step_ips, 1), loader_ips=round(loader_ips, 1),
                 bound="the loader" if loader_ips < step_ips else "the training step",
-                workers=workers_for(data, run) if isinstance(data, DataBundle) else None)
+                workers=None if data is None else workers_for(data, run))
 
 
 def _probe_user_loop(job, student, teacher, cfg: TrainConfig, seconds: float) -> dict:
