@@ -100,7 +100,7 @@ def test_the_default_budget_pays_for_the_selections_and_two_final_finetunes(tmp_
     checks = module.PipelineChecks(job)
     seen = {}
 
-    def record(candidates, run, budget, selection_cost=0.0, sign=1):
+    def record(candidates, run, budget, selection_cost=0.0, sign=1, unit=module.FINAL):
         seen.update(budget=budget, cost=selection_cost)
         return module.Halving(budget=budget)
 
@@ -112,7 +112,8 @@ def test_the_default_budget_pays_for_the_selections_and_two_final_finetunes(tmp_
     assert cost > 0 and seen == {"budget": pytest.approx(cost + module.FINETUNES_BEYOND_SELECTION),
                                  "cost": pytest.approx(cost)}
     # the run says what the checks may cost before they start
-    said = f"[hetdpt] pipeline checks of 1+1, 2+0: selections {cost:.2f} final fine-tunes, at most {cost + 2:.2f} in all"
+    said = (f"[hetdpt] pipeline checks of 1+1, 2+0: selections {cost:.2f} final fine-tunes, at most {cost + 2:.2f} "
+            "final fine-tunes in all")
     assert said in logs, logs
     checks.run([(1, 1), (2, 0)], budget=5.0)
     assert seen["budget"] == 5.0

@@ -19,6 +19,12 @@ run would be, at a fraction of its fine-tune:
   selection split and keeps the better half (at least one); each later round gives the survivors a longer
   fraction (the round's equal share of the budget over fewer candidates), until one is left.
 
+Sized in final fine-tunes (``verify_budget``), the checks grow with the final schedule: at DeiT-B's 400 epochs
+three of them cost more than the rest of the run. ``hetdpt.verify_images`` sizes them in training images
+instead, like the MAP points: the budget is a number of images, and each check fine-tunes on the points'
+schedule (``point_finetune``) cut to its share, so what they cost is bounded by design whatever the final
+schedule (`Unit`). ``verify_selection`` may then also be a number of images per gate epoch.
+
 `halving` is the schedule and the bookkeeping alone (tested with stub fine-tunes of known values);
 `PipelineChecks` runs it on a job.
 """
@@ -40,32 +46,61 @@ from hetprune.pruning.point_store import PointStore
 from hetprune.core.fingerprint import fingerprint
 
 from .options import HetDPTOptions
+from .point_schemes import resolve_finetune
 
 Split = tuple[int, int]
 FINETUNES_BEYOND_SELECTION = 2.0   # the default budget: the K selections, then this many final fine-tunes
 
 
+@dataclass(frozen=True)
+class Unit:
+    """What the checks' budget counts, and the schedule a check fine-tunes on a fraction of: one final
+    fine-tune (``verify_budget``), or, sized in images (``verify_images``), one fine-tune on the points'
+    schedule, whose ``images`` turn a number of images into units."""
+
+    setting: str = "verify_budget"   # the setting that states the budget
+    section: str = "finetune"        # the schedule one unit is
+    images: int = 0                  # the images one unit sees (0: unknown)
+
+    @property
+    def in_images(self) -> bool:
+        return self.setting == "verify_images"
+
+    def said(self, units: float) -> str:
+        """``units`` as the setting states them: final fine-tunes, or images."""
+        return f"{units * self.images:,.0f} images" if self.in_images else f"{units:.2f} final fine-tunes"
+
+
+FINAL = Unit()
+
+
 @dataclass
 class Halving:
     """What successive halving did: each round's candidates, fraction and measured values, and its cost in
-    final-fine-tune units (``spent`` <= ``budget``)."""
+    units of the budget (final fine-tunes, or with ``verify_images`` one points'-schedule fine-tune of
+    ``unit_images`` images; ``spent`` <= ``budget``)."""
 
     budget: float
     rounds: list[dict] = field(default_factory=list)
     spent: float = 0.0
     winner: Split | None = None
     selection_subset: int | None = None   # the scoring subset the candidates were selected on, where not the run's
+    unit: Unit = FINAL
 
     def to_dict(self) -> dict:
+        sized = ({"unit": self.unit.section, "unit_images": self.unit.images,
+                  "budget_images": round(self.budget * self.unit.images),
+                  "spent_images": round(self.spent * self.unit.images)} if self.unit.in_images else {})
         return {"budget": self.budget, "spent": round(self.spent, 4), "rounds": self.rounds,
                 "winner": list(self.winner) if self.winner else None,
-                **({"selection_subset": self.selection_subset} if self.selection_subset is not None else {})}
+                **({"selection_subset": self.selection_subset} if self.selection_subset is not None else {}),
+                **sized}
 
 
-def fractions(k: int, budget: float, selection_cost: float) -> list[float]:
-    """The fraction of the final fine-tune each round gives each of its candidates: the budget left after the
+def fractions(k: int, budget: float, selection_cost: float, unit: Unit = FINAL) -> list[float]:
+    """The fraction of a unit's fine-tune each round gives each of its candidates: the budget left after the
     ``k`` selections (``selection_cost`` units in all) in equal shares per round, each share split among the
-    round's candidates (k, k//2, ...: the better half kept), at most the whole final schedule."""
+    round's candidates (k, k//2, ...: the better half kept), at most the whole schedule."""
     counts = []
     n = k
     while n > 1:
@@ -73,32 +108,39 @@ def fractions(k: int, budget: float, selection_cost: float) -> list[float]:
         n = max(1, n // 2)
     if not counts:
         return []
-    check_pays(budget, k, selection_cost)
+    check_pays(budget, k, selection_cost, unit=unit)
     share = (budget - selection_cost) / len(counts)
     return [min(1.0, share / n) for n in counts]
 
 
-def check_pays(budget: float, k: int, selection_cost: float, at_least: bool = False) -> None:
+def check_pays(budget: float, k: int, selection_cost: float, at_least: bool = False, unit: Unit = FINAL) -> None:
     """Refuse a budget that leaves nothing for the fine-tunes of ``k`` candidates once their selections
     (``selection_cost`` units; ``at_least``: a floor known before the candidates are) are paid."""
     if k > 1 and budget - selection_cost <= 0:
-        raise HetpruneError(f"hetdpt.verify_budget {budget:g} (final-fine-tune units) does not pay for the "
-                            f"{k} candidates' selections ({'at least ' if at_least else ''}{selection_cost:.3g} "
-                            "units): raise it, or lower hetdpt.verify")
+        least = "at least " if at_least else ""
+        if unit.in_images:
+            stated = (f"{budget * unit.images:,.0f} does not pay for the {k} candidates' selections ({least}"
+                      f"{unit.said(selection_cost)})")
+        else:
+            stated = (f"{budget:g} (final-fine-tune units) does not pay for the {k} candidates' selections "
+                      f"({least}{selection_cost:.3g} units)")
+        raise HetpruneError(f"hetdpt.{unit.setting} {stated}: raise it, lower hetdpt.verify"
+                            + (", or select the candidates on fewer images (hetdpt.verify_selection)"
+                               if unit.in_images else ""))
 
 
 def halving(candidates: list[Split], run: Callable[[Split, float], float], budget: float,
-            selection_cost: float = 0.0, sign: int = 1) -> Halving:
+            selection_cost: float = 0.0, sign: int = 1, unit: Unit = FINAL) -> Halving:
     """Successive halving of ``candidates`` (best predicted first). ``run(split, fraction)`` fine-tunes the
-    candidate on ``fraction`` of the final schedule and returns its metric (``sign`` -1: lower is better);
-    ``selection_cost``: the candidates' selections, in final-fine-tune units. Ties keep the earlier (better
-    predicted) candidate. Raises when the budget cannot pay for the selections."""
-    out = Halving(budget=float(budget), spent=float(selection_cost))
+    candidate on ``fraction`` of a unit's schedule (the final one, or the points') and returns its metric
+    (``sign`` -1: lower is better); ``selection_cost``: the candidates' selections, in units. Ties keep the
+    earlier (better predicted) candidate. Raises when the budget cannot pay for the selections."""
+    out = Halving(budget=float(budget), spent=float(selection_cost), unit=unit)
     alive = list(candidates)
     if len(alive) <= 1:
         out.winner = alive[0] if alive else None
         return out
-    for fraction in fractions(len(alive), budget, selection_cost):
+    for fraction in fractions(len(alive), budget, selection_cost, unit):
         values = {split: run(split, fraction) for split in alive}
         out.spent += fraction * len(alive)
         keep = max(1, len(alive) // 2)
@@ -113,41 +155,75 @@ def halving(candidates: list[Split], run: Callable[[Split, float], float], budge
 
 def selection_job(job: PruneJob, share: float) -> PruneJob:
     """The job the candidates' selections run in: the run's own (``share`` 1), or the same with ``share`` of
-    its scoring subset (``hetdpt.verify_selection``): a cheaper gate phase for the checks alone."""
-    if share >= 1:
+    its scoring subset (``hetdpt.verify_selection`` below 1), or with that many images per gate epoch (a
+    whole number above 1): a cheaper gate phase for the checks alone."""
+    if share == 1:
         return job
     run = job.config
     # the images one gate epoch reads, as gate-taylor's plan counts them (the subset, at most the training set)
     whole = epoch_images(job.train_config("short_finetune", subset=run.scoring_batches.subset), job.task.train_size)
-    if whole is None:
+    if share > 1:
+        n = int(share)
+        if whole is not None and n >= whole:
+            raise HetpruneError(f"hetdpt.verify_selection {n:,} images per gate epoch is not fewer than the "
+                                f"{whole:,} the run's own selection trains on (scoring.subset): use 1 (the run's "
+                                "own selection), or fewer images")
+    elif whole is None:
         raise HetpruneError("hetdpt.verify_selection below 1 is a share of scoring.subset, and this run has neither "
                             "a scoring.subset nor a training set of known size: set scoring.subset, or "
-                            "hetdpt.verify_selection 1")
-    n = max(1, round(share * whole))
+                            "hetdpt.verify_selection 1, or a number of images per gate epoch")
+    else:
+        n = max(1, round(share * whole))
     return dataclasses.replace(job, settings=config.changed(job.settings, scoring={**run.scoring, "subset": n}))
 
 
 class PipelineChecks:
     """`halving` on a job: each candidate's sites chosen once by the run's scorer (the final select stage
-    chooses the winner's again), then fine-tuned on a fraction of the final schedule and measured on the
-    selection split. Each measured (split, fraction) is stored in ``map-pipeline-checks.jsonl`` and reused
-    like a point."""
+    chooses the winner's again), then fine-tuned on a fraction of a unit's schedule (the final one, or with
+    ``verify_images`` the points') and measured on the selection split. Each measured (split, fraction) is
+    stored in ``map-pipeline-checks.jsonl`` and reused like a point."""
 
     def __init__(self, job: PruneJob):
         self.job = job
-        self.share = job.options(HetDPTOptions).verify_selection
+        opts = job.options(HetDPTOptions)
+        self.share = opts.verify_selection
         self.select_job = selection_job(job, self.share)
+        self.own_selection = self.select_job is job   # the final run's own selection: the winner's reused
+        self.images_budget = opts.verify_images
         run = job.config
-        self.cfg = job.train_config("finetune")
-        self.final_images = (epoch_images(self.cfg, job.task.train_size) or 0) * self.cfg.epochs
+        section = (resolve_finetune(job.settings, job.task.train_size, opts.point_selection)
+                   if self.images_budget is not None else "finetune")
+        self.cfg = job.train_config(section)
+        images = (epoch_images(self.cfg, job.task.train_size) or 0) * self.cfg.epochs
+        self.unit = Unit("verify_images", section, images) if self.images_budget is not None else \
+            Unit(section=section, images=images)
+        if self.unit.in_images and not images:
+            raise HetpruneError(f"hetdpt.verify_images sizes each check as a share of the points' schedule "
+                                f"({section}), whose images are unknown here (no {section}.subset, and a "
+                                f"training set of unknown size): set {section}.subset, or use "
+                                "hetdpt.verify_budget")
         self.key = fingerprint({"base": job.base_key, "data": job.task.key, "seed": job.seed,
                                 "scorer": run.scorer, "scorer_options": run.options_for("scorer", run.scorer),
                                 "scoring": self.select_job.config.scoring, "short": run.short_finetune, "finetune": run.finetune,
                                 "removers": [run.attn_remover, run.act_remover], "split": job.choice_split,
-                                "amp": job.amp, "v": 2})   # 2: gate-taylor's phase on short_finetune's whole schedule
+                                "amp": job.amp, "v": 2,   # 2: gate-taylor's phase on short_finetune's whole schedule
+                                # a fraction of the points' schedule is another check than the final one's
+                                **({"unit": section} if self.unit.in_images else {})})
         self.sites: dict[Split, list] = {}
         self.models: dict[Split, object] = {}
         self.candidates: list[Split] = []   # the splits being checked: which removals their selections share
+
+    @property
+    def final_images(self) -> int:
+        """The images of one unit of the budget (kept under its first name: a final fine-tune's)."""
+        return self.unit.images
+
+    def configured_budget(self) -> float | None:
+        """The budget the settings give, in units: ``verify_images`` over a unit's images, or
+        ``verify_budget`` (None: the default, the selections plus `FINETUNES_BEYOND_SELECTION`)."""
+        if self.unit.in_images:
+            return self.images_budget / self.unit.images
+        return self.job.options(HetDPTOptions).verify_budget
 
     def shared(self, a: Split, b: Split) -> int:
         """The first removals the selections of ``a`` and ``b`` share (0 for a scorer that cannot say; all of
@@ -156,9 +232,9 @@ class PipelineChecks:
         return share({"attn": a[0], "act": a[1]}, {"attn": b[0], "act": b[1]}) if share else 0
 
     def selection_cost(self, split: Split, shared: int = 0) -> float:
-        """A candidate's selection in final-fine-tune units: its scorer's counted phase (none for a one-shot
-        scorer), less its first ``shared`` removals, continued from an earlier candidate's kept state."""
-        if not self.final_images:
+        """A candidate's selection in units: its scorer's counted phase (none for a one-shot scorer), less its
+        first ``shared`` removals, continued from an earlier candidate's kept state."""
+        if not self.unit.images:
             return 0.0
         scorer = self.scorer()
         if not hasattr(scorer, "plan"):
@@ -166,7 +242,7 @@ class PipelineChecks:
         counts = {"attn": split[0], "act": split[1]}
         job = self.select_job
         step = scorer.plan(job, counts, shared=shared) if shared else scorer.plan(job, counts)
-        return step.train_images / self.final_images
+        return step.train_images / self.unit.images
 
     def selections_cost(self, candidates: list[Split]) -> float:
         """The candidates' selections in order, each continuing from the earlier one it shares most with."""
@@ -182,10 +258,12 @@ class PipelineChecks:
                        for p, cost in zip(pairs, full))
         return min(full, default=0.0) + sum(later[:k - 1])
 
-    def check_budget(self, budget: float, pairs: list[Split], k: int) -> None:
-        """Refuse, before stage 1, a ``verify_budget`` that cannot pay for the selections of any ``k`` of the
-        feasible splits ``pairs``."""
-        check_pays(budget, k, self.least_selections_cost(pairs, k), at_least=True)
+    def check_budget(self, budget: float | None, pairs: list[Split], k: int) -> None:
+        """Refuse, before stage 1, a budget (in units; None: the settings') that cannot pay for the
+        selections of any ``k`` of the feasible splits ``pairs``."""
+        budget = self.configured_budget() if budget is None else budget
+        if budget is not None:
+            check_pays(budget, k, self.least_selections_cost(pairs, k), at_least=True, unit=self.unit)
 
     def scorer(self):
         run = self.job.config
@@ -202,25 +280,26 @@ class PipelineChecks:
             ctx.progress, ctx.on_epoch_end = False, None
             # kept for the other candidates (where they share this one's first removals) and, after all of
             # them (what it shares with itself), for the final select stage, which chooses the winner's again
-            # (from this state only where the checks select as it does: verify_selection 1)
+            # (from this state only where the checks select as it does: the run's own selection)
             ctx.keep_states_at = tuple(sorted({n for t in {*self.candidates, split} if (n := self.shared(split, t))
-                                               and (t != split or self.share >= 1)}))
+                                               and (t != split or self.own_selection)}))
             chosen = select_sites(job, model, {"attn": split[0], "act": split[1]}, ctx=ctx)
             remove_sites(self.job, model, chosen)
             self.sites[split], self.models[split] = chosen, model
         return self.models[split]
 
     def run(self, candidates: list[Split], budget: float | None = None) -> Halving:
-        """Successive halving of ``candidates`` within ``budget`` final fine-tunes (None: the candidates'
-        selections plus `FINETUNES_BEYOND_SELECTION`)."""
+        """Successive halving of ``candidates`` within ``budget`` units (None: the settings' budget,
+        `configured_budget`, or the candidates' selections plus `FINETUNES_BEYOND_SELECTION`)."""
         job = self.job
         sign = 1 if job.task.higher_is_better else -1
         self.candidates = list(candidates)
         cost = self.selections_cost(self.candidates)
+        budget = self.configured_budget() if budget is None else budget
         budget = cost + FINETUNES_BEYOND_SELECTION if budget is None else budget
-        # said before hours of gate phases and fine-tunes begin: what they may cost, in the final run's unit
+        # said before hours of gate phases and fine-tunes begin: what they may cost, in the budget's unit
         job.log(f"[hetdpt] pipeline checks of {', '.join(f'{a}+{m}' for a, m in self.candidates)}: selections "
-                f"{cost:.2f} final fine-tunes, at most {budget:.2f} in all")
+                f"{self.unit.said(cost)}, at most {self.unit.said(budget)} in all")
         stores: dict[float, tuple[PointStore, dict]] = {}
 
         def measure(split: Split, fraction: float) -> float:
@@ -245,36 +324,43 @@ class PipelineChecks:
             if dist.is_main():
                 store.append(point)
             have[split] = point
-            job.log(f"[hetdpt] pipeline check {split[0]}+{split[1]} at {fraction:.0%} of the final fine-tune -> "
+            of = "the final fine-tune" if not self.unit.in_images else f"a point's fine-tune ({self.unit.section})"
+            job.log(f"[hetdpt] pipeline check {split[0]}+{split[1]} at {fraction:.0%} of {of} -> "
                     f"{job.task.format(value)} ({point['seconds']:.1f}s)")
             return value
 
-        out = halving(candidates, measure, budget, cost, sign)
-        if self.select_job is not job:
+        out = halving(candidates, measure, budget, cost, sign, self.unit)
+        if not self.own_selection:
             out.selection_subset = self.select_job.config.scoring_batches.subset
         return out
 
     def schedule(self, fraction: float):
-        """The final fine-tune at ``fraction`` of its images: fewer images per epoch where the training set's
-        size is known (its epochs, warm-up and cosine kept), else fewer epochs."""
+        """A unit's schedule (the final fine-tune, or the points') at ``fraction`` of its images: fewer images
+        per epoch where the training set's size is known (its epochs, warm-up and cosine kept), else fewer
+        epochs."""
+        section = self.unit.section
         per = epoch_images(self.cfg, self.job.task.train_size)
         if per:
-            return self.job.train_config("finetune", subset=max(self.cfg.batch_size, round(fraction * per)))
-        return self.job.train_config("finetune", epochs=max(1, round(fraction * self.cfg.epochs)))
+            return self.job.train_config(section, subset=max(self.cfg.batch_size, round(fraction * per)))
+        return self.job.train_config(section, epochs=max(1, round(fraction * self.cfg.epochs)))
 
     def plan_steps(self, k: int, budget: float | None, sites: int) -> list[PlanStep]:
-        """What the checks cost at most (``--plan``): the budget's final-fine-tune units (None: k selections of
-        a ``sites``-site split, half of each kind, plus `FINETUNES_BEYOND_SELECTION`). Where the final select
-        stage continues from the winner's kept selection (a scorer that shares removals, ``verify_selection``
-        1), that selection is the gate phase the plan counts for the select stage, so it is not counted twice."""
+        """What the checks cost at most (``--plan``): the budget's units (None: the settings' budget, or k
+        selections of a ``sites``-site split, half of each kind, plus `FINETUNES_BEYOND_SELECTION`). Where
+        the final select stage continues from the winner's kept selection (a scorer that shares removals, the
+        run's own selection), that selection is the gate phase the plan counts for the select stage, so it is
+        not counted twice."""
         one = self.selection_cost((sites - sites // 2, sites // 2))
+        budget = self.configured_budget() if budget is None else budget
         if budget is None:
             budget = k * one + FINETUNES_BEYOND_SELECTION
         shares = bool(getattr(self.scorer(), "shared_removals", None))
-        reused = one if shares and self.share >= 1 else 0.0
-        what = f"{k} splits by successive halving, at most {budget:.3g} final fine-tunes"
+        reused = one if shares and self.own_selection else 0.0
+        if self.unit.in_images:
+            what = f"{k} splits by successive halving, at most {self.unit.said(budget)} ({self.unit.section} cut)"
+        else:
+            what = f"{k} splits by successive halving, at most {budget:.3g} final fine-tunes"
         if shares:
             what += " (less the removals they share" + ("; the winner's selection is the select stage's gate "
                                                         "phase, counted there)" if reused else ")")
-        return [PlanStep("stage 1: pipeline checks", what, k, int(max(0.0, budget - reused) * self.final_images), 0)]
-
+        return [PlanStep("stage 1: pipeline checks", what, k, int(max(0.0, budget - reused) * self.unit.images), 0)]

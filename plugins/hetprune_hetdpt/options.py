@@ -51,11 +51,17 @@ class HetDPTOptions(Section):
                                        "verify_budget)")
     verify_budget: float | None = setting(None, "verify_by pipeline: what the checks may cost in all, in final "
                                                "fine-tunes' training images, the K selections counted (null: "
-                                               "the K selections plus 2 final fine-tunes)")
-    verify_selection: float = setting(1.0, "verify_by pipeline: the share of scoring.subset the candidates' "
-                                           "selections train on (1: the final run's own selection, the "
-                                           "winner's reused; less: cheaper checks whose sites may differ, the "
-                                           "winner's selected again on the whole subset)")
+                                               "the K selections plus 2 final fine-tunes, or verify_images)")
+    verify_images: int | None = setting(None, "verify_by pipeline: the checks sized in training images instead "
+                                              "(what they may see in all, the K selections counted): each check "
+                                              "fine-tunes on the points' schedule (point_finetune) cut to its "
+                                              "share, so their cost does not grow with the final schedule; "
+                                              "null: sized by verify_budget")
+    verify_selection: float = setting(1.0, "verify_by pipeline: what the candidates' selections train on: a share "
+                                           "of scoring.subset within (0, 1] (1: the final run's own selection, "
+                                           "the winner's reused; less: cheaper checks whose sites may differ, "
+                                           "the winner's selected again on the whole subset), or a whole "
+                                           "number of images per gate epoch above 1")
 
     def __post_init__(self):
         self.need("predictor", isinstance(self.predictor, str) and self.predictor != "", "a predictor's name")
@@ -78,15 +84,24 @@ class HetDPTOptions(Section):
         self.need("verify_by", self.verify_by in VERIFY_BY, f"one of {', '.join(VERIFY_BY)}")
         self.need("verify_budget", self.verify_budget is None or (number(self.verify_budget) and self.verify_budget > 0),
                   "a number of final fine-tunes > 0, or null")
-        self.need("verify_selection", number(self.verify_selection, 0, 1) and self.verify_selection > 0,
-                  "a share of scoring.subset within (0, 1] (1: the final run's own selection)")
+        self.need("verify_images", self.verify_images is None or whole(self.verify_images, 1),
+                  "a whole number of training images >= 1, or null")
+        self.need("verify_selection", (number(self.verify_selection, 0, 1) and self.verify_selection > 0)
+                  or (number(self.verify_selection) and self.verify_selection > 1
+                      and float(self.verify_selection).is_integer()),
+                  "a share of scoring.subset within (0, 1] (1: the final run's own selection), or a whole number "
+                  "of images per gate epoch above 1")
+        if self.verify_budget is not None and self.verify_images is not None:
+            raise HetpruneError(f"hetdpt.verify_budget ({self.verify_budget:g} final fine-tunes) and "
+                                f"hetdpt.verify_images ({self.verify_images:,} images) both size the pipeline "
+                                "checks: set one of them")
         self._refuse_inert_checks()
 
     def _refuse_inert_checks(self) -> None:
         """The checks' settings do nothing where there are no checks (``verify`` 0), and ``verify_budget`` and
         ``verify_selection`` nothing for checks of the points' kind: refused, not silently ignored."""
         default = {f.name: f.default for f in fields(self)}
-        changed = [n for n in ("verify_by", "verify_budget", "verify_selection") if getattr(self, n) != default[n]]
+        changed = [n for n in ("verify_by", "verify_budget", "verify_images", "verify_selection") if getattr(self, n) != default[n]]
         if changed and not self.verify:
             raise HetpruneError(f"hetdpt.{changed[0]} shapes the checks of hetdpt.verify, which is 0 (no checks): "
                                 f"set hetdpt.verify to the number of splits to check, or leave hetdpt.{changed[0]} "

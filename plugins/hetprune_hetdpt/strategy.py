@@ -90,8 +90,7 @@ class HetDPT(DepthStrategy):
         steps = scheme.plan_steps(scheme.plan(pairs), pairs)
         opts = job.options(HetDPTOptions)
         if opts.verify and opts.verify_by == "pipeline":
-            steps += PipelineChecks(job).plan_steps(min(opts.verify, len(pairs)), opts.verify_budget,
-                                                    self.plan_sites(job))
+            steps += PipelineChecks(job).plan_steps(min(opts.verify, len(pairs)), None, self.plan_sites(job))
         return steps
 
     def check_settings(self, job: PruneJob) -> None:
@@ -112,8 +111,7 @@ class HetDPT(DepthStrategy):
             scheme.scorer()   # a point scorer without a one-shot score is refused as it is built
         if opts.verify and opts.verify_by == "pipeline":
             checks = PipelineChecks(job)   # a verify_selection share of nothing known is refused as it is made
-            if opts.verify_budget is not None:
-                checks.check_budget(opts.verify_budget, pairs, min(opts.verify, len(pairs)))
+            checks.check_budget(None, pairs, min(opts.verify, len(pairs)))   # the settings' budget, if any
 
     # -- stage 1: allocation ---------------------------------------------------
     def predictor_for(self, job: PruneJob, plan: list[tuple[int, int]], what: str = "this budget and model"):
@@ -167,12 +165,12 @@ class HetDPT(DepthStrategy):
         if verify:   # past the paper: the best predicted splits measured, the best kept
             best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:verify]
             if opts.verify_by == "pipeline":   # the final run's selection and fine-tune, successive halving
-                halved = PipelineChecks(job).run(best, opts.verify_budget)
+                halved = PipelineChecks(job).run(best)   # within the settings' budget
                 pick = halved.winner
                 verified = next((m["metric"] for r in reversed(halved.rounds) for m in r["measured"]
                                  if (m["n_attn"], m["n_act"]) == pick), None)
                 job.log(f"[hetdpt] pipeline checks: {pick[0]}+{pick[1]} kept after {len(halved.rounds)} round(s), "
-                        f"{halved.spent:.2f} of {halved.budget:.2f} final fine-tunes spent")
+                        f"{halved.unit.said(halved.spent)} of {halved.unit.said(halved.budget)} spent")
             else:
                 found = scheme.verify(best)
                 pick = max(best, key=lambda p: (sign * metric_of(found[p]), -p[0]))

@@ -1,0 +1,121 @@
+"""Issue 58, item 2: pipeline checks sized in training images (``hetdpt.verify_images``), like the MAP points,
+instead of in final fine-tunes: each check fine-tunes on the points' schedule cut to its share, and what they
+spend is what the setting says, whatever the final schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+import hetprune
+from hetprune import HetpruneError
+from hetprune.harness.testing import tiny_job
+from hetprune_hetdpt.halving import PipelineChecks
+from hetprune_hetdpt.options import HetDPTOptions
+from hetprune_hetdpt.strategy import HetDPT
+
+CHECKS = {"verify": 4, "verify_by": "pipeline", "point_selection": "oneshot", "point_finetune": "short_finetune"}
+# tiny schedules: the final fine-tune 1 epoch x 48 images, the points' (short_finetune) 1 epoch x 32, batch 16
+SHORT_LR = 3e-4
+
+
+def sized(tmp_path, images: int, scorer: str = "taylor", **hetdpt):
+    return tiny_job(hetprune.Budget(sites=4), tmp_path, HetDPT,
+                    {"scorer": scorer, "short_finetune": {"lr": SHORT_LR},
+                     "hetdpt": {**CHECKS, "verify_images": images, **hetdpt}})
+
+
+def test_checks_sized_in_images_fine_tune_on_the_points_schedule_and_spend_what_they_say(tmp_path, monkeypatch):
+    job = sized(tmp_path, 128)
+    seen = []
+
+    def fit(model, teacher, cfg, *args, **kwargs):   # a stub fine-tune: what it was asked to train on
+        seen.append(cfg)
+
+    monkeypatch.setattr(job.task, "fit", fit)
+    checks = PipelineChecks(job)
+    assert (checks.unit.section, checks.unit.images) == ("short_finetune", 32)
+    out = checks.run([(0, 4), (1, 3), (2, 2), (3, 1)])
+    # 128 images in 2 rounds: 4 checks at half the points' 32 images, then 2 at all of them (the final
+    # fine-tune's 48 are never used)
+    assert [(c.epochs, c.subset) for c in seen] == [(1, 16)] * 4 + [(1, 32)] * 2
+    assert all(c.lr == SHORT_LR for c in seen)
+    assert sum(c.epochs * c.subset for c in seen) == 128
+    report = out.to_dict()
+    assert (report["unit"], report["unit_images"], report["budget_images"], report["spent_images"]) == \
+        ("short_finetune", 32, 128, 128)
+    # a budget the rounds cannot fill (each check at most the whole schedule) spends less, never more; a
+    # survivor's check at the whole schedule is measured once, in round 1, and reused in round 2
+    seen.clear()
+    more = PipelineChecks(sized(tmp_path / "more", 1000))
+    monkeypatch.setattr(more.job.task, "fit", fit)
+    assert more.run([(0, 4), (1, 3), (2, 2), (3, 1)]).to_dict()["spent_images"] == 6 * 32
+    assert [(c.epochs, c.subset) for c in seen] == [(1, 32)] * 4
+
+
+def test_a_learning_selectors_phase_is_counted_in_images(tmp_path):
+    checks = PipelineChecks(sized(tmp_path, 10_000, scorer="gate-taylor"))
+    # gate-taylor's phase of 2+2: warm-up + 4 removals, one epoch each over the scoring subset's 16 images
+    assert checks.selection_cost((2, 2)) * checks.unit.images == pytest.approx(5 * 16)
+    assert checks.unit.said(checks.selection_cost((2, 2))) == "80 images"
+
+
+def test_the_candidates_can_be_selected_on_a_number_of_images_per_gate_epoch(tmp_path):
+    checks = PipelineChecks(sized(tmp_path, 10_000, scorer="gate-taylor", verify_selection=8))
+    assert checks.select_job.config.scoring_batches.subset == 8 and not checks.own_selection
+    assert checks.job.config.scoring_batches.subset == 16   # the final run's own selection keeps its subset
+    assert checks.selection_cost((2, 2)) * checks.unit.images == pytest.approx(5 * 8)
+    with pytest.raises(HetpruneError, match=r"verify_selection 16 images per gate epoch is not fewer than the 16 "):
+        PipelineChecks(sized(tmp_path / "b", 10_000, scorer="gate-taylor", verify_selection=16))
+
+
+def test_plan_counts_the_images_the_setting_gives(tmp_path):
+    job = sized(tmp_path, 5_000)
+    [step] = [s for s in HetDPT().plan_allocation(job) if "pipeline checks" in s.stage]
+    assert step.train_images == 5_000 and "at most 5,000 images" in step.what
+    # with the run's own gate-taylor selection, the winner's is the select stage's gate phase: counted there
+    own = sized(tmp_path / "own", 5_000, scorer="gate-taylor")
+    checks = PipelineChecks(own)
+    [step] = [s for s in HetDPT().plan_allocation(own) if "pipeline checks" in s.stage]
+    sites = HetDPT().plan_sites(own)
+    one = checks.selection_cost((sites - sites // 2, sites // 2)) * checks.unit.images
+    assert one > 0 and step.train_images == round(5_000 - one)
+
+
+def test_checks_sized_in_images_are_stored_apart_from_checks_of_the_final_schedule(tmp_path):
+    final = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "a", HetDPT,
+                                    {"scorer": "taylor", "short_finetune": {"lr": SHORT_LR},
+                                     "hetdpt": {**CHECKS, "verify_budget": 4.0}}))
+    assert final.unit.section == "finetune" and final.key != PipelineChecks(sized(tmp_path / "b", 128)).key
+
+
+def test_bad_image_budgets_are_refused_before_anything_trains(tmp_path, monkeypatch):
+    for changes, words in (
+            ({"verify_images": 0}, "verify_images must be a whole number of training images >= 1, or null"),
+            ({"verify_images": 100, "verify_budget": 2.0}, "verify_budget .* and hetdpt.verify_images .* both size"),
+            ({"verify_selection": 2.5}, r"verify_selection must be a share of scoring.subset within \(0, 1\] .*, or "
+                                        "a whole number of images per gate epoch above 1")):
+        with pytest.raises(HetpruneError, match=words):
+            sized(tmp_path, 128, **changes).options(HetDPTOptions)
+    with pytest.raises(HetpruneError, match="hetdpt.verify_images shapes the checks of hetdpt.verify, which is 0"):
+        tiny_job(hetprune.Budget(sites=4), tmp_path, HetDPT, {"hetdpt": {"verify_images": 100}}).options(HetDPTOptions)
+    # too few images for the candidates' gate phases: refused by the run's checks, before any point trains
+    job = sized(tmp_path, 100, scorer="gate-taylor")
+    monkeypatch.setattr(job.task, "fit", lambda *a, **k: pytest.fail("a point trained before the refusal"))
+    words = (r"hetdpt.verify_images 100 does not pay for the 4 candidates' selections \(at least [\d,]+ images\): "
+             "raise it, lower hetdpt.verify, or select the candidates on fewer images")
+    with pytest.raises(HetpruneError, match=words):
+        HetDPT().check_settings(job)
+
+
+def test_a_run_with_checks_sized_in_images_reports_them_in_images(tmp_path):
+    job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
+                   {"scorer": "taylor", "hetdpt": {**CHECKS, "axis_points": 2, "mixed_points": 1, "verify": 2,
+                                                   "verify_images": 48}})
+    logs = []
+    job.log = logs.append
+    result = HetDPT().run(job)
+    checks = result.report["allocation"]["pipeline_checks"]
+    assert checks["budget_images"] == 48 and 0 < checks["spent_images"] <= 48 and checks["unit"] == "short_finetune"
+    assert checks["winner"] == [result.report["n_attn"], result.report["n_act"]]
+    assert any("pipeline checks of" in m and "at most 48 images in all" in m for m in logs), logs
+    assert any(m.startswith("[hetdpt] pipeline checks: ") and "of 48 images spent" in m for m in logs), logs
