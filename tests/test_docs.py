@@ -296,3 +296,100 @@ def test_the_readme_fits_a_few_screens_and_its_table_cells_stay_short():
              for cell in line.strip().strip("|").split(" | ")]
     long = [(n, len(c)) for n, c in cells if len(c) > README_MAX_CELL]
     assert not long, f"README.md table cells over {README_MAX_CELL} characters (line, length): {long}"
+
+
+# -- the site's pages and links (issue 60, item 6): what `mkdocs build --strict` checks, without building ----------
+DOCS = ROOT / "docs"
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+GENERATED = ("<!-- cli-reference -->", "<!-- settings-reference -->", "<!-- hookspecs-reference -->")
+
+
+def nav_pages(nav) -> list[str]:
+    """Every page path named in mkdocs.yml's nav, in order."""
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, list):
+        return [p for item in nav for p in nav_pages(item)]
+    if isinstance(nav, dict):
+        return [p for value in nav.values() for p in nav_pages(value)]
+    return []
+
+
+def site_pages() -> list[str]:
+    """Every Markdown page under docs/ that mkdocs builds (docs/hooks/ is excluded there too)."""
+    return sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if "hooks" not in p.relative_to(DOCS).parts)
+
+
+def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
+    import yaml
+
+    nav = nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    assert len(nav) == len(set(nav)), f"pages named twice in mkdocs.yml's nav: {sorted({p for p in nav if nav.count(p) > 1})}"
+    missing_file = [p for p in nav if not (DOCS / p).is_file()]
+    assert not missing_file, f"mkdocs.yml's nav names pages that do not exist under docs/: {missing_file}"
+    not_in_nav = [p for p in site_pages() if p not in nav]
+    assert not not_in_nav, f"pages under docs/ that mkdocs.yml's nav does not list: {not_in_nav}"
+
+
+def headings_anchors(path: Path) -> set[str]:
+    """The anchors Python-Markdown's toc gives the headings of a page (outside fenced code)."""
+    from markdown.extensions.toc import slugify
+
+    anchors, fenced = set(), False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)):
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1)).replace("`", "")
+            anchors.add(slugify(text, "-"))
+    return anchors
+
+
+def broken_links(pages: list[Path]) -> list[str]:
+    """Relative links of these pages to a file that does not exist, or to a heading a page does not have."""
+    bad = []
+    for page in pages:
+        text = re.sub(r"(?ms)^(`{3,}).*?^\1", "", page.read_text(encoding="utf-8"))   # not inside code blocks
+        for m in LINK.finditer(text):
+            target = m.group(1) or m.group(2)
+            if "://" in target or target.startswith(("mailto:", "#")):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve()
+            where = f"{page.relative_to(ROOT)}: {target}"
+            if not dest.exists():
+                bad.append(f"{where} (no such file)")
+            elif anchor and dest.suffix == ".md" and dest.is_relative_to(DOCS) \
+                    and not any(g in dest.read_text(encoding="utf-8") for g in GENERATED) \
+                    and anchor not in headings_anchors(dest):
+                bad.append(f"{where} (no heading with that anchor)")
+    return bad
+
+
+def test_relative_links_of_the_readme_and_the_docs_lead_somewhere():
+    pages = [ROOT / "README.md", *(DOCS / p for p in site_pages())]
+    bad = broken_links(pages)
+    assert not bad, "broken relative links:\n  " + "\n  ".join(bad)
+
+
+def test_the_link_check_sees_a_missing_file_and_a_missing_anchor(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "DOCS", tmp_path)
+    (tmp_path / "a.md").write_text("# A page\n\n## Its `section` here\n")
+    page = tmp_path / "b.md"
+    page.write_text("[ok](a.md#its-section-here) [no file](c.md) [no anchor](a.md#nowhere) [web](https://x.org)\n"
+                    "```text\n[in code](d.md)\n```\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert broken_links([page]) == ["b.md: c.md (no such file)", "b.md: a.md#nowhere (no heading with that anchor)"]
+
+
+# -- a file shown whole on a page is the file as it is ------------------------------------------------------
+SHOWN_WHOLE = re.compile(r"the whole file (\S+) \(tests/test_docs\.py checks it is shown as it is\)")
+
+
+def test_files_shown_whole_match_the_repository():
+    shown = [(b, SHOWN_WHOLE.search(b.reason)) for b in all_blocks() if b.marker == "not-runnable"]
+    shown = [(b, m.group(1)) for b, m in shown if m]
+    assert shown, "no page shows a repository file whole: is the marker's wording still the one this test reads?"
+    stale = [f"{b.where()}: {path}" for b, path in shown
+             if b.code.strip() != (ROOT / path).read_text(encoding="utf-8").strip()]
+    assert not stale, "blocks that no longer match the file they show (copy the file again):\n  " + "\n  ".join(stale)
