@@ -22,7 +22,7 @@ OTHER = {
     "teacher_kwargs": {"depth": 1}, "teacher_checkpoint": "teacher.safetensors", "clip_grad": 1.0,
     "clip_mode": "value", "lr_scale": "linear", "warmup_lr": 1e-6, "min_lr": 1e-6, "keep": "best",
     "predictor": "poly", "point_selection": "progressive", "point_finetune": "finetune", "interleave_first": "attn",
-    "point_scorer": "magnitude", "verify_by": "pipeline", "verify_budget": 3.0, "verify_images": 20_000, "order": "depth-width",
+    "point_scorer": "magnitude", "verify_by": "pipeline", "verify_budget": 3.0, "verify_images": 20_000, "verify_when": "unsure", "order": "depth-width",
     "depth_strategy": "another-depth-strategy", "depth_sites": 2, "intermediate_finetune": "finetune",
     "pruner": "another-width-pruner",   # names are checked when a run starts (start_run), not when settings are read
     "scorer_options": {"gate-taylor": {"score_lr": 0.5}}, "cost_model_options": {"latency": {"batch_size": 8}},
@@ -33,6 +33,7 @@ OTHER = {
 WITH = {"hetdpt.verify_by": ({"hetdpt": {"verify": 2}}, "hetdpt.verify_by shapes the checks of hetdpt.verify"),
         "hetdpt.verify_budget": ({"hetdpt": {"verify": 2, "verify_by": "pipeline"}},
                                  "hetdpt.verify_budget shapes the checks of hetdpt.verify"),
+        "hetdpt.verify_when": ({"hetdpt": {"verify": 2}}, "hetdpt.verify_when shapes the checks of hetdpt.verify"),
         "hetdpt.verify_images": ({"hetdpt": {"verify": 2, "verify_by": "pipeline"}},
                                  "hetdpt.verify_images shapes the checks of hetdpt.verify"),
         "hetdpt.verify_selection": ({"hetdpt": {"verify": 2, "verify_by": "pipeline"}},

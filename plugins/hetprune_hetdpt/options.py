@@ -11,6 +11,7 @@ from hetprune.core.config import Section, number, setting, whole
 FINETUNES = ("auto", "finetune", "short_finetune")
 ORDERS = ("act", "attn")
 VERIFY_BY = ("points", "pipeline")
+VERIFY_WHEN = ("always", "unsure")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class HetDPTOptions(Section):
                              "its unmeasured neighbours); 0 = the paper's one-shot fit")
     verify: int = setting(0, "past the paper: the K best predicted splits measured, the best of them picked (0 = the "
                              "predictor's argmax)")
+    verify_when: str = setting("always", "with verify > 0, when the splits are checked: always (the K best "
+                                         "predicted), or unsure (only the splits predicted within the "
+                                         "predictor's leave-one-out error of the best, at most K, and none "
+                                         "when the best stands out by more: a near-tie is checked, a clear "
+                                         "pick is trusted)")
     verify_by: str = setting("points", "with verify > 0, how the K splits are measured: points (a point of the scheme's kind: "
                                        "progressive checks from the nearest path point) or pipeline (the final "
                                        "run's own selection and fine-tune, by successive halving within "
@@ -82,6 +88,7 @@ class HetDPTOptions(Section):
         self.need("refine", whole(self.refine, 0), "a count of rounds >= 0")
         self.need("verify", whole(self.verify, 0), "a count of splits >= 0")
         self.need("verify_by", self.verify_by in VERIFY_BY, f"one of {', '.join(VERIFY_BY)}")
+        self.need("verify_when", self.verify_when in VERIFY_WHEN, f"one of {', '.join(VERIFY_WHEN)}")
         self.need("verify_budget", self.verify_budget is None or (number(self.verify_budget) and self.verify_budget > 0),
                   "a number of final fine-tunes > 0, or null")
         self.need("verify_images", self.verify_images is None or whole(self.verify_images, 1),
@@ -101,12 +108,13 @@ class HetDPTOptions(Section):
         """The checks' settings do nothing where there are no checks (``verify`` 0), and ``verify_budget`` and
         ``verify_selection`` nothing for checks of the points' kind: refused, not silently ignored."""
         default = {f.name: f.default for f in fields(self)}
-        changed = [n for n in ("verify_by", "verify_budget", "verify_images", "verify_selection") if getattr(self, n) != default[n]]
+        changed = [n for n in ("verify_when", "verify_by", "verify_budget", "verify_images", "verify_selection")
+                   if getattr(self, n) != default[n]]
         if changed and not self.verify:
             raise HetpruneError(f"hetdpt.{changed[0]} shapes the checks of hetdpt.verify, which is 0 (no checks): "
                                 f"set hetdpt.verify to the number of splits to check, or leave hetdpt.{changed[0]} "
                                 "at its default")
-        pipeline = [n for n in changed if n != "verify_by"]
+        pipeline = [n for n in changed if n not in ("verify_by", "verify_when")]
         if pipeline and self.verify_by != "pipeline":
             raise HetpruneError(f"hetdpt.{pipeline[0]} applies to the checks of verify_by pipeline, and this run's "
                                 f"are verify_by {self.verify_by}: set hetdpt.verify_by pipeline, or leave "

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hetprune import HetpruneError, Site
 from hetprune.pruning.pipeline import DepthStrategy, PruneJob
 from hetprune.pruning.point_store import metric_of
@@ -91,6 +93,9 @@ class HetDPT(DepthStrategy):
         opts = job.options(HetDPTOptions)
         if opts.verify and opts.verify_by == "pipeline":
             steps += PipelineChecks(job).plan_steps(min(opts.verify, len(pairs)), None, self.plan_sites(job))
+        if opts.verify and opts.verify_when == "unsure":   # counted as if they run: the most they cost
+            steps = [dataclasses.replace(s, what=f"{s.what}, only on a near-tie") if "checks" in s.stage else s
+                     for s in steps]
         return steps
 
     def check_settings(self, job: PruneJob) -> None:
@@ -161,9 +166,16 @@ class HetDPT(DepthStrategy):
         # Ties go to fewer attention removals.
         value = {pair: measured.get(pair, predicted[pair]) if refine else predicted[pair] for pair in pairs}
         pick = max(pairs, key=lambda p: (sign * value[p], -p[0]))
-        checked, halved, verified = [], None, None
-        if verify:   # past the paper: the best predicted splits measured, the best kept
-            best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:verify]
+        checked, halved, verified, unsure = [], None, None, None
+        fit = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
+        best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:verify]
+        if verify and opts.verify_when == "unsure":   # a clear pick is trusted, a near-tie checked
+            best, unsure = self.near_ties(best, value, fit.get("loo_mae"), sign)
+            error = "unknown" if unsure["loo_mae"] is None else job.task.number(unsure["loo_mae"])
+            job.log(f"[hetdpt] the predictor's leave-one-out error is {error}: " + (
+                f"{', '.join(f'{a}+{m}' for a, m in best)} within it of the best, checked" if len(best) > 1 else
+                f"{pick[0]}+{pick[1]} stands out, taken without checks"))
+        if verify and (unsure is None or unsure["checked"]):   # past the paper: the best predicted measured
             if opts.verify_by == "pipeline":   # the final run's selection and fine-tune, successive halving
                 halved = PipelineChecks(job).run(best)   # within the settings' budget
                 pick = halved.winner
@@ -181,21 +193,33 @@ class HetDPT(DepthStrategy):
         surface = [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)],
                     **({"std": predictor.uncertainty(a, m)} if hasattr(predictor, "uncertainty") else {}),
                     **({"measured": measured[(a, m)]} if (a, m) in measured else {})} for a, m in pairs]
-        fit = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
         job.log(f"[hetdpt] predictor {predictor.name}: " + ", ".join(
             f"({d['n_attn']},{d['n_act']})={job.task.number(d['predicted'])}" for d in surface))
         return pick, {"predictor": predictor.name, "points": points, "fit": fit, "surface": surface,
                       "refinement": rounds, "verified": checked, "point_selection": scheme.name,
                       "points_cost": points_cost(points + checked),
                       **({"pipeline_checks": halved.to_dict()} if halved is not None else {}),
+                      **({"unsure": unsure} if unsure is not None else {}),
                       "pick": {"n_attn": pick[0], "n_act": pick[1], "predicted": predicted[pick],
                                **({"measured": measured[pick]} if refine and pick in measured else {}),
-                               **({"verified": verified} if verify else {})}}
+                               **({"verified": verified} if verify and (unsure is None or unsure["checked"]) else {})}}
 
     @staticmethod
     def fit(predictor, points: list[dict], pairs: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
         predictor.fit([(p["n_attn"], p["n_act"], metric_of(p)) for p in points])
         return {pair: predictor.predict(*pair) for pair in pairs}
+
+    @staticmethod
+    def near_ties(best: list[tuple[int, int]], value: dict, loo_mae: float | None,
+                  sign: int = 1) -> tuple[list[tuple[int, int]], dict]:
+        """``hetdpt.verify_when: unsure``: of ``best`` (the K best by ``value``, best first), the splits whose
+        value is within the predictor's leave-one-out error (``loo_mae``) of the first: the ones it cannot
+        tell apart. A predictor that cannot say its error (too few points) is unsure of all K."""
+        if loo_mae is None:
+            near = list(best)
+        else:
+            near = [p for p in best if sign * (value[best[0]] - value[p]) <= loo_mae]
+        return near, {"loo_mae": loo_mae, "near": [list(p) for p in near], "checked": len(near) > 1}
 
     @staticmethod
     def refinement_pairs(pairs: list[tuple[int, int]], predicted: dict, measured: set,

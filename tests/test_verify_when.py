@@ -1,0 +1,69 @@
+"""Issue 58: at a target no study used, a near-tie of the predictor is checked rather than trusted
+(``hetdpt.verify_when: unsure``): the splits predicted within the predictor's leave-one-out error of the best
+are measured, and a pick that stands out by more is taken without checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import hetprune
+from hetprune import HetpruneError
+from hetprune.harness.testing import tiny_job
+from hetprune_hetdpt.options import HetDPTOptions
+from hetprune_hetdpt.predictors import LocalPredictor
+from hetprune_hetdpt.strategy import HetDPT
+
+
+def test_near_ties_are_the_splits_within_the_leave_one_out_error_of_the_best():
+    value = {(0, 4): 80.0, (1, 3): 79.0, (2, 2): 76.5, (3, 1): 70.0}
+    best = sorted(value, key=lambda p: -value[p])[:3]
+    assert HetDPT.near_ties(best, value, 1.5, 1)[0] == [(0, 4), (1, 3)]
+    assert HetDPT.near_ties(best, value, 4.0, 1)[0] == [(0, 4), (1, 3), (2, 2)]   # at most K, here 3
+    near, said = HetDPT.near_ties(best, value, 0.5, 1)
+    assert near == [(0, 4)] and said == {"loo_mae": 0.5, "near": [[0, 4]], "checked": False}
+    # a loss (lower is better) and a predictor that cannot say its error (unsure of all K)
+    loss = {(0, 4): 0.10, (1, 3): 0.12, (2, 2): 0.30}
+    assert HetDPT.near_ties([(0, 4), (1, 3), (2, 2)], loss, 0.05, -1)[0] == [(0, 4), (1, 3)]
+    assert HetDPT.near_ties([(0, 4), (1, 3)], value, None, 1)[1]["checked"] is True
+
+
+SETTINGS = {"scorer": "taylor", "hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1,
+                                           "verify": 2, "verify_by": "pipeline", "verify_when": "unsure",
+                                           "verify_images": 96}}
+
+
+@pytest.mark.parametrize("error", [0.0, 1e9])
+def test_a_run_checks_a_near_tie_and_trusts_a_clear_pick(error, tmp_path, monkeypatch):
+    monkeypatch.setattr(LocalPredictor, "fit_report", lambda self: {"loo_mae": error})
+    job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, SETTINGS)
+    logs = []
+    job.log = logs.append
+    result = HetDPT().run(job)
+    alloc = result.report["allocation"]
+    checks_file = tmp_path / "map-pipeline-checks.jsonl"
+    if error == 0.0:   # the best predicted split stands out: taken, nothing checked
+        assert alloc["unsure"]["checked"] is False and len(alloc["unsure"]["near"]) == 1
+        assert "pipeline_checks" not in alloc and "verified" not in alloc["pick"] and not checks_file.exists()
+        assert any("stands out, taken without checks" in m for m in logs), logs
+    else:              # every split is within the error: the two best are checked
+        assert alloc["unsure"]["checked"] is True and len(alloc["unsure"]["near"]) == 2
+        assert alloc["pipeline_checks"]["winner"] == [result.report["n_attn"], result.report["n_act"]]
+        assert "verified" in alloc["pick"] and len(checks_file.read_text().splitlines()) == 2
+        assert any("within it of the best, checked" in m for m in logs), logs
+    json.dumps(alloc)
+
+
+def test_verify_when_is_refused_where_it_does_nothing_or_is_unknown(tmp_path):
+    with pytest.raises(HetpruneError, match="hetdpt.verify_when shapes the checks of hetdpt.verify, which is 0"):
+        tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, {"hetdpt": {"verify_when": "unsure"}}).options(HetDPTOptions)
+    with pytest.raises(HetpruneError, match="verify_when must be one of always, unsure, got 'sometimes'"):
+        tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
+                 {"hetdpt": {"verify": 2, "verify_when": "sometimes"}}).options(HetDPTOptions)
+
+
+def test_plan_counts_the_checks_as_if_they_run_and_says_they_may_not(tmp_path):
+    job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, SETTINGS)
+    [step] = [s for s in HetDPT().plan_allocation(job) if "checks" in s.stage]
+    assert step.train_images == 96 and step.what.endswith("only on a near-tie")
