@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> int:
     from sklearn.linear_model import LogisticRegression
 
-    from hetprune.training.data import _digits_split, digit_pairs, digits
+    from hetprune.training.embedded_data import _digits_split, digit_pairs, digits
     from hetprune.training.digit_grid import digit_grid
 
     started, load_start = time.time(), load()

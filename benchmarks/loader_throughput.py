@@ -114,14 +114,14 @@ def make_folder(root: Path, count: int, size: tuple[int, int], quality: int) -> 
 def seeding_before():
     """hetprune's per-item seeding before issue 57 (``torch.manual_seed``, which also queues a seed for every
     CUDA device, with a stack trace), for the workers forked inside."""
-    from hetprune.training import data
+    from hetprune.training import image_folders, loaders
 
-    kept = data.seed_cpu
-    data.seed_cpu = data.seed_everything
+    kept = image_folders.seed_cpu
+    image_folders.seed_cpu = loaders.seed_everything
     try:
         yield
     finally:
-        data.seed_cpu = kept
+        image_folders.seed_cpu = kept
 
 
 def uint8_ending(dataset) -> None:
@@ -142,14 +142,15 @@ def repeated(dataset, length: int):
 
 def batches(pipeline: str, augment: str, model, folder: Path, workers: int, batch: int, length: int):
     """An iterator over the batches of one long epoch, and the loader (whose worker processes it holds)."""
-    from hetprune.training.data import load_data, loader
+    from hetprune.training.data import load_data
+    from hetprune.training.loaders import loader
 
     if pipeline == "timm":   # timm's create_transform for the recipe (what train_transform returns), plainly
         from timm.data import resolve_data_config
         from torch.utils.data import DataLoader
         from torchvision.datasets import ImageFolder
 
-        from hetprune.training.data import train_transform
+        from hetprune.training.image_folders import train_transform
 
         dataset = ImageFolder(str(folder / "train"), transform=train_transform(resolve_data_config({}, model=model),
                                                                                 augment))
@@ -180,7 +181,7 @@ def cpu_seconds(pids: list[int]) -> float | None:
 def time_one(pipeline: str, augment: str, model, folder: Path, workers: int, batch: int, seconds: float,
              warmup: int) -> dict:
     """One timing: ``warmup`` untimed batches, then batches until ``seconds`` have passed."""
-    from hetprune.training.data import close_loaders
+    from hetprune.training.loaders import close_loaders
 
     length = max(batch * (warmup + 4), int(seconds * 4000 * max(1, workers)))   # never runs out
     scope = seeding_before() if pipeline == "hetprune-before" else contextlib.nullcontext()
@@ -217,7 +218,7 @@ def draft_share(augment: str, model, size: tuple[int, int], draws: int = 20000) 
     from timm.data import resolve_data_config
 
     from hetprune.training import images
-    from hetprune.training.data import train_transform
+    from hetprune.training.image_folders import train_transform
 
     crop = train_transform(resolve_data_config({}, model=model), augment).transforms[0]
     blank, state = Image.new("RGB", size), random.getstate()
@@ -431,7 +432,7 @@ def parse(argv):
     ap.add_argument("--results", default=str(HERE / "results"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    from hetprune.training.data import default_workers
+    from hetprune.training.loaders import default_workers
 
     try:
         args.augment = [a for a in args.augment.split(",") if a]
@@ -452,7 +453,7 @@ def parse(argv):
 
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    from hetprune.training.data import augmentation
+    from hetprune.core.config import augmentation
 
     for a in args.augment:
         augmentation(a)   # one clear error for a name that is not one

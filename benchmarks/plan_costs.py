@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from study_files import load, machine, write  # noqa: E402
 
 from hetprune.pruning.plan import PlanStep, map_share  # noqa: E402
-from hetprune.training.data import DataBundle  # noqa: E402
+from hetprune.training.bundle import DataBundle  # noqa: E402
 
 COST_LINE = 0.10   # issue 58: a scheme whose points and checks spend more of the run than this cannot be the default
 

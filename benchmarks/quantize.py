@@ -309,7 +309,7 @@ def _cached(cache: Path) -> dict:
 def val_agreement(model, session, task) -> dict:
     """Over the whole validation split: the share of images whose top-1 class INT8 and fp32 agree on, and the
     relative RMS error of INT8's logits (finer signals than a top-1 that moves by whole images)."""
-    from hetprune.training.data import loader
+    from hetprune.training.loaders import loader
     from hetprune.measure.export.ort_model import OnnxModule
 
     run = OnnxModule(session)

@@ -42,7 +42,7 @@ def tiny_model(tiny_spec):
 
 @pytest.fixture(scope="session")
 def digits_data():
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
 
     return digits()
 
@@ -50,7 +50,7 @@ def digits_data():
 @pytest.fixture(scope="session")
 def trained_tiny(tmp_path_factory):
     """A tiny ViT briefly trained on digits, saved as a checkpoint: ``(model, spec, path)``."""
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
     from hetprune.core.io import save_weights
     from hetprune.training.train import TrainConfig, train
 

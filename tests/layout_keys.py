@@ -22,7 +22,7 @@ def keys_now() -> dict:
     from hetprune.model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, model_hash
     from hetprune.pruning.budget import Budget
     from hetprune.training import embedded
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
     from hetprune.training.resume import base_key, config_key, structure_key
     from hetprune.training.task import Task, _cross_entropy, _top1, classification
 

@@ -1,14 +1,21 @@
-"""The data modules' names in keys (issue 59, item 5: hetprune/training/data.py is split by concern): a key
-that names one of their classes or functions must not move when it moves."""
+"""hetprune/training/data.py split by concern (issue 59, item 5): the bundle, the embedded data sets, the
+ImageFolder data sets, the samplers and the loaders with their cache are modules of their own, and no key moved
+with them: keys name their classes and functions as before, ``hetprune.data.<name>`` (`aliases.SPLIT_FROM`)."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+
+import pytest
 import torch
 from torch.utils.data import TensorDataset
 
 from hetprune.core import aliases
-from hetprune.training import data
+from hetprune.training import bundle as bundles, data, embedded_data, image_folders, loaders, samplers
 from hetprune.training.task import Task
+
+SPLIT = [bundles, data, embedded_data, image_folders, loaders, samplers]
 
 # what a user Task whose code closes over hetprune's data objects was keyed as before the split (at aec6af4)
 KEY_BEFORE_THE_SPLIT = "c585c7c9b30021c9"
@@ -18,12 +25,12 @@ def user_task() -> Task:
     """A Task whose loss and metric close over a bundle, a sampler, augmenting data sets and hetprune's
     loader and data set functions: their names (and the functions' source) are in its key."""
     images, labels = torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long)
-    bundle = data.DataBundle("mine", TensorDataset(images, labels), TensorDataset(images, labels), 2, 1, 8, "f")
-    sampler = data.GlobalBatchSampler(4, 2, seed=0)
-    shifted = data.ShiftedImages(images, labels, 1)
-    seeded = data.SeededItems(TensorDataset(images, labels))
-    items = data.EpochItems(shifted)
-    read = (data.loader, data.subset, data.digits, data.image_folder)
+    bundle = bundles.DataBundle("mine", TensorDataset(images, labels), TensorDataset(images, labels), 2, 1, 8, "f")
+    sampler = samplers.GlobalBatchSampler(4, 2, seed=0)
+    shifted = embedded_data.ShiftedImages(images, labels, 1)
+    seeded = image_folders.SeededItems(TensorDataset(images, labels))
+    items = samplers.EpochItems(shifted)
+    read = (loaders.loader, loaders.subset, embedded_data.digits, image_folders.image_folder)
 
     def loss(model, batch):
         assert bundle is not None and sampler is not None and shifted is not None and read
@@ -39,3 +46,28 @@ def user_task() -> Task:
 
 def test_a_user_task_that_closes_over_data_objects_keeps_its_key():
     assert user_task().key == KEY_BEFORE_THE_SPLIT
+
+
+def defined_in(module) -> list:
+    return [obj for _, obj in inspect.getmembers(module) if (inspect.isclass(obj) or inspect.isfunction(obj))
+            and obj.__module__ == module.__name__]
+
+
+@pytest.mark.parametrize("module", SPLIT, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_keys_name_what_the_split_moved_as_it_was_named_before(module):
+    named = defined_in(module)
+    assert named
+    for obj in named:
+        assert aliases.qualified_name(obj) == f"hetprune.data.{obj.__qualname__}"
+
+
+def test_every_module_split_out_of_data_is_in_the_table():
+    """A module added to the split without its entry would key its classes by its own new name."""
+    assert sorted(aliases.SPLIT_FROM) == sorted(m.__name__ for m in SPLIT if m is not data)
+    for module in aliases.SPLIT_FROM:
+        assert aliases.stable_name(module) == "hetprune.data"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_old_path_is_still_the_data_module():
+    assert importlib.import_module("hetprune.data") is data

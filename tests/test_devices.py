@@ -161,7 +161,7 @@ def float64_place(monkeypatch):
 
 
 def test_evaluate_and_train_move_the_model_they_are_given(float64_place, tiny_model, digits_data):
-    from hetprune.training.data import loader
+    from hetprune.training.loaders import loader
     from hetprune.training.train import TrainConfig, evaluate, train
 
     watch = float64_place

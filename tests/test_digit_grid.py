@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hetprune.core.errors import HetpruneError
-from hetprune.training.data import _digits_split
+from hetprune.training.embedded_data import _digits_split
 from hetprune.training.digit_grid import (
     DIGIT_GRID,
     DIGIT_GRID_SPEC,

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from conftest import TINY_KWARGS
 from hetprune.cli import main
-from hetprune.training.data import DIGIT_PAIRS, DIGITS, digit_pairs, load_data
+from hetprune.training.data import load_data
+from hetprune.training.embedded_data import DIGIT_PAIRS, DIGITS, digit_pairs
 from hetprune.core.io import read_json, save_weights
 from hetprune.model.spec import ModelSpec, build
 
@@ -34,7 +35,7 @@ def test_digit_pairs_shapes_labels_determinism_and_fingerprint():
 
 def test_each_pair_is_two_digits_of_its_own_split_labelled_by_their_sum():
     """Every half is one scikit-learn digit, stretched to 16x8; val halves come only from val digits."""
-    from hetprune.training.data import _digits_split
+    from hetprune.training.embedded_data import _digits_split
 
     images, labels, train_idx, val_idx = _digits_split(450, 0)
     stretched = F.interpolate(torch.tensor(images, dtype=torch.float32).unsqueeze(1), size=(16, 8),

@@ -96,7 +96,7 @@ def per_gpu_case(data, batch_size: int, per_gpu: bool) -> torch.nn.Module:
 
 def training_worker(out: Path) -> dict:
     from hetprune.core import distributed as dist
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
     from hetprune.training.train import evaluate_dataset
 
     data, result = digits(), {}
@@ -138,7 +138,7 @@ PLAN_BUDGET = dict(target_speedup=1.3, cost_model=RankSkewed.name)
 def planning_worker(out: Path) -> dict:
     from hetprune.core import distributed as dist
     from hetprune.pruning.budget import Budget, feasible_pairs
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
     from hetprune.pruning.pipeline import PruneJob
     from hetprune.core.plugins import get_registry
 
@@ -233,7 +233,7 @@ def stage1(out: Path, log=lambda msg: None) -> dict:
     import hetprune.training.task
     from hetprune.core import distributed as dist
     from hetprune.pruning.budget import Budget
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
     from hetprune.core.io import load_weights
     from hetprune.pruning.pipeline import PruneJob, select_sites
     from hetprune.core.plugins import get_registry
@@ -288,7 +288,7 @@ def resume_worker(out: Path) -> dict:
     import shutil
 
     from hetprune.core import distributed as dist
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
     from hetprune.core.errors import HetpruneError
     from hetprune.harness.testing import scoring_context
     from hetprune.training.train import TrainConfig, train
@@ -350,7 +350,7 @@ def shared_worker(out: Path) -> dict:
     import fcntl
 
     from hetprune.core import distributed as dist
-    from hetprune.training.data import image_folder
+    from hetprune.training.image_folders import image_folder
     from hetprune.pruning.point_store import PointStore
 
     def no_locks(*args):
@@ -401,7 +401,7 @@ def mixed_rows(data, rank: int, world: int, seed: int) -> dict:
     from hetprune.training.train import ClassificationSource, TrainConfig
 
     cfg = TrainConfig(**MIX_CFG, seed=seed)
-    from hetprune.training.data import GlobalBatchSampler
+    from hetprune.training.samplers import GlobalBatchSampler
 
     sampler = GlobalBatchSampler(45, 15, seed, rank=rank, world=world, pad_empty=world > 1, pairs=True)
     out = {}
@@ -423,7 +423,7 @@ def mix_train(data, seed: int = 0) -> torch.nn.Module:
 
 def mix_worker(out: Path) -> dict:
     from hetprune.core import distributed as dist
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
 
     data = digits()
     return {"rows": {seed: mixed_rows(data, dist.rank(), dist.world(), seed) for seed in (0, 1)},
@@ -446,7 +446,7 @@ def worker(scenario: str, out: Path) -> int:
 # -- the tests ----------------------------------------------------------------------------------------------------
 
 def test_every_rank_takes_every_step_and_the_shares_weigh_each_item_once():
-    from hetprune.training.data import GlobalBatchSampler
+    from hetprune.training.samplers import GlobalBatchSampler
 
     for n, batch_size in [(65, 16), (64, 16), (2, 16), (8, 2), (1, 16)]:
         for world in (2, 3):
@@ -468,7 +468,7 @@ def test_every_rank_takes_every_step_and_the_shares_weigh_each_item_once():
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_uneven_splits_train_and_evaluate_like_one_process(tmp_path, world):
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
     from hetprune.training.train import evaluate_dataset
 
     ranks = run_workers("train", world, tmp_path)
@@ -496,7 +496,7 @@ def test_mixup_and_cutmix_batches_and_training_are_the_same_on_2_ranks(tmp_path)
     """Each rank mixes its own share of a global batch (pairs stay on one rank, lambda and box from the global
     step), item for item as one process mixes the whole batch; so DDP training with mixing (and gradient
     accumulation over micro-batches) follows it too."""
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
 
     ranks = run_workers("mix", 2, tmp_path)
     data = digits()
@@ -614,7 +614,7 @@ def test_rank_0_decides_whether_to_resume_and_a_rank_that_cannot_follow_stops_ev
     """A rank that alone sees a checkpoint starts afresh with rank 0 (it used to resume alone, and the ranks'
     steps no longer matched); a rank that cannot see the checkpoint rank 0 resumes from stops every rank at
     once with one error naming it (it used to start afresh, and wait in a collective until the timeout)."""
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
     from hetprune.training.train import TrainConfig, train
 
     ranks = run_workers("resume", 2, tmp_path)
@@ -632,7 +632,7 @@ def test_rank_0_decides_whether_to_resume_and_a_rank_that_cannot_follow_stops_ev
 
 
 def test_points_of_two_ranks_are_merged_without_locks_and_the_image_folder_is_listed_on_rank_0(tmp_path):
-    from hetprune.training.data import image_folder
+    from hetprune.training.image_folders import image_folder
 
     ranks = run_workers("shared", 2, tmp_path)
     for got in ranks:   # each rank appended to its own file, and every rank reads both
@@ -726,7 +726,7 @@ def test_a_per_gpu_batch_becomes_the_global_batch_the_lr_rule_scales_by():
 
 def test_a_job_made_in_code_keys_its_points_by_the_global_batch(tmp_path):
     from hetprune.pruning.budget import Budget
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
     from hetprune.pruning.pipeline import PruneJob
     from hetprune.core.plugins import get_registry
 

@@ -12,7 +12,7 @@ import torch
 from hetprune import HetpruneError
 from hetprune.training import embedded
 from hetprune.cli import main
-from hetprune.training.data import DIGIT_PAIRS, DIGITS
+from hetprune.training.embedded_data import DIGIT_PAIRS, DIGITS
 from hetprune.core.io import save_weights
 from hetprune.model.spec import ModelSpec
 

@@ -128,7 +128,7 @@ def test_gate_phase_runs_in_fp16_with_pinned_batches_and_a_grad_scaler(device, t
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_loader_pins_batches_for_cuda(device, digits_data):
-    from hetprune.training.data import loader
+    from hetprune.training.loaders import loader
 
     x, _ = next(iter(loader(digits_data.val, 8, shuffle=False, pin_memory=device == "cuda")))
     assert x.is_pinned() == (device == "cuda")

@@ -570,7 +570,7 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
     best = max(checked, key=lambda c: (c["metric"], -c["n_attn"]))
     assert (alloc["pick"]["n_attn"], alloc["pick"]["n_act"]) == (best["n_attn"], best["n_act"])
     # the saved model reloads to the model whose accuracy the report gives
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
     from hetprune.training.train import evaluate_dataset
 
     loaded = hetprune.load(out)

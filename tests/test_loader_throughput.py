@@ -16,8 +16,8 @@ from PIL import Image
 
 from hetprune import HetpruneError
 from hetprune.training import images
-from hetprune.training.data import (READERS, close_loaders, default_workers, image_folder, loader, read_image,
-                                    seed_cpu, train_reading)
+from hetprune.training.image_folders import READERS, image_folder, read_image, train_reading
+from hetprune.training.loaders import close_loaders, default_workers, loader, seed_cpu
 
 BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "loader_throughput.py"
 CFG = dict(input_size=(3, 224, 224), interpolation="bicubic", mean=(0.485, 0.456, 0.406),
@@ -156,7 +156,7 @@ def test_shears_and_translations_by_rows_match_pils_bicubic_affine(photos, name,
 def test_an_item_is_seeded_without_touching_torchs_device_generators(monkeypatch, photos):
     """torch.manual_seed queued a seed (and a stack trace) for every CUDA device on each item, and in the main
     process reseeded the GPU's generator, which the item's fork_rng does not put back."""
-    from hetprune.training.data import SeededItems
+    from hetprune.training.image_folders import SeededItems
 
     class Files(torch.utils.data.Dataset):
         def __len__(self):

@@ -91,7 +91,7 @@ class Sized(Dataset):
 def test_the_paper_recipe_planned_on_deit_b_at_imagenet_size_has_the_releases_images():
     torch.manual_seed(0)
     model = hetprune.model.spec.build(hetprune.model.spec.ModelSpec("deit_base_distilled_patch16_224"))
-    from hetprune.training.data import DataBundle
+    from hetprune.training.bundle import DataBundle
 
     # ImageNet's sizes as hetprune's own classification data (mixup, cutmix, repeats and kd_token act on its
     # batches; a Task's own loader could not take them and is refused): no selection split, so the choices'
@@ -204,7 +204,7 @@ def test_a_plan_with_loader_workers_leaves_no_worker_process(tmp_path, capsys):
     stops the workers of the loaders it opened before it returns."""
     import multiprocessing
 
-    from hetprune.training import data as data_mod
+    from hetprune.training import loaders
 
     root = two_class_folder(tmp_path / "imgs")
     args = ["prune", "--model", "vit_tiny_patch16_224", "--model-kwargs", json.dumps(FOLDER_KWARGS), "--data", str(root),
@@ -213,10 +213,10 @@ def test_a_plan_with_loader_workers_leaves_no_worker_process(tmp_path, capsys):
             "--set", "scoring.batches=1", "--plan", "--plan-probe", "0.5"]
     assert main([*args, "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
     assert "images/s training" in capsys.readouterr().out
-    assert not multiprocessing.active_children() and not data_mod._LOADERS
+    assert not multiprocessing.active_children() and not loaders._LOADERS
     made = plan_with_workers(root, 0.5)   # the library call the command makes does the same
     assert made.probe is not None and made.probe.train_ips > 0
-    assert not multiprocessing.active_children() and not data_mod._LOADERS
+    assert not multiprocessing.active_children() and not loaders._LOADERS
 
 
 class SlowItems(Dataset):
@@ -269,7 +269,7 @@ def test_a_task_with_its_own_loop_is_probed_through_it(digits_data, tiny_model):
     that loop, and reports no step or loader rate."""
     import torch.nn.functional as F
 
-    from hetprune.training.data import loader
+    from hetprune.training.loaders import loader
 
     calls = []
 

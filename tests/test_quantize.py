@@ -34,7 +34,7 @@ MERGED = [2, 3]
 
 @pytest.fixture(scope="module")
 def task():
-    from hetprune.training.data import digits
+    from hetprune.training.embedded_data import digits
     from hetprune.training.task import classification
 
     return classification(digits())
@@ -253,7 +253,7 @@ def test_an_image_folder_calibrates_on_its_training_images_with_the_validation_t
     rc, printed, _ = run_cli([*argv, "--calibration", "12"], capsys)
     assert rc == 0 and "calibrated on 12 images (training data of" in printed, printed
     assert "a dense model: nothing removed" in printed and "checked in ONNX Runtime on a seeded batch of 4" in printed
-    from hetprune.training.data import image_folder
+    from hetprune.training.image_folders import image_folder
     from hetprune.measure.export.calibration import calibration_images
     from hetprune.model.spec import ModelSpec
     from hetprune.training.task import classification
@@ -442,7 +442,7 @@ def test_an_existing_file_is_refused_unless_overwrite(models, task, tmp_path, mo
 
 def test_data_the_model_was_not_made_for_is_refused_before_calibrating(saved, models, tmp_path, capsys, monkeypatch):
     """S2: a model with 10 classes 'passed' its metric check on digit-pairs (19 classes) at 3.10 % top-1."""
-    from hetprune.training.data import digit_pairs
+    from hetprune.training.embedded_data import digit_pairs
 
     monkeypatch.setattr(quantize, "calibration_images", _no_export)
     _bad(["export", str(saved), "--quantize", "int8", "--data", "digit-pairs", "--out", str(tmp_path / "m.onnx")],

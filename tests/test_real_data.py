@@ -170,7 +170,7 @@ def test_image_folder_fingerprint_changes_when_an_image_changes(image_folder, tm
 
     import timm
 
-    from hetprune.training.data import image_folder as load_folder
+    from hetprune.training.image_folders import image_folder as load_folder
 
     copy_root = tmp_path / "imgs"
     shutil.copytree(image_folder, copy_root)
@@ -191,7 +191,7 @@ def test_the_image_folder_fingerprint_reads_names_and_sizes_once_and_content_on_
     import timm
     from conftest import CountedStats
 
-    from hetprune.training.data import image_folder as load_folder
+    from hetprune.training.image_folders import image_folder as load_folder
 
     root = tmp_path / "imgs"
     shutil.copytree(image_folder, root)
@@ -219,7 +219,7 @@ def test_a_hugging_face_vit_on_an_image_folder_is_normalised_as_its_image_proces
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
     from hetprune_hf import wrap
 
-    from hetprune.training.data import image_folder as load_folder
+    from hetprune.training.image_folders import image_folder as load_folder
 
     config = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
                        num_attention_heads=2, intermediate_size=64, num_labels=3)
@@ -261,7 +261,7 @@ def test_the_same_image_folder_prune_twice_gives_the_same_weights_with_or_withou
 
 
 def test_the_augmentation_is_an_option_and_light_by_default(image_folder):
-    from hetprune.training.data import image_folder as load_folder
+    from hetprune.training.image_folders import image_folder as load_folder
 
     model = build(ModelSpec("vit_tiny_patch16_224", RGB_KWARGS))
     assert load_folder(image_folder, model).augment == "light"
@@ -276,7 +276,8 @@ def test_the_augmentation_is_an_option_and_light_by_default(image_folder):
 def test_an_image_folder_has_loader_workers_by_default_and_the_paper_augmentation(image_folder, tmp_path):
     """A share of the CPUs per local process, unless --workers says otherwise (0: none); --augment paper is
     the DeiT recipe of the paper's long fine-tune, recorded as such."""
-    from hetprune.training.data import default_workers, image_folder as load_folder
+    from hetprune.training.image_folders import image_folder as load_folder
+    from hetprune.training.loaders import default_workers
 
     model = build(ModelSpec("vit_tiny_patch16_224", RGB_KWARGS))
     data = load_folder(image_folder, model, augment="paper")

@@ -17,7 +17,9 @@ from hetprune.core.config import RunSettings
 from hetprune.core.errors import HetpruneError, ValReadWhileChoosing
 from hetprune.harness.testing import ConformanceError, check_strategy
 from hetprune.pruning.depth import DepthStrategy
-from hetprune.training.data import digit_pairs, digits, image_folder, without_augmentation
+from hetprune.training.data import without_augmentation
+from hetprune.training.embedded_data import digit_pairs, digits
+from hetprune.training.image_folders import image_folder
 from hetprune.training.task import Task, classification
 
 

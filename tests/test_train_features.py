@@ -12,7 +12,9 @@ import torch
 
 from hetprune import HetpruneError
 from hetprune.core import config
-from hetprune.training.data import DataBundle, GlobalBatchSampler, digits
+from hetprune.training.bundle import DataBundle
+from hetprune.training.embedded_data import digits
+from hetprune.training.samplers import GlobalBatchSampler
 from hetprune.training.train import ClassificationSource, TrainConfig, train, training_loss
 
 from conftest import TINY_SPEC
@@ -37,7 +39,7 @@ def same_weights(a, b, atol: float = 0.0) -> bool:
 
 def rows_by_item(source, cfg, seed: int, rank: int, world: int, steps: int = 2) -> dict:
     """Item index -> (mixed image, soft target) for the first ``steps`` global batches of one rank."""
-    from hetprune.training.data import subset
+    from hetprune.training.loaders import subset
 
     n = len(subset(source.data.train, cfg.subset, cfg.seed))
     sampler = GlobalBatchSampler(n, cfg.batch_size, seed, rank=rank, world=world, pad_empty=world > 1,
@@ -510,7 +512,7 @@ def test_a_prune_run_keeping_the_best_epoch_says_so_in_its_report(tmp_path):
 # -- 12. repeated augmentation and the paper's ImageFolder transform ------------------------------------------
 
 def test_repeated_augmentation_shows_an_image_k_times_an_epoch_each_drawn_anew(data):
-    from hetprune.training.data import loader, subset
+    from hetprune.training.loaders import loader, subset
 
     sampler = GlobalBatchSampler(30, 10, seed=1, repeats=3)
     occurrences = [o for batch in sampler.global_batches() for o in batch]
@@ -534,7 +536,7 @@ def _names(transform) -> list[str]:
 def test_the_paper_augmentation_is_timms_randaugment_erasing_and_bicubic():
     from timm.data import create_transform
 
-    from hetprune.training.data import train_transform
+    from hetprune.training.image_folders import train_transform
 
     cfg = dict(input_size=(3, 32, 32), interpolation="bilinear", mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=0.9,
                crop_mode="center")
@@ -556,7 +558,7 @@ def test_the_paper_augmentation_is_timms_randaugment_erasing_and_bicubic():
 # -- 13. loaders: one per data set, workers that live across epochs ---------------------------------------
 
 def test_a_loader_is_reused_across_epochs_and_workers_do_not_change_results(data):
-    from hetprune.training.data import close_loaders, loader, subset
+    from hetprune.training.loaders import close_loaders, loader, subset
 
     images = subset(data.train, 32, 0)
     first = loader(images, 16, shuffle=True, seed=1, workers=1)

@@ -170,7 +170,7 @@ def test_width_pruner_counts_the_cost_it_is_given():
 
 
 def test_taylor_importance_needs_data_and_uses_it(digits_data):
-    from hetprune.training.data import loader
+    from hetprune.training.loaders import loader
     from hetprune_width.strategies import WidthContext
 
     model = wide_model().eval()

@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         # a command leaves no loader worker behind (persistent, pinned workers made exit wait on each of them)
-        if "hetprune.training.data" in sys.modules:
-            sys.modules["hetprune.training.data"].close_loaders()
+        if "hetprune.training.loaders" in sys.modules:
+            sys.modules["hetprune.training.loaders"].close_loaders()
         # a command that joined torchrun's process group leaves it, error or not (none: torch not loaded)
         if "hetprune.core.distributed" in sys.modules:
             sys.modules["hetprune.core.distributed"].shutdown()

@@ -7,6 +7,7 @@ follow it. An old path says once that it moved (a `DeprecationWarning`).
 Resume keys name modules and classes (`hetprune.resume.structure_key` hashes every module's
 ``type(m).__module__``; code keys name functions; a user-built model's spec names its class). `stable_name`
 gives them the old names, so no checkpoint, MAP point or compare row saved before the move changes its key.
+A module split out of another since (`SPLIT_FROM`) is named in keys as the module it came from.
 """
 
 from __future__ import annotations
@@ -62,6 +63,16 @@ ALIASES: dict[str, str] = {
 }
 
 
+# a module split out of another since the move -> the module it came from: keys name it by that module's name
+# (issue 59: hetprune/training/data.py split by concern; its classes and functions key as hetprune.data.X)
+SPLIT_FROM: dict[str, str] = {
+    "hetprune.training.bundle": "hetprune.training.data",
+    "hetprune.training.embedded_data": "hetprune.training.data",
+    "hetprune.training.image_folders": "hetprune.training.data",
+    "hetprune.training.loaders": "hetprune.training.data",
+    "hetprune.training.samplers": "hetprune.training.data",
+}
+
 _OLD_NAMES = {new: old for old, new in ALIASES.items()}   # the other way round, for the keys
 
 
@@ -81,9 +92,11 @@ def new_name(old: str) -> str | None:
 
 
 def stable_name(module: str | None) -> str | None:
-    """The name resume keys use for a module: its name before the move when it moved, else its own."""
+    """The name resume keys use for a module: its name before the move when it moved (by the module it was
+    split out of, if it was), else its own."""
     if module is None:
         return None
+    module = SPLIT_FROM.get(module, module)
     return _lookup(module, _OLD_NAMES) or module
 
 

@@ -297,8 +297,9 @@ INTERPOLATIONS = ("", "bilinear", "bicubic", "random")   # "": the model's own (
 
 @dataclass(frozen=True)
 class Augmentation:
-    """An ImageFolder's training transform, in the terms of timm's ``create_transform`` (`hetprune.training.data`
-    builds it). ``--augment NAME`` picks one of `AUGMENTATIONS`; Python may pass its own."""
+    """An ImageFolder's training transform, in the terms of timm's ``create_transform``
+    (`hetprune.training.image_folders` builds it). ``--augment NAME`` picks one of `AUGMENTATIONS`; Python may pass
+    its own."""
 
     name: str = "custom"
     scale: tuple | None = (0.6, 1.0)   # random-resized-crop area range (None: timm's 8-100 %)

@@ -19,7 +19,7 @@ from .compare import ROWS_FILE, RowPlan, distinct, mean_std, whole_number
 from ..core.errors import HetpruneError, option
 from ..core.io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic
 from ..pruning.point_store import metric_of
-from ..training.data import closing_loaders
+from ..training.loaders import closing_loaders
 from ..training.task import metric_number
 
 # what hetprune writes in an ablation's folder

@@ -26,7 +26,7 @@ from torch import nn
 from ..core import distributed as dist
 from ..model.adapters import Adapter
 from ..pruning.budget import Budget
-from ..training.data import closing_loaders, seed_everything
+from ..training.loaders import closing_loaders, seed_everything
 from ..core.errors import HetpruneError
 from ..core.io import check_result_folder, no_empty_folder_on_error
 from ..model.spec import ModelSpec

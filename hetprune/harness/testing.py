@@ -68,7 +68,7 @@ def tiny_model(seed: int = 0) -> nn.Module:
 @functools.lru_cache(maxsize=1)
 def tiny_data():
     """scikit-learn's digits at 16x16 (the settings of `tiny_settings` use a few dozen of them)."""
-    from ..training.data import digits
+    from ..training.embedded_data import digits
 
     return digits()
 

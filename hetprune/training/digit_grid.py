@@ -18,7 +18,8 @@ from torch.utils.data import TensorDataset
 from ..core.errors import HetpruneError
 from ..core.fingerprint import fingerprint
 from ..model.spec import DIGIT_GRID_SPEC  # noqa: F401  (the benchmark's base model, importable beside its data)
-from .data import DataBundle, ShiftedImages, _digits_split, _selection_size, register_embedded
+from .bundle import DataBundle, _selection_size
+from .embedded_data import ShiftedImages, _digits_split, register_embedded
 
 DIGIT_GRID = "digit-grid"
 CELL = 8                 # one scikit-learn digit per cell, at its own 8x8 resolution

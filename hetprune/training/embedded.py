@@ -22,7 +22,9 @@ from torch import nn
 
 from ..core import distributed as dist
 from ..core.fingerprint import fingerprint
-from .data import DIGIT_PAIRS, DIGITS, DataBundle, digit_pairs, digits, loader
+from .bundle import DataBundle
+from .embedded_data import DIGIT_PAIRS, DIGITS, digit_pairs, digits
+from .loaders import loader
 from .digit_grid import DIGIT_GRID, DIGIT_GRID_TRAINING, digit_grid
 from ..core.errors import HetpruneError
 from ..core.io import cache_dir, file_sha256, load_weights, read_json, save_weights, write_json_atomic

@@ -4,7 +4,7 @@ alike.
 timm's ``Mixup`` (batch mode) mixes item ``i`` of a batch with item ``B-1-i`` (the batch flipped), with one
 lambda (and one box) per batch drawn from numpy's global generator. Here the lambda and the box of global
 step ``t`` of an epoch come from a generator seeded by ``(epoch seed, t)``, and the sampler hands both items of
-a pair to the same rank in an order whose flip pairs them again (`hetprune.training.data.GlobalBatchSampler`'s
+a pair to the same rank in an order whose flip pairs them again (`hetprune.training.samplers.GlobalBatchSampler`'s
 ``pairs``): a rank mixes its own share exactly as one process mixes the whole batch, item for item. The box
 and the targets are timm's own (``cutmix_bbox_and_lam``, ``mixup_target``: label smoothing folded in).
 """

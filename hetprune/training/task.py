@@ -30,7 +30,8 @@ from ..core import contract, devices, tensors
 from ..core import distributed as dist
 from ..core.fingerprint import fingerprint as fingerprint_of
 from ..core.config import TrainConfig
-from .data import DataBundle, example_batch, loader, subset
+from .bundle import DataBundle, example_batch
+from .loaders import loader, subset
 from ..core.errors import HetpruneError, switch
 from .resume import code_key
 from .train import ClassificationSource, evaluate, evaluate_dataset, train

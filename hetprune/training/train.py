@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from ..core import devices
 from ..core import distributed as dist
 from ..core.config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.training.train too
-from .data import DataBundle, loader, subset
+from .bundle import DataBundle
+from .loaders import loader, subset
 from .mixing import mix_batch
 from ..core.errors import HetpruneError
 from ..core.io import note_saved, save_torch_atomic

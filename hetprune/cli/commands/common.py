@@ -62,7 +62,7 @@ def embedded_name(args) -> str:
     A ``--data`` value that is neither an embedded name nor a folder is an error listing what is allowed.
     """
 
-    from ...training.data import DIGITS, EMBEDDED
+    from ...training.embedded_data import DIGITS, EMBEDDED
 
     data = getattr(args, "data", None)
     if data is None or data in EMBEDDED:
@@ -124,7 +124,7 @@ def data_line(args, command: str, defaulted: bool | None = None) -> str:
     """The first line a command prints: which data it runs on, and how to pick another. The embedded
     defaults differ: ``prune`` and ``ablate`` take digits, ``compare`` digit pairs (where the split between
     the kinds is a real question), so a row of the default compare is rerun with ``--data digit-pairs``."""
-    from ...training.data import DIGITS, EMBEDDED
+    from ...training.embedded_data import DIGITS, EMBEDDED
 
     data = args.data or DIGITS
     if data not in EMBEDDED:
@@ -138,7 +138,8 @@ def data_line(args, command: str, defaulted: bool | None = None) -> str:
 
 
 def data_for(args, model, seed: int = 0):
-    from ...training.data import DIGITS, EMBEDDED, load_data
+    from ...training.data import load_data
+    from ...training.embedded_data import DIGITS, EMBEDDED
 
     spec = args.data or DIGITS
     embedded_name(args)  # a bad value: one error listing the allowed names

@@ -156,7 +156,8 @@ def _comma_list(text: str | None, default: str) -> tuple[str, ...]:
 
 def _int8_task(args, recipe, model):
     """The classification task INT8 calibrates on and checks against: --data, else the recipe's data set."""
-    from ...training.data import EMBEDDED, load_data
+    from ...training.data import load_data
+    from ...training.embedded_data import EMBEDDED
     from ...training.task import classification
 
     recorded = ((recipe.provenance or {}).get("data") or {}).get("name") if recipe is not None else None

@@ -25,7 +25,7 @@ from ...core.errors import HetpruneError, option
 from ...core.io import no_empty_folder_on_error
 from ...pruning.plan import read_probe
 from ...core.plugins import Registry
-from ...training.data import closing_loaders
+from ...training.loaders import closing_loaders
 from ...pruning.run_start import probe_for, run_key
 # the names other modules, benchmarks and tests import from hetprune.harness.compare
 from .report import aggregate, base_text, budget_text, markdown_table, mean_std, rows_csv, write_outputs  # noqa: F401

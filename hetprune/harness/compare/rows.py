@@ -16,7 +16,7 @@ from ...core import config
 from ...core import distributed as dist
 from ...core.errors import BudgetUnreachable, HetpruneError
 from ...core.io import ResultFolder, check_result_folder, make_result_folder
-from ...training.data import seed_everything
+from ...training.loaders import seed_everything
 from ...model.spec import model_hash
 from ...pruning.pipeline import PruneJob
 from ...core.plugins import Registry

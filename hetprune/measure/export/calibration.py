@@ -71,7 +71,7 @@ def _given(images) -> list:
 
 
 def _dataset_images(dataset, n: int, seed: int, what: str, name: str) -> torch.Tensor:
-    from ...training.data import loader, subset
+    from ...training.loaders import loader, subset
 
     if n > len(dataset):
         raise HetpruneError(f"{option('calibration', str(n))} is more than the {len(dataset)} {what} images of "

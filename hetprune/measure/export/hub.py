@@ -30,7 +30,7 @@ def pretrained_cfg(model: nn.Module, recipe) -> dict:
     """Input size, mean/std and the rest of timm's data config, for what the model was trained on."""
     from timm.data import resolve_data_config
 
-    from ...training.data import EMBEDDED
+    from ...training.embedded_data import EMBEDDED
     from ...model.spec import input_shape_of
 
     cfg = resolve_data_config({}, model=model)
@@ -98,7 +98,7 @@ def hf_preprocessor_config(model: nn.Module, inner: nn.Module, recipe) -> dict:
     mean/std the model was run with (a wrapper's ``pretrained_cfg``, e.g. ``hetprune_hf.wrap(model, image_mean,
     image_std)``; else the processor's own, not timm's); hetprune's embedded data sets are normalised as
     (x - 0.5) / 0.5."""
-    from ...training.data import EMBEDDED
+    from ...training.embedded_data import EMBEDDED
     from ...model.spec import input_shape_of
 
     channels, height, width = input_shape_of(model)

@@ -457,7 +457,7 @@ def _task_of(task):
 
     if task is None:
         how = "pass --data digits, digit-pairs or PATH" if on_command_line() else \
-            "pass task=: a hetprune.Task, or a DataBundle such as hetprune.training.data.digits()"
+            "pass task=: a hetprune.Task, or a DataBundle such as hetprune.training.embedded_data.digits()"
         raise HetpruneError("INT8 export needs the model's task: its training images to calibrate on and its "
                             f"validation data for the metric check; {how}")
     return as_task(task)
