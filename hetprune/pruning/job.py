@@ -22,7 +22,7 @@ from .budget import Budget, feasible_pairs
 from ..core.config import RunSettings, Section, per_gpu_resolved
 from .cost_choice import build as build_cost_model, run_model_name
 from .plan import val_size
-from ..training.data import DataBundle
+from ..training.bundle import DataBundle
 from ..core.errors import HetpruneError
 from ..model.spec import ModelSpec, model_hash
 from ..core.plugins import Registry

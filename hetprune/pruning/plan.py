@@ -30,7 +30,8 @@ from ..core import distributed as dist
 from ..core.config import TrainConfig
 from ..core.errors import HetpruneError, option
 from ..core.io import read_json, write_json_atomic
-from ..training.data import DataBundle, set_epoch
+from ..training.bundle import DataBundle
+from ..training.samplers import set_epoch
 from ..training.train import train, workers_for
 
 PLAN_FILE = "plan.json"

@@ -27,7 +27,8 @@ from ..core import devices
 from ..core import distributed as dist
 from ..model.adapters import Adapter
 from .budget import Budget
-from ..training.data import EMBEDDED, DataBundle
+from ..training.bundle import DataBundle
+from ..training.embedded_data import EMBEDDED
 from ..core.errors import HetpruneError, option, switch
 from ..core.io import ResultFolder, check_result_folder, make_result_folder
 from ..model.spec import ModelSpec, model_hash
