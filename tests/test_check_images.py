@@ -69,16 +69,16 @@ def test_the_candidates_can_be_selected_on_a_number_of_images_per_gate_epoch(tmp
 
 
 def test_plan_counts_the_images_the_setting_gives(tmp_path):
-    job = sized(tmp_path, 5_000)
+    job = sized(tmp_path, 128)   # 4 checks at half the points' 32 images, then 2 at all of them: 128 in all
     [step] = [s for s in HetDPT().plan_allocation(job) if "pipeline checks" in s.stage]
-    assert step.train_images == 5_000 and "at most 5,000 images" in step.what
+    assert step.train_images == 128 and "at most 128 images" in step.what
     # with the run's own gate-taylor selection, the winner's is the select stage's gate phase: counted there
-    own = sized(tmp_path / "own", 5_000, scorer="gate-taylor")
-    checks = PipelineChecks(own)
+    sites = HetDPT().plan_sites(job)
+    one = PipelineChecks(sized(tmp_path / "probe", 10_000, scorer="gate-taylor")).selection_cost(
+        (sites - sites // 2, sites // 2)) * 32
+    own = sized(tmp_path / "own", round(4 * one) + 128, scorer="gate-taylor")
     [step] = [s for s in HetDPT().plan_allocation(own) if "pipeline checks" in s.stage]
-    sites = HetDPT().plan_sites(own)
-    one = checks.selection_cost((sites - sites // 2, sites // 2)) * checks.unit.images
-    assert one > 0 and step.train_images == round(5_000 - one)
+    assert one > 0 and step.train_images == round(3 * one) + 128
 
 
 def test_checks_sized_in_images_are_stored_apart_from_checks_of_the_final_schedule(tmp_path):
@@ -119,3 +119,19 @@ def test_a_run_with_checks_sized_in_images_reports_them_in_images(tmp_path):
     assert checks["winner"] == [result.report["n_attn"], result.report["n_act"]]
     assert any("pipeline checks of" in m and "at most 48 images in all" in m for m in logs), logs
     assert any(m.startswith("[hetdpt] pipeline checks: ") and "of 48 images spent" in m for m in logs), logs
+
+
+def test_plan_counts_what_the_rounds_can_spend_where_the_budget_is_more():
+    from hetprune_hetdpt.halving import most_spent
+
+    # 4 candidates, 100 units after no selections: 4 then 2 checks, each at most one whole schedule
+    assert most_spent(4, 100.0, 0.0) == 6.0
+    assert most_spent(4, 2.0, 0.0) == pytest.approx(2.0)   # 4 x 0.25 + 2 x 0.5: the budget binds
+    assert most_spent(3, 10.0, 1.5) == pytest.approx(1.5 + 3 * 1.0)
+    assert most_spent(1, 10.0, 0.5) == 0.5
+
+
+def test_plan_of_a_generous_image_budget_counts_the_most_the_checks_can_spend(tmp_path):
+    job = sized(tmp_path, 10_000)   # 4 checks, taylor (no selection phase): 4 + 2 whole points' fine-tunes
+    [step] = [s for s in HetDPT().plan_allocation(job) if "pipeline checks" in s.stage]
+    assert step.train_images == 6 * 32 and "192 images at most" in step.what

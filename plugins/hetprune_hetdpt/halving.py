@@ -101,16 +101,29 @@ def fractions(k: int, budget: float, selection_cost: float, unit: Unit = FINAL) 
     """The fraction of a unit's fine-tune each round gives each of its candidates: the budget left after the
     ``k`` selections (``selection_cost`` units in all) in equal shares per round, each share split among the
     round's candidates (k, k//2, ...: the better half kept), at most the whole schedule."""
-    counts = []
-    n = k
-    while n > 1:
-        counts.append(n)
-        n = max(1, n // 2)
+    counts = round_sizes(k)
     if not counts:
         return []
     check_pays(budget, k, selection_cost, unit=unit)
     share = (budget - selection_cost) / len(counts)
     return [min(1.0, share / n) for n in counts]
+
+
+def round_sizes(k: int) -> list[int]:
+    """The candidates of each round of successive halving of ``k``: k, k//2, ..., down to 2."""
+    counts = []
+    while k > 1:
+        counts.append(k)
+        k = max(1, k // 2)
+    return counts
+
+
+def most_spent(k: int, budget: float, selection_cost: float, unit: Unit = FINAL) -> float:
+    """The most `halving` of ``k`` candidates can spend within ``budget`` units: the selections, then each
+    round's fine-tunes, which never exceed a whole schedule each (so a generous budget is not all spent)."""
+    if k <= 1 or budget - selection_cost <= 0:
+        return min(budget, selection_cost)
+    return selection_cost + sum(n * f for n, f in zip(round_sizes(k), fractions(k, budget, selection_cost, unit)))
 
 
 def check_pays(budget: float, k: int, selection_cost: float, at_least: bool = False, unit: Unit = FINAL) -> None:
@@ -356,6 +369,7 @@ class PipelineChecks:
             budget = k * one + FINETUNES_BEYOND_SELECTION
         shares = bool(getattr(self.scorer(), "shared_removals", None))
         reused = one if shares and self.own_selection else 0.0
+        most = most_spent(k, budget, k * one, self.unit)   # a budget the rounds cannot fill is not all spent
         if self.unit.in_images:
             what = f"{k} splits by successive halving, at most {self.unit.said(budget)} ({self.unit.section} cut)"
         else:
@@ -363,4 +377,6 @@ class PipelineChecks:
         if shares:
             what += " (less the removals they share" + ("; the winner's selection is the select stage's gate "
                                                         "phase, counted there)" if reused else ")")
-        return [PlanStep("stage 1: pipeline checks", what, k, int(max(0.0, budget - reused) * self.unit.images), 0)]
+        if most < budget - 1e-9:
+            what += f"; each check at most one whole {self.unit.section}: {self.unit.said(most)} at most"
+        return [PlanStep("stage 1: pipeline checks", what, k, int(max(0.0, most - reused) * self.unit.images), 0)]
