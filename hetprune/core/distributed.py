@@ -18,7 +18,8 @@ import atexit
 import contextlib
 import datetime
 import os
-from typing import Any, Callable, TypeVar
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -163,6 +164,48 @@ def follow_main(decide: Callable[[], tuple[T, Any] | None], fetch: Callable[[Any
             problem = str(exc) if isinstance(exc, HetpruneError) else f"{type(exc).__name__}: {exc}"
     agree(problem, what)
     return state
+
+
+def follow_saved(files: Sequence[Path], read: Callable[[Path], T | None], name: Callable[[T], Any], what: str, *,
+                 reuse: Callable[[Path, T], bool] = lambda file, state: True, describe: Callable[[Any], str] = str,
+                 continues: str = "", by_name: bool = False, distributed: bool = True) -> tuple[int, T] | None:
+    """Rank 0 decides a resume, everyone follows: which saved state a run continues from, or None (afresh).
+
+    ``files``: where a saved state may be, best first (each rank's own paths, in the same order). On rank 0
+    the first that exists, reads (``read(file)``; None: no state there) and may be reused (``reuse(file,
+    state)``, which says aloud why not) is the decision; its ``name(state)`` (small: a step, when it was
+    saved) travels to the other ranks. Each reads its own copy, the file at the same place in ``files`` (with
+    ``by_name``: rank 0's file by its name, for ranks whose own paths may differ), and checks the name; a
+    rank that cannot (no file, another state) stops every rank with one error: ``what``, the rank, and
+    ``it finds no FILE, which rank 0 continues{continues} from`` or ``its FILE (describe(name)) is not the
+    one rank 0 continues{continues} from (...)`` (`follow_main`). Returns ``(index in files, state)``.
+    ``distributed`` False: this process decides alone (a fine-tune run on one rank), as outside torchrun.
+    Every rank calls it together when ``distributed``."""
+    files = list(files)
+
+    def decide():
+        for index, file in enumerate(files):
+            state = read(file) if file.is_file() else None
+            if state is not None and reuse(file, state):
+                return (index, state), (index, str(file), name(state))
+        return None
+
+    def fetch(token) -> tuple[int, T]:
+        index, saved, theirs = token
+        file = Path(saved) if by_name else files[index]
+        state = read(file) if file.is_file() else None
+        if state is None:
+            raise HetpruneError(f"it finds no {file}, which rank 0 continues{continues} from")
+        mine = name(state)
+        if mine != theirs:
+            raise HetpruneError(f"its {file} ({describe(mine)}) is not the one rank 0 continues{continues} from "
+                                f"({describe(theirs)})")
+        return index, state
+
+    if not distributed:
+        found = decide()
+        return None if found is None else found[0]
+    return follow_main(decide, fetch, what)
 
 
 def broadcast_module(module: torch.nn.Module) -> None:

@@ -220,30 +220,16 @@ def resume_checkpoint(folder: Path, current: dict, desc: str, log: Callable[[str
 
     Under DDP rank 0 decides and every rank loads that same checkpoint (its
     epoch, step and save time checked); a rank that finds none, or another,
-    stops every rank with one error (`hetprune.core.distributed.follow_main`)
+    stops every rank with one error (`hetprune.core.distributed.follow_saved`)
     instead of starting afresh while the others resume, which hangs."""
-    path = _checkpoint_path(folder)
+    def reuse(path: Path, ckpt: dict) -> bool:
+        stored = {**ckpt.get("key", {}), "training settings": ckpt.get("config")}
+        return reusable(stored, current, f"the fine-tune checkpoint in {folder}", log)
 
-    def decide():
-        ckpt = _load_checkpoint(folder)
-        stored = {**(ckpt or {}).get("key", {}), "training settings": (ckpt or {}).get("config")}
-        if ckpt is None or not reusable(stored, current, f"the fine-tune checkpoint in {folder}", log):
-            return None
-        return ckpt, _saved(ckpt)
-
-    def fetch(token) -> dict:
-        ckpt = _load_checkpoint(folder)
-        if ckpt is None:
-            raise HetpruneError(f"it finds no {path}, which rank 0 continues from")
-        if _saved(ckpt) != token:
-            raise HetpruneError(f"its {path} (epoch {_saved(ckpt)[0]}, saved {_saved(ckpt)[2]}) is not the one rank 0 "
-                                f"continues from (epoch {token[0]}, saved {token[2]})")
-        return ckpt
-
-    if not distributed:
-        found = decide()
-        return None if found is None else found[0]
-    return dist.follow_main(decide, fetch, f"resume: {desc}")
+    found = dist.follow_saved([_checkpoint_path(folder)], lambda path: _load_checkpoint(folder), _saved,
+                              f"resume: {desc}", reuse=reuse, describe=lambda t: f"epoch {t[0]}, saved {t[2]}",
+                              distributed=distributed)
+    return None if found is None else found[1]
 
 
 def _saved(ckpt: dict) -> tuple:

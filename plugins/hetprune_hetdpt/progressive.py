@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import pathlib
 import time
 
 from hetprune.core.io import save_torch_atomic
@@ -155,36 +154,29 @@ class ProgressivePoints(PointScheme):
     def kept(self, path: PointPath, steps: list[int], check: bool = False):
         """The first of ``steps`` (latest first) whose weights are kept, as ``(model, removed sites, step)``,
         or None. Rank 0 decides which (what it sees in the shared folder) and every rank loads that one, or
-        every rank stops with one error (`hetprune.core.distributed.follow_main`). ``check``: a file whose sites
+        every rank stops with one error (`hetprune.core.distributed.follow_saved`). ``check``: a file whose sites
         are not its step's split is passed over (said aloud)."""
         job = self.job
+        files = [self.checkpoint(path, step) for step in steps]
 
-        def decide():
-            for step in steps:
-                file = self.checkpoint(path, step)
-                if not file.is_file():
-                    continue
-                model, removed = self.load(file)
-                got = (sum(x.kind == "attn" for x in removed), sum(x.kind == "act" for x in removed))
-                if check and got != path.steps[step - 1]:   # never continue from weights that are not this step's
-                    pair = path.steps[step - 1]
-                    job.log(f"[hetdpt] progressive points: {file.name} holds {got[0]} attn + {got[1]} act removed, "
-                            f"not step {step}'s {pair[0]} + {pair[1]}; not reused")
-                    continue
-                return (model, removed, step), (str(file), step, [str(x) for x in removed])
+        def reuse(file, state) -> bool:
+            step, removed = steps[files.index(file)], state[1]
+            got = (sum(x.kind == "attn" for x in removed), sum(x.kind == "act" for x in removed))
+            if check and got != path.steps[step - 1]:   # never continue from weights that are not this step's
+                pair = path.steps[step - 1]
+                job.log(f"[hetdpt] progressive points: {file.name} holds {got[0]} attn + {got[1]} act removed, "
+                        f"not step {step}'s {pair[0]} + {pair[1]}; not reused")
+                return False
+            return True
 
-        def fetch(token):   # rank 0's file by its name: a rank's own key may differ (a Task hashing its own batches)
-            name, step, sites_ = token
-            file = pathlib.Path(name)
-            if not file.is_file():
-                raise HetpruneError(f"it finds no {file}, which rank 0 continues path {path.name} from")
-            model, removed = self.load(file)
-            if [str(x) for x in removed] != sites_:
-                raise HetpruneError(f"its {file} holds sites {', '.join(map(str, removed))}, rank 0's "
-                                    f"{', '.join(sites_)}")
-            return model, removed, step
-
-        return dist.follow_main(decide, fetch, f"progressive points (path {path.name})")
+        # other ranks load rank 0's file by its name: a rank's own key may differ (a Task hashing its own batches)
+        found = dist.follow_saved(files, self.load, lambda state: [str(x) for x in state[1]],
+                                  f"progressive points (path {path.name})", reuse=reuse, by_name=True,
+                                  describe=lambda names: f"sites {', '.join(names)}", continues=f" path {path.name}")
+        if found is None:
+            return None
+        index, (model, removed) = found
+        return model, removed, steps[index]
 
     def step(self, model, kinds: list[str], ctx) -> list[Site]:
         """One step: for each of ``kinds`` in turn, the point scorer's lowest site of that kind on ``model``

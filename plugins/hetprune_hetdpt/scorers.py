@@ -397,34 +397,18 @@ class GateTaylorScorer:
     def _resume(path: Path, key: dict, ctx, device, distributed: bool) -> dict | None:
         """The gate checkpoint to continue from, or None. Under DDP rank 0 decides and every rank loads the
         same one (its step and save time checked), or every rank stops with one error
-        (`hetprune.core.distributed.follow_main`) rather than some resuming while others start afresh."""
-        def read() -> dict | None:
-            if not path.is_file():
-                return None
+        (`hetprune.core.distributed.follow_saved`) rather than some resuming while others start afresh."""
+        def read(file: Path) -> dict:
             try:
-                return torch.load(str(path), map_location=device, weights_only=True)
+                return torch.load(str(file), map_location=device, weights_only=True)
             except Exception as exc:
-                raise HetpruneError(f"gate checkpoint {path} is corrupt ({exc}); delete it to start over") from exc
+                raise HetpruneError(f"gate checkpoint {file} is corrupt ({exc}); delete it to start over") from exc
 
-        def decide():
-            state = read()
-            if state is None or not reusable(state.get("key"), key, f"the gate checkpoint {path}", ctx.log):
-                return None
-            return state, (state["step"], state.get("saved_at"))
-
-        def fetch(token) -> dict:
-            state = read()
-            if state is None:
-                raise HetpruneError(f"it finds no {path}, which rank 0 continues from")
-            if (state["step"], state.get("saved_at")) != token:
-                raise HetpruneError(f"its {path} (removal {state['step']}, saved {state.get('saved_at')}) is not the "
-                                    f"one rank 0 continues from (removal {token[0]}, saved {token[1]})")
-            return state
-
-        if not distributed:
-            found = decide()
-            return None if found is None else found[0]
-        return dist.follow_main(decide, fetch, "resume: the gate phase")
+        found = dist.follow_saved(
+            [path], read, lambda state: (state["step"], state.get("saved_at")), "resume: the gate phase",
+            reuse=lambda file, state: reusable(state.get("key"), key, f"the gate checkpoint {file}", ctx.log),
+            describe=lambda t: f"removal {t[0]}, saved {t[1]}", distributed=distributed)
+        return None if found is None else found[1]
 
     @classmethod
     def _shared(cls, ctx, key: dict, order: list[str], device, distributed: bool):
