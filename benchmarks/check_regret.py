@@ -28,8 +28,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from map_points import floors_of
-from study_files import write
+from studylib.files import write
+from studylib.runs import floors_of
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STUDIES = ["map-points-selection", "map-points-scoring1000"]

@@ -18,10 +18,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from study_files import load, machine, write  # noqa: E402
+from studylib.files import write
+from studylib.machine import load, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from study_files import load, machine, write
+from studylib.files import write
+from studylib.machine import load, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT_S = 180.0      # issue 43: the first compare after install finishes within 3 minutes on 2 cores

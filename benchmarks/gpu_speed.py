@@ -27,7 +27,8 @@ import time
 
 import torch
 from speed_paper_configs import make_pair
-from study_files import load, machine, write
+from studylib.files import write
+from studylib.machine import load, machine
 
 from hetprune.measure.bench import measure
 

@@ -32,10 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from map_points import context, final_images, truth_rows  # noqa: E402  (the truth rows of the MAP study)
-from study_files import load, machine, write  # noqa: E402
+from studylib.files import write
+from studylib.machine import load, machine
+from studylib.runs import context, final_images, truth_rows   # the truth rows of the MAP study
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from study_files import write
+from studylib.files import write
 
 PAPER = {"isomorphic_2.6G_speedup": 4.24, "hetdpt_plus_speedup": 5.19}
 

@@ -49,17 +49,16 @@ import time
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
+from studylib.files import write
 
 from hetprune import bench
-from hetprune.model import surgery  # noqa: E402
-from hetprune.pruning.budget import Budget, feasible_pairs  # noqa: E402
-from hetprune.measure.latency_table import LatencyTable  # noqa: E402
-from hetprune.model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build  # noqa: E402
-from hetprune.model.sites import depth  # noqa: E402
-from study_files import write  # noqa: E402
+from hetprune.measure.latency_table import LatencyTable
+from hetprune.model import surgery
+from hetprune.model.sites import depth
+from hetprune.model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, ModelSpec, build
+from hetprune.pruning.budget import Budget, feasible_pairs
+
+ROOT = Path(__file__).resolve().parent.parent
 
 AA = "dense again (A/A)"
 CONFIGS = {

@@ -45,13 +45,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from studylib.files import write
+from studylib.machine import load
+
+from hetprune.core.errors import HetpruneError
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from study_files import load, write  # noqa: E402
-
-from hetprune.core.errors import HetpruneError  # noqa: E402
 
 PIPELINES = ("timm", "hetprune-before", "hetprune-timm-reader", "hetprune", "hetprune-uint8")
 CLASSES = 4

@@ -25,12 +25,11 @@ import time
 from pathlib import Path
 
 import torch
+from studylib.files import write
+
+from hetprune import bench
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
-
-from hetprune import bench  # noqa: E402
-from study_files import write  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:

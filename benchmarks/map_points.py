@@ -55,11 +55,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from hetprune.pruning.point_store import metric_of
 from hetprune_hetdpt.options import HetDPTOptions
-from study_files import load, machine, write
+from studylib.files import write
+from studylib.machine import load, machine, machine_line
+from studylib.runs import budget_of, context, final_images, floors_of, oracle_rows, truth_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -142,32 +143,7 @@ COST_CAP = 2.0         # the default may cost at most this many times the one-sh
 GOAL = 0.5             # mean regret above the seed-noise floor (points) issue 43 asks for at every target
 
 
-def budget_of(target: str):
-    from hetprune.pruning.budget import Budget
-
-    if target.startswith("b"):
-        return Budget(sites=int(target[1:]))
-    return Budget(target_macs=float(target[len("macs"):]))
-
-
-# -- the base model, its task and settings, as the CLI builds them -------------------------------------------
-
-def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:
-    """The embedded base model of ``bench`` with its spec, provenance, task and the default settings of
-    ``hetdpt`` (``sets`` applied): what ``hetprune ablate --data BENCH`` starts from."""
-    from hetprune.pruning.budget import Budget
-    from hetprune.cli.commands.common import base_model, data_for
-    from hetprune.pruning.run_start import start_run
-    from hetprune.training.task import classification
-
-    args = SimpleNamespace(model=None, model_kwargs=None, pretrained=False, checkpoint=None, retrain_base=False,
-                           data=bench)
-    start = start_run(["hetdpt"], [Budget(sites=0)], sets=list(sets or []))   # the run start every command has
-    dense, spec, info = base_model(args, log=lambda m: None)
-    attached = start.attach(dense, classification(data_for(args, dense)), spec, info, log=lambda m: None)
-    return SimpleNamespace(bench=bench, sets=list(sets or []), registry=start.registry, strategy=start.strategy,
-                           settings=start.settings, dense=dense, spec=spec, info=attached.info, task=attached.task, base_key=attached.key)
-
+# -- a prune job on the study's base model (studylib.runs.context) -------------------------------------------
 
 def job_for(ctx, target: str, seed: int, workdir: Path, shared: Path, settings: dict | None = None):
     from hetprune.pruning.pipeline import PruneJob
@@ -196,18 +172,6 @@ def committed_truth(bench: str, target: str) -> dict | None:
     macs = float(target[len("macs"):])
     [found] = [t for t in data["targets"] if abs(t["target_macs"] - macs) < 1e-9]
     return {tuple(int(v) for v in k.split("+")): (found["splits"][k], found["std"][k]) for k in found["splits"]}
-
-
-def truth_rows(ctx, target: str, pairs, seeds, out: Path, jobs: int, log) -> list[dict]:
-    """Fine-tune ``pairs`` x ``seeds`` on the final schedule (or reuse the rows already in ``out``), keyed as
-    ``hetprune ablate`` keys them, so an ablation with ``--out`` there reuses them too."""
-    from hetprune.harness.ablate import split_plans
-    from hetprune.harness.compare import run_rows
-
-    plans = split_plans(sorted(pairs), list(seeds), ctx.settings, budget_of(target), ctx.base_key,
-                        ctx.task.key, kind="truth", unused=("hetdpt",))
-    return run_rows(plans, ctx.registry, ctx.dense, ctx.spec, ctx.task, ctx.info, out, resume=True, jobs=jobs,
-                    data_spec=ctx.bench, log=log, progress=False)
 
 
 def split_record(values: list[float], per_seed: dict[str, float]) -> dict:
@@ -301,15 +265,6 @@ def reused_units(earlier: dict, benches: list[str], seeds: list[int], schemes: l
 
 
 # -- phase 2: every scheme's points, every predictor ---------------------------------------------------------
-
-def final_images(ctx) -> int:
-    """Images through one final fine-tune: epochs x the subset (or the whole training set)."""
-    from hetprune.core.config import RunSettings
-
-    ft = RunSettings.of(ctx.settings).schedule("finetune")
-    n = ctx.task.train_size
-    return int(ft.epochs * (min(ft.subset, n) if ft.subset else n))
-
 
 def fit_all(points: list[dict], pairs, registry) -> dict:
     """Every predictor fitted on ``points``: its prediction at every feasible split and its fit report."""
@@ -520,32 +475,6 @@ def score(results: list[dict], truths: dict, final: dict) -> list[dict]:
     return rows
 
 
-def oracle_rows(truths: dict) -> list[dict]:
-    """What seed noise alone costs: each seed picks its own best split by its own truth rows (what MAP could
-    do with every split measured by the real pipeline on that seed), judged by the mean over seeds."""
-    out = []
-    for (bench, target), t in truths.items():
-        true = {f"{a}+{m}": t["splits"][(a, m)]["true"] for a, m in map(tuple, t["pairs"])}
-        best = max(true, key=lambda k: (true[k], -int(k.split("+")[0])))
-        seeds = sorted({int(s) for v in t["splits"].values() for s in v["per_seed"]})
-        per = []
-        for seed in seeds:
-            own = {k: t["splits"][tuple(map(int, k.split("+")))]["per_seed"].get(str(seed)) for k in true}
-            if None in own.values():
-                continue
-            pick = max(own, key=lambda k: (own[k], -int(k.split("+")[0])))
-            per.append({"seed": seed, "pick": pick, "true_of_pick": true[pick], "regret": true[best] - true[pick]})
-        if per:
-            out.append({"bench": bench, "target": target, "best": best, "best_true": true[best], "seeds": per,
-                        "mean_regret": statistics.mean(p["regret"] for p in per)})
-    return out
-
-
-def floors_of(oracle: list[dict]) -> dict:
-    """Each target's seed-noise floor, ``{(bench, target): mean regret of each seed's own best split}``."""
-    return {(o["bench"], o["target"]): o["mean_regret"] for o in oracle}
-
-
 def slim(results: list[dict]) -> list[dict]:
     """The units as the results file keeps them: each point as (n_attn, n_act, metric, images, seconds, path)
     and each fit's predictions, verified values and degree choice (the full records stay under --out)."""
@@ -596,8 +525,7 @@ def markdown(result: dict) -> str:
     rows, pick = result["rows"], result["choice"]["chosen"]
     lines = ["# MAP points and predictors against full fine-tunes", "",
              f"Produced by `{result['command']}`.", "",
-             f"Machine: {result['machine']}; load average {result['load_start']} at the start, {result['load_end']} "
-             f"at the end; {result['seconds']:.0f} s for this pass, which reused what earlier passes of the same "
+             machine_line(result) + " for this pass, which reused what earlier passes of the same "
              f"command made under --out: {result['work']['truth_rows_s']} s of truth rows and "
              f"{result['work']['points_s']} s of points and checks (summed over the 2 processes; other work shared "
              "the machine: accuracy does not depend on load, seconds do). Per benchmark (truth rows + points and "

@@ -33,18 +33,16 @@ import time
 from pathlib import Path
 
 import torch
+from hetprune_hetdpt import gates
+from studylib.files import write
+
+from hetprune import Site, sites
+from hetprune.core.config import RunSettings, resolve
+from hetprune.model import surgery
+from hetprune.training.embedded import benchmark, embedded_model
+from hetprune.training.task import classification
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "plugins")]
-
-from hetprune import Site, sites  # noqa: E402
-from hetprune.core.config import RunSettings, resolve  # noqa: E402
-from hetprune.model import surgery  # noqa: E402
-from hetprune.training.embedded import benchmark, embedded_model  # noqa: E402
-from hetprune.training.task import classification  # noqa: E402
-from hetprune_hetdpt import gates  # noqa: E402
-from study_files import write  # noqa: E402
-
 RESULTS = ROOT / "benchmarks" / "results"
 KINDS = ("attn", "act")
 

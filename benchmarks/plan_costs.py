@@ -35,13 +35,11 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
+from studylib.files import write
+from studylib.machine import load, machine
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from study_files import load, machine, write  # noqa: E402
-
-from hetprune.pruning.plan import PlanStep, map_share  # noqa: E402
-from hetprune.training.bundle import DataBundle  # noqa: E402
+from hetprune.pruning.plan import PlanStep, map_share
+from hetprune.training.bundle import DataBundle
 
 COST_LINE = 0.10   # issue 58: a scheme whose points and checks spend more of the run than this cannot be the default
 

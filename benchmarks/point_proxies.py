@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from scipy.stats import spearmanr
-from study_files import write
+from studylib.files import write
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -46,8 +46,6 @@ import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))   # speed_onnxruntime's paper models; quantize_unmerged's merger plugin
-
 OUT = HERE / "results"
 STEM = "quantize-cpu"
 CACHE = "int8-v2.jsonl"     # finished accuracy measurements, by key (--work/DATA/)

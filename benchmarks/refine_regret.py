@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from study_files import write
+from studylib.files import write
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from study_files import write
+from studylib.files import write
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

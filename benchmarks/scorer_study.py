@@ -36,7 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from study_files import write
+from studylib.files import write
 
 HERE = Path(__file__).resolve().parent
 

@@ -5,30 +5,25 @@ benchmark that measures it all."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from benchmark_scripts import script
 from hetprune import HetpruneError
 from hetprune.training import images
 from hetprune.training.image_folders import READERS, image_folder, read_image, train_reading
 from hetprune.training.loaders import close_loaders, default_workers, loader, seed_cpu
 
-BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "loader_throughput.py"
 CFG = dict(input_size=(3, 224, 224), interpolation="bicubic", mean=(0.485, 0.456, 0.406),
            std=(0.229, 0.224, 0.225), crop_pct=0.875, crop_mode="center")
 
 
 def benchmark():
-    spec = importlib.util.spec_from_file_location("loader_throughput", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("loader_throughput")
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from benchmark_scripts import script
 
-import scale_rehearsal  # noqa: E402
+scale_rehearsal = script("scale_rehearsal")
 
 # a launcher that starts a "rank" in a session of its own, as torchrun does, then waits
 LAUNCHER = """

@@ -3,12 +3,9 @@ does not run, on its benchmarks and seeds, made with the same settings."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from benchmark_scripts import script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import map_points  # noqa: E402
+map_points = script("map_points")
 
 
 def _unit(bench, seed, scheme, extra=()):
