@@ -119,7 +119,9 @@ def register_architectures(register: Register) -> None:
     blocks are, how to remove a site, whether and how an MLP merges, where
     scorers hook, how attention is counted in MACs. Most families subclass
     `hetprune.model.adapters.PreNormAdapter` and only name their types and
-    child names. The first registered adapter that matches a model serves it.
+    child names. Of the adapters that match a model, the most specific serves it (a higher ``priority``,
+    then the nearest model type, then the nearest block type: `hetprune.model.adapters.adapter_for`);
+    registration order never decides, and two equally specific adapters are an error naming both.
     """
 
 
