@@ -30,6 +30,7 @@ from pathlib import Path
 
 from studylib.files import write
 from studylib.runs import floors_of
+from studylib.tables import table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STUDIES = ["map-points-selection", "map-points-scoring1000"]
@@ -128,18 +129,15 @@ def markdown(studies: dict[str, dict], summaries: dict[str, list[dict]], command
         lines += [f"## {name} ({sets})", "",
                   f"Its rule chose `{chosen['scheme']}` with `{chosen['predictor']}`. Per target, the rows of "
                   "`gp` (the predictor the 1,000-image study chose for its checks; every predictor's totals "
-                  "below):", "",
-                  "| scheme / predictor | target | floor | regret = predictor + checks | check - truth "
-                  "(mean, mean abs) | ordered |",
-                  "|---|---|---|---|---|---|"]
-        for s in summ:
-            if s["predictor"] != "gp":
-                continue
-            regret = s["predictor_part"] + s["checks_part"]
-            lines.append(f"| {s['scheme']} / {s['predictor']} | {s['bench']} {target_name(s['target'])} | "
-                         f"{s['floor']:.2f} | {regret:.2f} = {s['predictor_part']:.2f} + {s['checks_part']:.2f} | "
-                         f"{fmt(s['mean_check_error'], '+.1f')}, {fmt(s['mean_abs_check_error'], '.1f')} | "
-                         f"{fmt(s['ordered_as_truth'], '.0%')} of {s['pairs_apart']} |")
+                  "below):", ""]
+        lines += table(["scheme / predictor", "target", "floor", "regret = predictor + checks",
+                        "check - truth (mean, mean abs)", "ordered"],
+                       [[f"{s['scheme']} / {s['predictor']}", f"{s['bench']} {target_name(s['target'])}",
+                         f"{s['floor']:.2f}", f"{s['predictor_part'] + s['checks_part']:.2f} = "
+                         f"{s['predictor_part']:.2f} + {s['checks_part']:.2f}",
+                         f"{fmt(s['mean_check_error'], '+.1f')}, {fmt(s['mean_abs_check_error'], '.1f')}",
+                         f"{fmt(s['ordered_as_truth'], '.0%')} of {s['pairs_apart']}"]
+                        for s in summ if s["predictor"] == "gp"])
         totals = {}
         for s in summ:
             t = totals.setdefault((s["scheme"], s["predictor"]), {"p": [], "c": [], "o": [], "n": 0})
@@ -148,11 +146,11 @@ def markdown(studies: dict[str, dict], summaries: dict[str, list[dict]], command
             if s["ordered_as_truth"] is not None:
                 t["o"].append(s["ordered_as_truth"] * s["pairs_apart"])
                 t["n"] += s["pairs_apart"]
-        lines += ["", "Over every target (mean of the targets' parts), every predictor:", "",
-                  "| scheme / predictor | predictor part | checks part | ordered as the truth |", "|---|---|---|---|"]
-        for (scheme, predictor), t in sorted(totals.items()):
-            lines.append(f"| {scheme} / {predictor} | {statistics.mean(t['p']):.2f} | {statistics.mean(t['c']):.2f} | "
-                         f"{fmt(sum(t['o']) / t['n'] if t['n'] else None, '.0%')} of {t['n']} |")
+        lines += ["", "Over every target (mean of the targets' parts), every predictor:", ""]
+        lines += table(["scheme / predictor", "predictor part", "checks part", "ordered as the truth"],
+                       [[f"{scheme} / {predictor}", f"{statistics.mean(t['p']):.2f}", f"{statistics.mean(t['c']):.2f}",
+                         f"{fmt(sum(t['o']) / t['n'] if t['n'] else None, '.0%')} of {t['n']}"]
+                        for (scheme, predictor), t in sorted(totals.items())])
         lines.append("")
     return "\n".join(lines)
 

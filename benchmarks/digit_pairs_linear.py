@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 from studylib.files import write
-from studylib.machine import load, machine
+from studylib.machine import load, machine, machine_line
+from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,15 +68,18 @@ def main() -> int:
            "load_end": load(), "seconds": round(time.time() - started, 1),
            "rows": [{"data": n, "classes": c, "top1": round(a, 2), "majority": round(m, 2), "seconds": round(t, 1)}
                     for n, c, a, m, t in rows]}
+    write(ROOT / "benchmarks" / "results", "digit-pairs-linear", res, markdown(res))
+    return 0
+
+
+def markdown(res: dict) -> str:
     lines = ["# A linear model on the embedded data sets", "",
              f"Produced by `{res['command']}`: a logistic regression (scikit-learn, L2, C=1) on raw pixels, "
              "trained on the training images and scored on the val images.", "",
-             f"Machine: {res['machine']}; load average {res['load_start']} at the start, {res['load_end']} at the "
-             f"end; {res['seconds']:.0f} s.", "",
-             "| data / label | classes | val top-1 % | majority class % |", "|---|---|---|---|"]
-    lines += [f"| {r['data']} | {r['classes']} | {r['top1']:.1f} | {r['majority']:.1f} |" for r in res["rows"]]
-    write(ROOT / "benchmarks" / "results", "digit-pairs-linear", res, "\n".join(lines) + "\n")
-    return 0
+             machine_line(res) + ".", ""]
+    lines += table(["data / label", "classes", "val top-1 %", "majority class %"],
+                   [[r["data"], r["classes"], f"{r['top1']:.1f}", f"{r['majority']:.1f}"] for r in res["rows"]])
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 
 from studylib.files import write
-from studylib.machine import load, machine
+from studylib.machine import load, machine, machine_line
 from studylib.runs import context, final_images, truth_rows   # the truth rows of the MAP study
+from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,8 +83,7 @@ def measure(variant: str, splits, seeds, target: str, out: Path, jobs: int, log)
 def markdown(res: dict) -> str:
     lines = [f"# One split's top-1 between seeds on the digit grid ({res['target']})", "",
              f"Produced by `{res['command']}`.", "",
-             f"Machine: {res['machine']}; load average {res['load_start']} at the start, {res['load_end']} at the "
-             f"end; {res['seconds']:.0f} s for this pass (rows already under --out are reused).", "",
+             machine_line(res) + " for this pass (rows already under --out are reused).", "",
              "Each row: the split pruned with gate-taylor from the shipped digit-grid base model and fine-tuned "
              "with KD on the final schedule (3 epochs), top-1 % on the fixed val set, as a truth row of "
              "`hetprune ablate`; the variant's settings on top of the defaults (`finetune.subset`: the fine-tune's "
@@ -92,24 +92,24 @@ def markdown(res: dict) -> str:
              "size at that top-1: what a larger val set would shrink. The spread between seeds is the "
              "training's: the seed sets the gate phase's data order and so which sites it removes ('site sets': "
              "how many distinct sets the seeds removed), and the fine-tune's data order; a larger val set does "
-             "not shrink it.", "",
-             "| variant | images per fine-tune | split | top-1 per seed | mean ± std | range | site sets | val set's "
-             "standard error | seconds per row |", "|---|---|---|---|---|---|---|---|---|"]
-    for m in res["schedules"]:
-        for name, s in m["splits"].items():
-            per = ", ".join(f"{v:.1f}" for v in s["per_seed"].values())
-            lines.append(f"| {m['variant']} | {m['images']} | {name} | {per} | {s['mean']:.2f} ± {s['std']:.2f} | "
-                         f"{s['range']:.1f} | {s['site_sets']} of {len(s['per_seed'])} | {s['val_se']:.2f} | "
-                         f"{m['row_seconds']:.0f} |")
-    lines += ["", "| variant | better split on the mean | margin (points) | seeds where it is also better "
-              "| largest std of a split | at most 1 point? |", "|---|---|---|---|---|---|"]
+             "not shrink it.", ""]
+    lines += table(["variant", "images per fine-tune", "split", "top-1 per seed", "mean ± std", "range", "site sets",
+                    "val set's standard error", "seconds per row"],
+                   [[m["variant"], m["images"], name, ", ".join(f"{v:.1f}" for v in s["per_seed"].values()),
+                     f"{s['mean']:.2f} ± {s['std']:.2f}", f"{s['range']:.1f}",
+                     f"{s['site_sets']} of {len(s['per_seed'])}", f"{s['val_se']:.2f}", f"{m['row_seconds']:.0f}"]
+                    for m in res["schedules"] for name, s in m["splits"].items()])
+    order = []
     for m in res["schedules"]:
         worst = max(s["std"] for s in m["splits"].values())
         o = m.get("order")
         n = len(next(iter(m["splits"].values()))["per_seed"])
         verdict = "-" if n < 2 else "yes" if worst <= 1.0 else "no"   # one seed has no spread to judge
-        lines.append(f"| {m['variant']} | {o['better']} | {o['margin']:.2f} | {o['seeds_agree']} of {n} | "
-                     f"{worst:.2f} | {verdict} |" if o else f"| {m['variant']} | - | - | - | {worst:.2f} | {verdict} |")
+        order.append([m["variant"], o["better"], f"{o['margin']:.2f}", f"{o['seeds_agree']} of {n}"] if o
+                     else [m["variant"], "-", "-", "-"])
+        order[-1] += [f"{worst:.2f}", verdict]
+    lines += ["", *table(["variant", "better split on the mean", "margin (points)", "seeds where it is also better",
+                          "largest std of a split", "at most 1 point?"], order)]
     return "\n".join(lines) + "\n"
 
 

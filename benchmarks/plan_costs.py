@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 from studylib.files import write
-from studylib.machine import load, machine
+from studylib.machine import load, machine, machine_line
+from studylib.tables import table
 
 from hetprune.pruning.plan import PlanStep, map_share
 from hetprune.training.bundle import DataBundle
@@ -151,8 +152,7 @@ def markdown(res: dict) -> str:
     m = lambda n: f"{n / 1e6:,.1f} M" if n >= 1e6 else f"{n:,}"   # noqa: E731
     lines = ["# What MAP points and checks cost against the rest of a run, by `--plan`", "",
              f"Produced by `{res['command']}` (counts only: nothing trained, no probe).", "",
-             f"Machine: {res['machine']}; load average {res['load_start']} at the start, {res['load_end']} at "
-             f"the end; {res['seconds']:.0f} s (image counts do not depend on the machine).", "",
+             machine_line(res) + " (image counts do not depend on the machine).", "",
              "Training image passes per stage as `--plan` counts them. Pipeline checks: each candidate's gate "
              "phase counted whole (the removals the candidates share are known only once they are; the MAP "
              "study reports what a run spent) plus the final fine-tunes successive halving spends "
@@ -165,16 +165,16 @@ def markdown(res: dict) -> str:
              f"it (issue 58's cost line: a scheme over {COST_LINE:.0%} of the DeiT-B run cannot be the default).", ""]
     for case, rows in res["cases"].items():
         at_scale = case.startswith("DeiT-B")   # the cost line is the DeiT-B run's: toy points dwarf a toy run
-        lines += [f"## {case}", "",
-                  "| scheme | MAP points | checks | gate phase | final fine-tune | whole run | points + checks "
-                  "vs one-shot points | checks vs the final fine-tune | whole run vs one-shot's | share of the run |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            vs = r["checks_vs_final_finetune"]
-            lines.append(f"| {r['scheme']} | {m(r['points'])} | {m(r['checks'])} | {m(r['gate_phase'])} | "
-                         f"{m(r['final_finetune'])} | {m(r['total'])} | {r['points_and_checks_vs_oneshot']:.2f}x | "
-                         f"{'-' if vs is None else f'{vs:.2f}'} | {r['run_vs_oneshot_run']:.2f}x | "
-                         f"{r['map_share']:.1%}{' (over the line)' if at_scale and r['map_share'] > COST_LINE else ''} |")
+        lines += [f"## {case}", ""]
+        lines += table(["scheme", "MAP points", "checks", "gate phase", "final fine-tune", "whole run",
+                        "points + checks vs one-shot points", "checks vs the final fine-tune",
+                        "whole run vs one-shot's", "share of the run"],
+                       [[r["scheme"], m(r["points"]), m(r["checks"]), m(r["gate_phase"]), m(r["final_finetune"]),
+                         m(r["total"]), f"{r['points_and_checks_vs_oneshot']:.2f}x",
+                         "-" if r["checks_vs_final_finetune"] is None else f"{r['checks_vs_final_finetune']:.2f}",
+                         f"{r['run_vs_oneshot_run']:.2f}x",
+                         f"{r['map_share']:.1%}{' (over the line)' if at_scale and r['map_share'] > COST_LINE else ''}"]
+                        for r in rows])
         lines.append("")
     return "\n".join(lines)
 
