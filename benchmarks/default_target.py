@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from studylib.files import write
+from studylib.runs import resumable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,9 +70,7 @@ def main() -> int:
         out = Path(args.out) / f"macs{t:g}"
         argv = ["ablate", "--data", args.data, "--target-macs", f"{t:g}", "--seeds", args.seeds,
                 "--scorers", "", "--jobs", args.jobs, "--out", str(out)]
-        if (out / "rows.jsonl").exists():
-            argv.append("--resume")
-        if cli(argv):
+        if cli(resumable(argv, out)):
             return 1
         found.append(summarise(t, json.loads((out / "ablation.json").read_text())))
     chosen = max((f for f in found if f["real_choice"]), key=lambda f: f["margin"], default=None)

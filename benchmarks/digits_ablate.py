@@ -23,6 +23,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from studylib.runs import resumable
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -68,8 +70,7 @@ def main() -> int:
             argv += ["--predictors", args.predictors]
         for item in args.set:
             argv += ["--set", item]
-        if (out / "rows.jsonl").exists():
-            argv.append("--resume")
+        argv = resumable(argv, out)
         load_before = os.getloadavg()
         rc = cli(argv)
         if rc:

@@ -22,6 +22,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from studylib.runs import resumable
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -45,8 +47,7 @@ def main() -> int:
     budget = ["--target-macs", args.target_macs] if args.target_macs else ["--budgets", args.budgets]
     argv = ["compare", "--data", args.data, "--strategies", args.strategies, *budget, "--seeds", args.seeds,
             "--jobs", args.jobs, "--out", args.out] + [a for item in args.set for a in ("--set", item)]
-    if (Path(args.out) / "rows.jsonl").exists():
-        argv.append("--resume")
+    argv = resumable(argv, Path(args.out))
     rc = cli(argv)
     if rc:
         return rc

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from studylib.files import write
+from studylib.runs import resumable
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDERS = ("depth-width", "width-depth", "interleaved")
@@ -33,8 +34,7 @@ def compare(data: str, target: str, seeds: str, out: Path, strategy: str, extra:
 
     argv = ["compare", "--data", data, "--strategies", strategy, "--target-macs", target, "--seeds", seeds,
             "--jobs", "2", "--batch-sizes", "1", "--out", str(out), *extra]
-    if (out / "rows.jsonl").exists():
-        argv.append("--resume")
+    argv = resumable(argv, out)
     if cli(argv):
         raise SystemExit(f"hetprune {' '.join(argv)} failed")
     return json.loads((out / "results.json").read_text())["rows"]

@@ -10,7 +10,7 @@ import pytest
 
 from benchmark_scripts import BENCHMARKS, SCRIPTS, script
 
-files, machine, tables = script("studylib.files"), script("studylib.machine"), script("studylib.tables")
+files, machine, runs, tables = (script(f"studylib.{name}") for name in ("files", "machine", "runs", "tables"))
 
 
 def test_write_puts_json_and_markdown_side_by_side_with_paths_as_text(tmp_path, capsys):
@@ -35,6 +35,13 @@ def test_the_machine_line():
     assert machine.machine_line(res) == ("Machine: x86_64, 2 cores; load average [1.0, 0.5, 0.25] at the start, "
                                          "[2.0, 1.0, 0.5] at the end; 61 s")
     assert len(machine.load()) == 3 and "cores" in machine.machine()
+
+
+def test_a_rerun_resumes_where_rows_are_already(tmp_path):
+    argv = ["ablate", "--data", "digits", "--out", str(tmp_path)]
+    assert runs.resumable(argv, tmp_path) == argv
+    (tmp_path / "rows.jsonl").write_text("")
+    assert runs.resumable(argv, tmp_path) == [*argv, "--resume"] and argv[-1] == str(tmp_path)
 
 
 def edits_sys_path(path) -> list[int]:
