@@ -10,8 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "hetprune"
 
-# bottom to top: each layer is the subpackage of that name (README.md, "Layout", says the same)
-LAYERS = ["core", "model", "training", "pruning", "measure", "harness", "cli"]
+# bottom to top: each layer is the subpackage of that name (docs/development.md, "Layout", says the same); on
+# top, the module hetprune.plugin_api, which gathers what plugins may use from every layer: nothing imports it
+LAYERS = ["core", "model", "training", "pruning", "measure", "harness", "cli", "plugin_api"]
 TOP = {"__main__": "cli"}   # ``python -m hetprune`` runs the command line; nothing else sits outside a layer
 
 
@@ -92,8 +93,8 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path):
 
 
 def test_the_layer_is_read_from_the_first_package_name():
-    assert [LAYERS[layer_of(m)] for m in ("core.errors", "model.adapters.base", "cli", "__main__")] == \
-        ["core", "model", "cli", "cli"]
+    assert [LAYERS[layer_of(m)] for m in ("core.errors", "model.adapters.base", "cli", "__main__", "plugin_api")] == \
+        ["core", "model", "cli", "cli", "plugin_api"]
     with pytest.raises(KeyError):
         layer_of("task")   # a module outside every layer's subpackage has no layer
 

@@ -1,5 +1,6 @@
-"""The public plugin surface (issue 59, item 3): "rank 0 decides a resume, everyone follows", written once
-(`hetprune.core.distributed.follow_saved`)."""
+"""The public plugin surface (issue 59, item 3): ``hetprune.plugin_api`` holds what a plugin may use, the built-in
+plugins import nothing else of hetprune's, one protocol per component kind (the kit checks the same), and "rank 0
+decides a resume, everyone follows" written once (`hetprune.core.distributed.follow_saved`)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,75 @@ def test_every_rank_follows_rank_0s_file_or_every_rank_stops_with_one_error(tmp_
     # by_name: rank 0's file itself, whatever this rank's own paths are
     assert dist.follow_saved([tmp_path / "elsewhere"], _read, lambda s: s["step"], "resume: test",
                              by_name=True) == (0, {"step": 3})
+
+
+# -- one protocol per component kind, the same the kit checks ---------------------------------------------------
+
+def test_every_kind_the_registry_builds_has_a_protocol_covering_the_methods_its_rules_check():
+    from hetprune.core import contract
+    from hetprune.core.plugins import KINDS
+    from hetprune.harness import testing
+    from hetprune.pruning import protocols
+
+    assert set(protocols.PROTOCOLS) == set(KINDS) == set(testing.CHECKS)
+    for kind, protocol in protocols.PROTOCOLS.items():
+        declared = set(protocols.members(protocol))
+        for optional in protocols.OPTIONAL.get(kind, ()):
+            declared |= set(protocols.members(optional))
+        assert set(contract.rules_for(kind)) <= declared, (kind, set(contract.rules_for(kind)) - declared)
+
+
+def test_a_prune_job_has_everything_the_job_view_names():
+    from hetprune.pruning.job import PruneJob
+    from hetprune.pruning.protocols import Job, members
+
+    fields = set(PruneJob.__dataclass_fields__)
+    assert [m for m in members(Job) if m not in fields and not hasattr(PruneJob, m)] == []
+
+
+def test_every_builtin_component_class_meets_its_kinds_protocol():
+    from hetprune.core import plugins
+    from hetprune.pruning.protocols import PROTOCOLS, members
+
+    registry = plugins.get_registry()
+    for kind, protocol in PROTOCOLS.items():
+        for name in registry.names(kind):
+            factory = registry.component(kind, name).factory
+            if registry.origin(registry.component(kind, name).plugin).builtin:
+                gaps = [m for m, method in members(protocol).items()
+                        if not (callable(getattr(factory, m, None)) if method else hasattr(factory, m))]
+                assert gaps == [], (kind, name, gaps)
+
+
+def test_the_kit_names_a_missing_method_through_the_protocol():
+    from hetprune.harness import testing
+
+    class NoScore:
+        name = "no-score"
+
+        def select(self, model, counts, ctx):
+            return []
+
+    with pytest.raises(testing.ConformanceError, match=r"scorer 'no-score' breaks the plugin contract: it has no "
+                                                       r"score\(\) method; a scorer has name, score\(\) "
+                                                       r"\(hetprune.plugin_api.Scorer\)"):
+        testing.check_scorer(NoScore)
+
+    class NoUnit:
+        name = "no-unit"
+
+        def cost(self, model, example):
+            return 1.0
+
+    with pytest.raises(testing.ConformanceError, match=r"it has no 'unit'; a cost_model has name, unit, cost\(\)"):
+        testing.check_cost_model(NoUnit)
+
+
+def test_the_plugin_api_exports_every_name_it_lists():
+    import hetprune.plugin_api as api
+
+    assert len(set(api.__all__)) == len(api.__all__)
+    assert [n for n in api.__all__ if not hasattr(api, n)] == []
+    assert api.Scorer is __import__("hetprune.pruning.protocols", fromlist=["Scorer"]).Scorer
+    assert api.follow_saved is dist.follow_saved and api.distributed is dist
+

@@ -15,7 +15,9 @@ plus deeper ones only a test can afford (the model is left as it was, exact in
 float64, the result reloads, the budget is kept). `CHECKS` maps each
 component kind to its check; `check` dispatches on it, and
 ``hetprune plugins --check`` runs it on installed components. A new kind of
-component adds its check function to that table.
+component adds its check function to that table. Each check first holds the
+component to its kind's protocol (`hetprune.pruning.protocols.PROTOCOLS`, which
+``hetprune.plugin_api`` exports): a missing method is named there.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from torch import nn
 
 from ..core import contract
 from ..model import checks as model_checks, surgery
-from ..pruning import result_checks
+from ..pruning import protocols, result_checks
 from ..pruning.budget import Budget
 from ..core.contract import Violation
 from ..model.checks import outputs, relative_error
@@ -122,17 +124,29 @@ class _UnderTest:
                                    "class attribute 'name'")
         if not isinstance(cls, type):   # a ready component (an adapter from hetprune.model.adapters.generic)
             self.obj = cls
+        else:
+            try:
+                self.obj = cls(**options)
+            except Exception as exc:
+                self.fail(f"cannot be built with options {options}: {type(exc).__name__}: {exc}", exc)
+        self.conforms()
+
+    def conforms(self) -> None:
+        """The component has every member of its kind's protocol (`hetprune.pruning.protocols.PROTOCOLS`, what
+        ``hetprune.plugin_api`` exports), or a ConformanceError names the first it lacks."""
+        protocol = protocols.PROTOCOLS.get(self.kind)
+        if protocol is None or isinstance(self.obj, protocol) and not protocols.lacks(self.obj, protocol):
             return
-        try:
-            self.obj = cls(**options)
-        except Exception as exc:
-            self.fail(f"cannot be built with options {options}: {type(exc).__name__}: {exc}", exc)
+        gaps = protocols.lacks(self.obj, protocol) or [f"what isinstance(obj, {protocol.__name__}) requires"]
+        self.fail(f"it has no {gaps[0]}; a {self.kind} has {protocols.describe(protocol)} "
+                  f"(hetprune.plugin_api.{protocol.__name__})")
 
     def fail(self, what: str, cause: BaseException | None = None):
         raise ConformanceError(f"{self.kind} {self.name!r} breaks the plugin contract: {what}") from cause
 
-    def has(self, method: str) -> bool:
-        return callable(getattr(self.obj, method, None))
+    def offers(self, protocol: type) -> bool:
+        """Whether the component has what an optional protocol of its kind names (`protocols.OPTIONAL`)."""
+        return isinstance(self.obj, protocol) and not protocols.lacks(self.obj, protocol)
 
     def call(self, method: str, *args, refusal_ok: bool = False, **kwargs):
         """Call ``method`` through its rule; a HetpruneError passes only when ``refusal_ok``."""
@@ -198,7 +212,7 @@ def check_predictor(cls, **options) -> None:
             value = c.call("predict", a, m)
             if c.call("predict", a, m) != value:
                 c.fail(f"predict({a}, {m}) gave two different values; a fitted predictor is a function")
-    if c.has("fit_report"):
+    if c.offers(protocols.ReportsFit):
         c.call("fit_report")
 
 
@@ -215,15 +229,13 @@ def check_scorer(cls, **options) -> None:
                 surgery.remove_attention(model, 0)
                 surgery.remove_activation(model, 2)
             ctx = scoring_context(model, Path(tmp) / "score")
-            if not c.has("score"):
-                c.fail("it has no score() method; every scorer gives one-shot scores")
             for kind in ("attn", "act"):
                 state = _state(model)
                 c.call("score", model, sites(model, kind), ctx)
                 if not _same_state(state, _state(model)):
                     c.fail(f"score() changed the model's weights ({kind} sites); a scorer must leave the model as "
                            "it was")
-        if c.has("select"):
+        if c.offers(protocols.SelectingScorer):
             model = tiny_model()
             ctx = scoring_context(model, Path(tmp) / "select")
             c.call("select", model, {"attn": 1, "act": 2}, ctx)
@@ -339,7 +351,7 @@ def check_cost_model(cls, **options) -> None:
     if cheaper > 1.5 * dense:
         c.fail(f"cost() of the model without its activations ({cheaper:g}) is far above the dense one "
                f"({dense:g}); removing work must not make a model cost more")
-    if c.has("measure"):
+    if c.offers(protocols.MeasuresCost):
         c.call("measure", {"dense": model, "pruned": pruned}, x)
 
 
