@@ -4,6 +4,10 @@ decides a resume, everyone follows" written once (`hetprune.core.distributed.fol
 
 from __future__ import annotations
 
+import ast
+import sys
+from pathlib import Path
+
 import pytest
 
 from hetprune import HetpruneError
@@ -140,3 +144,52 @@ def test_the_plugin_api_exports_every_name_it_lists():
     assert api.Scorer is __import__("hetprune.pruning.protocols", fromlist=["Scorer"]).Scorer
     assert api.follow_saved is dist.follow_saved and api.distributed is dist
 
+
+# -- the built-in plugins import only the plugin API and the top-level package --------------------------------
+
+PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+PUBLIC = {"hetprune", "hetprune.plugin_api"}
+
+
+def foreign_imports(path: Path) -> list[str]:
+    """``file:line: what`` for each import in ``path`` (anywhere: inside functions and under TYPE_CHECKING too)
+    of hetprune other than ``hetprune.plugin_api`` and names of the top-level ``hetprune`` package."""
+    import hetprune
+
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bad = [a.name for a in node.names if a.name.split(".")[0] == "hetprune" and a.name not in PUBLIC]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "hetprune":
+            if node.module == "hetprune":   # from hetprune import X: X must be a public name of the package
+                bad = [f"hetprune.{a.name}" for a in node.names if a.name not in hetprune.__all__]
+            else:
+                bad = [] if node.module in PUBLIC else [node.module]
+        else:
+            continue
+        found += [f"{path.relative_to(PLUGINS.parent)}:{node.lineno}: {name}" for name in bad]
+    return found
+
+
+def test_builtin_plugins_import_only_the_plugin_api_and_the_top_level_package():
+    files = sorted(PLUGINS.rglob("*.py"))
+    assert len(files) > 20
+    found = [line for path in files for line in foreign_imports(path)]
+    assert not found, ("built-in plugins import only hetprune.plugin_api and hetprune's top-level names; add what "
+                       "they need to hetprune/plugin_api/__init__.py:\n" + "\n".join(found))
+
+
+def test_the_import_rule_sees_every_kind_of_import(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "PLUGINS", tmp_path / "plugins")
+    code = tmp_path / "plugins" / "p" / "m.py"
+    code.parent.mkdir(parents=True)
+    code.write_text("import hetprune\nfrom hetprune import Site, not_public\n"
+                    "from hetprune.plugin_api import PointStore\n"
+                    "def f():\n    from hetprune.core import distributed\n    import hetprune.model.surgery as s\n"
+                    "from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from hetprune.pruning.job import PruneJob\n")
+    assert sorted(foreign_imports(code)) == ["plugins/p/m.py:2: hetprune.not_public",
+                                             "plugins/p/m.py:5: hetprune.core",
+                                             "plugins/p/m.py:6: hetprune.model.surgery",
+                                             "plugins/p/m.py:9: hetprune.pruning.job"]

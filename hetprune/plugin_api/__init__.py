@@ -13,8 +13,10 @@ name some of them), this module only gathers them.
   `Budget`, `Site`, `Task`.
 * **Pipeline steps**: `DepthStrategy`, `select_sites`, `remove_sites`, `finetune`, `finetune_and_measure`,
   `merge`, `finish`, `PruneResult`; budget arithmetic (`kind_savings`, `pair_cost`, ...).
-* **Fine-tune and evaluate**: `train`, `evaluate`, `TrainConfig` and the pieces of a training loop a learning
-  scorer runs (`make_scheduler`, `optimisation_step`, `share_weighted`, ...).
+* **Fine-tune and evaluate**: `train`, `evaluate`, `TrainConfig`, and the modules `training` (the one training
+  loop and its pieces a learning scorer runs: ``training.make_scheduler``, ``training.optimisation_step``, ...)
+  and `devices` (``devices.resolve``, ``devices.resolve_amp``); read through the module at call time, so what
+  a test patches there reaches the plugin too.
 * **Stores and resume**: `PointStore` and `metric_of` (MAP points, pipeline checks), `fingerprint`,
   `reusable`, `weights_key`, `save_torch_atomic`.
 * **Plan steps** (``--plan``): `PlanStep`, `finetune_step`, `epoch_images`, `val_size`.
@@ -30,9 +32,8 @@ It sits above every layer of the package (a layer of its own, on top) and nothin
 from __future__ import annotations
 
 from .. import bench
-from ..core import distributed
+from ..core import devices, distributed
 from ..core.config import RunSettings, Section, TrainConfig, changed, number, setting, whole
-from ..core.devices import resolve as resolve_device, resolve_amp
 from ..core.distributed import follow_main, follow_saved
 from ..core.errors import BudgetUnreachable, HetpruneError, PluginError
 from ..core.fingerprint import fingerprint
@@ -58,8 +59,8 @@ from ..pruning.protocols import (OPTIONAL, PROTOCOLS, Architecture, CostModel, D
                                 SelectingScorer, Strategy, WidthPruner, lacks)
 from ..training.resume import reusable, weights_key
 from ..training.task import Schedule, Task
-from ..training.train import (NonFiniteLoss, batch_split, evaluate, grad_scaler, make_optimizer, make_scheduler,
-                             optimisation_step, scaled_lr, share_weighted, train, training_modes)
+from ..training import train as training
+from ..training.train import NonFiniteLoss, batch_split, evaluate, train
 
 __all__ = [
     # components: the protocols
@@ -75,9 +76,7 @@ __all__ = [
     "DepthStrategy", "FixedSplit", "PruneResult", "select_sites", "rank_lowest", "remove_sites", "finetune",
     "finetune_and_measure", "merge", "finish", "kind_savings", "max_per_kind", "pair_cost", "site_savings",
     # fine-tune and evaluate
-    "TrainConfig", "train", "evaluate", "scaled_lr", "make_optimizer", "make_scheduler", "grad_scaler",
-    "optimisation_step", "share_weighted", "training_modes", "batch_split", "NonFiniteLoss", "resolve_device",
-    "resolve_amp",
+    "TrainConfig", "train", "evaluate", "batch_split", "NonFiniteLoss", "training", "devices",
     # stores and resume
     "PointStore", "metric_of", "fingerprint", "reusable", "weights_key", "made_when", "now", "note_saved",
     "save_torch_atomic",

@@ -6,9 +6,10 @@ hooks describe (`hetprune.core.hookspecs`) and the rules check at run time (`het
 `hetprune.core.contract` for predictors, cost models and adapters, `hetprune.model.checks` for scorers,
 removers, mergers and width pruners, `hetprune.pruning.result_checks` for strategies). What a kind may have
 but need not is a protocol of its own (`ReportsFit`, `SelectingScorer`, `MeasuresCost`, ...); `PROTOCOLS`
-and `OPTIONAL` map each kind to them. `Job` is the read-only view of a [`PruneJob`][hetprune.pruning.job.PruneJob]
-that strategies and point schemes use (for type checkers). Authors import all of it from ``hetprune.plugin_api``; the conformance
-kit (``hetprune.harness.testing``) checks a component against its kind's protocol first.
+and `OPTIONAL` map each kind to them. `Job` is the read-only view of a
+[`PruneJob`][hetprune.pruning.job.PruneJob] that strategies and point schemes use (for type checkers).
+Authors import all of it from ``hetprune.plugin_api``; the conformance kit (``hetprune.harness.testing``)
+checks a component against its kind's protocol first.
 
 The component protocols are ``runtime_checkable``: ``isinstance(obj, Scorer)`` says whether ``obj`` has every member
 (not the signatures; the kit and the contract's rules check what the methods return). `lacks` names the

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hetprune import BudgetUnreachable, Site, sites
-from hetprune.model import surgery
-from hetprune.core.config import Section, number, setting
-from hetprune.pruning.pipeline import DepthStrategy, PruneJob, scoring_context, select_sites
+from hetprune.plugin_api import (DepthStrategy, PruneJob, Section, number, scoring_context, select_sites, setting,
+                                 surgery)
 
 
 def closest_pair(pairs: list[tuple[int, int]], attn_share: float) -> tuple[int, int]:

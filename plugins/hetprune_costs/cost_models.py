@@ -9,9 +9,7 @@ import torch
 from torch import nn
 
 from hetprune import HetpruneError, bench
-from hetprune.core.config import Section, number, setting, whole
-from hetprune.model.macs import CONVENTION, count_macs
-from hetprune.measure.latency_table import LatencyTable, default_dtype
+from hetprune.plugin_api import CONVENTION, LatencyTable, Section, count_macs, default_dtype, number, setting, whole
 
 
 class MacCost:

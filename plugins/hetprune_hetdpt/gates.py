@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hetprune import Site
-from hetprune.model.adapters import adapter_for
+from hetprune.plugin_api import adapter_for
 
 GATE_ATTR = "hetprune_gates"
 

@@ -37,13 +37,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hetprune import HetpruneError
-from hetprune.core import config
-from hetprune.core import distributed as dist
-from hetprune.pruning.pipeline import PruneJob, remove_sites, scoring_context, select_sites
-from hetprune.pruning.plan import PlanStep, epoch_images
-from hetprune.pruning.point_store import PointStore
-from hetprune.core.fingerprint import fingerprint
+from hetprune import HetpruneError, config
+from hetprune.plugin_api import (PlanStep, PointStore, PruneJob, epoch_images, fingerprint, remove_sites,
+                                 scoring_context, select_sites)
+from hetprune.plugin_api import distributed as dist
 
 from .options import HetDPTOptions
 from .point_schemes import resolve_finetune

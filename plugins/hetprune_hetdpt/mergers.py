@@ -1,6 +1,6 @@
 """Mergers: fold linear MLPs into one layer, optionally with norm2's affine."""
 
-from hetprune.model import surgery
+from hetprune.plugin_api import surgery
 
 
 class LinearMerge:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from hetprune import HetpruneError
-from hetprune.core.config import Section, number, setting, whole
+from hetprune.plugin_api import Section, number, setting, whole
 
 FINETUNES = ("auto", "finetune", "short_finetune")
 ORDERS = ("act", "attn")

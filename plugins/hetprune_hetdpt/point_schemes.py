@@ -27,13 +27,9 @@ import copy
 import time
 
 from hetprune import HetpruneError, Site, sites
-from hetprune.core import distributed as dist
-from hetprune.core.fingerprint import fingerprint
-from hetprune.pruning.pipeline import PruneJob, rank_lowest, remove_sites, scoring_context, select_sites
-from hetprune.training.train import batch_split
-from hetprune.core.config import RunSettings
-from hetprune.pruning.plan import finetune_step
-from hetprune.pruning.point_store import PointStore
+from hetprune.plugin_api import (PointStore, PruneJob, RunSettings, batch_split, fingerprint, finetune_step,
+                                 rank_lowest, remove_sites, scoring_context, select_sites)
+from hetprune.plugin_api import distributed as dist
 
 from .options import FINETUNES, HetDPTOptions  # noqa: F401 - FINETUNES: its old home
 
@@ -323,7 +319,7 @@ class GradualPoints(PointScheme):
 
     def plan_steps(self, plan, pairs):
         """Each point is the selector's own phase for its split, then an evaluation (``--plan``)."""
-        from hetprune.pruning.plan import PlanStep, val_size
+        from hetprune.plugin_api import PlanStep, val_size
 
         selector = self.job.registry.build("scorer", self.selector, **self.selector_options)
         images = sum(selector.plan(self.job, {"attn": a, "act": m}).train_images if hasattr(selector, "plan") else 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hetprune import HetpruneError
-from hetprune.pruning.pipeline import PruneJob
+from hetprune.plugin_api import PruneJob
 
 from .options import HetDPTOptions
 from .point_schemes import GradualPoints, OneShotPoints, PointScheme

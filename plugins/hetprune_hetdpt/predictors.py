@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 
 from hetprune import HetpruneError
-from hetprune.core.config import Section, number, setting, whole
+from hetprune.plugin_api import Section, number, setting, whole
 
 
 def as_points(points) -> tuple[np.ndarray, int]:

@@ -9,13 +9,10 @@ import copy
 import functools
 import time
 
-from hetprune.core.io import save_torch_atomic
 from hetprune import HetpruneError, Site, sites
-from hetprune.core import distributed as dist
-from hetprune.core.fingerprint import fingerprint
-from hetprune.pruning.pipeline import PruneJob, rank_lowest, remove_sites
-from hetprune.pruning.plan import finetune_step
-from hetprune.pruning.point_store import PointStore
+from hetprune.plugin_api import (PointStore, PruneJob, fingerprint, finetune_step, rank_lowest, remove_sites,
+                                 save_torch_atomic)
+from hetprune.plugin_api import distributed as dist
 
 from .paths import OTHER, Path as PointPath, paths_for
 from .point_schemes import PointScheme, images_of, resolve_finetune

@@ -1,6 +1,6 @@
 """Removers: thin wrappers over ``hetprune.model.surgery``."""
 
-from hetprune.model import surgery
+from hetprune.plugin_api import surgery
 
 
 class AttnIdentity:

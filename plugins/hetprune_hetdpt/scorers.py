@@ -12,15 +12,10 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from hetprune.core.io import save_torch_atomic
 from hetprune import HetpruneError
-from hetprune.core import devices
-from hetprune.core import distributed as dist
-from hetprune.training import train as training
-from hetprune.model.adapters import adapter_for
-from hetprune.core.config import Section, number, setting, whole
-from hetprune.core.fingerprint import fingerprint
-from hetprune.training.resume import made_when, note_saved, now, reusable, weights_key
+from hetprune.plugin_api import (Section, adapter_for, devices, fingerprint, made_when, note_saved, now, number,
+                                 reusable, save_torch_atomic, setting, training, weights_key, whole)
+from hetprune.plugin_api import distributed as dist
 
 from . import gates
 
@@ -243,7 +238,7 @@ class GateTaylorScorer:
         """The gate phase counted (``--plan``): warm-up plus ``epochs_per_removal`` per removal, each epoch over
         the scoring subset, with short_finetune's batch and optimiser (at most ``counts`` removals). ``shared``:
         its first removals continue from another selection's kept state (`shared_removals`), not trained."""
-        from hetprune.pruning.plan import PlanStep, epoch_images
+        from hetprune.plugin_api import PlanStep, epoch_images
 
         removals = len(self.schedule(counts)) - shared
         epochs = (self.warmup_epochs if not shared else 0) + self.epochs_per_removal * removals

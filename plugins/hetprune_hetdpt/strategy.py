@@ -6,9 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from hetprune import HetpruneError, Site
-from hetprune.pruning.pipeline import DepthStrategy, PruneJob
-from hetprune.pruning.point_store import metric_of
-from hetprune.core import distributed as dist
+from hetprune.plugin_api import DepthStrategy, PruneJob, metric_of
+from hetprune.plugin_api import distributed as dist
 
 from .halving import PipelineChecks
 from .options import HetDPTOptions

@@ -20,8 +20,7 @@ import torch
 from torch import nn
 
 from hetprune import HetpruneError, ModelSpec
-from hetprune.model.adapters import PreNormAdapter
-from hetprune.model.block_modules import BlockLayout
+from hetprune.plugin_api import BlockLayout, PreNormAdapter
 
 LIBRARY = "hf-vit"
 INSTALL = "Hugging Face models need transformers >= 5: pip install 'hetprune[hf]'"

@@ -53,7 +53,7 @@ class TrainingLog:
         self.folder, self.run, self.steps = folder, run, steps
 
     def row(self, stage: str, epoch: int, metrics: dict) -> None:
-        from hetprune.core import distributed
+        from hetprune.plugin_api import distributed
 
         if self.folder is None or not distributed.is_main():
             return
@@ -104,7 +104,7 @@ def last_steps(path: Path) -> dict[str, int]:
 def start_afresh(folder: Path) -> None:
     """Remove an earlier run's training log and TensorBoard event files from ``folder`` (rank 0), and nothing
     else."""
-    from hetprune.core import distributed
+    from hetprune.plugin_api import distributed
 
     if not distributed.is_main():
         return

@@ -6,8 +6,7 @@ from __future__ import annotations
 from timm.models.beit import Attention, Beit, Block
 
 from hetprune import ModelSpec
-from hetprune.model.adapters import PreNormAdapter
-from hetprune.model.block_modules import BlockLayout
+from hetprune.plugin_api import BlockLayout, PreNormAdapter
 
 from .attention import functional_qkv_macs
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 from timm.models.cait import Cait, ClassAttn, LayerScaleBlock, TalkingHeadAttn
 
 from hetprune import ModelSpec
-from hetprune.model.adapters import PreNormAdapter, attention_matmul_macs
-from hetprune.model.block_modules import BlockLayout
+from hetprune.plugin_api import BlockLayout, PreNormAdapter, attention_matmul_macs
 
 
 class TimmCaiT(PreNormAdapter):

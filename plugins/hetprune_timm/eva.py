@@ -8,8 +8,7 @@ from __future__ import annotations
 from timm.models.eva import Eva, EvaAttention, EvaBlock, EvaBlockPostNorm
 
 from hetprune import ModelSpec
-from hetprune.model.adapters import PreNormAdapter
-from hetprune.model.block_modules import BlockLayout
+from hetprune.plugin_api import BlockLayout, PreNormAdapter
 
 from . import mlp as gated
 from .attention import functional_qkv_macs

@@ -15,7 +15,7 @@ from timm.layers import GluMlp, SwiGLU
 from torch import nn
 
 from hetprune import HetpruneError
-from hetprune.model.block_modules import LinearMlp
+from hetprune.plugin_api import LinearMlp
 
 GATED = (GluMlp, SwiGLU)
 

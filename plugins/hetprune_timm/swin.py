@@ -14,8 +14,7 @@ from __future__ import annotations
 from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock, WindowAttention
 
 from hetprune import ModelSpec
-from hetprune.model.adapters import PreNormAdapter
-from hetprune.model.block_modules import BlockLayout
+from hetprune.plugin_api import BlockLayout, PreNormAdapter
 
 
 class TimmSwin(PreNormAdapter):

@@ -15,7 +15,7 @@ from timm.models.vision_transformer_relpos import (RelPosAttention, RelPosBlock,
                                                    VisionTransformerRelPos)
 
 from hetprune import ModelSpec
-from hetprune.model.adapters import PreNormAdapter
+from hetprune.plugin_api import PreNormAdapter
 
 from . import mlp as gated
 from . import vit_widths

@@ -46,8 +46,7 @@ from timm.layers import GluMlp, SwiGLU
 from torch import nn
 
 from hetprune import HetpruneError
-from hetprune.model.adapters import WidthInfo
-from hetprune.model.block_modules import DroppedBlock, HetBlock, MergedMlp
+from hetprune.plugin_api import DroppedBlock, HetBlock, MergedMlp, WidthInfo
 
 WIDTHS_KEYS = ("embed_dim", "blocks")
 KEPT_KEY = "kept"   # optional: which channels of the base model each layer kept

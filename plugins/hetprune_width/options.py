@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hetprune import HetpruneError
-from hetprune.core.config import Section, number, setting, whole
+from hetprune.plugin_api import Section, number, setting, whole
 
 ORDERS = ("auto", "depth-width", "width-depth", "interleaved")
 INTERMEDIATE = ("short_finetune", "finetune", "none")

@@ -50,9 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetprune import HetpruneError
-from hetprune.core.config import Section, number, setting, whole
-from hetprune.model.macs import count_macs, human
-from hetprune.model.widths import width_info
+from hetprune.plugin_api import Section, count_macs, human, number, setting, whole, width_info
 
 IMPORTANCES = ("magnitude", "taylor", "random")
 

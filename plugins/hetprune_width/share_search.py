@@ -20,14 +20,11 @@ import functools
 import time
 
 from hetprune import HetpruneError
-from hetprune.core import distributed as dist
-from hetprune.pruning.budget import kind_savings, max_per_kind, pair_cost
-from hetprune.core.fingerprint import fingerprint
-from hetprune.pruning.pipeline import PruneJob, remove_sites
-from hetprune.pruning.point_store import PointStore, metric_of
+from hetprune.plugin_api import (PointStore, PruneJob, depth, fingerprint, kind_savings, max_per_kind, metric_of,
+                                 pair_cost, remove_sites)
+from hetprune.plugin_api import distributed as dist
 
 from .options import HetDPTPlusOptions, WidthOptions
-from hetprune.model.sites import depth
 
 
 def depth_macs(job: PruneJob):

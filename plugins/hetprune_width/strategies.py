@@ -18,16 +18,11 @@ import torch
 from torch import nn
 
 import hetprune
-from hetprune import HetpruneError, get_registry
-from hetprune.core import config
-from hetprune.model import surgery
-from hetprune.pruning.budget import Budget, site_savings
-from hetprune.model.macs import count_macs, human
-from hetprune.model.spec import model_hash
-from hetprune.model.sites import depth as depth_of
-from hetprune.pruning.pipeline import (PruneJob, PruneResult, finetune, finetune_and_measure, finish, merge,
-                                       scoring_context)
-from hetprune.model.widths import read_widths, track_kept
+from hetprune import HetpruneError, config, get_registry
+from hetprune.plugin_api import (Budget, PruneJob, PruneResult, count_macs, finetune, finetune_and_measure, finish,
+                                 human, merge, model_hash, read_widths, scoring_context, site_savings, surgery,
+                                 track_kept)
+from hetprune.plugin_api import depth as depth_of
 
 from . import share_search
 from .options import HetDPTPlusOptions, WidthOptions
