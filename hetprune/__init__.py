@@ -9,8 +9,9 @@ primitives), ``hetprune.pruning.pipeline`` (the shared strategy steps), ``hetpru
 ``hetprune.model.recipe``, ``hetprune.model.macs`` (MAC counting), ``hetprune.measure.bench``,
 ``hetprune.model.adapters`` (architecture adapters), ``hetprune.measure.latency_table`` (per-device latency
 tables) and ``hetprune.pruning.point_store`` (stored accuracy points), and for plugin authors
-``hetprune.harness.testing`` (the conformance kit) and ``hetprune.core.contract`` (the rules every call into a
-component is checked against).
+``hetprune.plugin_api`` (everything a plugin may use, the component protocols among it; the built-in plugins
+import nothing else), ``hetprune.harness.testing`` (the conformance kit) and ``hetprune.core.contract`` (the
+rules every call into a component is checked against).
 
 The code is one subpackage per layer, bottom to top: ``core``, ``model``, ``training``, ``pruning``,
 ``measure``, ``harness``, ``cli``; a module imports only from its layer and those below. The paths from

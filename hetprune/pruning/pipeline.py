@@ -9,8 +9,8 @@ strategies, which is what makes ``hetprune compare`` fair.
 
 This module gathers the public names of the four modules that hold them, one concern each: the job
 (`hetprune.pruning.job`), the steps (`hetprune.pruning.steps`), the depth strategy (`hetprune.pruning.depth`), the report
-(`hetprune.pruning.report`) and what a run refuses before it trains (`hetprune.pruning.preflight`). Plugins import from
-here.
+(`hetprune.pruning.report`) and what a run refuses before it trains (`hetprune.pruning.preflight`). Plugins import them
+from ``hetprune.plugin_api``.
 """
 
 from __future__ import annotations
