@@ -55,6 +55,14 @@ SCHEMES = [
                                                           "verify_by": "pipeline"}}),
     ("the same, verify_selection 0.33", {"hetdpt": {"point_selection": "progressive", "verify": 3,
                                                     "verify_by": "pipeline", "verify_selection": 0.33}}),
+    # issue 58, item 2: checks sized in images (each at most one point's fine-tune), the candidates selected on
+    # 15 % of the scoring subset; verify_images is the case's (IMAGE_BUDGETS): a budget is a number of images
+    ("one-shot points, 3 pipeline checks sized in images, verify_selection 0.15",
+     {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
+                 "verify_images": "the case's"}}),
+    ("the same only on a near-tie (verify_when unsure: counted as if they run)",
+     {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
+                 "verify_images": "the case's", "verify_when": "unsure"}}),
 ]
 
 
@@ -116,6 +124,17 @@ def digit_pairs(settings: dict) -> dict[str, int]:
 CASES = {"digit pairs, budget 8, scoring.subset 1000 (the MAP study's replicate)":
          (digit_pairs, {"scoring": {"subset": 1000}}),
          "DeiT-B, deit-b-paper, budget 10, ImageNet-1k's sizes": (deit_b, {})}
+# hetdpt.verify_images of the checks sized in images, per case: the MAP study's 5,000 at toy scale; at DeiT-B
+# more than 3 candidates' selections and one point's fine-tune each can spend, so the plan counts that most
+IMAGE_BUDGETS = dict(zip(CASES, (5_000, 60_000_000)))
+
+
+def for_case(settings: dict, case: str) -> dict:
+    """``settings`` with the case's image budget where a scheme asks for it."""
+    hetdpt = settings.get("hetdpt", {})
+    if hetdpt.get("verify_images") != "the case's":
+        return settings
+    return {**settings, "hetdpt": {**hetdpt, "verify_images": IMAGE_BUDGETS[case]}}
 
 
 def row(label: str, counted: dict[str, int], oneshot: dict[str, int]) -> dict:
@@ -139,7 +158,7 @@ def main() -> None:
     started, load_start = time.time(), load()
     cases = {}
     for case, (count, base) in CASES.items():
-        counted = [(label, count(merged(base, s))) for label, s in SCHEMES]
+        counted = [(label, count(merged(base, for_case(s, case)))) for label, s in SCHEMES]
         oneshot = counted[0][1]
         cases[case] = [row(label, c, oneshot) for label, c in counted]
         print(f"{case}: counted", flush=True)
@@ -158,7 +177,10 @@ def markdown(res: dict) -> str:
              "study reports what a run spent) plus the final fine-tunes successive halving spends "
              "(`verify_budget`'s default: the selections + 2), less the winner's selection where the final select "
              "stage continues from it (`verify_selection` 1: it is the gate phase's column; the MAP study counts "
-             "it with the checks). The last three columns: the scheme's points and "
+             "it with the checks). Checks sized in images (`verify_images`: "
+             + ", ".join(f"{n:,} for {c.split(',')[0]}" for c, n in IMAGE_BUDGETS.items())
+             + "): each check is at most one point's fine-tune, so the plan counts at most the selections and 3 "
+             "of them. The last three columns: the scheme's points and "
              "checks against the one-shot points' images (the MAP study's cost line: at most 2x), and its "
              "checks against one final fine-tune; the whole run against the same run with one-shot points and no "
              "checks. **Share of the run**: the points' and checks' images over the whole run's, as `--plan` prints "
