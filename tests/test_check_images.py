@@ -90,7 +90,7 @@ def test_checks_sized_in_images_are_stored_apart_from_checks_of_the_final_schedu
 
 def test_bad_image_budgets_are_refused_before_anything_trains(tmp_path, monkeypatch):
     for changes, words in (
-            ({"verify_images": 0}, "verify_images must be a whole number of training images >= 1, or null"),
+            ({"verify_images": 0}, "verify_images must be a whole number of training images >= 1, auto .*, or null"),
             ({"verify_images": 100, "verify_budget": 2.0}, "verify_budget .* and hetdpt.verify_images .* both size"),
             ({"verify_selection": 2.5}, r"verify_selection must be a share of scoring.subset within \(0, 1\] .*, or "
                                         "a whole number of images per gate epoch above 1")):
@@ -135,3 +135,28 @@ def test_plan_of_a_generous_image_budget_counts_the_most_the_checks_can_spend(tm
     job = sized(tmp_path, 10_000)   # 4 checks, taylor (no selection phase): 4 + 2 whole points' fine-tunes
     [step] = [s for s in HetDPT().plan_allocation(job) if "pipeline checks" in s.stage]
     assert step.train_images == 6 * 32 and "192 images at most" in step.what
+
+
+def test_auto_gives_every_check_one_whole_points_fine_tune_at_any_scale(tmp_path, monkeypatch):
+    job = sized(tmp_path, "auto", scorer="gate-taylor", verify_selection=8)
+    seen = []
+    monkeypatch.setattr(job.task, "fit", lambda model, teacher, cfg, *a, **k: seen.append(cfg))
+    checks = PipelineChecks(job)
+    candidates = [(0, 4), (1, 3), (2, 2), (3, 1)]
+    out = checks.run(candidates).to_dict()
+    # 4 checks, then 2, each on all of the points' 32 images (the survivors' whole checks measured once)
+    assert [(c.epochs, c.subset) for c in seen] == [(1, 32)] * 4
+    assert [r["fraction"] for r in out["rounds"]] == [1.0, 1.0]
+    selections = checks.selections_cost(candidates) * 32
+    assert out["spent_images"] == round(selections + 6 * 32)
+    # --plan counts the same structure: k selections of the planned split and 4 + 2 whole fine-tunes
+    [step] = [s for s in HetDPT().plan_allocation(job) if "pipeline checks" in s.stage]
+    sites = HetDPT().plan_sites(job)
+    one = checks.selection_cost((sites - sites // 2, sites // 2)) * 32
+    assert step.train_images == round(4 * one + 6 * 32)
+    HetDPT().check_settings(job)   # auto pays for the selections by design: nothing to refuse
+
+
+def test_auto_is_the_only_word_verify_images_takes(tmp_path):
+    with pytest.raises(HetpruneError, match="verify_images must be a whole number of training images >= 1, auto"):
+        sized(tmp_path, "lots").options(HetDPTOptions)

@@ -228,9 +228,13 @@ class PipelineChecks:
         """The images of one unit of the budget (kept under its first name: a final fine-tune's)."""
         return self.unit.images
 
-    def configured_budget(self) -> float | None:
-        """The budget the settings give, in units: ``verify_images`` over a unit's images, or
-        ``verify_budget`` (None: the default, the selections plus `FINETUNES_BEYOND_SELECTION`)."""
+    def configured_budget(self, k: int = 0, selection_cost: float = 0.0) -> float | None:
+        """The budget the settings give, in units: ``verify_images`` over a unit's images (``auto``: the ``k``
+        candidates' selections, ``selection_cost`` units, and one whole point's fine-tune for every check
+        the rounds make: what the checks cost at most, at any scale), or ``verify_budget`` (None: the
+        default, the selections plus `FINETUNES_BEYOND_SELECTION`)."""
+        if self.images_budget == "auto":   # every round's equal share pays each of its checks a whole one
+            return selection_cost + len(round_sizes(k)) * k
         if self.unit.in_images:
             return self.images_budget / self.unit.images
         return self.job.options(HetDPTOptions).verify_budget
@@ -271,6 +275,8 @@ class PipelineChecks:
     def check_budget(self, budget: float | None, pairs: list[Split], k: int) -> None:
         """Refuse, before stage 1, a budget (in units; None: the settings') that cannot pay for the
         selections of any ``k`` of the feasible splits ``pairs``."""
+        if budget is None and self.images_budget == "auto":   # it pays for the selections by design
+            return
         budget = self.configured_budget() if budget is None else budget
         if budget is not None:
             check_pays(budget, k, self.least_selections_cost(pairs, k), at_least=True, unit=self.unit)
@@ -305,7 +311,7 @@ class PipelineChecks:
         sign = 1 if job.task.higher_is_better else -1
         self.candidates = list(candidates)
         cost = self.selections_cost(self.candidates)
-        budget = self.configured_budget() if budget is None else budget
+        budget = self.configured_budget(len(self.candidates), cost) if budget is None else budget
         budget = cost + FINETUNES_BEYOND_SELECTION if budget is None else budget
         # said before hours of gate phases and fine-tunes begin: what they may cost, in the budget's unit
         job.log(f"[hetdpt] pipeline checks of {', '.join(f'{a}+{m}' for a, m in self.candidates)}: selections "
@@ -361,7 +367,7 @@ class PipelineChecks:
         run's own selection), that selection is the gate phase the plan counts for the select stage, so it is
         not counted twice."""
         one = self.selection_cost((sites - sites // 2, sites // 2))
-        budget = self.configured_budget() if budget is None else budget
+        budget = self.configured_budget(k, k * one) if budget is None else budget
         if budget is None:
             budget = k * one + FINETUNES_BEYOND_SELECTION
         shares = bool(getattr(self.scorer(), "shared_removals", None))

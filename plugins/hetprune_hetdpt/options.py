@@ -58,11 +58,13 @@ class HetDPTOptions(Section):
     verify_budget: float | None = setting(None, "verify_by pipeline: what the checks may cost in all, in final "
                                                "fine-tunes' training images, the K selections counted (null: "
                                                "the K selections plus 2 final fine-tunes, or verify_images)")
-    verify_images: int | None = setting(None, "verify_by pipeline: the checks sized in training images instead "
-                                              "(what they may see in all, the K selections counted): each check "
-                                              "fine-tunes on the points' schedule (point_finetune) cut to its "
-                                              "share, so their cost does not grow with the final schedule; "
-                                              "null: sized by verify_budget")
+    verify_images: int | str | None = setting(None, "verify_by pipeline: the checks sized in training images "
+                                                    "instead (what they may see in all, the K selections "
+                                                    "counted): each check fine-tunes on the points' schedule "
+                                                    "(point_finetune) cut to its share, so their cost does not "
+                                                    "grow with the final schedule; auto: the selections and one "
+                                                    "whole point's fine-tune per check, at any scale; null: sized "
+                                                    "by verify_budget")
     verify_selection: float = setting(1.0, "verify_by pipeline: what the candidates' selections train on: a share "
                                            "of scoring.subset within (0, 1] (1: the final run's own selection, "
                                            "the winner's reused; less: cheaper checks whose sites may differ, "
@@ -91,8 +93,9 @@ class HetDPTOptions(Section):
         self.need("verify_when", self.verify_when in VERIFY_WHEN, f"one of {', '.join(VERIFY_WHEN)}")
         self.need("verify_budget", self.verify_budget is None or (number(self.verify_budget) and self.verify_budget > 0),
                   "a number of final fine-tunes > 0, or null")
-        self.need("verify_images", self.verify_images is None or whole(self.verify_images, 1),
-                  "a whole number of training images >= 1, or null")
+        self.need("verify_images", self.verify_images in (None, "auto") or whole(self.verify_images, 1),
+                  "a whole number of training images >= 1, auto (the selections and one point's fine-tune per "
+                  "check), or null")
         self.need("verify_selection", (number(self.verify_selection, 0, 1) and self.verify_selection > 0)
                   or (number(self.verify_selection) and self.verify_selection > 1
                       and float(self.verify_selection).is_integer()),
@@ -100,7 +103,7 @@ class HetDPTOptions(Section):
                   "of images per gate epoch above 1")
         if self.verify_budget is not None and self.verify_images is not None:
             raise HetpruneError(f"hetdpt.verify_budget ({self.verify_budget:g} final fine-tunes) and "
-                                f"hetdpt.verify_images ({self.verify_images:,} images) both size the pipeline "
+                                f"hetdpt.verify_images ({self.verify_images}) both size the pipeline "
                                 "checks: set one of them")
         self._refuse_inert_checks()
 
