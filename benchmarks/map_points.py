@@ -377,9 +377,9 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extr
 def pipeline_checks(job, fits: dict, pairs, k: int, budget, unsure: bool = False) -> None:
     """``hetdpt.verify_by pipeline`` for each predictor's ``k`` best predicted splits, as allocate runs it (with
     ``unsure``, hetdpt.verify_when unsure: only those within the predictor's leave-one-out error of the best,
-    none where the best stands out; the fit says which in ``unsure``): the
-    winner, the halving's rounds and its cost (images: the units spent x one final fine-tune's images; seconds:
-    each candidate's selection, timed once and counted for every predictor that checks it, plus the stored
+    none where the best stands out; the fit says which in ``unsure``): the winner, the halving's rounds and its
+    cost (images: the units spent x one unit's images, a final fine-tune's or with verify_images a point's;
+    seconds: each candidate's selection, timed once and counted for every predictor that checks it, plus the stored
     check fine-tunes)."""
     from hetprune.core.fingerprint import fingerprint
     from hetprune.pruning.point_store import PointStore
@@ -422,10 +422,10 @@ def pipeline_checks(job, fits: dict, pairs, k: int, budget, unsure: bool = False
             seconds += sum(have[(m["n_attn"], m["n_act"])].get("seconds") or 0 for m in r["measured"])
         fit["pipeline"] = halved.to_dict()
         fit["pipeline_pick"] = f"{halved.winner[0]}+{halved.winner[1]}"
-        fit["verify_images"] = round(halved.spent * checks.final_images)
+        fit["verify_images"] = round(halved.spent * checks.unit.images)
         # what the same checks would have cost with every selection from scratch (no first removals shared)
         fit["verify_images_unshared"] = round((halved.spent - checks.selections_cost(best)
-                                               + sum(checks.selection_cost(s) for s in best)) * checks.final_images)
+                                               + sum(checks.selection_cost(s) for s in best)) * checks.unit.images)
         fit["verify_seconds"] = round(seconds, 1)
         fit["verify_count"] = len(best)
 

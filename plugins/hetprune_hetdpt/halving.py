@@ -196,8 +196,7 @@ class PipelineChecks:
     def __init__(self, job: PruneJob):
         self.job = job
         opts = job.options(HetDPTOptions)
-        self.share = opts.verify_selection
-        self.select_job = selection_job(job, self.share)
+        self.select_job = selection_job(job, opts.verify_selection)
         self.own_selection = self.select_job is job   # the final run's own selection: the winner's reused
         self.images_budget = opts.verify_images
         run = job.config
@@ -205,8 +204,7 @@ class PipelineChecks:
                    if self.images_budget is not None else "finetune")
         self.cfg = job.train_config(section)
         images = (epoch_images(self.cfg, job.task.train_size) or 0) * self.cfg.epochs
-        self.unit = Unit("verify_images", section, images) if self.images_budget is not None else \
-            Unit(section=section, images=images)
+        self.unit = Unit("verify_images" if self.images_budget is not None else "verify_budget", section, images)
         if self.unit.in_images and not images:
             raise HetpruneError(f"hetdpt.verify_images sizes each check as a share of the points' schedule "
                                 f"({section}), whose images are unknown here (no {section}.subset, and a "
@@ -222,11 +220,6 @@ class PipelineChecks:
         self.sites: dict[Split, list] = {}
         self.models: dict[Split, object] = {}
         self.candidates: list[Split] = []   # the splits being checked: which removals their selections share
-
-    @property
-    def final_images(self) -> int:
-        """The images of one unit of the budget (kept under its first name: a final fine-tune's)."""
-        return self.unit.images
 
     def configured_budget(self, k: int = 0, selection_cost: float = 0.0) -> float | None:
         """The budget the settings give, in units: ``verify_images`` over a unit's images (``auto``: the ``k``
