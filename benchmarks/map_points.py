@@ -381,7 +381,7 @@ def pipeline_checks(job, fits: dict, pairs, k: int, budget, unsure: bool = False
     cost (images: the units spent x one unit's images, a final fine-tune's or with verify_images a point's;
     seconds: each candidate's selection, timed once and counted for every predictor that checks it, plus the stored
     check fine-tunes)."""
-    from hetprune.core.fingerprint import fingerprint
+    from hetprune.core.keys import fingerprint
     from hetprune.pruning.point_store import PointStore
     from hetprune_hetdpt.halving import PipelineChecks
 

@@ -1,6 +1,6 @@
 """hetprune/training/data.py split by concern (issue 59, item 5): the bundle, the embedded data sets, the
 ImageFolder data sets, the samplers and the loaders with their cache are modules of their own, and no key moved
-with them: keys name their classes and functions as before, ``hetprune.data.<name>`` (`aliases.SPLIT_FROM`)."""
+with them: keys name their classes and functions as before, ``hetprune.data.<name>`` (`keys.SPLIT_FROM`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from hetprune.core import aliases
+from hetprune.core import keys
 from hetprune.training import bundle as bundles, data, embedded_data, image_folders, loaders, samplers
 from hetprune.training.task import Task
 
@@ -58,14 +58,14 @@ def test_keys_name_what_the_split_moved_as_it_was_named_before(module):
     named = defined_in(module)
     assert named
     for obj in named:
-        assert aliases.qualified_name(obj) == f"hetprune.data.{obj.__qualname__}"
+        assert keys.qualified_name(obj) == f"hetprune.data.{obj.__qualname__}"
 
 
 def test_every_module_split_out_of_data_is_in_the_table():
     """A module added to the split without its entry would key its classes by its own new name."""
-    assert sorted(aliases.SPLIT_FROM) == sorted(m.__name__ for m in SPLIT if m is not data)
-    for module in aliases.SPLIT_FROM:
-        assert aliases.stable_name(module) == "hetprune.data"
+    assert sorted(keys.SPLIT_FROM) == sorted(m.__name__ for m in SPLIT if m is not data)
+    for module in keys.SPLIT_FROM:
+        assert keys.stable_name(module) == "hetprune.data"
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

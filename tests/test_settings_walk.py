@@ -1,7 +1,8 @@
 """Issue 56: a walk over every leaf setting. Each one, changed to another allowed value, is either refused with
 one error naming it (the run would ignore it), or keyed (a compare row made with it is not taken for one made
-without it), or declared unkeyed with its reason (`hetprune.core.config.UNKEYED`). A setting added without a
-place here fails the walk: say what it changes to below."""
+without it), or declared unkeyed with its reason (``keyed=False, why=...`` in its field:
+`hetprune.core.config.unkeyed_settings`). A setting added without a place here fails the walk: say what it
+changes to below."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def leaves(tree: dict, prefix: str = ""):
 def schema() -> dict:
     """Every setting a run of any installed strategy may name, at its default."""
     defaults, _ = config.sections_of(strategies())
-    return config.with_recipe_options(config.defaults_for(defaults))
+    return config.with_later_settings(config.defaults_for(defaults))
 
 
 def other_value(key: str, value):
@@ -106,7 +107,9 @@ WALK = list(leaves(schema()))
 def test_the_walk_covers_every_section_and_declares_each_unkeyed_setting_with_its_reason():
     names = {key.split(".")[0] for key, _ in WALK}
     assert {"finetune", "short_finetune", "scoring", "hetdpt", "hetdpt_plus", "width", "scorer_options"} <= names
-    assert all(key in names and isinstance(why, str) and len(why) > 20 for key, why in config.UNKEYED.items())
+    walked = {key for key, _ in WALK}
+    assert config.unkeyed_settings() and all(key in walked and len(why) > 20
+                                              for key, why in config.unkeyed_settings().items())
 
 
 @pytest.mark.parametrize("key, default", WALK, ids=[key for key, _ in WALK])
@@ -119,10 +122,10 @@ def test_every_setting_is_keyed_refused_or_declared_unkeyed(key, default):
             config.resolve(run, overrides=change)
     reference = config.resolve(run, overrides=needs)
     changed = config.resolve(run, overrides=merged(needs, change))   # used: accepted ...
-    if key in config.UNKEYED:   # ... and keyed, or declared unkeyed with its reason
+    if key in config.unkeyed_settings():   # ... and keyed, or declared unkeyed with its reason
         assert compare_key(changed) == compare_key(reference), f"{key} is declared unkeyed, but moves a row's key"
     else:
         assert compare_key(changed) != compare_key(reference), (
             f"{key} changed to {other_value(key, default)!r} leaves a compare row's key as it was: a row made "
-            "without it would be reused; key it, refuse it where it is ignored, or declare it in config.UNKEYED "
+            "without it would be reused; key it, refuse it where it is ignored, or declare it keyed=False in its field "
             "with its reason")

@@ -3,8 +3,8 @@
 The page docs/reference/settings.md holds a marker; at build time it is replaced by one table per section:
 the core's (``RunSettings``, each fine-tune schedule's ``TrainConfig``, ``ScoringConfig``), every registered
 strategy's own sections, and the options of every registered component that declares them (``Options``).
-Each row is a field: its key, type, default and help, read from the dataclass, so the reference cannot drift
-from the code.
+Each row is a field: its key, type, default and help, and how it enters the keys of stored results (``keyed``,
+``since``), read from the dataclass, so the reference cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -39,6 +39,17 @@ def _default(f) -> str:
     return f"`{'null' if value is None else value}`"
 
 
+def what_it_does(f) -> str:
+    """A field's help, and how it enters the keys of stored results where that is not plainly (its metadata,
+    `hetprune.core.keys`)."""
+    text = f.metadata.get("help", "")
+    if f.metadata.get("keyed") is False:
+        text += f" *Not in any result's key:* {f.metadata['why']}."
+    if f.metadata.get("since"):
+        text += f" *Since {f.metadata['since']}:* absent at its default, so older keys hold."
+    return _cell(text)
+
+
 def table(cls, prefix: str, skip=()) -> list[str]:
     hints = typing.get_type_hints(cls)
     lines = ["| setting | type | default | what it does |", "|---|---|---|---|"]
@@ -46,8 +57,7 @@ def table(cls, prefix: str, skip=()) -> list[str]:
         if f.name in skip:
             continue
         key = f"{prefix}.{f.name}" if prefix else f.name
-        lines.append(f"| `{key}` | {_cell(_type(hints.get(f.name)))} | {_cell(_default(f))} | "
-                     f"{_cell(f.metadata.get('help', ''))} |")
+        lines.append(f"| `{key}` | {_cell(_type(hints.get(f.name)))} | {_cell(_default(f))} | {what_it_does(f)} |")
     return lines
 
 
@@ -63,7 +73,7 @@ def schedules_table(config) -> list[str]:
         shown = [run.finetune.get(f.name, bare), run.short_finetune.get(f.name, bare)]
         lines.append(f"| `{f.name}` | {_cell(_type(hints.get(f.name)))} | "
                      + " | ".join(f"`{'null' if v is None else v}`" for v in shown)
-                     + f" | {_cell(f.metadata.get('help', ''))} |")
+                     + f" | {what_it_does(f)} |")
     return lines
 
 

@@ -28,18 +28,23 @@ from typing import ClassVar
 import yaml
 
 from .errors import HetpruneError, on_command_line
+from .keys import drop_later_defaults, key_metadata, keyed_settings, later_defaults, unkeyed
 
 KD_MODES = ("soft", "hard", "none")
 ATTN_MODES = ("identity", "ln-residual")   # how an attention sub-block is removed (hetprune.model.block_modules.HetBlock)
 RUN_KEYS = ("seed", "device", "amp")   # a fine-tune takes these from the run, never from its own section
 
 
-def setting(default=MISSING, help: str = "", factory=None):
-    """A settings field: its default (``factory`` for a mutable one) and one line of help for the settings
-    reference (docs/reference/settings.md is generated from these)."""
+def setting(default=MISSING, help: str = "", factory=None, keyed: bool = True, why: str = "",
+            since: str | None = None):
+    """A settings field: its default (``factory`` for a mutable one), one line of help for the settings
+    reference (docs/reference/settings.md is generated from these), and how it enters the keys of stored
+    results (`hetprune.core.keys`): ``keyed=False`` with ``why`` for a setting that shapes no result,
+    ``since`` for one added after keys were first made from its section (left out while at its default)."""
+    metadata = key_metadata(help, keyed=keyed, why=why, since=since)
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def refuse_unknown_keys(cls, d: dict, where: str) -> None:
@@ -59,6 +64,12 @@ class Section:
     """
 
     section: ClassVar[str] = ""
+    declared: ClassVar[dict[str, list[type]]] = {}   # section name -> the classes that declare it (for `keyed`)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.section:
+            Section.declared.setdefault(cls.section, []).append(cls)
 
     @classmethod
     def from_dict(cls, d: dict | None, where: str | None = None):
@@ -128,8 +139,8 @@ SCHEDULES = ("finetune", "short_finetune")   # the settings sections that are a 
 class TrainConfig:
     """One fine-tune schedule (lives here, not in ``train``, so reading settings never imports torch).
 
-    The fields after ``amp`` came with the long-schedule recipes (issue 42). Each defaults to off, and at its
-    default it is left out of `to_dict` and of the settings: every key made from a schedule before them
+    The fields marked ``since`` came later (the long-schedule recipes of issue 42). Each defaults to off, and
+    at its default it is left out of `to_dict` and of the settings: every key made from a schedule before them
     (stored MAP points, compare rows, checkpoints) stays what it was.
     """
 
@@ -150,33 +161,43 @@ class TrainConfig:
                               "of the CPUs per local process)")
     amp: str = setting("none", "the run's: bf16 | fp16 | none | auto (hetprune.core.devices.resolve_amp)")
     # -- issue 42: long-schedule recipes; every one off by default ------------------------------------------
-    mixup: float = setting(0.0, "mixup alpha (0: off); pairs are drawn from the global step, the same on every rank")
-    cutmix: float = setting(0.0, "cutmix alpha (0: off)")
-    mix_prob: float = setting(1.0, "probability that a batch is mixed (with mixup or cutmix on)")
-    mix_switch_prob: float = setting(0.5, "with both on: probability of cutmix rather than mixup")
-    label_smoothing: float = setting(0.0, "label smoothing (folded into the soft targets with mixup)")
-    drop_path: float | None = setting(None, "stochastic depth of the student while it trains (null: as the model is)")
-    ema_decay: float = setting(0.0, "an EMA of the weights (0: none), e.g. 0.99996; evaluated beside them")
-    teacher: str = setting("", "a timm model name: a teacher other than the dense model (\"\": the dense model)")
-    teacher_kwargs: dict = setting(help="the separate teacher's timm kwargs", factory=dict)
-    teacher_checkpoint: str = setting("", "the separate teacher's weights (.safetensors or .pth)")
-    teacher_pretrained: bool = setting(False, "the separate teacher's weights from timm's hub")
-    kd_token: bool = setting(False, "distil into a distilled model's distillation-token head (DeiT)")
-    accum_steps: int = setting(1, "micro-batches per rank that make one global batch (so any batch fits a card)")
-    clip_grad: float | None = setting(None, "gradient clipping (null: none)")
-    clip_mode: str = setting("norm", "norm | value | agc (timm's dispatch_clip_grad)")
-    lr_scale: str = setting("none", "none | linear | sqrt: lr * (batch_size / lr_base_batch) [** 0.5], timm's rule")
-    lr_base_batch: int = setting(512, "the batch the lr is given for (lr_scale)")
-    warmup_lr: float | None = setting(None, "the learning rate warm-up starts from (null: lr * 0.01)")
-    min_lr: float | None = setting(None, "the cosine schedule's floor (null: lr * 0.01)")
-    eval_every: int = setting(0, "evaluate every N epochs and at the last (0: never during the fine-tune)")
-    keep: str = setting("last", "last | best (the best evaluated epoch) | ema (the EMA weights)")
-    save_every_steps: int = setting(0, "recovery checkpoints every N steps inside an epoch (0: at epoch ends only)")
-    compile: bool = setting(False, "torch.compile the training forward")
-    check_every: int = setting(50, "steps between checks that the loss is finite (one host sync per check)")
-    repeats: int = setting(1, "repeated augmentation: each image shown this many times per epoch")
+    mixup: float = setting(0.0, "mixup alpha (0: off); pairs are drawn from the global step, the same on every rank",
+                           since="issue 42")
+    cutmix: float = setting(0.0, "cutmix alpha (0: off)", since="issue 42")
+    mix_prob: float = setting(1.0, "probability that a batch is mixed (with mixup or cutmix on)", since="issue 42")
+    mix_switch_prob: float = setting(0.5, "with both on: probability of cutmix rather than mixup", since="issue 42")
+    label_smoothing: float = setting(0.0, "label smoothing (folded into the soft targets with mixup)", since="issue 42")
+    drop_path: float | None = setting(None, "stochastic depth of the student while it trains (null: as the model is)",
+                                      since="issue 42")
+    ema_decay: float = setting(0.0, "an EMA of the weights (0: none), e.g. 0.99996; evaluated beside them",
+                               since="issue 42")
+    teacher: str = setting("", "a timm model name: a teacher other than the dense model (\"\": the dense model)",
+                           since="issue 42")
+    teacher_kwargs: dict = setting(help="the separate teacher's timm kwargs", factory=dict, since="issue 42")
+    teacher_checkpoint: str = setting("", "the separate teacher's weights (.safetensors or .pth)", since="issue 42")
+    teacher_pretrained: bool = setting(False, "the separate teacher's weights from timm's hub", since="issue 42")
+    kd_token: bool = setting(False, "distil into a distilled model's distillation-token head (DeiT)", since="issue 42")
+    accum_steps: int = setting(1, "micro-batches per rank that make one global batch (so any batch fits a card)",
+                               since="issue 42")
+    clip_grad: float | None = setting(None, "gradient clipping (null: none)", since="issue 42")
+    clip_mode: str = setting("norm", "norm | value | agc (timm's dispatch_clip_grad)", since="issue 42")
+    lr_scale: str = setting("none", "none | linear | sqrt: lr * (batch_size / lr_base_batch) [** 0.5], timm's rule",
+                            since="issue 42")
+    lr_base_batch: int = setting(512, "the batch the lr is given for (lr_scale)", since="issue 42")
+    warmup_lr: float | None = setting(None, "the learning rate warm-up starts from (null: lr * 0.01)", since="issue 42")
+    min_lr: float | None = setting(None, "the cosine schedule's floor (null: lr * 0.01)", since="issue 42")
+    eval_every: int = setting(0, "evaluate every N epochs and at the last (0: never during the fine-tune)",
+                              since="issue 42")
+    keep: str = setting("last", "last | best (the best evaluated epoch) | ema (the EMA weights)", since="issue 42")
+    save_every_steps: int = setting(0, "recovery checkpoints every N steps inside an epoch (0: at epoch ends only)",
+                                    since="issue 42")
+    compile: bool = setting(False, "torch.compile the training forward", since="issue 42")
+    check_every: int = setting(50, "steps between checks that the loss is finite (one host sync per check)",
+                               since="issue 42")
+    repeats: int = setting(1, "repeated augmentation: each image shown this many times per epoch", since="issue 42")
     batch_per_gpu: bool = setting(False, "batch_size is per GPU (per rank): the global batch is batch_size x the "
-                                         "ranks, resolved when the run starts (lr_scale scales by that global batch)")
+                                         "ranks, resolved when the run starts (lr_scale scales by that global batch)",
+                                  since="issue 42")
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "warmup_epochs", "workers", "seed", "subset", "accum_steps",
@@ -267,10 +288,7 @@ class TrainConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["device"] = str(d["device"])   # a resolved torch.device reads as its name
-        for name, default in RECIPE_DEFAULTS.items():   # off: absent, so keys made before them do not move
-            if d[name] == default:
-                del d[name]
-        return d
+        return drop_later_defaults(d, TrainConfig)   # off: absent, so keys made before them do not move
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "training settings") -> "TrainConfig":
@@ -279,17 +297,6 @@ class TrainConfig:
 
 
 OPTIONAL_NUMBERS = ("drop_path", "clip_grad", "warmup_lr", "min_lr")   # null: off / the old rule
-_FIRST_RECIPE_FIELD = "mixup"
-RECIPE_DEFAULTS: dict = {}   # the issue-42 fields and their defaults (off), filled below
-
-
-def _recipe_defaults() -> dict:
-    names = [f.name for f in fields(TrainConfig)]
-    base = TrainConfig()
-    return {n: copy.deepcopy(getattr(base, n)) for n in names[names.index(_FIRST_RECIPE_FIELD):]}
-
-
-RECIPE_DEFAULTS.update(_recipe_defaults())
 
 
 INTERPOLATIONS = ("", "bilinear", "bicubic", "random")   # "": the model's own (timm's data config)
@@ -413,26 +420,28 @@ class RunSettings(Section):
     dist_timeout_min: float = setting(30.0, "under torchrun: minutes a collective waits for a rank that does not "
                                             "come (one lost, stuck, or still busy in a stage rank 0 runs alone, "
                                             "such as timing latency) before every rank stops with an error "
-                                            "instead of hanging; not part of any result's key")
+                                            "instead of hanging; not part of any result's key",
+                                      keyed=False, why="how long a collective waits for a missing rank: a run "
+                                                       "that finishes is the same whatever it is")
     finetune: dict = setting(help="the fine-tune after pruning (a schedule: see below)",
                              factory=lambda: _schedule(TrainConfig(epochs=3, lr=5e-4, subset=300, kd="soft")))
     short_finetune: dict = setting(help="the short fine-tune of cheap points and between HetDPT+'s steps",
                                    factory=lambda: _schedule(TrainConfig(epochs=2, lr=5e-4, subset=150, kd="soft")))
     scoring: dict = setting(help="the batches one-shot scorers read (see ScoringConfig)",
                             factory=lambda: ScoringConfig().to_dict())
-    # -- left out of a run's settings while unset (OMITTED), so keys made before them do not move -------------
+    # -- came later (since): left out of a run's settings at their defaults, so keys made before them hold ----
     tf32: bool = setting(True, "fp32 matmuls in TF32 on GPUs that have it (Ampere and later), as timm's trainers "
                                "run them: about 8x the fp32 rate, with a 10-bit mantissa; false: full fp32. No "
-                               "effect on a CPU")
+                               "effect on a CPU", since="issue 56")
     augment: str | None = setting(None, "an ImageFolder's training augmentation: light, imagenet, none or paper "
-                                        "(null: the --augment option's, light by default)")
+                                        "(null: the --augment option's, light by default)", since="issue 42")
     selection: int | None = setting(None, "items held out of the training data as the selection split, on which "
                                           "every choice is measured (MAP points, checks, share points, a best "
                                           "epoch), never on the val set the result reports; null: the data set's "
                                           "default (digits 300, digit pairs 1000, an ImageFolder a tenth of "
                                           "train/, at most 10,000); 0: none (choices on val, the report says so); "
                                           "a Task or DataBundle built in Python brings its own split: the setting "
-                                          "must match it or stay null")
+                                          "must match it or stay null", since="issue 43")
 
     def __post_init__(self):
         self.need("augment", self.augment is None or self.augment in AUGMENTATIONS,
@@ -477,17 +486,40 @@ class RunSettings(Section):
         return {label: options} if options else {}
 
 
-OMITTED = {"augment": None, "selection": None, "tf32": True}   # top-level settings left out of a run's settings at these values
-CORE_DEFAULTS: dict = {k: v for k, v in RunSettings().to_dict().items() if k not in OMITTED}
-# top-level settings that shape no result, each with why: left out of every key made from the whole settings
-UNKEYED = {"dist_timeout_min": "how long a collective waits for a missing rank: a run that finishes is the same "
-                               "whatever it is"}
+CORE_DEFAULTS: dict = drop_later_defaults(RunSettings().to_dict(), RunSettings)   # the later ones left out
+
+
+def _section_classes(name: str) -> list[type]:
+    return [TrainConfig] if name in SCHEDULES else Section.declared.get(name, [])
+
+
+def unkeyed_settings() -> dict[str, str]:
+    """Every setting declared ``keyed=False``, by its dotted key (``dist_timeout_min``, ``hetdpt.x``), with why:
+    at the top level, in the schedules and in every section class imported so far."""
+    out = dict(unkeyed(RunSettings))
+    for name in (*SCHEDULES, *Section.declared):
+        for cls in _section_classes(name):
+            out.update({f"{name}.{k}": why for k, why in unkeyed(cls).items()})
+    return out
 
 
 def keyed(settings: dict) -> dict:
-    """``settings`` without what shapes no result (`UNKEYED`: the collective timeout), for a key made from
-    the whole settings (a compare row's): a row keeps its key whatever the timeout, as before it existed."""
-    return {k: v for k, v in settings.items() if k not in UNKEYED}
+    """``settings`` without what shapes no result (the fields declared ``keyed=False``: the collective timeout,
+    at the top level or in a section), for a key made from the whole settings (a compare row's): a row keeps
+    its key whatever such a setting is, as before it existed."""
+    return by_section_class(settings, keyed_settings)
+
+
+def by_section_class(settings: dict, change) -> dict:
+    """``change(mapping, cls)`` made at the top level (``cls``: `RunSettings`) and in each section whose class
+    is known (the schedules, `Section` subclasses imported so far): a new dict; ``settings`` is unchanged."""
+    out = change(settings, RunSettings)
+    for name, value in out.items():
+        if isinstance(value, dict):
+            for cls in _section_classes(name):
+                value = change(value, cls)
+            out[name] = value
+    return out
 
 
 # The type of settings whose default is null, or that may be set to null ("all images").
@@ -703,7 +735,7 @@ def resolve(strategies=None, config_file: str | None = None, overrides: dict | N
     Returns the nested dict the job carries (and reports).
     """
     section_defaults, section_types = sections_of(strategies)
-    schema = with_recipe_options(defaults_for(section_defaults))
+    schema = with_later_settings(defaults_for(section_defaults))
     declared = {**DECLARED_TYPES, **{k: v for k, v in field_types(RunSettings).items()
                                      if k not in ("finetune", "short_finetune", "scoring")},
                 **{f"{section}.{k}": v for section in SCHEDULES for k, v in field_types(TrainConfig).items()},
@@ -728,7 +760,7 @@ def resolve(strategies=None, config_file: str | None = None, overrides: dict | N
     if sets:
         settings = _merge(settings, parse_set(sets), "--set options", schema=schema, declared=declared,
                           foreign=foreign)
-    settings = without_recipe_defaults(settings)
+    settings = without_later_defaults(settings)
     validate(settings, strategies)
     return settings
 
@@ -770,29 +802,18 @@ def changed(settings: dict, **changes) -> dict:
     return out
 
 
-def with_recipe_options(settings: dict) -> dict:
-    """``settings`` whose schedule sections also hold the issue-42 options at their defaults, and the top level
-    its `OMITTED` settings: what a file or ``--set`` may name (the defaults themselves leave them out)."""
-    out = {**copy.deepcopy(OMITTED), **copy.deepcopy(settings)}
-    for section in SCHEDULES:
-        if isinstance(out.get(section), dict):
-            out[section] = {**out[section], **{k: copy.deepcopy(v) for k, v in RECIPE_DEFAULTS.items()
-                                               if k not in out[section]}}
-    return out
+def with_later_settings(settings: dict) -> dict:
+    """``settings`` that also hold every setting added later (``since``) at its default, at the top level and
+    in each section: what a file or ``--set`` may name (the defaults themselves leave them out)."""
+    return by_section_class(copy.deepcopy(settings), lambda d, cls: {
+        **d, **{k: copy.deepcopy(v) for k, v in later_defaults(cls).items() if k not in d}})
 
 
-def without_recipe_defaults(settings: dict) -> dict:
-    """``settings`` with every issue-42 option that is at its default (off) left out of the schedule sections,
-    so a run that uses none of them has the settings, and the keys, it had before they existed."""
-    out = copy.deepcopy(settings)
-    for section in SCHEDULES:
-        if isinstance(out.get(section), dict):
-            out[section] = {k: v for k, v in out[section].items()
-                            if not (k in RECIPE_DEFAULTS and v == RECIPE_DEFAULTS[k])}
-    for key, default in OMITTED.items():
-        if key in out and out[key] == default:
-            del out[key]
-    return out
+def without_later_defaults(settings: dict) -> dict:
+    """``settings`` with every setting added later (``since``) that holds its default left out, at the top level
+    and in each section, so a run that uses none of them has the settings, and the keys, it had before they
+    existed."""
+    return by_section_class(copy.deepcopy(settings), drop_later_defaults)
 
 
 def train_config(settings: dict, section: str, device=None, amp: str | None = None, **changes) -> TrainConfig:

@@ -14,7 +14,7 @@ from pathlib import Path
 from scipy import stats
 
 from ..core import config as config_mod
-from ..core.fingerprint import fingerprint
+from ..core.keys import fingerprint
 from .compare import ROWS_FILE, RowPlan, distinct, mean_std, whole_number
 from ..core.errors import HetpruneError, option
 from ..core.io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic

@@ -61,10 +61,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .. import bench
+from . import bench
+from .bench.environment import environment   # from its module: an old-path import of it rebinds bench.environment
 from ..core import devices
 from ..model.adapters import adapter_for
-from ..core.fingerprint import fingerprint
+from ..core.keys import fingerprint
 from ..core.io import cache_dir
 from ..model.macs import hooked_forward
 from ..core.errors import HetpruneError
@@ -166,7 +167,7 @@ class LatencyTable:
     # -- the cache -------------------------------------------------------------------------------
     def _key(self) -> dict:
         """What a measured time depends on beyond the part itself."""
-        env = bench.environment(self.device, self.dtype, compile=False)
+        env = environment(self.device, self.dtype, compile=False)
         return {"v": VERSION, "device": env["device_name"], "device_type": self.device.type,
                 "torch": env["torch"], "timm": env.get("timm"), "cuda": env.get("cuda"),
                 "threads": torch.get_num_threads(), "dtype": self.dtype, "batch_size": self.batch_size,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from . import surgery
-from ..core.aliases import qualified_name
+from ..core.keys import qualified_name
 from ..core.errors import HetpruneError
 from ..core.io import ResultFolder, atomic_folder, load_weights, read_json, save_weights, write_json_atomic
 from .spec import ModelSpec, build, check_kwargs, load_state_into

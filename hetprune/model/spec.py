@@ -14,7 +14,7 @@ import timm
 import torch
 from torch import nn
 
-from ..core.aliases import qualified_name
+from ..core.keys import qualified_name
 from ..core.errors import HetpruneError
 from ..core.io import load_weights
 

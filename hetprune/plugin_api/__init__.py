@@ -36,7 +36,7 @@ from ..core import devices, distributed
 from ..core.config import RunSettings, Section, TrainConfig, changed, number, setting, whole
 from ..core.distributed import follow_main, follow_saved
 from ..core.errors import BudgetUnreachable, HetpruneError, PluginError
-from ..core.fingerprint import fingerprint
+from ..core.keys import fingerprint
 from ..core.hookspecs import hookimpl, hookspec
 from ..core.io import made_when, note_saved, now, save_torch_atomic
 from ..core.plugins import get_registry

@@ -330,7 +330,7 @@ def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: 
 def run_key(start: RunStart, dense: Dense, strategy_name: str) -> str:
     """What a run's plan was made for (its settings, budgets, base model, task and ranks): the run reports
     the probe of a ``--plan`` with the same key."""
-    from ..core.fingerprint import fingerprint
+    from ..core.keys import fingerprint
 
     return fingerprint({"strategy": strategy_name, "settings": start.settings,
                         "budgets": [b.to_dict() for b in start.budgets], "base": dense.key, "task": dense.task.key,

@@ -4,7 +4,7 @@
 The data's concerns are modules of their own under hetprune/training/: the bundle (`bundle`), the embedded
 data sets (`embedded_data`), ImageFolder trees (`image_folders`), the samplers (`samplers`) and the loaders
 with their cache (`loaders`). Keys name their classes and functions as they were named here, ``hetprune.data.X``
-(`hetprune.core.aliases.SPLIT_FROM`).
+(`hetprune.core.keys.SPLIT_FROM`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..core.errors import HetpruneError
-from ..core.fingerprint import fingerprint
+from ..core.keys import fingerprint
 from ..model.spec import DIGIT_GRID_SPEC  # noqa: F401  (the benchmark's base model, importable beside its data)
 from .bundle import DataBundle, _selection_size
 from .embedded_data import ShiftedImages, _digits_split, register_embedded

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..core import distributed as dist
-from ..core.fingerprint import fingerprint
+from ..core.keys import fingerprint
 from .bundle import DataBundle
 from .embedded_data import DIGIT_PAIRS, DIGITS, digit_pairs, digits
 from .loaders import loader

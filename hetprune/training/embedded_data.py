@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
 from ..core.errors import HetpruneError
-from ..core.fingerprint import fingerprint
+from ..core.keys import fingerprint
 from .bundle import DataBundle, _selection_size
 
 DIGITS = "digits"

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, Subset
 from ..core import distributed as dist
 from ..core.config import AUGMENTATIONS, augmentation
 from ..core.errors import HetpruneError
-from ..core.fingerprint import fingerprint
+from ..core.keys import fingerprint
 from ..core.io import file_sha256
 from . import images
 from .bundle import DataBundle, _selection_size

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..core.aliases import qualified_name
+from ..core.keys import qualified_name
 from ..core.io import made_when, note_saved, now, saved_work  # noqa: F401 - public here too: what plugins that checkpoint call
 
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..core import contract, devices, tensors
 from ..core import distributed as dist
-from ..core.fingerprint import fingerprint as fingerprint_of
+from ..core.keys import fingerprint as fingerprint_of
 from ..core.config import TrainConfig
 from .bundle import DataBundle, example_batch
 from .loaders import loader, subset

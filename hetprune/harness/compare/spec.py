@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ...core import config
 from ...pruning.budget import Budget
-from ...core.fingerprint import fingerprint
+from ...core.keys import fingerprint
 from ...core.errors import HetpruneError
 
 

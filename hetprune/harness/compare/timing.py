@@ -9,7 +9,7 @@ from typing import Callable
 
 from torch import nn
 
-from ...core.fingerprint import fingerprint
+from ...core.keys import fingerprint
 from .spec import CompareSpec
 
 

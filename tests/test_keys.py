@@ -1,0 +1,116 @@
+"""Issue 59, item 1 (in part): `hetprune.core.keys` is the one identity layer. A setting is declared once, in its
+field: whether it shapes results (``keyed=False, why=...``) and whether it came after keys were made from its
+section (``since=...``). Added in one place, it reaches ``--set`` validation, the settings reference and the
+keys of stored results."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from hetprune import HetpruneError
+from hetprune.core import config, keys
+from hetprune.core.config import Section, setting
+from hetprune.harness.compare.spec import CompareSpec, row_key
+from hetprune.pruning.budget import Budget
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class ExtraOptions(Section):
+    """A strategy's section, as an outside plugin would declare it."""
+
+    section: ClassVar[str] = "extra_test"
+    depth: int = setting(2, "how deep it goes")
+    late: int = setting(0, "a setting added after results were stored", since="a test")
+    wait_s: float = setting(5.0, "how long it waits for a lock", keyed=False,
+                            why="a wait that ends shapes nothing the run makes")
+
+    def __post_init__(self):
+        self.need("late", config.whole(self.late, 0), "a whole number >= 0")
+
+
+class ExtraStrategy:
+    name = "extra-test"
+    sections = {"extra_test": ExtraOptions}
+
+
+Section.declared["extra_test"].remove(ExtraOptions)   # declared only while a test here runs (below)
+
+
+@pytest.fixture(autouse=True)
+def declared():
+    Section.declared.setdefault("extra_test", []).append(ExtraOptions)
+    yield
+    Section.declared["extra_test"].remove(ExtraOptions)
+
+
+def resolved(*sets: str) -> dict:
+    return config.resolve([ExtraStrategy()], sets=list(sets))
+
+
+def row(settings: dict) -> str:
+    spec = CompareSpec(["extra-test"], [Budget(sites=2)], [0], settings)
+    return row_key(spec, "extra-test", Budget(sites=2), 0, "base", "data")
+
+
+def settings_reference():
+    spec = importlib.util.spec_from_file_location("settings_reference", ROOT / "docs/hooks/settings_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_setting_added_in_one_place_reaches_set_validation():
+    assert resolved()["extra_test"] == {"depth": 2, "wait_s": 5.0}   # the later one is absent at its default
+    assert resolved("extra_test.late=3")["extra_test"]["late"] == 3
+    with pytest.raises(HetpruneError, match="extra_test.late"):
+        resolved("extra_test.late=three")
+    with pytest.raises(HetpruneError, match="extra_test.late must be a whole number >= 0"):
+        resolved("extra_test.late=-1")
+    with pytest.raises(HetpruneError, match="unknown key .extra_test.lat.* allowed here: depth, late, wait_s"):
+        resolved("extra_test.lat=1")
+
+
+def test_a_setting_added_in_one_place_reaches_the_keys():
+    before = row(resolved())
+    assert row(resolved("extra_test.late=0")) == before, "a later setting at its default moved the stored keys"
+    assert row(resolved("extra_test.late=3")) != before, "a later setting that is set leaves the key as it was"
+    assert row(resolved("extra_test.depth=3")) != before
+    assert row(resolved("extra_test.wait_s=60")) == before, "a setting declared unkeyed moved the key"
+    assert config.unkeyed_settings()["extra_test.wait_s"] == "a wait that ends shapes nothing the run makes"
+
+
+def test_a_setting_added_in_one_place_reaches_the_settings_reference():
+    lines = "\n".join(settings_reference().table(ExtraOptions, "extra_test"))
+    assert "| `extra_test.depth` | int | `2` | how deep it goes |" in lines
+    assert "`extra_test.late` | int | `0` | a setting added after results were stored *Since a test:*" in lines
+    assert "*Not in any result's key:* a wait that ends shapes nothing the run makes." in lines
+
+
+def test_the_core_declares_its_key_rules_in_its_fields():
+    assert keys.unkeyed(config.RunSettings) == {"dist_timeout_min": config.unkeyed_settings()["dist_timeout_min"]}
+    assert set(keys.later_defaults(config.RunSettings)) == {"tf32", "augment", "selection"}
+    later = keys.later_defaults(config.TrainConfig)
+    assert {"mixup", "batch_per_gpu", "compile"} <= set(later) and "epochs" not in later
+    assert not set(later) & set(config.TrainConfig().to_dict())   # left out at their defaults ...
+    assert config.TrainConfig(mixup=0.2).to_dict()["mixup"] == 0.2   # ... and present when set
+
+
+def test_an_unkeyed_setting_must_say_why():
+    with pytest.raises(ValueError, match="says why"):
+        setting(1, "help", keyed=False)
+
+
+def test_names_in_keys_come_from_the_keys_table_not_the_import_paths():
+    from hetprune.core import aliases
+
+    assert keys.stable_name("hetprune.training.task") == "hetprune.task"
+    assert keys.stable_name("hetprune.training.loaders") == "hetprune.data"   # split out since: its parent's
+    assert keys.stable_name("hetprune.core.keys") == "hetprune.cache"   # the module the hash function lived in
+    assert set(keys.MOVED.items()) <= set(aliases.ALIASES.items())   # the import paths serve at least those
