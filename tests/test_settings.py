@@ -281,3 +281,18 @@ def test_hetdpts_defaults_are_what_the_committed_map_points_study_chose():
     defaults = HetDPTOptions()
     assert defaults.predictor == predictor and defaults.predictor_options_for(predictor) == options
     assert {key: str(getattr(defaults, key.split(".", 1)[1])) for key in scheme} == scheme
+
+
+def test_a_schedule_changed_after_resolve_is_checked_as_set_would_check_it():
+    """The CLI's --subset/--workers land in the schedules once the data's size is known
+    (`config.changed_schedules`): a copy, each change checked, unknown fields refused by name."""
+    settings = config.resolve()
+    out = config.changed_schedules(settings, ["finetune", "short_finetune"], workers=3)
+    assert out["finetune"]["workers"] == out["short_finetune"]["workers"] == 3
+    assert settings["finetune"]["workers"] == 0   # the input is left as it was
+    with pytest.raises(HetpruneError, match="workers must be >= 0"):
+        config.changed_schedules(settings, ["finetune"], workers=-1)
+    with pytest.raises(HetpruneError, match="unknown key.*worker.*allowed"):
+        config.changed_schedules(settings, ["finetune"], worker=1)
+    with pytest.raises(HetpruneError, match="'scoring' is not a schedule"):
+        config.changed_schedules(settings, ["scoring"], subset=1)

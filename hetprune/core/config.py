@@ -790,6 +790,20 @@ def per_gpu_resolved(settings: dict, world: int) -> dict:
     return out
 
 
+def changed_schedules(settings: dict, sections, **changes) -> dict:
+    """A copy of a run's settings whose schedule ``sections`` (``finetune``, ``short_finetune``) have fields
+    replaced (the CLI's ``--subset``, ``--workers`` once the data's size is known): each checked as ``resolve``
+    checks it, so a bad value is the same error as from ``--set``."""
+    out = copy.deepcopy(settings)
+    for section in sections:
+        if section not in SCHEDULES:
+            raise HetpruneError(f"{section!r} is not a schedule; schedules: {', '.join(SCHEDULES)}")
+        refuse_unknown_keys(TrainConfig, changes, f"settings section {section!r}")
+        out[section] = {**out[section], **copy.deepcopy(changes)}
+        train_config(out, section)
+    return out
+
+
 def changed(settings: dict, **changes) -> dict:
     """A copy of a run's settings with top-level entries replaced (a compare row's ``seed``, an ablation
     row's ``scorer``, HetDPT+'s depth part's ``finetune``): the settings stay whole and checked."""

@@ -200,7 +200,7 @@ class PipelineChecks:
         self.own_selection = self.select_job is job   # the final run's own selection: the winner's reused
         self.images_budget = opts.verify_images
         run = job.config
-        section = (resolve_finetune(job.settings, job.task.train_size, opts.point_selection)
+        section = (resolve_finetune(opts.point_finetune, run, job.task.train_size, opts.point_selection)
                    if self.images_budget is not None else "finetune")
         self.cfg = job.train_config(section)
         images = (epoch_images(self.cfg, job.task.train_size) or 0) * self.cfg.epochs

@@ -45,13 +45,11 @@ def images_of(schedule: dict, train_size: int | None) -> int | None:
     return None if n is None else int(schedule["epochs"] * n)
 
 
-def resolve_finetune(settings: dict, train_size: int | None = None, scheme: str = "oneshot") -> str:
-    """The settings section whose schedule fine-tunes a point (``hetdpt.point_finetune``), ``auto`` resolved:
-    for ``oneshot``, ``finetune`` where it sees at most AFFORDABLE short fine-tunes' images (the embedded
-    benchmarks), else ``short_finetune``; for ``progressive``, always ``short_finetune`` (a path has about
-    three times as many points as a one-shot plan)."""
-    section = HetDPTOptions.of(settings).point_finetune   # checked: one of FINETUNES
-    run = RunSettings.of(settings)
+def resolve_finetune(section: str, run: RunSettings, train_size: int | None = None, scheme: str = "oneshot") -> str:
+    """The settings section whose schedule fine-tunes a point (``section``: ``hetdpt.point_finetune``, checked
+    one of FINETUNES), ``auto`` resolved: for ``oneshot``, ``finetune`` where it sees at most AFFORDABLE short
+    fine-tunes' images (the embedded benchmarks), else ``short_finetune``; for ``progressive``, always
+    ``short_finetune`` (a path has about three times as many points as a one-shot plan)."""
     if section != "auto":
         return section
     if scheme == "progressive":
@@ -120,14 +118,13 @@ class PointScheme:
 
     def finetune_section(self) -> str:
         """The schedule a point is fine-tuned on."""
-        return resolve_finetune(self.job.settings, self.job.task.train_size, self.name)
+        return resolve_finetune(self.options.point_finetune, self.job.config, self.job.task.train_size, self.name)
 
     def plan_checks(self) -> list:
         verify = self.options.verify
         if not verify or self.options.verify_by != "points":   # pipeline checks: the strategy counts them
             return []
-        return [finetune_step(self.job, resolve_finetune({**self.job.settings, "hetdpt": {
-            **self.options.to_dict(), "point_finetune": "auto"}}, self.job.task.train_size, "oneshot"),
+        return [finetune_step(self.job, resolve_finetune("auto", self.job.config, self.job.task.train_size, "oneshot"),
             "stage 1: checks", f"the {verify} best predicted splits, past the paper", verify, verify)]
 
     # -- shared ------------------------------------------------------------------------------------
@@ -247,7 +244,8 @@ class OneShotPoints(PointScheme):
 
     def __init__(self, job: PruneJob, strategy):
         super().__init__(job, strategy)
-        self.section = self.schedule_section = resolve_finetune(job.settings, job.task.train_size, "oneshot")
+        self.section = self.schedule_section = resolve_finetune(self.options.point_finetune, job.config,
+                                                                job.task.train_size, "oneshot")
         schedule = getattr(job.config, self.section)
         self.made = {"point_finetune": self.section, "schedule": schedule,
                      "images": images_of(schedule, job.task.train_size)}

@@ -29,14 +29,14 @@ class ProgressivePoints(PointScheme):
 
     def __init__(self, job: PruneJob, strategy):
         super().__init__(job, strategy)
-        self.section = self.schedule_section = resolve_finetune(job.settings, job.task.train_size, "progressive")
+        self.section = self.schedule_section = resolve_finetune(self.options.point_finetune, job.config,
+                                                                job.task.train_size, "progressive")
         self.first, self.stride = self.options.interleave_first, self.options.path_stride   # checked by the options
         run = job.config
         self.step_images = images_of(getattr(run, self.section), job.task.train_size)
         # a check's fine-tune (hetdpt.verify): the final schedule where it costs at most 4 short ones (the
         # embedded benchmarks), else short_finetune (a real run's final fine-tune is far too long to repeat)
-        auto = {**job.settings, "hetdpt": {**self.options.to_dict(), "point_finetune": "auto"}}
-        self.check_section = resolve_finetune(auto, job.task.train_size, "oneshot")
+        self.check_section = resolve_finetune("auto", job.config, job.task.train_size, "oneshot")
         self.final_images = images_of(getattr(run, self.check_section), job.task.train_size)
         self.keep_steps = bool(self.options.verify)   # verification branches off any step
         self._paths: list[PointPath] = []

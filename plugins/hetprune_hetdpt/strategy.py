@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from hetprune import HetpruneError, Site
-from hetprune.plugin_api import DepthStrategy, PruneJob, metric_of
+from hetprune.plugin_api import DepthStrategy, PruneJob, RunSettings, metric_of
 from hetprune.plugin_api import distributed as dist
 
 from .halving import PipelineChecks
@@ -57,7 +57,8 @@ class HetDPT(DepthStrategy):
     @staticmethod
     def point_finetune(settings: dict, train_size: int | None = None) -> str:
         """The settings section whose schedule fine-tunes a one-shot point, ``auto`` resolved."""
-        return resolve_finetune(settings, train_size, "oneshot")
+        return resolve_finetune(HetDPTOptions.of(settings).point_finetune, RunSettings.of(settings), train_size,
+                                "oneshot")
 
     # -- what ``hetprune ablate`` asks of a strategy with cheap points --------------
     @staticmethod
