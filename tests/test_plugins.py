@@ -21,6 +21,7 @@ import pytest
 import hetprune
 from conftest import PluginOf
 from hetprune import HetpruneError
+from hetprune.core.errors import PluginError
 from hetprune.core import hookspecs, plugins
 from hetprune.cli import main
 
@@ -217,6 +218,22 @@ def test_component_without_a_name_is_an_error_naming_the_plugin():
     hetprune.register_plugin(PredictorPlugin(Nameless), name="sloppy")
     with pytest.raises(HetpruneError, match="plugin 'sloppy' registered a predictor without a string 'name'"):
         hetprune.get_registry()
+
+
+def test_a_component_that_lacks_what_its_kind_has_is_refused_when_built_naming_it():
+    """The registry checks a built component against its kind's Protocol (`hetprune.plugin_api`), so a
+    predictor without ``predict`` fails when the run builds it, not at the first prediction hours in."""
+    class NoPredict:
+        name = "half"
+
+        def fit(self, points):
+            return self
+
+    hetprune.register_plugin(PredictorPlugin(NoPredict), name="half-done")
+    with pytest.raises(PluginError, match=r"predictor 'half' lacks predict\(\) method; a predictor has name, "
+                                          r"fit\(\), predict\(\) \(hetprune.plugin_api.Predictor\)") as err:
+        hetprune.get_registry().build("predictor", "half")
+    assert err.value.plugin == "half-done" and err.value.stage == "build"
 
 
 def test_two_plugin_objects_under_one_name_are_refused():

@@ -66,6 +66,27 @@ class Component:
         return self.factory(**options)
 
 
+PROTOCOL_HOME = "hetprune.pruning.protocols"   # the kinds' Protocol classes (above this layer: loaded by name)
+
+
+class Gaps(list):
+    """What a component lacks of its kind's protocol, and a sentence naming what the kind has."""
+
+    needs = ""
+
+
+def protocol_gaps(kind: str, obj: Any) -> Gaps:
+    """What ``obj`` lacks of the `typing.Protocol` of ``kind`` (`hetprune.plugin_api`'s, e.g. ``Scorer``), empty
+    when it has every member."""
+    protocols = importlib.import_module(PROTOCOL_HOME)
+    protocol = protocols.PROTOCOLS.get(kind)
+    gaps = Gaps(protocols.lacks(obj, protocol) if protocol is not None else [])
+    if gaps:
+        gaps.needs = (f"a {kind.replace('_', ' ')} has {protocols.describe(protocol)} "
+                      f"(hetprune.plugin_api.{protocol.__name__})")
+    return gaps
+
+
 @dataclass
 class PluginInfo:
     name: str
@@ -150,6 +171,11 @@ class Registry:
             raise PluginError(f"{o.describe()}: {kind} {name!r} could not be built with options {options}: "
                               f"{type(exc).__name__}: {exc}", plugin=o.plugin, kind=kind, component=name,
                               stage="build") from exc
+        gaps = protocol_gaps(kind, obj)
+        if gaps:   # refused when built, before any work: not at the first call of what it lacks, hours in
+            o = origin()
+            raise PluginError(f"{o.describe()}: {kind} {name!r} lacks {', '.join(gaps)}; {gaps.needs}",
+                              plugin=o.plugin, kind=kind, component=name, stage="build")
         return Checked(obj, kind, name, origin, ours=builtin_homes)
 
     def origin(self, plugin: str, factory: Any = None) -> Origin:
