@@ -296,3 +296,29 @@ def test_a_schedule_changed_after_resolve_is_checked_as_set_would_check_it():
         config.changed_schedules(settings, ["finetune"], worker=1)
     with pytest.raises(HetpruneError, match="'scoring' is not a schedule"):
         config.changed_schedules(settings, ["scoring"], subset=1)
+
+
+def test_flags_that_set_a_section_reach_it_as_typed_values_and_set_still_wins():
+    """--predictor, --round-to and --latency-batch are typed overrides, not YAML text: after the file, before
+    --set (which wins)."""
+    import argparse
+
+    from hetprune import get_registry
+    from hetprune.cli.commands.prune_cmd import settings_options
+
+    registry = get_registry()
+    strategies = [registry.build("strategy", "hetdpt"), registry.build("strategy", "hetdpt-plus")]
+    args = argparse.Namespace(scorer=None, device=None, amp=None, cost_model=None, seed=None, config=None,
+                              predictor="gp", round_to=16, latency_batch=4, set=[])
+    given = settings_options(args, strategies)
+    settings = config.resolve(strategies, overrides=given["overrides"], sets=given["sets"])
+    assert settings["hetdpt"]["predictor"] == "gp"
+    assert settings["width"]["pruner_options"] == {"round_to": 16}
+    assert settings["cost_model_options"] == {"latency": {"batch_size": 4}}
+    args.set = ["hetdpt.predictor=poly", "width.pruner_options={round_to: 8}"]
+    given = settings_options(args, strategies)
+    settings = config.resolve(strategies, overrides=given["overrides"], sets=given["sets"])
+    assert settings["hetdpt"]["predictor"] == "poly" and settings["width"]["pruner_options"] == {"round_to": 8}
+    args.round_to = 0
+    with pytest.raises(HetpruneError, match="--round-to must be a whole number >= 1, got 0"):
+        settings_options(args, strategies)

@@ -100,49 +100,50 @@ def budget_from(args, sites: int | None = None):
     return None
 
 
-def latency_batch_sets(latency_batch: int | None) -> list[str]:
+def latency_batch_flag(latency_batch: int | None) -> dict:
     """``--latency-batch N`` sets the batch size the latency cost model times at."""
     if latency_batch is None:
-        return []
+        return {}
     if latency_batch < 1:
         raise HetpruneError(f"--latency-batch must be a whole number >= 1, got {latency_batch}")
-    return [f"cost_model_options={{latency: {{batch_size: {latency_batch}}}}}"]
+    return {"cost_model_options": {"latency": {"batch_size": latency_batch}}}
 
 
-def predictor_sets(defaults: dict, predictor: str, what: str) -> list[str]:
+def predictor_flag(defaults: dict, predictor: str | None, what: str) -> dict:
     """``--predictor NAME`` sets the predictor of every settings section that has one."""
+    if not predictor:
+        return {}
     owners = [k for k, v in defaults.items() if isinstance(v, dict) and "predictor" in v]
     if not owners:
         raise HetpruneError(f"--predictor applies to strategies with an accuracy predictor; {what!r} has none")
-    return [f"{k}.predictor={predictor}" for k in owners]
+    return {k: {"predictor": predictor} for k in owners}
 
 
-def round_to_sets(defaults: dict, round_to: int | None, what: str) -> list[str]:
+def round_to_flag(defaults: dict, round_to: int | None, what: str) -> dict:
     """``--round-to N`` sets the width pruner's ``round_to`` of strategies that prune widths."""
     if round_to is None:
-        return []
+        return {}
     if "width" not in defaults:
         raise HetpruneError(f"--round-to applies to width strategies (isomorphic, hetdpt-plus); {what!r} prunes "
                             "no widths")
     if round_to < 1:
         raise HetpruneError(f"--round-to must be a whole number >= 1, got {round_to}")
-    return [f"width.pruner_options={{round_to: {round_to}}}"]
+    return {"width": {"pruner_options": {"round_to": round_to}}}
 
 
 def settings_options(args, strategies: list) -> dict:
-    """What a command's settings options give `hetprune.pruning.run_start.start_run`: the flags as overrides,
-    ``--set`` items (``--predictor``, ``--round-to`` and ``--latency-batch`` as items before the user's own,
-    so ``--set`` wins) and the YAML file."""
+    """What a command's settings options give `hetprune.pruning.run_start.start_run`: the flags as overrides
+    (typed values, nested where a flag sets a section's setting: after the YAML file, before ``--set``, so
+    ``--set`` wins), the ``--set`` items and the YAML file."""
     overrides = {"scorer": args.scorer, "device": args.device, "amp": args.amp, "cost_model": args.cost_model}
     if getattr(args, "seed", None) is not None:
         overrides["seed"] = args.seed
     defaults, _ = config_mod.sections_of(strategies)
     what = ",".join(s.name for s in strategies)
-    sets = list(args.set)
-    if getattr(args, "predictor", None):
-        sets = predictor_sets(defaults, args.predictor, what) + sets
-    sets = round_to_sets(defaults, getattr(args, "round_to", None), what) + latency_batch_sets(args.latency_batch) + sets
-    return {"config_file": args.config, "overrides": overrides, "sets": sets}
+    overrides.update({**predictor_flag(defaults, getattr(args, "predictor", None), what),
+                      **round_to_flag(defaults, getattr(args, "round_to", None), what),
+                      **latency_batch_flag(args.latency_batch)})
+    return {"config_file": args.config, "overrides": overrides, "sets": list(args.set)}
 
 
 def run(args) -> int:
