@@ -114,3 +114,14 @@ def test_names_in_keys_come_from_the_keys_table_not_the_import_paths():
     assert keys.stable_name("hetprune.training.loaders") == "hetprune.data"   # split out since: its parent's
     assert keys.stable_name("hetprune.core.keys") == "hetprune.cache"   # the module the hash function lived in
     assert set(keys.MOVED.items()) <= set(aliases.ALIASES.items())   # the import paths serve at least those
+
+
+def test_every_stores_keys_are_where_the_last_release_left_them():
+    """The keys of MAP points (every scheme, paths, checks), pipeline checks, share points and truth rows for
+    one fixed job, against what the code made before the key layer (tests/store_keys.py made the file): stored
+    results stay found."""
+    import json
+
+    from store_keys import keys_now
+
+    assert keys_now() == json.loads((ROOT / "tests" / "data" / "store-keys.json").read_text())
