@@ -81,6 +81,8 @@ def protocol_gaps(kind: str, obj: Any) -> Gaps:
     protocols = importlib.import_module(PROTOCOL_HOME)
     protocol = protocols.PROTOCOLS.get(kind)
     gaps = Gaps(protocols.lacks(obj, protocol) if protocol is not None else [])
+    if any(not protocols.lacks(obj, other) for other in protocols.INSTEAD.get(kind, ())):
+        gaps = Gaps()   # it meets what it may be instead (a scorer that only selects)
     if gaps:
         gaps.needs = (f"a {kind.replace('_', ' ')} has {protocols.describe(protocol)} "
                       f"(hetprune.plugin_api.{protocol.__name__})")

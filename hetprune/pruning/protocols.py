@@ -237,6 +237,11 @@ OPTIONAL: dict[str, tuple[type, ...]] = {
 }
 
 
+# kind -> protocols a component may meet in place of its kind's own: a scorer that only selects (the run's
+# scorer; it cannot be a point scorer, refused when a run asks it to be one)
+INSTEAD: dict[str, tuple[type, ...]] = {"scorer": (SelectingScorer,)}
+
+
 def members(protocol: type) -> dict[str, bool]:
     """A protocol's members, in the order it declares them: name -> whether it is a method (else an
     attribute)."""
