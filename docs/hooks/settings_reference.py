@@ -69,8 +69,7 @@ def schedules_table(config) -> list[str]:
     for f in dataclasses.fields(config.TrainConfig):
         if f.name in config.RUN_KEYS:
             continue
-        bare = _default(f).strip("`")   # a long-schedule option absent from the defaults: off, as TrainConfig has it
-        shown = [run.finetune.get(f.name, bare), run.short_finetune.get(f.name, bare)]
+        shown = [getattr(run.finetune, f.name), getattr(run.short_finetune, f.name)]
         lines.append(f"| `{f.name}` | {_cell(_type(hints.get(f.name)))} | "
                      + " | ".join(f"`{'null' if v is None else v}`" for v in shown)
                      + f" | {what_it_does(f)} |")

@@ -92,6 +92,10 @@ class Section:
     def to_dict(self) -> dict:
         return copy.deepcopy(asdict(self))
 
+    def as_settings(self) -> dict:
+        """What a run's settings hold of this section (and what keys hash of it: `hetprune.core.keys`)."""
+        return self.to_dict()
+
     def need(self, name: str, ok: bool, what: str) -> None:
         """Refuse field ``name`` unless ``ok``: ``section.name must be WHAT, got VALUE``."""
         if not ok:
@@ -290,6 +294,14 @@ class TrainConfig:
         d["device"] = str(d["device"])   # a resolved torch.device reads as its name
         return drop_later_defaults(d, TrainConfig)   # off: absent, so keys made before them do not move
 
+    def as_settings(self) -> dict:
+        """This schedule as a run's settings hold it, and keys hash it: without the run's seed, device and
+        precision (`RUN_KEYS`), which are never a schedule's own."""
+        d = self.to_dict()
+        for key in RUN_KEYS:
+            del d[key]
+        return d
+
     @classmethod
     def from_dict(cls, d: dict, where: str = "training settings") -> "TrainConfig":
         refuse_unknown_keys(cls, d, where)
@@ -370,13 +382,6 @@ def augmentation(value) -> Augmentation:
     return AUGMENTATIONS[value]
 
 
-def _schedule(cfg: TrainConfig) -> dict:
-    d = cfg.to_dict()
-    for key in RUN_KEYS:
-        del d[key]
-    return d
-
-
 @dataclass(frozen=True)
 class ScoringConfig(Section):
     """The few fixed batches one-shot scorers (``taylor``, ``magnitude``, ...) score on."""
@@ -423,12 +428,12 @@ class RunSettings(Section):
                                             "instead of hanging; not part of any result's key",
                                       keyed=False, why="how long a collective waits for a missing rank: a run "
                                                        "that finishes is the same whatever it is")
-    finetune: dict = setting(help="the fine-tune after pruning (a schedule: see below)",
-                             factory=lambda: _schedule(TrainConfig(epochs=3, lr=5e-4, subset=300, kd="soft")))
-    short_finetune: dict = setting(help="the short fine-tune of cheap points and between HetDPT+'s steps",
-                                   factory=lambda: _schedule(TrainConfig(epochs=2, lr=5e-4, subset=150, kd="soft")))
-    scoring: dict = setting(help="the batches one-shot scorers read (see ScoringConfig)",
-                            factory=lambda: ScoringConfig().to_dict())
+    finetune: TrainConfig = setting(help="the fine-tune after pruning (a schedule: see below)",
+                                    factory=lambda: TrainConfig(epochs=3, lr=5e-4, subset=300, kd="soft"))
+    short_finetune: TrainConfig = setting(help="the short fine-tune of cheap points and between HetDPT+'s steps",
+                                          factory=lambda: TrainConfig(epochs=2, lr=5e-4, subset=150, kd="soft"))
+    scoring: ScoringConfig = setting(help="the batches one-shot scorers read (see ScoringConfig)",
+                                     factory=ScoringConfig)
     # -- came later (since): left out of a run's settings at their defaults, so keys made before them hold ----
     tf32: bool = setting(True, "fp32 matmuls in TF32 on GPUs that have it (Ampere and later), as timm's trainers "
                                "run them: about 8x the fp32 rate, with a 10-bit mantissa; false: full fp32. No "
@@ -460,6 +465,25 @@ class RunSettings(Section):
             value = getattr(self, name)
             self.need(name, isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()),
                       "a mapping of component name to its options")
+        # the schedules and the scoring batches as typed objects (a dict from the loader, or one already made);
+        # a schedule carries the run's seed, device and precision, never its own
+        run = {"seed": self.seed, "device": self.device, "amp": self.amp}
+        for name in SCHEDULES:
+            value = getattr(self, name)
+            self.need(name, isinstance(value, (dict, TrainConfig)), "a mapping of schedule settings")
+            object.__setattr__(self, name, replace(value, **run) if isinstance(value, TrainConfig)
+                               else train_config({**run, name: value}, name))
+        if not isinstance(self.scoring, ScoringConfig):
+            self.need("scoring", isinstance(self.scoring, dict), "a mapping of scoring settings")
+            object.__setattr__(self, "scoring", ScoringConfig.from_dict(self.scoring,
+                                                                        where="settings section 'scoring'"))
+
+    def to_dict(self) -> dict:
+        """The settings as a run's settings dict holds them: the schedules and scoring batches as mappings."""
+        d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
+        for name in (*SCHEDULES, "scoring"):
+            d[name] = getattr(self, name).as_settings()
+        return d
 
     @classmethod
     def of(cls, settings: dict) -> "RunSettings":
@@ -473,7 +497,8 @@ class RunSettings(Section):
 
     @property
     def scoring_batches(self) -> ScoringConfig:
-        return ScoringConfig.from_dict(self.scoring, where="settings section 'scoring'")
+        """The scoring batches (the same object as ``scoring``; the name from when ``scoring`` was a dict)."""
+        return self.scoring
 
     def options_for(self, kind: str, name: str) -> dict:
         """The options the settings give component ``name`` of ``kind`` (``scorer``, ``cost_model``)."""

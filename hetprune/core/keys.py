@@ -24,9 +24,16 @@ from dataclasses import MISSING, fields
 
 
 def fingerprint(obj) -> str:
-    """A short stable hash of JSON-able settings, used to key caches and resumable state."""
-    text = json.dumps(obj, sort_keys=True, default=str)
+    """A short stable hash of JSON-able settings, used to key caches and resumable state. A typed settings
+    object hashes as what a run's settings hold of it (its ``as_settings()``), so a key made from the object is
+    the key made from the dict before it; anything else that JSON cannot hold, as its text."""
+    text = json.dumps(obj, sort_keys=True, default=_plain)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _plain(obj):
+    as_settings = getattr(obj, "as_settings", None)
+    return as_settings() if callable(as_settings) else str(obj)
 
 
 # -- names in keys ----------------------------------------------------------------------------------------------

@@ -184,7 +184,8 @@ def selection_job(job: PruneJob, share: float) -> PruneJob:
                             "hetdpt.verify_selection 1, or a number of images per gate epoch")
     else:
         n = max(1, round(share * whole))
-    return dataclasses.replace(job, settings=config.changed(job.settings, scoring={**run.scoring, "subset": n}))
+    scoring = dataclasses.replace(run.scoring, subset=n).as_settings()
+    return dataclasses.replace(job, settings=config.changed(job.settings, scoring=scoring))
 
 
 class PipelineChecks:

@@ -27,8 +27,8 @@ import copy
 import time
 
 from hetprune import HetpruneError, Site, sites
-from hetprune.plugin_api import (PointStore, PruneJob, RunSettings, batch_split, fingerprint, finetune_step,
-                                 rank_lowest, remove_sites, scoring_context, select_sites)
+from hetprune.plugin_api import (PointStore, PruneJob, RunSettings, TrainConfig, batch_split, fingerprint,
+                                 finetune_step, rank_lowest, remove_sites, scoring_context, select_sites)
 from hetprune.plugin_api import distributed as dist
 
 from .options import FINETUNES, HetDPTOptions  # noqa: F401 - FINETUNES: its old home
@@ -37,12 +37,17 @@ from .options import FINETUNES, HetDPTOptions  # noqa: F401 - FINETUNES: its old
 AFFORDABLE = 4   # oneshot's auto: the final schedule for points when it sees at most this many short ones' images
 
 
-def images_of(schedule: dict, train_size: int | None) -> int | None:
+def images_of(schedule: TrainConfig, train_size: int | None) -> int | None:
     """Images one fine-tune of ``schedule`` sees (epochs x its subset, or the training set), None if unknown."""
-    n = schedule.get("subset")
+    return per_epoch(schedule.subset, train_size, schedule.epochs)
+
+
+def per_epoch(subset: int | None, train_size: int | None, epochs: int = 1) -> int | None:
+    """Images ``epochs`` passes over ``subset`` images of a training set of ``train_size`` see (None: unknown)."""
+    n = subset
     if train_size is not None:
         n = min(n, train_size) if n else train_size
-    return None if n is None else int(schedule["epochs"] * n)
+    return None if n is None else int(epochs * n)
 
 
 def resolve_finetune(section: str, run: RunSettings, train_size: int | None = None, scheme: str = "oneshot") -> str:
@@ -247,7 +252,7 @@ class OneShotPoints(PointScheme):
         self.section = self.schedule_section = resolve_finetune(self.options.point_finetune, job.config,
                                                                 job.task.train_size, "oneshot")
         schedule = getattr(job.config, self.section)
-        self.made = {"point_finetune": self.section, "schedule": schedule,
+        self.made = {"point_finetune": self.section, "schedule": schedule.as_settings(),
                      "images": images_of(schedule, job.task.train_size)}
 
     @property
@@ -331,7 +336,7 @@ class GradualPoints(PointScheme):
         per = getattr(self.built, "epochs_per_removal", None)
         if per is None or not removals:
             return 0 if not removals else None
-        n = images_of({"epochs": 1, "subset": self.job.config.scoring_batches.subset}, self.job.task.train_size)
+        n = per_epoch(self.job.config.scoring.subset, self.job.task.train_size)
         return None if n is None else n * (per * removals + getattr(self.built, "warmup_epochs", 0))
 
     trained_by = "selected (its gate phase)"

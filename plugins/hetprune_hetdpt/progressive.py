@@ -208,8 +208,9 @@ class ProgressivePoints(PointScheme):
                 images = None if self.step_images is None else self.step_images * fine_tunes
                 self.record(store, have, model, a, m, removed, t0,
                             {"path": path.name, "step": step + 1, "fine_tunes": fine_tunes,
-                             "point_finetune": self.section, "schedule": getattr(job.config, self.section),
-                             "images": images}, f"{path.name} {step + 1}/{len(path.steps)}")
+                             "point_finetune": self.section,
+                             "schedule": getattr(job.config, self.section).as_settings(), "images": images},
+                            f"{path.name} {step + 1}/{len(path.steps)}")
             if step and not self.keep_steps and dist.is_main():   # the previous step's weights are not needed
                 self.checkpoint(path, step).unlink(missing_ok=True)
 

@@ -227,8 +227,8 @@ class HetDPTPlus:
                   folder: str = "depth") -> PruneJob:
         run = job.config
         section = o.intermediate_finetune
-        schedule = {**run.short_finetune, "epochs": 0} if section == "none" else getattr(run, section)
-        settings = config.changed(job.settings, finetune=schedule)
+        schedule = dataclasses.replace(run.short_finetune, epochs=0) if section == "none" else getattr(run, section)
+        settings = config.changed(job.settings, finetune=schedule.as_settings())
         base_info = dict(job.base_info)
         if dense is not job.dense:  # width first: MAP points etc. belong to the width-pruned model
             base_info["hash"] = model_hash(dense)
