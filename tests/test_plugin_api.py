@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import hetprune
 from hetprune import HetpruneError
 from hetprune.core import distributed as dist
 
@@ -118,13 +119,21 @@ def test_the_kit_names_a_missing_method_through_the_protocol():
     class NoScore:
         name = "no-score"
 
-        def select(self, model, counts, ctx):
-            return []
+        def scores(self, model, sites, ctx):   # misnamed
+            return {}
 
     with pytest.raises(testing.ConformanceError, match=r"scorer 'no-score' breaks the plugin contract: it has no "
                                                        r"score\(\) method; a scorer has name, score\(\) "
                                                        r"\(hetprune.plugin_api.Scorer\)"):
         testing.check_scorer(NoScore)
+
+    class SelectOnly:   # the hookspec: a scorer that learns while it removes may provide select() instead
+        name = "select-only"
+
+        def select(self, model, counts, ctx):
+            return [s for kind in ("attn", "act") for s in hetprune.sites(model, kind)[:counts[kind]]]
+
+    testing.check_scorer(SelectOnly)
 
     class NoUnit:
         name = "no-unit"

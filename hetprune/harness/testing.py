@@ -137,6 +137,8 @@ class _UnderTest:
         protocol = protocols.PROTOCOLS.get(self.kind)
         if protocol is None or isinstance(self.obj, protocol) and not protocols.lacks(self.obj, protocol):
             return
+        if any(self.offers(other) for other in protocols.INSTEAD.get(self.kind, ())):
+            return   # what the kind may be instead (a scorer that only selects), as the registry takes it
         gaps = protocols.lacks(self.obj, protocol) or [f"what isinstance(obj, {protocol.__name__}) requires"]
         self.fail(f"it has no {gaps[0]}; a {self.kind} has {protocols.describe(protocol)} "
                   f"(hetprune.plugin_api.{protocol.__name__})")
@@ -219,7 +221,8 @@ def check_predictor(cls, **options) -> None:
 def check_scorer(cls, **options) -> None:
     """Score every kind on a tiny model, whole and partly pruned: one finite score per candidate, model untouched.
 
-    With ``select``: choose 1 attention and 2 activation sites; every site stays present and the model runs.
+    With ``select``: choose 1 attention and 2 activation sites; every site stays present and the model runs. A
+    scorer that only selects (``select`` without ``score``, the registry takes it so) is checked by ``select``.
     """
     c = _UnderTest("scorer", cls, options)
     with tempfile.TemporaryDirectory(prefix="hetprune-check-") as tmp:
@@ -229,7 +232,7 @@ def check_scorer(cls, **options) -> None:
                 surgery.remove_attention(model, 0)
                 surgery.remove_activation(model, 2)
             ctx = scoring_context(model, Path(tmp) / "score")
-            for kind in ("attn", "act"):
+            for kind in ("attn", "act") if c.offers(protocols.Scorer) else ():   # a selector alone: select()
                 state = _state(model)
                 c.call("score", model, sites(model, kind), ctx)
                 if not _same_state(state, _state(model)):
