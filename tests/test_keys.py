@@ -125,3 +125,15 @@ def test_every_stores_keys_are_where_the_last_release_left_them():
     from store_keys import keys_now
 
     assert keys_now() == json.loads((ROOT / "tests" / "data" / "store-keys.json").read_text())
+
+
+def test_a_plugin_that_reads_schedules_as_dicts_still_works_and_is_told_what_to_read():
+    """``job.config.finetune`` and ``.scoring`` were dicts before the typed settings: a plugin's dict reads
+    work, each with a DeprecationWarning naming the attribute."""
+    run = config.RunSettings()
+    with pytest.warns(DeprecationWarning, match=r"TrainConfig is a typed settings object now: read \.lr"):
+        assert run.finetune["lr"] == run.finetune.lr
+    with pytest.warns(DeprecationWarning, match=r"read \.subset"):
+        assert run.scoring.get("subset") == run.scoring.subset
+    with pytest.warns(DeprecationWarning):
+        assert {**run.short_finetune} == run.short_finetune.as_settings()

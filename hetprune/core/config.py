@@ -21,6 +21,7 @@ import math
 import re
 import types as pytypes
 import typing
+import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import ClassVar
@@ -139,8 +140,28 @@ KEEPS = ("last", "best", "ema")       # which weights a fine-tune returns
 SCHEDULES = ("finetune", "short_finetune")   # the settings sections that are a TrainConfig
 
 
+class ReadsLikeItsDict:
+    """A typed settings object read like the dict it once was (``run.finetune["lr"]``, ``{**run.scoring}``), as a
+    plugin written when ``job.config``'s schedules and scoring batches were dicts reads it: it works, with a
+    `DeprecationWarning` naming the attribute to read, until hetprune 1.0."""
+
+    def _dict_read(self, what: str) -> dict:
+        warnings.warn(f"{type(self).__name__} is a typed settings object now: read {what} as an attribute "
+                      "(reading it like a dict works until hetprune 1.0)", DeprecationWarning, stacklevel=3)
+        return self.as_settings()
+
+    def __getitem__(self, key: str):
+        return self._dict_read(f".{key}")[key]
+
+    def get(self, key: str, default=None):
+        return self._dict_read(f".{key}").get(key, default)
+
+    def keys(self):
+        return self._dict_read("each field").keys()
+
+
 @dataclass
-class TrainConfig:
+class TrainConfig(ReadsLikeItsDict):
     """One fine-tune schedule (lives here, not in ``train``, so reading settings never imports torch).
 
     The fields marked ``since`` came later (the long-schedule recipes of issue 42). Each defaults to off, and
@@ -383,7 +404,7 @@ def augmentation(value) -> Augmentation:
 
 
 @dataclass(frozen=True)
-class ScoringConfig(Section):
+class ScoringConfig(ReadsLikeItsDict, Section):
     """The few fixed batches one-shot scorers (``taylor``, ``magnitude``, ...) score on."""
 
     section: ClassVar[str] = "scoring"
