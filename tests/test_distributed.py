@@ -738,7 +738,7 @@ def test_a_job_made_in_code_keys_its_points_by_the_global_batch(tmp_path):
         settings = hetprune.core.config.resolve(strategy.defaults, sets=[*points, *sets])
         job = PruneJob(dense=tiny(0), spec=TINY_SPEC, data=digits(), budget=Budget(sites=2), settings=settings,
                        registry=registry, workdir=tmp_path, progress=False)
-        return strategy.points_key(job), job.settings["short_finetune"]["batch_size"]
+        return strategy.points_key(job), job.config.short_finetune.batch_size
 
     # one process: 16 per GPU is a global batch of 16, the same points as batch_size 16
     assert key("short_finetune.batch_size=16", "short_finetune.batch_per_gpu=true") == \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import numpy as np
@@ -375,7 +376,7 @@ def test_interrupted_point_collection_resumes_without_remeasuring(tiny_model, di
     assert len(calls) == len(plan) - 2
     assert [(p["n_attn"], p["n_act"]) for p in points] == plan
     # a changed schedule must not reuse the stale points
-    job.settings["finetune"]["lr"] = 1e-4
+    job = dataclasses.replace(job, settings=job.settings.replace_in("finetune", lr=1e-4))
     assert strategy.points_key(job) != store.key
 
 
@@ -397,8 +398,8 @@ def test_points_are_fine_tuned_with_the_chosen_schedule_and_keyed_by_it(tiny_mod
     assert strategy.points_key(full) != strategy.points_key(short)
     # each key follows its own schedule only
     before = strategy.points_key(full), strategy.points_key(short)
-    for job in (full, short):
-        job.settings["short_finetune"]["lr"] = 1e-4
+    full, short = (dataclasses.replace(job, settings=job.settings.replace_in("short_finetune", lr=1e-4))
+                   for job in (full, short))
     assert strategy.points_key(full) == before[0] and strategy.points_key(short) != before[1]
     bad = make_job(tiny_model, digits_data, tmp_path / "bad", **{"hetdpt.point_finetune": "long"})
     with pytest.raises(HetpruneError, match="point_finetune must be one of auto, finetune, short_finetune"):
@@ -590,7 +591,7 @@ def test_too_small_point_plan_fails_before_any_fine_tune(tiny_model, digits_data
         HetDPT().allocate(job)
     assert "hetdpt.predictor_options.poly.degree" in str(info.value)
     # no degree to lower and no dense point: the hint names the other ways
-    job.settings["hetdpt"].update(predictor="local", dense_point=False)
+    job = dataclasses.replace(job, settings=job.settings.replace_in("hetdpt", predictor="local", dense_point=False))
     with pytest.raises(HetpruneError, match="needs at least 3 distinct points") as info:
         HetDPT().allocate(job)
     assert "degree" not in str(info.value) and "fewer (hetdpt.predictor)" in str(info.value)

@@ -322,3 +322,78 @@ def test_flags_that_set_a_section_reach_it_as_typed_values_and_set_still_wins():
     args.round_to = 0
     with pytest.raises(HetpruneError, match="--round-to must be a whole number >= 1, got 0"):
         settings_options(args, strategies)
+
+
+# -- the typed object a job carries ---------------------------------------------------------------------------
+
+def _hetdpt_settings(*sets):
+    from hetprune.core.plugins import get_registry
+
+    return config.resolve(get_registry().build("strategy", "hetdpt"), sets=list(sets))
+
+
+def test_a_jobs_settings_are_one_object_parsed_once(tiny_model, digits_data, tmp_path):
+    import dataclasses
+
+    from hetprune.core.settings import Settings
+    from hetprune.core.plugins import get_registry
+    from hetprune.pruning.job import PruneJob
+    from hetprune_hetdpt.options import HetDPTOptions
+
+    job = PruneJob(dense=tiny_model, spec=None, data=digits_data, budget=Budget(sites=1),
+                   settings=_hetdpt_settings("seed=2"), registry=get_registry(), workdir=tmp_path, progress=False,
+                   log=lambda s: None)
+    assert isinstance(job.settings, Settings)
+    assert job.config is job.config and job.options(HetDPTOptions) is job.options(HetDPTOptions)   # parsed once
+    assert job.seed == 2 and job.options(HetDPTOptions).verify == HetDPTOptions().verify
+    sub = dataclasses.replace(job, settings=job.settings.replace(seed=5).replace_in("hetdpt", verify=0))
+    assert sub.seed == 5 and sub.options(HetDPTOptions).verify == 0
+    assert job.seed == 2 and job.options(HetDPTOptions).verify == HetDPTOptions().verify   # the parent unchanged
+
+
+def test_a_change_to_the_settings_object_is_checked_as_the_loader_checks():
+    from hetprune.core.settings import Settings
+
+    s = Settings(_hetdpt_settings())
+    with pytest.raises(HetpruneError, match=r"hetdpt.path_stride must be a whole number >= 1 .*got 0"):
+        s.replace_in("hetdpt", path_stride=0)
+    with pytest.raises(HetpruneError, match="unknown key"):
+        s.replace_in("finetune", learning_rate=1e-3)
+    with pytest.raises(HetpruneError, match="amp must be one of"):
+        s.replace(amp="fp8")
+    with pytest.raises(HetpruneError, match="unknown setting 'seeds'"):
+        s.replace(seeds=3)
+    with pytest.raises(HetpruneError, match="no section 'hetdpt_plus'; sections: .*hetdpt"):
+        s.replace_in("hetdpt_plus", depth_share=0.5)
+    with pytest.raises(HetpruneError, match="amp must be one of"):
+        Settings({**_hetdpt_settings(), "amp": "fp8"})   # checked when made, not when first read
+    assert s.replace_in("finetune", lr=1e-4).run.finetune.lr == 1e-4 and s.run.finetune.lr != 1e-4
+
+
+def test_the_settings_object_keys_as_the_dict_it_was_made_from():
+    from hetprune.core.keys import fingerprint
+    from hetprune.core.settings import Settings
+
+    d = _hetdpt_settings("finetune.lr=1e-4")
+    s = Settings(d)
+    assert fingerprint({"settings": s}) == fingerprint({"settings": d})
+    assert fingerprint(s.replace(seed=1)) != fingerprint(s)
+    assert s.as_settings() == d and s.as_settings() is not s.as_settings()   # a copy each time
+    d["seed"] = 99
+    assert s.run.seed == 0   # made from a copy: the loader's dict changed later does not reach it
+
+
+def test_reading_the_settings_object_like_a_dict_warns_until_1_0():
+    from hetprune.core.settings import Settings
+    from hetprune_hetdpt.options import HetDPTOptions
+
+    s = Settings(_hetdpt_settings("seed=4"))
+    with pytest.warns(DeprecationWarning, match=r"job.config .* until hetprune 1.0"):
+        assert s["seed"] == 4
+    with pytest.warns(DeprecationWarning):
+        assert s.get("hetdpt")["verify"] == s.section(HetDPTOptions).verify
+    with pytest.warns(DeprecationWarning):
+        assert "finetune" in s
+    with pytest.warns(DeprecationWarning):
+        s["finetune"]["lr"] = 1.0   # a copy: the object does not change
+    assert s.run.finetune.lr != 1.0

@@ -80,7 +80,10 @@ class Section:
 
     @classmethod
     def of(cls, settings: dict):
-        """This section of a run's settings (a dict at the edge), typed and checked."""
+        """This section of a run's settings (a dict at the edge, or the `hetprune.core.settings.Settings` a job
+        carries, which parses each section once), typed and checked."""
+        if not isinstance(settings, dict) and callable(getattr(settings, "section", None)):
+            return settings.section(cls)
         if cls.section and cls.section not in settings:
             raise HetpruneError(f"these settings have no {cls.section!r} section (a strategy that declares it adds "
                                 "it to the defaults)")
@@ -509,6 +512,8 @@ class RunSettings(Section):
     @classmethod
     def of(cls, settings: dict) -> "RunSettings":
         """The core part of a run's settings (its strategies' sections are theirs: `Section.of`)."""
+        if not isinstance(settings, dict) and callable(getattr(settings, "section", None)):
+            return settings.section(cls)
         return cls.from_dict({f.name: settings[f.name] for f in fields(cls) if f.name in settings})
 
     def schedule(self, section: str, device=None, amp: str | None = None, **changes) -> "TrainConfig":

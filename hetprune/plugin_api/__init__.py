@@ -20,7 +20,8 @@ name some of them), this module only gathers them.
 * **Stores and resume**: `PointStore` and `metric_of` (MAP points, pipeline checks), `fingerprint`,
   `reusable`, `weights_key`, `save_torch_atomic`.
 * **Plan steps** (``--plan``): `PlanStep`, `finetune_step`, `epoch_images`, `val_size`.
-* **Settings sections**: `Section`, `setting`, `number`, `whole`, `RunSettings`, `changed`.
+* **Settings**: `Settings`, the typed object a job carries (``job.settings.replace(...)`` for a sub-job's);
+  sections: `Section`, `setting`, `number`, `whole`, `RunSettings`, `changed`.
 * **Distributed**: the module `distributed` (``dist.on_main``, ``dist.is_main``, ...) and
   `follow_saved`: rank 0 decides a resume, everyone follows.
 * **Models**: `surgery`, the adapters (`Adapter`, `PreNormAdapter`, `adapter_for`, `WidthInfo`), the block
@@ -34,6 +35,7 @@ from __future__ import annotations
 from .. import bench
 from ..core import devices, distributed
 from ..core.config import RunSettings, Section, TrainConfig, changed, number, setting, whole
+from ..core.settings import Settings
 from ..core.distributed import follow_main, follow_saved
 from ..core.errors import BudgetUnreachable, HetpruneError, PluginError
 from ..core.keys import fingerprint
@@ -83,7 +85,7 @@ __all__ = [
     # plan steps
     "PlanStep", "finetune_step", "epoch_images", "val_size",
     # settings sections
-    "Section", "setting", "number", "whole", "RunSettings", "changed",
+    "Settings", "Section", "setting", "number", "whole", "RunSettings", "changed",
     # distributed
     "distributed", "follow_saved", "follow_main",
     # models: surgery, adapters, block modules, costs, widths

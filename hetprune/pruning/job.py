@@ -20,6 +20,7 @@ from ..core import distributed as dist
 from ..model.adapters import Adapter, adapter_for, serving
 from .budget import Budget, feasible_pairs
 from ..core.config import RunSettings, Section, per_gpu_resolved
+from ..core.settings import Settings
 from .cost_choice import build as build_cost_model, run_model_name
 from .plan import val_size
 from ..training.bundle import DataBundle
@@ -80,7 +81,7 @@ class PruneJob:
     spec: ModelSpec | None
     data: DataBundle | None
     budget: Budget
-    settings: dict
+    settings: Settings   # a dict is taken too, and made this object once, when the job is made
     registry: Registry
     workdir: Path
     base_info: dict = field(default_factory=dict)   # provenance of the dense weights (its hash: computed if absent)
@@ -105,7 +106,8 @@ class PruneJob:
         self.spec = self.spec or ModelSpec.user_built(self.dense)
         # a per-GPU batch as the global batch it is on this many ranks (a run's start has done it already):
         # every key made from a schedule sees the global batch
-        self.settings = per_gpu_resolved(self.settings, dist.world())
+        values = self.settings.as_settings() if isinstance(self.settings, Settings) else self.settings
+        self.settings = Settings.of(per_gpu_resolved(values, dist.world()))
         run = self.config
         self._device = devices.resolve(run.device)
         self._amp = devices.resolve_amp(run.amp, self._device)
@@ -143,13 +145,13 @@ class PruneJob:
 
     @property
     def config(self) -> RunSettings:
-        """The run's core settings, typed (read from ``settings`` each time: a strategy may hand a sub-job
-        changed settings)."""
-        return RunSettings.of(self.settings)
+        """The run's core settings, typed (parsed once; a strategy hands a sub-job changed settings with
+        ``dataclasses.replace(job, settings=job.settings.replace(...))``)."""
+        return self.settings.run
 
     def options(self, section: type[S]) -> S:
         """A strategy's own settings section, typed and checked: ``job.options(HetDPTOptions)``."""
-        return section.of(self.settings)
+        return self.settings.section(section)
 
     @property
     def seed(self) -> int:
@@ -329,7 +331,7 @@ class ScoringContext:
 
     data: DataBundle | None
     teacher: nn.Module
-    settings: dict
+    settings: Settings   # a dict is taken too (made this object once)
     device: torch.device
     seed: int
     workdir: Path
@@ -350,11 +352,12 @@ class ScoringContext:
         if self.task is None and self.data is None:
             raise HetpruneError("a ScoringContext needs a task (hetprune.Task) or a classification DataBundle")
         self.task = as_task(self.task if self.task is not None else self.data)
+        self.settings = Settings.of(self.settings)
 
     @property
     def config(self) -> RunSettings:
         """The run's core settings, typed."""
-        return RunSettings.of(self.settings)
+        return self.settings.run
 
     def place(self, obj):
         """Move a model or batch to the run's device (`hetprune.core.devices.place`)."""

@@ -168,7 +168,7 @@ def finish(job: PruneJob, model: nn.Module, report: dict, fold_norm: bool = Fals
         metric_before_finetune=metrics["metric_before_finetune"], metric_dense=metrics["metric_dense"],
         seconds=entries.pop("seconds", None), params=cost["params"], macs=cost["macs"],
         dense_params=dense_cost["params"], dense_macs=dense_cost["macs"], macs_convention=cost["macs_convention"],
-        settings=job.settings, extra={**entries, "splits": job.splits(), **cost_report(job, model, example)})
+        settings=job.settings.as_settings(), extra={**entries, "splits": job.splits(), **cost_report(job, model, example)})
     return PruneResult(model, recipe, done.to_dict())
 
 

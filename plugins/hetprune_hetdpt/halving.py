@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hetprune import HetpruneError, config
+from hetprune import HetpruneError
 from hetprune.plugin_api import (PlanStep, PointStore, PruneJob, epoch_images, fingerprint, remove_sites,
                                  scoring_context, select_sites)
 from hetprune.plugin_api import distributed as dist
@@ -185,7 +185,7 @@ def selection_job(job: PruneJob, share: float) -> PruneJob:
     else:
         n = max(1, round(share * whole))
     scoring = dataclasses.replace(run.scoring, subset=n).as_settings()
-    return dataclasses.replace(job, settings=config.changed(job.settings, scoring=scoring))
+    return dataclasses.replace(job, settings=job.settings.replace(scoring=scoring))
 
 
 class PipelineChecks:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import hetprune
-from hetprune import HetpruneError, config, get_registry
+from hetprune import HetpruneError, get_registry
 from hetprune.plugin_api import (Budget, PruneJob, PruneResult, count_macs, finetune, finetune_and_measure, finish,
                                  human, merge, model_hash, read_widths, scoring_context, site_savings, surgery,
                                  track_kept)
@@ -224,11 +224,13 @@ class HetDPTPlus:
     defaults = _WithDepth("defaults", {"hetdpt_plus": HetDPTPlusOptions.defaults(), "width": WidthOptions.defaults()})
 
     def depth_job(self, job: PruneJob, o: HetDPTPlusOptions, dense: nn.Module, budget: Budget,
-                  folder: str = "depth") -> PruneJob:
+                  folder: str = "depth", defaults: dict | None = None) -> PruneJob:
+        """The depth part's job: the dense model it prunes, its budget, the intermediate fine-tune as its final
+        one, and the depth strategy's own sections (``defaults``) where the run's settings lack them."""
         run = job.config
         section = o.intermediate_finetune
         schedule = dataclasses.replace(run.short_finetune, epochs=0) if section == "none" else getattr(run, section)
-        settings = config.changed(job.settings, finetune=schedule.as_settings())
+        settings = job.settings.replace(finetune=schedule.as_settings()).with_sections(defaults or {})
         base_info = dict(job.base_info)
         if dense is not job.dense:  # width first: MAP points etc. belong to the width-pruned model
             base_info["hash"] = model_hash(dense)
@@ -239,9 +241,7 @@ class HetDPTPlus:
                   folder: str = "depth") -> PruneResult:
         name = o.depth_strategy if strategy is None else strategy.name
         strategy = strategy or job.registry.build("strategy", name)
-        sub = self.depth_job(job, o, dense, budget, folder)
-        for key, value in (getattr(strategy, "defaults", None) or {}).items():
-            sub.settings.setdefault(key, copy.deepcopy(value))
+        sub = self.depth_job(job, o, dense, budget, folder, defaults=getattr(strategy, "defaults", None))
         job.log(f"[{job.strategy_name}] depth pruning with {name}: {budget.describe()}")
         t = job.stage_start("depth", strategy=name, budget=budget.to_dict())
         result = strategy.run(sub)
