@@ -26,6 +26,9 @@ from benchmarks/results/default-target.json (made on the shipped base model);
 before it is used, one split per target is fine-tuned again on both seeds and
 must reproduce the committed mean and std, else every seed is fine-tuned here.
 
+``--combine A,B,...`` runs nothing: it applies the rule over the targets of earlier passes (A.json, B.json,
+..., each target studied by one of them on the same seeds) and writes the ranking as ``--name``.
+
 ``--reuse-from NAME`` takes an earlier study's results (NAME.json, made with the same ``--set``) for what
 this pass does not redo: a target's truth where one of its rows (the best split, first seed) fine-tuned again
 here reproduces the committed value exactly (else every seed is fine-tuned here), and the units of the
@@ -572,7 +575,7 @@ def target_words(target: str) -> str:
 
 
 def markdown(result: dict) -> str:
-    rows, pick = result["rows"], result["choice"]["chosen"]
+    rows = result["rows"]
     lines = ["# MAP points and predictors against full fine-tunes", "",
              f"Produced by `{result['command']}`.", "",
              machine_line(result) + " for this pass, which reused what earlier passes of the same "
@@ -630,43 +633,7 @@ def markdown(result: dict) -> str:
             lines += [f"{scheme}: its checks cost {spent:,} images over every target, seed and predictor, against "
                       f"{alone:,} with every selection from scratch: the first removals the selections share, "
                       f"trained once, saved {1 - spent / alone:.0%}.", ""]
-    lines += ["## The choice", "",
-              f"The default is the scheme and predictor with the lowest worst-target excess regret (mean regret minus "
-              f"the target's seed-noise floor) whose points and checks cost at most {COST_CAP}x the `{BASELINE}` "
-              f"points' images at every target"
-              + (f" and at most {COST_LINE:.0%} of a DeiT-B run where benchmarks/plan_costs.py counts it (its "
-                 "`--config deit-b-paper` run, budget 10, ImageNet-1k's sizes, as `--plan` counts it; - where it "
-                 "does not)" if any("deit_b_share" in c for c in result["choice"]["ranking"]) else "") + ".", "",
-              "| scheme | predictor | worst excess over the floor | at | worst mean regret | mean over targets | "
-              f"cost vs {BASELINE} (worst target) | "
-              + ("share of the DeiT-B run | " if any("deit_b_share" in c for c in result["choice"]["ranking"]) else "")
-              + f"affordable | every target ≤ floor + {GOAL} |",
-              "|---|---|---|---|---|---|---|---|---|"
-              + ("---|" if any("deit_b_share" in c for c in result["choice"]["ranking"]) else "")]
-    for c in result["choice"]["ranking"]:
-        mark = "**" if pick and (c["scheme"], c["predictor"]) == (pick["scheme"], pick["predictor"]) else ""
-        lines.append(f"| {mark}{c['scheme']}{mark} | {mark}{c['predictor']}{mark} | {c['worst_excess']:.2f} | "
-                     f"{c['worst_target']} | {c['worst_mean_regret']:.2f} | {c['mean_regret']:.2f} | "
-                     f"{c['cost_ratio']:.2f}x | "
-                     + ((f"{c['deit_b_share']:.1%} | " if c["deit_b_share"] is not None else "- | ")
-                        if "deit_b_share" in c else "")
-                     + f"{'yes' if c['affordable'] else 'no'} | "
-                     f"{'yes' if c['all_within_goal'] else 'no'} |")
-    lines += ["", ("**Chosen: " + f"`{pick['scheme']}` points with `{pick['predictor']}`" + "**"
-                   + (f" (worst-target excess over the seed-noise floor {pick['worst_excess']:.2f}; "
-                      f"{'every' if pick['all_within_goal'] else 'not every'} target within {GOAL} point of "
-                      "its floor).")
-                   ) if pick else "**No scheme is affordable.**", ""]
-    lines += ["## Mean regret per target (points; mean over seeds)", "",
-              "| scheme | predictor | " + " | ".join(f"{b} {target_words(t)}" for b, t in cols)
-              + " |", "|---|---|" + "---|" * len(cols)]
-    by = {(r["scheme"], r["predictor"], r["bench"], r["target"]): r for r in rows}
-    for c in result["choice"]["ranking"]:
-        cells = []
-        for b, t in cols:
-            r = by.get((c["scheme"], c["predictor"], b, t))
-            cells.append("-" if r is None else f"{r['mean_regret']:.2f}")
-        lines.append(f"| {c['scheme']} | {c['predictor']} | " + " | ".join(cells) + " |")
+    lines += choice_lines(result, cols)
     lines += ["", "## Every row", "",
               "Regret on its own seed: the best of that seed's truth rows minus that seed's row at the pick (the "
               "model this very run would have made against the best it could have made).", "",
@@ -705,6 +672,50 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def choice_lines(result: dict, cols: list[tuple[str, str]]) -> list[str]:
+    """The rule's table (every scheme and predictor ranked, the pick in bold) and the mean regret per target:
+    the part of the report a pass and a combination of passes (``--combine``) share."""
+    pick = result["choice"]["chosen"]
+    lines = ["## The choice", "",
+              f"The default is the scheme and predictor with the lowest worst-target excess regret (mean regret minus "
+              f"the target's seed-noise floor) whose points and checks cost at most {COST_CAP}x the `{BASELINE}` "
+              f"points' images at every target"
+              + (f" and at most {COST_LINE:.0%} of a DeiT-B run where benchmarks/plan_costs.py counts it (its "
+                 "`--config deit-b-paper` run, budget 10, ImageNet-1k's sizes, as `--plan` counts it; - where it "
+                 "does not)" if any("deit_b_share" in c for c in result["choice"]["ranking"]) else "") + ".", "",
+              "| scheme | predictor | worst excess over the floor | at | worst mean regret | mean over targets | "
+              f"cost vs {BASELINE} (worst target) | "
+              + ("share of the DeiT-B run | " if any("deit_b_share" in c for c in result["choice"]["ranking"]) else "")
+              + f"affordable | every target ≤ floor + {GOAL} |",
+              "|---|---|---|---|---|---|---|---|---|"
+              + ("---|" if any("deit_b_share" in c for c in result["choice"]["ranking"]) else "")]
+    for c in result["choice"]["ranking"]:
+        mark = "**" if pick and (c["scheme"], c["predictor"]) == (pick["scheme"], pick["predictor"]) else ""
+        lines.append(f"| {mark}{c['scheme']}{mark} | {mark}{c['predictor']}{mark} | {c['worst_excess']:.2f} | "
+                     f"{c['worst_target']} | {c['worst_mean_regret']:.2f} | {c['mean_regret']:.2f} | "
+                     f"{c['cost_ratio']:.2f}x | "
+                     + ((f"{c['deit_b_share']:.1%} | " if c["deit_b_share"] is not None else "- | ")
+                        if "deit_b_share" in c else "")
+                     + f"{'yes' if c['affordable'] else 'no'} | "
+                     f"{'yes' if c['all_within_goal'] else 'no'} |")
+    lines += ["", ("**Chosen: " + f"`{pick['scheme']}` points with `{pick['predictor']}`" + "**"
+                   + (f" (worst-target excess over the seed-noise floor {pick['worst_excess']:.2f}; "
+                      f"{'every' if pick['all_within_goal'] else 'not every'} target within {GOAL} point of "
+                      "its floor).")
+                   ) if pick else "**No scheme is affordable.**", ""]
+    lines += ["## Mean regret per target (points; mean over seeds)", "",
+              "| scheme | predictor | " + " | ".join(f"{b} {target_words(t)}" for b, t in cols)
+              + " |", "|---|---|" + "---|" * len(cols)]
+    by = {(r["scheme"], r["predictor"], r["bench"], r["target"]): r for r in result["rows"]}
+    for c in result["choice"]["ranking"]:
+        cells = []
+        for b, t in cols:
+            r = by.get((c["scheme"], c["predictor"], b, t))
+            cells.append("-" if r is None else f"{r['mean_regret']:.2f}")
+        lines.append(f"| {c['scheme']} | {c['predictor']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def studied_targets(result: dict) -> list[tuple[str, str]]:
     """The (benchmark, target) columns this result holds, in TARGETS' order."""
     have = {tuple(k.split("|")) for k in result["truth"]}
@@ -738,6 +749,44 @@ def highlights(result: dict) -> list[tuple[str, str, str]]:
         if (scheme, predictor) in have:
             merged.setdefault((scheme, predictor), []).append(label)
     return [("; ".join(labels), scheme, predictor) for (scheme, predictor), labels in merged.items()]
+
+
+def combine(names: list[str], results: Path) -> dict:
+    """Several passes' results (NAME.json under ``results``) as one study: their rows, seed-noise floors and
+    truth notes over every target they hold, and the rule applied over all of them. Passes must not share a
+    target (each target's rows and floor come from the one pass that studied it) and must run the same seeds."""
+    parts = [json.loads((results / f"{n}.json").read_text()) for n in names]
+    seen: dict[str, str] = {}
+    for name, part in zip(names, parts):
+        for key in part["truth"]:
+            if key in seen:
+                raise SystemExit(f"{key.replace('|', ' ')} is in both {seen[key]}.json and {name}.json: combine "
+                                 "passes that studied different targets")
+            seen[key] = name
+    seeds = {name: sorted({p["seed"] for o in part["oracle"] for p in o["seeds"]}) for name, part in zip(names, parts)}
+    if len({tuple(v) for v in seeds.values()}) > 1:
+        raise SystemExit("the passes ran different seeds: " + "; ".join(f"{n}: {v}" for n, v in seeds.items()))
+    rows = [r for part in parts for r in part["rows"]]
+    result = {"command": ("python benchmarks/map_points.py " + shlex.join(sys.argv[1:])).strip(),
+              "combined": names, "rows": rows, "oracle": [o for part in parts for o in part["oracle"]],
+              "truth": {k: {"note": v["note"]} for part in parts for k, v in part["truth"].items()},
+              "name": None, "seeds": next(iter(seeds.values()))}
+    result["choice"] = choose(rows, floors_of(result["oracle"]), deit_b_shares())
+    return result
+
+
+def combined_markdown(result: dict) -> str:
+    cols = studied_targets(result)
+    floors = floors_of(result["oracle"])
+    lines = ["# MAP points and predictors against full fine-tunes: passes combined", "",
+             f"Produced by `{result['command']}` from "
+             + ", ".join(f"[{n}.md]({n}.md)" for n in result["combined"])
+             + f" (their machines, loads, commands and every row are there); seeds {result['seeds']}. Each "
+             "target's rows and seed-noise floor come from the pass that studied it; the rule below is applied over "
+             "every target of every pass.", "",
+             "Seed-noise floor per target (mean regret of each seed's own best split): "
+             + "; ".join(f"{b} {target_words(t)} {floors[(b, t)]:.2f}" for b, t in cols) + ".", ""]
+    return "\n".join(lines + choice_lines(result, cols)) + "\n"
 
 
 def plot(result: dict, path: Path) -> None:
@@ -787,7 +836,15 @@ def main() -> int:
     p.add_argument("--reuse-from", default=None, metavar="NAME",
                    help="an earlier study's results (NAME.json under --results, same --set): its truth where one "
                         "of its rows is reproduced here exactly, and its units of the schemes not in --schemes")
+    p.add_argument("--combine", default=None, metavar="NAME,NAME,...",
+                   help="run nothing: apply the rule over the targets of these earlier passes (NAME.json under "
+                        "--results), written as --name")
     args = p.parse_args()
+    if args.combine:
+        result = combine([n for n in args.combine.split(",") if n], Path(args.results))
+        result["name"] = args.name
+        write(args.results, args.name, result, combined_markdown(result))
+        return 0
 
     import torch
 

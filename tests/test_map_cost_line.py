@@ -32,3 +32,37 @@ def test_the_shares_are_the_committed_plan_costs_deit_b_rows():
     assert shares["oneshot"] == pytest.approx(0.02, abs=0.001)
     assert shares["progressive-pipeline3"] > map_points.COST_LINE > shares["oneshot-pipeline3-img"]
     assert set(shares) == set(map_points.PLAN_COSTS_ROWS)   # every named row is in the committed file
+
+
+def _pass(tmp_path, name: str, target: str, regrets: dict[str, float], floor: float, seeds=(0, 1)) -> None:
+    import json
+
+    part = {"rows": [{"bench": "digit-grid", "target": target, "scheme": scheme, "predictor": "local",
+                      "mean_regret": regret, "images": 100} for scheme, regret in regrets.items()],
+            "oracle": [{"bench": "digit-grid", "target": target, "mean_regret": floor,
+                        "seeds": [{"seed": s} for s in seeds]}],
+            "truth": {f"digit-grid|{target}": {"note": "every seed fine-tuned here", "splits": {}}}}
+    (tmp_path / f"{name}.json").write_text(json.dumps(part))
+
+
+def test_the_rule_over_several_passes_takes_each_targets_floor_from_its_own_pass(tmp_path):
+    # pass a: scheme x is worse than y by 1 point, but its target's floor is 3 points; pass b: y is 2 points worse
+    # than x over a floor of 0: over both, x's worst excess (a: 4 - 3 = 1; b: 1) beats y's (b: 3)
+    _pass(tmp_path, "a", "b12", {"oneshot": 4.0, "oneshot-pipeline3-img": 3.0}, floor=3.0)
+    _pass(tmp_path, "b", "macs0.7", {"oneshot": 1.0, "oneshot-pipeline3-img": 3.0}, floor=0.0)
+    result = map_points.combine(["a", "b"], tmp_path)
+    by = {c["scheme"]: c for c in result["choice"]["ranking"]}
+    assert by["oneshot"]["worst_excess"] == 1.0 and by["oneshot-pipeline3-img"]["worst_excess"] == 3.0
+    assert result["choice"]["chosen"]["scheme"] == "oneshot" and by["oneshot"]["targets"] == 2
+    page = map_points.combined_markdown({**result, "command": "x"})
+    assert "digit-grid budget 12 3.00; digit-grid MACs 0.7 0.00" in page and "[a.md](a.md)" in page
+
+
+def test_passes_that_share_a_target_or_differ_in_seeds_are_not_combined(tmp_path):
+    _pass(tmp_path, "a", "b12", {"oneshot": 1.0}, floor=0.0)
+    _pass(tmp_path, "b", "b12", {"oneshot": 2.0}, floor=0.0)
+    _pass(tmp_path, "c", "macs0.7", {"oneshot": 2.0}, floor=0.0, seeds=(0, 1, 2))
+    with pytest.raises(SystemExit, match="digit-grid b12 is in both a.json and b.json"):
+        map_points.combine(["a", "b"], tmp_path)
+    with pytest.raises(SystemExit, match="different seeds"):
+        map_points.combine(["a", "c"], tmp_path)
