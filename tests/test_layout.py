@@ -80,6 +80,18 @@ def test_an_old_path_says_once_where_it_went():
                     f"until hetprune {aliases.REMOVED_IN}, which removes it"]
 
 
+def test_an_old_path_to_a_submodule_leaves_the_packages_same_named_function_alone():
+    # hetprune.model.adapters.generic is a function and a submodule; the old path's import used to rebind the
+    # package's name to the submodule for the whole process
+    code = ("import warnings, sys\nwarnings.simplefilter('ignore')\n"
+            "import hetprune.model.adapters as adapters, hetprune.measure.bench as bench\n"
+            "import hetprune.adapters.generic, hetprune.bench.environment\n"
+            "print(callable(adapters.generic), callable(bench.environment), callable(hetprune.adapters.generic),\n"
+            "      type(sys.modules['hetprune.adapters.generic']).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "True", "True", "module"], out
+
+
 def test_the_new_paths_load_without_a_warning():
     code = ("import warnings\nwarnings.simplefilter('error', DeprecationWarning)\n"
             "import hetprune\nfrom hetprune.pruning import pipeline\nfrom hetprune.harness import testing\n"

@@ -15,6 +15,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+import types
 import warnings
 
 from .keys import MOVED, replace_prefix
@@ -51,6 +52,10 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                       f"{REMOVED_IN}, which removes it", DeprecationWarning, stacklevel=2)
         module = importlib.import_module(new)
         self._specs[spec.name] = module.__spec__
+        parent, _, child = spec.name.rpartition(".")
+        held = getattr(sys.modules.get(parent), child, None)
+        if held is not None and held is not module and not isinstance(held, types.ModuleType):
+            sys.modules[parent].__class__ = _KeepsItsNames   # see the class: the import system rebinds next
         return module
 
     def exec_module(self, module):
@@ -58,6 +63,20 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         old = getattr(module.__spec__, "name", None)
         if old in self._specs:
             module.__spec__ = self._specs.pop(old)
+
+
+class _KeepsItsNames(types.ModuleType):
+    """A package that names a function or class after one of its submodules (``hetprune.model.adapters.generic``,
+    ``hetprune.measure.bench.environment``). An old-path import of that submodule would make the import system
+    set the package's attribute to the submodule (the package is the same object under both paths), so that
+    ``adapters.generic(...)`` stopped working for the whole process; such a package keeps the name it holds."""
+
+    def __setattr__(self, name, value):
+        held = self.__dict__.get(name)
+        if (isinstance(value, types.ModuleType) and held is not None and not isinstance(held, types.ModuleType)
+                and value.__name__ == f"{self.__name__}.{name}"):
+            return
+        super().__setattr__(name, value)
 
 
 _FINDER = _OldPaths()
