@@ -54,7 +54,8 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self._specs[spec.name] = module.__spec__
         parent, _, child = spec.name.rpartition(".")
         held = getattr(sys.modules.get(parent), child, None)
-        if held is not None and held is not module and not isinstance(held, types.ModuleType):
+        if (held is not None and held is not module and not isinstance(held, types.ModuleType)
+                and type(sys.modules[parent]) is types.ModuleType):   # (hetprune itself has its own: _Package)
             sys.modules[parent].__class__ = _KeepsItsNames   # see the class: the import system rebinds next
         return module
 
