@@ -1,5 +1,5 @@
 """How long does the first ``hetprune compare`` after install take, under the defaults and under candidate
-defaults? (issue 43, item 4: it must finish within 3 minutes on 2 cores)
+defaults? (issue 43 asked for 3 minutes on 2 cores; issue 58 allows up to 5 for a steadier or better pick)
 
 Each variant runs ``hetprune compare`` as a new user would, in a subprocess with an empty cache
 (``HETPRUNE_CACHE`` set to a new temporary folder) and a new output folder, with the variant's ``--set``
@@ -31,7 +31,7 @@ from studylib.files import write
 from studylib.machine import load, machine
 
 ROOT = Path(__file__).resolve().parent.parent
-LIMIT_S = 180.0      # issue 43: the first compare after install finishes within 3 minutes on 2 cores
+LIMIT_S = 300.0      # issue 58: the first compare after install may take up to 5 minutes on 2 cores, not more
 LOADED = 1.5         # a start above this load on 2 cores is marked for a rerun
 SETTLE = 0.5        # before each variant, wait (at most SETTLE_S) for the 1-minute load to fall below this
 SETTLE_S = 240
@@ -87,7 +87,7 @@ def markdown(res: dict) -> str:
              f"Machine: {res['machine']}; {res['seconds']:.0f} s for this pass. Each variant: `hetprune compare` "
              "with an empty cache (`HETPRUNE_CACHE` a new folder) and the variant's `--set` settings, nothing "
              f"else, started once the 1-minute load average had fallen below {SETTLE} (or after {SETTLE_S} s); "
-             f"the limit is {LIMIT_S:.0f} s (issue 43). Seconds move with the machine's load: a variant started "
+             f"the limit is {LIMIT_S:.0f} s (issue 58). Seconds move with the machine's load: a variant started "
              f"above a load average of {LOADED} is marked, rerun it before quoting it. The wall time is start-up, "
              "the rows and the timing of the pruned models (the last two columns).", "",
              "| variant (`--set`) | wall time | within 3 min | load at start / end | rows (seconds, top-1 %) | start-up "

@@ -770,7 +770,9 @@ def combine(names: list[str], results: Path) -> dict:
     result = {"command": ("python benchmarks/map_points.py " + shlex.join(sys.argv[1:])).strip(),
               "combined": names, "rows": rows, "oracle": [o for part in parts for o in part["oracle"]],
               "truth": {k: {"note": v["note"]} for part in parts for k, v in part["truth"].items()},
-              "name": None, "seeds": next(iter(seeds.values()))}
+              "name": None, "seeds": next(iter(seeds.values())),
+              "schemes": {k: v for part in parts for k, v in part.get("schemes", {}).items()},
+              "predictors": {k: v for part in parts for k, v in part.get("predictors", {}).items()}}
     result["choice"] = choose(rows, floors_of(result["oracle"]), deit_b_shares())
     return result
 

@@ -57,7 +57,9 @@ def keys_now() -> dict:
                 scheme.plan(job.feasible_pairs())
                 out["points"]["progressive paths"] = {p.name: scheme.path_key(p) for p in scheme._paths}
                 out["points"]["progressive checks"] = scheme.verify_key
-        job = job_for(folder, "hetdpt.verify=2", "hetdpt.verify_by=pipeline")
+        # the checks' settings before issue 58 made them the defaults (their own selection, in final fine-tunes)
+        job = job_for(folder, "hetdpt.verify=2", "hetdpt.verify_by=pipeline", "hetdpt.verify_selection=1",
+                      "hetdpt.verify_images=null")
         out["pipeline checks"] = PipelineChecks(job).key
         job = job_for(folder, "hetdpt.verify=2", "hetdpt.verify_by=pipeline", "hetdpt.verify_images=auto",
                       "hetdpt.verify_selection=0.5", "amp=none")

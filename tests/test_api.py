@@ -197,7 +197,8 @@ def test_the_users_training_loop_runs_every_fine_tune_hetprune_plans(digits_data
         return [{"loss": 0.0}]
 
     settings = {**TINY_SETTINGS, "scorer": "gate-taylor",
-                "hetdpt": {"axis_points": 2, "mixed_points": 1, "point_selection": "progressive", "verify": 3}}
+                "hetdpt": {"axis_points": 2, "mixed_points": 1, "point_selection": "progressive", "verify": 3,
+                           "verify_by": "points"}}
     result = hetprune.prune(Wrapped(), user_task(digits_data, finetune=finetune), strategy="hetdpt", budget=2,
                             settings=settings, out=tmp_path / "out", progress=False, log=lambda m: None)
     s = result.report["settings"]

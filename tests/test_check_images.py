@@ -13,7 +13,8 @@ from hetprune_hetdpt.halving import PipelineChecks
 from hetprune_hetdpt.options import HetDPTOptions
 from hetprune_hetdpt.strategy import HetDPT
 
-CHECKS = {"verify": 4, "verify_by": "pipeline", "point_selection": "oneshot", "point_finetune": "short_finetune"}
+CHECKS = {"verify": 4, "verify_by": "pipeline", "point_selection": "oneshot", "point_finetune": "short_finetune",
+          "verify_selection": 1.0}   # the candidates selected as the final run selects (the default: 0.15 of it)
 # tiny schedules: the final fine-tune 1 epoch x 48 images, the points' (short_finetune) 1 epoch x 32, batch 16
 SHORT_LR = 3e-4
 
@@ -97,7 +98,7 @@ def test_bad_image_budgets_are_refused_before_anything_trains(tmp_path, monkeypa
         with pytest.raises(HetpruneError, match=words):
             sized(tmp_path, 128, **changes).options(HetDPTOptions)
     with pytest.raises(HetpruneError, match="hetdpt.verify_images shapes the checks of hetdpt.verify, which is 0"):
-        tiny_job(hetprune.Budget(sites=4), tmp_path, HetDPT, {"hetdpt": {"verify_images": 100}}).options(HetDPTOptions)
+        tiny_job(hetprune.Budget(sites=4), tmp_path, HetDPT, {"hetdpt": {"verify": 0, "verify_images": 100}}).options(HetDPTOptions)
     # too few images for the candidates' gate phases: refused by the run's checks, before any point trains
     job = sized(tmp_path, 100, scorer="gate-taylor")
     monkeypatch.setattr(job.task, "fit", lambda *a, **k: pytest.fail("a point trained before the refusal"))

@@ -14,6 +14,10 @@ from hetprune_hetdpt.halving import fractions, halving
 from hetprune_hetdpt.options import HetDPTOptions
 from hetprune_hetdpt.strategy import HetDPT
 
+# checks in final fine-tunes on the final run's own selection (the defaults before checks were sized in images;
+# test_check_images.py tests those)
+IN_FINAL_FINETUNES = {"scorer": "gate-taylor", "hetdpt": {"verify_selection": 1.0, "verify_images": None}}
+
 
 def test_each_round_splits_its_share_of_the_budget_among_fewer_candidates():
     assert fractions(4, 2.0, 0.0) == [0.25, 0.5]          # rounds of 4 and 2 candidates, 1 unit each
@@ -53,7 +57,7 @@ def test_successive_halving_keeps_the_better_half_and_spends_at_most_its_budget(
 
 def test_the_checks_run_the_final_pipeline_on_the_selection_split_and_go_into_the_report(tmp_path):
     settings = {"hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1, "verify": 2,
-                           "verify_by": "pipeline", "verify_budget": 6.0},
+                           "verify_by": "pipeline", "verify_budget": 6.0, "verify_selection": 1.0},
                 "scorer": "taylor"}
     job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, settings)
     result = HetDPT().run(job)
@@ -83,7 +87,7 @@ def test_bad_verify_settings_are_refused_with_what_is_allowed(tmp_path):
 def test_a_learning_selectors_phase_is_counted_against_the_budget(tmp_path):
     from hetprune_hetdpt.halving import PipelineChecks
 
-    job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, {"scorer": "gate-taylor"})
+    job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, IN_FINAL_FINETUNES)
     checks = PipelineChecks(job)
     # the gate phase of a 1+1 split: warm-up + one epoch per removal over the scoring subset, against the
     # final fine-tune's images (tiny settings: 1 epoch x 48)
@@ -96,7 +100,7 @@ def test_a_learning_selectors_phase_is_counted_against_the_budget(tmp_path):
 def test_the_default_budget_pays_for_the_selections_and_two_final_finetunes(tmp_path, monkeypatch):
     from hetprune_hetdpt import halving as module
 
-    job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, {"scorer": "gate-taylor"})
+    job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, IN_FINAL_FINETUNES)
     checks = module.PipelineChecks(job)
     seen = {}
 
@@ -185,7 +189,7 @@ def test_a_kept_state_from_another_start_or_setting_is_not_taken(tmp_path):
 def test_shared_removals_are_counted_once_against_the_budget(tmp_path):
     from hetprune_hetdpt.halving import PipelineChecks
 
-    job = tiny_job(hetprune.Budget(sites=4), tmp_path, HetDPT, {"scorer": "gate-taylor"})
+    job = tiny_job(hetprune.Budget(sites=4), tmp_path, HetDPT, IN_FINAL_FINETUNES)
     checks = PipelineChecks(job)
     per_epoch = 16 / 48   # one gate epoch over the scoring subset, in final fine-tunes (1 epoch x 48)
     assert checks.selection_cost((2, 2)) == pytest.approx((1 + 4) * per_epoch)        # warm-up + 4 removals
@@ -196,7 +200,7 @@ def test_shared_removals_are_counted_once_against_the_budget(tmp_path):
 
 def test_the_final_select_stage_continues_from_the_winners_kept_selection(tmp_path):
     settings = {"hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1, "verify": 2,
-                           "verify_by": "pipeline", "verify_budget": 12.0},
+                           "verify_by": "pipeline", "verify_budget": 12.0, "verify_selection": 1.0},
                 "scorer": "gate-taylor"}
     job = tiny_job(hetprune.Budget(sites=3), tmp_path, HetDPT, settings)
     logs = []
@@ -211,10 +215,11 @@ def test_the_final_select_stage_continues_from_the_winners_kept_selection(tmp_pa
 def test_cheaper_checks_select_on_a_share_of_the_scoring_subset_and_cost_that_share(tmp_path):
     from hetprune_hetdpt.halving import PipelineChecks
 
-    full = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "a", HetDPT, {"scorer": "gate-taylor"}))
+    full = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "a", HetDPT, IN_FINAL_FINETUNES))
     half = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "b", HetDPT,
                                    {"scorer": "gate-taylor", "hetdpt": {"verify": 2, "verify_by": "pipeline",
-                                                                        "verify_selection": 0.5}}))
+                                                                        "verify_selection": 0.5,
+                                                                        "verify_images": None}}))
     assert full.select_job is full.job and half.select_job.config.scoring_batches.subset == 8   # of 16
     assert half.job.config.scoring_batches.subset == 16   # the run's own selection keeps its subset
     assert half.selection_cost((2, 2)) == pytest.approx((1 + 4) * 8 / 48)
@@ -223,7 +228,8 @@ def test_cheaper_checks_select_on_a_share_of_the_scoring_subset_and_cost_that_sh
     # no subset: the share is of the training set
     whole = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "c", HetDPT,
                                     {"scorer": "gate-taylor", "scoring": {"subset": None},
-                                     "hetdpt": {"verify": 2, "verify_by": "pipeline", "verify_selection": 0.25}}))
+                                     "hetdpt": {"verify": 2, "verify_by": "pipeline", "verify_selection": 0.25,
+                                                "verify_images": None}}))
     assert whole.select_job.config.scoring_batches.subset == round(whole.job.task.train_size / 4)
 
 

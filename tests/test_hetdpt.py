@@ -551,14 +551,15 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
     out = tmp_path / "pruned"
     rc = main(["prune", *common, "--strategy", "hetdpt", "--budget", "3", "--out", str(out),
                "--set", "finetune.epochs=1", "--set", "short_finetune.epochs=1", "--set", "scoring.subset=64",
-               "--set", "finetune.subset=64", "--set", "short_finetune.subset=64", "--set", "hetdpt.verify=3"])
+               "--set", "finetune.subset=64", "--set", "short_finetune.subset=64", "--set", "hetdpt.verify=3",
+               "--set", "hetdpt.verify_by=points"])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     assert report["n_attn"] + report["n_act"] == 3
     assert {"points", "fit", "surface", "pick"} <= set(report["allocation"])
     alloc = report["allocation"]
     # the reported fit is the predictor's fit of the reported points; the pick is the best of the checks of the
-    # 3 best predicted splits (hetdpt.verify=3; the default, 0, takes the predictor's argmax)
+    # 3 best predicted splits, each measured as a point (hetdpt.verify=3, verify_by points)
     name = alloc["predictor"]
     assert name == report["settings"]["hetdpt"]["predictor"] == "local"    # the default
     refit = get_registry().build("predictor", name,

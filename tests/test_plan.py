@@ -121,7 +121,8 @@ def test_the_paper_recipe_planned_on_deit_b_at_imagenet_size_has_the_releases_im
     for share, gates in ((1, 2 * gate), (0.33, 3 * 83 * round(0.33 * 1_281_167))):
         checked = hetprune.prune(model, task, "hetdpt", 10, config="deit-b-paper", amp="none", plan=True,
                                  plan_probe=0, progress=False, log=lambda m: None,
-                                 settings={"hetdpt": {"verify": 3, "verify_by": "pipeline", "verify_selection": share}})
+                                 settings={"hetdpt": {"verify": 3, "verify_by": "pipeline", "verify_selection": share,
+                                                     "verify_images": None}})
         checks = next(s for s in checked.steps if s.stage == "stage 1: pipeline checks")
         assert checks.train_images == gates + 2 * final, (share, checks.train_images)
         assert "at most" in checks.what and "less the removals they share" in checks.what, checks.what   # a bound

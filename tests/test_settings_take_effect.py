@@ -291,18 +291,21 @@ def test_kd_token_on_a_model_without_a_distillation_token_is_refused_before_stag
 # -- suspect 2: the checks' settings at verify 0 (or verify_by points) are refused, not silently inert ------------
 
 @pytest.mark.parametrize("hetdpt_settings, words", [
-    ({"verify_by": "pipeline"}, "hetdpt.verify_by shapes the checks of hetdpt.verify, which is 0"),
-    ({"verify_budget": 4.0}, "hetdpt.verify_budget shapes the checks of hetdpt.verify, which is 0"),
-    ({"verify_selection": 0.5}, "hetdpt.verify_selection shapes the checks of hetdpt.verify, which is 0"),
-    ({"verify": 2, "verify_budget": 4.0}, "hetdpt.verify_budget applies to the checks of verify_by pipeline, and this "
-                                          "run's are verify_by points"),
-    ({"verify": 2, "verify_selection": 0.5}, "hetdpt.verify_selection applies to the checks of verify_by pipeline")])
+    ({"verify": 0, "verify_by": "points"}, "hetdpt.verify_by shapes the checks of hetdpt.verify, which is 0"),
+    ({"verify": 0, "verify_budget": 4.0}, "hetdpt.verify_budget shapes the checks of hetdpt.verify, which is 0"),
+    ({"verify": 0, "verify_selection": 0.5}, "hetdpt.verify_selection shapes the checks of hetdpt.verify, which is 0"),
+    ({"verify_by": "points", "verify_budget": 4.0}, "hetdpt.verify_budget applies to the checks of verify_by "
+                                                    "pipeline, and this run's are verify_by points"),
+    ({"verify_by": "points", "verify_selection": 0.5}, "hetdpt.verify_selection applies to the checks of verify_by "
+                                                       "pipeline")])
 def test_the_checks_settings_are_refused_where_there_are_no_such_checks(hetdpt_settings, words):
     from hetprune.core import config
 
     with pytest.raises(HetpruneError, match=words):
         config.resolve(hetdpt(), overrides={"hetdpt": hetdpt_settings})
-    config.resolve(hetdpt(), overrides={"hetdpt": {"verify": 2, "verify_by": "pipeline", **hetdpt_settings}})
+    config.resolve(hetdpt(), overrides={"hetdpt": {**hetdpt_settings, "verify": 2, "verify_by": "pipeline"}})
+    # the default checks' own settings at their defaults are no error when the checks are turned off
+    config.resolve(hetdpt(), overrides={"hetdpt": {"verify": 0}})
 
 
 # -- suspect 3: a strategy's section without that strategy in the run says so -----------------------------------

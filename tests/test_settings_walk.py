@@ -23,26 +23,21 @@ OTHER = {
     "teacher_kwargs": {"depth": 1}, "teacher_checkpoint": "teacher.safetensors", "clip_grad": 1.0,
     "clip_mode": "value", "lr_scale": "linear", "warmup_lr": 1e-6, "min_lr": 1e-6, "keep": "best",
     "predictor": "poly", "point_selection": "progressive", "point_finetune": "finetune", "interleave_first": "attn",
-    "point_scorer": "magnitude", "verify_by": "pipeline", "verify_budget": 3.0, "verify_images": 20_000, "verify_when": "unsure", "order": "depth-width",
+    "point_scorer": "magnitude", "verify_by": "points", "verify_budget": 3.0, "verify_images": 20_000, "verify_when": "unsure", "order": "depth-width",
     "depth_strategy": "another-depth-strategy", "depth_sites": 2, "intermediate_finetune": "finetune",
     "pruner": "another-width-pruner",   # names are checked when a run starts (start_run), not when settings are read
     "scorer_options": {"gate-taylor": {"score_lr": 0.5}}, "cost_model_options": {"latency": {"batch_size": 8}},
     "predictor_options": {"poly": {"degree": 2}}, "pruner_options": {"round_to": 16},
 }
-# the settings a changed value of a leaf needs beside it to be used at all; alone, it is refused (the run would
-# ignore it), with these words
-WITH = {"hetdpt.verify_by": ({"hetdpt": {"verify": 2}}, "hetdpt.verify_by shapes the checks of hetdpt.verify"),
-        "hetdpt.verify_budget": ({"hetdpt": {"verify": 2, "verify_by": "pipeline"}},
-                                 "hetdpt.verify_budget shapes the checks of hetdpt.verify"),
-        "hetdpt.verify_when": ({"hetdpt": {"verify": 2}}, "hetdpt.verify_when shapes the checks of hetdpt.verify"),
-        "hetdpt.verify_images": ({"hetdpt": {"verify": 2, "verify_by": "pipeline"}},
-                                 "hetdpt.verify_images shapes the checks of hetdpt.verify"),
-        "hetdpt.verify_selection": ({"hetdpt": {"verify": 2, "verify_by": "pipeline"}},
-                                    "hetdpt.verify_selection shapes the checks of hetdpt.verify"),
+# the settings a changed value of a leaf needs beside it to be used at all, the words it is refused with where it
+# would be ignored, and where that is (for the checks' settings: at verify 0; the defaults check 3 splits)
+CHECKS_OFF = {"hetdpt": {"verify": 0}}
+WITH = {**{f"hetdpt.{name}": ({}, f"hetdpt.{name} shapes the checks of hetdpt.verify", CHECKS_OFF)
+           for name in ("verify_by", "verify_budget", "verify_when", "verify_images", "verify_selection")},
         **{f"{section}.{name}": ({section: {"teacher": "vit_tiny_patch16_224"}},
-                                 "teacher_checkpoint, teacher_pretrained and teacher_kwargs describe a separate")
+                                 "teacher_checkpoint, teacher_pretrained and teacher_kwargs describe a separate", {})
            for section in config.SCHEDULES for name in ("teacher_kwargs", "teacher_checkpoint", "teacher_pretrained")},
-        **{f"{section}.keep": ({section: {"eval_every": 1}}, "keep: best needs eval_every >= 1")
+        **{f"{section}.keep": ({section: {"eval_every": 1}}, "keep: best needs eval_every >= 1", {})
            for section in config.SCHEDULES}}
 
 
@@ -115,11 +110,11 @@ def test_the_walk_covers_every_section_and_declares_each_unkeyed_setting_with_it
 @pytest.mark.parametrize("key, default", WALK, ids=[key for key, _ in WALK])
 def test_every_setting_is_keyed_refused_or_declared_unkeyed(key, default):
     run = strategies()
-    needs, refused = WITH.get(key, ({}, None))
+    needs, refused, ignored_in = WITH.get(key, ({}, None, {}))
     change = nested(key, other_value(key, default))
-    if refused is not None:   # alone it would be ignored: refused, naming it
+    if refused is not None:   # where it would be ignored: refused, naming it
         with pytest.raises(HetpruneError, match=refused):
-            config.resolve(run, overrides=change)
+            config.resolve(run, overrides=merged(ignored_in, change))
     reference = config.resolve(run, overrides=needs)
     changed = config.resolve(run, overrides=merged(needs, change))   # used: accepted ...
     if key in config.unkeyed_settings():   # ... and keyed, or declared unkeyed with its reason

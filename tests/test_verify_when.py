@@ -57,7 +57,7 @@ def test_a_run_checks_a_near_tie_and_trusts_a_clear_pick(error, tmp_path, monkey
 
 def test_verify_when_is_refused_where_it_does_nothing_or_is_unknown(tmp_path):
     with pytest.raises(HetpruneError, match="hetdpt.verify_when shapes the checks of hetdpt.verify, which is 0"):
-        tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, {"hetdpt": {"verify_when": "unsure"}}).options(HetDPTOptions)
+        tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, {"hetdpt": {"verify": 0, "verify_when": "unsure"}}).options(HetDPTOptions)
     with pytest.raises(HetpruneError, match="verify_when must be one of always, unsure, got 'sometimes'"):
         tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
                  {"hetdpt": {"verify": 2, "verify_when": "sometimes"}}).options(HetDPTOptions)

@@ -199,14 +199,16 @@ class PipelineChecks:
         opts = job.options(HetDPTOptions)
         self.select_job = selection_job(job, opts.verify_selection)
         self.own_selection = self.select_job is job   # the final run's own selection: the winner's reused
-        self.images_budget = opts.verify_images
+        self.images_budget = opts.images_budget
         run = job.config
         section = (resolve_finetune(opts.point_finetune, run, job.task.train_size, opts.point_selection)
                    if self.images_budget is not None else "finetune")
         self.cfg = job.train_config(section)
-        images = (epoch_images(self.cfg, job.task.train_size) or 0) * self.cfg.epochs
+        per_epoch = epoch_images(self.cfg, job.task.train_size)
+        images = (per_epoch or 0) * self.cfg.epochs
         self.unit = Unit("verify_images" if self.images_budget is not None else "verify_budget", section, images)
-        if self.unit.in_images and not images:
+        # a schedule of 0 epochs (HetDPT+'s depth part without an intermediate fine-tune) checks without one
+        if self.unit.in_images and per_epoch is None and self.cfg.epochs:
             raise HetpruneError(f"hetdpt.verify_images sizes each check as a share of the points' schedule "
                                 f"({section}), whose images are unknown here (no {section}.subset, and a "
                                 f"training set of unknown size): set {section}.subset, or use "
@@ -229,8 +231,8 @@ class PipelineChecks:
         default, the selections plus `FINETUNES_BEYOND_SELECTION`)."""
         if self.images_budget == "auto":   # every round's equal share pays each of its checks a whole one
             return selection_cost + len(round_sizes(k)) * k
-        if self.unit.in_images:
-            return self.images_budget / self.unit.images
+        if self.unit.in_images:   # (a check that fine-tunes nothing costs nothing: only the selections count)
+            return self.images_budget / self.unit.images if self.unit.images else None
         return self.job.options(HetDPTOptions).verify_budget
 
     def shared(self, a: Split, b: Split) -> int:
