@@ -90,7 +90,7 @@ def markdown(res: dict) -> str:
              f"the limit is {LIMIT_S:.0f} s (issue 58). Seconds move with the machine's load: a variant started "
              f"above a load average of {LOADED} is marked, rerun it before quoting it. The wall time is start-up, "
              "the rows and the timing of the pruned models (the last two columns).", "",
-             "| variant (`--set`) | wall time | within 3 min | load at start / end | rows (seconds, top-1 %) | start-up "
+             f"| variant (`--set`) | wall time | within {LIMIT_S / 60:.0f} min | load at start / end | rows (seconds, top-1 %) | start-up "
              "and timing |", "|---|---|---|---|---|---|"]
     for v in res["variants"]:
         rows = "; ".join(f"{r['row'].split('__')[0]} {r['seconds']} s"
