@@ -56,6 +56,12 @@ def refuse_unknown_keys(cls, d: dict, where: str) -> None:
         raise HetpruneError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: {', '.join(known)}")
 
 
+def carried(settings) -> bool:
+    """Whether ``settings`` is the `hetprune.core.settings.Settings` object a job carries (it parses each section
+    once: ask it) rather than the loader's dict (that module builds on this one, so it is known by its shape)."""
+    return not isinstance(settings, dict) and callable(getattr(settings, "section", None))
+
+
 class Section:
     """A typed settings section: a dataclass whose fields are the section's settings.
 
@@ -82,7 +88,7 @@ class Section:
     def of(cls, settings: dict):
         """This section of a run's settings (a dict at the edge, or the `hetprune.core.settings.Settings` a job
         carries, which parses each section once), typed and checked."""
-        if not isinstance(settings, dict) and callable(getattr(settings, "section", None)):
+        if carried(settings):
             return settings.section(cls)
         if cls.section and cls.section not in settings:
             raise HetpruneError(f"these settings have no {cls.section!r} section (a strategy that declares it adds "
@@ -149,9 +155,13 @@ class ReadsLikeItsDict:
     `DeprecationWarning` naming the attribute to read, until hetprune 1.0."""
 
     def _dict_read(self, what: str) -> dict:
-        warnings.warn(f"{type(self).__name__} is a typed settings object now: read {what} as an attribute "
-                      "(reading it like a dict works until hetprune 1.0)", DeprecationWarning, stacklevel=3)
+        warnings.warn(self._read_instead(what), DeprecationWarning, stacklevel=3)
         return self.as_settings()
+
+    def _read_instead(self, what: str) -> str:
+        """What the warning tells the reader to do instead."""
+        return (f"{type(self).__name__} is a typed settings object now: read {what} as an attribute (reading it "
+                "like a dict works until hetprune 1.0)")
 
     def __getitem__(self, key: str):
         return self._dict_read(f".{key}")[key]
@@ -512,7 +522,7 @@ class RunSettings(Section):
     @classmethod
     def of(cls, settings: dict) -> "RunSettings":
         """The core part of a run's settings (its strategies' sections are theirs: `Section.of`)."""
-        if not isinstance(settings, dict) and callable(getattr(settings, "section", None)):
+        if carried(settings):
             return settings.section(cls)
         return cls.from_dict({f.name: settings[f.name] for f in fields(cls) if f.name in settings})
 

@@ -11,17 +11,16 @@ stored result's key depends on whether the settings were carried as a dict or as
 from __future__ import annotations
 
 import copy
-import warnings
 from typing import TypeVar
 
 from . import config
-from .config import RunSettings, Section
+from .config import ReadsLikeItsDict, RunSettings, Section
 from .errors import HetpruneError
 
 S = TypeVar("S", bound=Section)
 
 
-class Settings:
+class Settings(ReadsLikeItsDict):
     """A run's checked settings: the core part typed (`run`), every section typed on first use (`section`).
 
     Immutable: `replace` and `replace_in` give a changed copy (what a strategy hands a sub-job, with
@@ -53,11 +52,6 @@ class Settings:
             self._parsed[cls] = cls.of(self._values)
         return self._parsed[cls]
 
-    def has(self, name: str) -> bool:
-        """Whether the settings hold a section or top-level setting ``name`` (a strategy's section is added to
-        the defaults by the strategy that declares it)."""
-        return name in self._values
-
     def replace(self, **changes) -> "Settings":
         """A copy with top-level entries replaced (a section as a whole: ``finetune=schedule.as_settings()``),
         checked as the loader checks (`hetprune.core.config.changed`)."""
@@ -87,8 +81,6 @@ class Settings:
         hashes this object as this dict)."""
         return copy.deepcopy(self._values)
 
-    to_dict = as_settings
-
     def __eq__(self, other) -> bool:
         if isinstance(other, Settings):
             return self._values == other._values
@@ -99,24 +91,14 @@ class Settings:
     def __repr__(self) -> str:
         return f"Settings({self._values!r})"
 
-    # -- read like a dict, until 1.0 -------------------------------------------------------------------------
-    def _dict_read(self) -> dict:
-        warnings.warn("a job's settings are a typed Settings object now: read job.config (the core settings) or "
-                      "job.options(YourSection), or settings.as_settings() for the dict (reading it like a dict "
-                      "works until hetprune 1.0)", DeprecationWarning, stacklevel=3)
-        return self._values
-
-    def __getitem__(self, key: str):
-        return copy.deepcopy(self._dict_read()[key])
-
-    def get(self, key: str, default=None):
-        return copy.deepcopy(self._dict_read().get(key, default))
-
-    def keys(self):
-        return self._dict_read().keys()
+    # -- read like a dict, until 1.0 (ReadsLikeItsDict: [key], get, keys; and these) ----------------------------
+    def _read_instead(self, what: str) -> str:
+        return ("a job's settings are a typed Settings object now: read job.config (the core settings) or "
+                "job.options(YourSection), or settings.as_settings() for the dict (reading it like a dict works "
+                "until hetprune 1.0)")
 
     def __contains__(self, key) -> bool:
-        return key in self._dict_read()
+        return key in self._dict_read(repr(key))
 
     def __iter__(self):
-        return iter(list(self._dict_read()))
+        return iter(self._dict_read("each entry"))

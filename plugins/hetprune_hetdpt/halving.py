@@ -184,8 +184,7 @@ def selection_job(job: PruneJob, share: float) -> PruneJob:
                             "hetdpt.verify_selection 1, or a number of images per gate epoch")
     else:
         n = max(1, round(share * whole))
-    scoring = dataclasses.replace(run.scoring, subset=n).as_settings()
-    return dataclasses.replace(job, settings=job.settings.replace(scoring=scoring))
+    return dataclasses.replace(job, settings=job.settings.replace_in("scoring", subset=n))
 
 
 class PipelineChecks:
