@@ -676,19 +676,20 @@ def choice_lines(result: dict, cols: list[tuple[str, str]]) -> list[str]:
     """The rule's table (every scheme and predictor ranked, the pick in bold) and the mean regret per target:
     the part of the report a pass and a combination of passes (``--combine``) share."""
     pick = result["choice"]["chosen"]
+    shares = any("deit_b_share" in c for c in result["choice"]["ranking"])   # a DeiT-B column where counted
     lines = ["## The choice", "",
               f"The default is the scheme and predictor with the lowest worst-target excess regret (mean regret minus "
               f"the target's seed-noise floor) whose points and checks cost at most {COST_CAP}x the `{BASELINE}` "
               f"points' images at every target"
               + (f" and at most {COST_LINE:.0%} of a DeiT-B run where benchmarks/plan_costs.py counts it (its "
                  "`--config deit-b-paper` run, budget 10, ImageNet-1k's sizes, as `--plan` counts it; - where it "
-                 "does not)" if any("deit_b_share" in c for c in result["choice"]["ranking"]) else "") + ".", "",
+                 "does not)" if shares else "") + ".", "",
               "| scheme | predictor | worst excess over the floor | at | worst mean regret | mean over targets | "
               f"cost vs {BASELINE} (worst target) | "
-              + ("share of the DeiT-B run | " if any("deit_b_share" in c for c in result["choice"]["ranking"]) else "")
+              + ("share of the DeiT-B run | " if shares else "")
               + f"affordable | every target ≤ floor + {GOAL} |",
               "|---|---|---|---|---|---|---|---|---|"
-              + ("---|" if any("deit_b_share" in c for c in result["choice"]["ranking"]) else "")]
+              + ("---|" if shares else "")]
     for c in result["choice"]["ranking"]:
         mark = "**" if pick and (c["scheme"], c["predictor"]) == (pick["scheme"], pick["predictor"]) else ""
         lines.append(f"| {mark}{c['scheme']}{mark} | {mark}{c['predictor']}{mark} | {c['worst_excess']:.2f} | "
