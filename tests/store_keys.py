@@ -2,9 +2,11 @@
 paths and checks too), pipeline checks, HetDPT+'s share points and an ablation's truth rows, for one fixed job
 (a tiny ViT from seed 0, the digits, the defaults plus a few settings that reach every branch).
 
-``python tests/store_keys.py`` prints them; tests/data/store-keys.json holds what the code printed at 2e9158a (before the key layer),
-and test_keys.py compares: a refactor of settings or keys must leave every one of them where it was, or bump
-it on purpose with a reader that still finds the old ones. (Resume keys and a compare row's: layout_keys.py.)"""
+``python tests/store_keys.py`` prints them (key version 2); tests/data/store-keys-v2.json holds what it printed when
+version 2 came, and tests/data/store-keys.json what the code made at 2e9158a, under key version 1. test_keys.py
+compares both: a refactor of settings or keys must leave every key where it was, and every key's ``before``
+where version 1 put it (so results stored by earlier releases stay found). (Resume keys, a compare row's:
+layout_keys.py.)"""
 
 from __future__ import annotations
 
@@ -72,4 +74,6 @@ def keys_now() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(keys_now(), indent=1, sort_keys=True))
+    from hetprune.core.keys import plain
+
+    print(json.dumps(plain(keys_now()), indent=1, sort_keys=True))

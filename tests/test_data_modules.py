@@ -1,6 +1,7 @@
 """hetprune/training/data.py split by concern (issue 59, item 5): the bundle, the embedded data sets, the
 ImageFolder data sets, the samplers and the loaders with their cache are modules of their own, and no key moved
-with them: keys name their classes and functions as before, ``hetprune.data.<name>`` (`keys.SPLIT_FROM`)."""
+with them: key version 1 names their classes and functions as before, ``hetprune.data.<name>``
+(`keys.SPLIT_FROM`), so results stored then are found; version 2 names them ``hetprune:<name>``, by no module."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ SPLIT = [bundles, data, embedded_data, image_folders, loaders, samplers]
 
 # what a user Task whose code closes over hetprune's data objects was keyed as before the split (at aec6af4)
 KEY_BEFORE_THE_SPLIT = "c585c7c9b30021c9"
+KEY_VERSION_2 = "330b818b870e5720"   # the same task's key since key version 2
 
 
 def user_task() -> Task:
@@ -45,7 +47,8 @@ def user_task() -> Task:
 
 
 def test_a_user_task_that_closes_over_data_objects_keeps_its_key():
-    assert user_task().key == KEY_BEFORE_THE_SPLIT
+    key = user_task().key
+    assert key.before == KEY_BEFORE_THE_SPLIT and key == KEY_VERSION_2
 
 
 def defined_in(module) -> list:
@@ -58,7 +61,8 @@ def test_keys_name_what_the_split_moved_as_it_was_named_before(module):
     named = defined_in(module)
     assert named
     for obj in named:
-        assert keys.qualified_name(obj) == f"hetprune.data.{obj.__qualname__}"
+        assert keys.qualified_name(obj).before == f"hetprune.data.{obj.__qualname__}"
+        assert keys.qualified_name(obj) == f"hetprune:{obj.__qualname__}"
 
 
 def test_every_module_split_out_of_data_is_in_the_table():

@@ -118,13 +118,15 @@ def test_names_in_keys_come_from_the_keys_table_not_the_import_paths():
 
 def test_every_stores_keys_are_where_the_last_release_left_them():
     """The keys of MAP points (every scheme, paths, checks), pipeline checks, share points and truth rows for
-    one fixed job, against what the code made before the key layer (tests/store_keys.py made the file): stored
-    results stay found."""
+    one fixed job (tests/store_keys.py): this release's where key version 2 put them, and each one's ``before``
+    what the code made before the key layer, under version 1, so the stores find results stored then."""
     import json
 
     from store_keys import keys_now
 
-    assert keys_now() == json.loads((ROOT / "tests" / "data" / "store-keys.json").read_text())
+    made = keys_now()
+    assert keys.then(made) == json.loads((ROOT / "tests" / "data" / "store-keys.json").read_text())
+    assert keys.plain(made) == json.loads((ROOT / "tests" / "data" / "store-keys-v2.json").read_text())
 
 
 def test_a_plugin_that_reads_schedules_as_dicts_still_works_and_is_told_what_to_read():

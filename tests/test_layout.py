@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import hetprune
 from hetprune.core import aliases, keys
@@ -104,10 +105,12 @@ def test_nothing_but_the_package_and_python_dash_m_sits_outside_a_layer():
     assert not loose, f"modules outside every layer's subpackage: {loose}"
 
 
-def test_keys_name_modules_by_their_old_names():
+def test_keys_name_hetprunes_classes_by_package_and_name_and_version_1_by_their_old_module():
     from hetprune.model.block_modules import BlockLayout
 
-    assert keys.qualified_name(BlockLayout) == "hetprune.layers.BlockLayout"
+    assert keys.qualified_name(BlockLayout) == "hetprune:BlockLayout"
+    assert keys.qualified_name(BlockLayout).before == "hetprune.layers.BlockLayout"
+    assert keys.qualified_name(torch.nn.Linear) == "torch.nn.modules.linear.Linear"   # anyone else's: its module
     assert keys.stable_name("hetprune.training.task") == "hetprune.task"
     assert keys.stable_name("hetprune_timm.vit") == "hetprune_timm.vit"   # what did not move keeps its name
     assert keys.stable_name("hetprune.pruning.job") == "hetprune.pruning.job"   # new since the move: its own
@@ -122,7 +125,9 @@ def test_no_resume_key_moved_with_the_files():
         from layout_keys import keys_now
     finally:
         sys.path.remove(str(HERE))
-    assert keys_now() == json.loads((HERE / "data" / "layout-keys.json").read_text())
+    made = keys_now()
+    assert keys.then(made) == json.loads((HERE / "data" / "layout-keys.json").read_text())   # version 1's keys
+    assert keys.plain(made) == json.loads((HERE / "data" / "layout-keys-v2.json").read_text())
 
 
 def test_the_public_names_are_where_the_package_says():

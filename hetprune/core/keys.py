@@ -14,6 +14,13 @@ shapes it changed. Three rules make the second half hold, each declared beside w
 * **A setting added later says so.** ``setting(..., since="issue 42")``: while it holds its default it is left
   out of the settings (`drop_later_defaults`), so every key made before it existed stays what it was, wherever
   the field is placed in its class.
+
+**Key version 2** (issue 59). Keys made since are salted with the version, and they name hetprune's own classes
+and functions by their package and qualified name (``hetprune:MergedMLP``), not by a module path, so a module
+that moves no longer moves a key and the `MOVED` table serves only the old keys. Every key is a `Key`: the
+string this release uses, holding the key the same inputs made under version 1 (``key.before``), computed from the
+same declaration (`then` reads a value as version 1 did). A store looks under both (`found`, `matches`), so a
+result stored before the bump is found and reused, not made again.
 """
 
 from __future__ import annotations
@@ -21,19 +28,102 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import MISSING, fields
+from pathlib import Path
 
 
-def fingerprint(obj) -> str:
+KEY_VERSION = 2
+_SALT = f"hetprune keys {KEY_VERSION}\n"   # version 1 had none
+
+
+class Key(str):
+    """A key: the string this release stores results under, and ``before``, the key the same inputs made
+    under key version 1 (every earlier release), where a store also looks. Compares, hashes and prints as the
+    string; written to JSON as the string. `plain` turns keys back into plain strings (a pickle of a
+    subclass would need this module to load)."""
+
+    before: str
+
+    def __new__(cls, now: str, before: str):
+        key = super().__new__(cls, now)
+        key.before = before
+        return key
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.before))
+
+
+class Name(Key):
+    """A class's or function's name in keys (`qualified_name`), with the name key version 1 gave it."""
+
+
+def before(value):
+    """What key version 1 made where this release makes ``value`` (a `Key`'s ``before``; anything else is
+    the same under both)."""
+    return value.before if isinstance(value, Key) else value
+
+
+def then(obj):
+    """``obj`` (JSON-like data holding keys and names) as key version 1 saw it: every `Key` and `Name` its
+    ``before``, typed settings as their ``as_settings()``."""
+    if isinstance(obj, Key):
+        return obj.before
+    if isinstance(obj, dict):
+        return {then(k): then(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [then(v) for v in obj]
+    as_settings = getattr(obj, "as_settings", None)
+    return then(as_settings()) if callable(as_settings) else obj
+
+
+def plain(obj):
+    """``obj`` with every `Key` a plain string (this release's): what a file written with pickle holds."""
+    if isinstance(obj, Key):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {plain(k): plain(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(plain(v) for v in obj)
+    return obj
+
+
+def digest(obj, default=None, versioned: bool = True) -> Key:
+    """The short sha256 of ``obj``'s JSON (sorted keys; ``default`` for what JSON cannot hold), as a `Key`
+    whose ``before`` is the hash version 1 made of it. ``versioned=False`` for a content hash that names a
+    model's structure or configuration: it moves only where a name in it does."""
+    default = default or _plain
+    now = json.dumps(obj, sort_keys=True, default=default)
+    old = json.dumps(then(obj), sort_keys=True, default=default)
+    return Key(_sha((_SALT if versioned else "") + now), _sha(old))
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint(obj) -> Key:
     """A short stable hash of JSON-able settings, used to key caches and resumable state. A typed settings
     object hashes as what a run's settings hold of it (its ``as_settings()``), so a key made from the object is
     the key made from the dict before it; anything else that JSON cannot hold, as its text."""
-    text = json.dumps(obj, sort_keys=True, default=_plain)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return digest(obj)
 
 
 def _plain(obj):
     as_settings = getattr(obj, "as_settings", None)
     return as_settings() if callable(as_settings) else str(obj)
+
+
+# -- where stores look ------------------------------------------------------------------------------------------
+
+def found(now, old):
+    """Where a result is: at ``now`` (this release's key), or at ``old`` (the same result's path under key
+    version 1) when only that exists, so finished work stored by an earlier release is reused in place."""
+    now, old = Path(now), Path(old)
+    return old if not now.exists() and old.exists() else now
+
+
+def matches(stored, key) -> bool:
+    """Whether ``stored`` (a key read from a file) is ``key``, under this release's keys or version 1's."""
+    return stored is not None and (stored == key or stored == before(key))
 
 
 # -- names in keys ----------------------------------------------------------------------------------------------
@@ -115,9 +205,18 @@ def stable_name(module: str | None) -> str | None:
     return replace_prefix(module, _OLD_NAMES) or module
 
 
-def qualified_name(obj) -> str:
-    """``module.qualname`` of a class or function, by its module's `stable_name`."""
-    return f"{stable_name(getattr(obj, '__module__', None))}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+OWN_PACKAGES = ("hetprune", "hetprune_")   # hetprune and its built-in plugins' packages (hetprune_hetdpt, ...)
+
+
+def qualified_name(obj) -> Name:
+    """The name keys give a class or function: ``package:qualname`` for hetprune's own (its top-level package:
+    ``hetprune:MergedMLP``, ``hetprune_width:WidthOptions``), wherever in the package it lives; ``module.qualname``
+    for anyone else's. Its ``before``: version 1's ``module.qualname`` by the module's `stable_name`."""
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", type(obj).__name__)
+    top = (module or "").split(".")[0]
+    own = top == OWN_PACKAGES[0] or top.startswith(OWN_PACKAGES[1])
+    return Name(f"{top}:{qualname}" if own else f"{module}.{qualname}", f"{stable_name(module)}.{qualname}")
 
 
 # -- settings in keys ------------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ from . import bench
 from .bench.environment import environment   # from its module: an old-path import of it rebinds bench.environment
 from ..core import devices
 from ..model.adapters import adapter_for
-from ..core.keys import fingerprint
+from ..core.keys import fingerprint, found
 from ..core.io import cache_dir
 from ..model.macs import hooked_forward
 from ..core.errors import HetpruneError
@@ -175,7 +175,8 @@ class LatencyTable:
 
     @property
     def path(self) -> Path:
-        return cache_dir() / "latency" / f"{fingerprint(self.key)}.json"
+        key = fingerprint(self.key)
+        return found(cache_dir() / "latency" / f"{key}.json", cache_dir() / "latency" / f"{key.before}.json")
 
     def save(self) -> None:
         """Write the table to the disk cache, with its self-check and why its times cannot be trusted (if so)."""

@@ -17,8 +17,9 @@ name some of them), this module only gathers them.
   loop and its pieces a learning scorer runs: ``training.make_scheduler``, ``training.optimisation_step``, ...)
   and `devices` (``devices.resolve``, ``devices.resolve_amp``); read through the module at call time, so what
   a test patches there reaches the plugin too.
-* **Stores and resume**: `PointStore` and `metric_of` (MAP points, pipeline checks), `fingerprint`,
-  `reusable`, `weights_key`, `save_torch_atomic`.
+* **Stores and resume**: `PointStore` and `metric_of` (MAP points, pipeline checks), `fingerprint` (a `Key`:
+  this release's key, with ``before``, the key version 1 made), `found` and `matches` (where a store looks: under
+  both keys), `reusable`, `weights_key`, `save_torch_atomic`.
 * **Plan steps** (``--plan``): `PlanStep`, `finetune_step`, `epoch_images`, `val_size`.
 * **Settings**: `Settings`, the typed object a job carries (``job.settings.replace(...)`` for a sub-job's);
   sections: `Section`, `setting`, `number`, `whole`, `RunSettings`, `changed`.
@@ -38,7 +39,7 @@ from ..core.config import RunSettings, Section, TrainConfig, changed, number, se
 from ..core.settings import Settings
 from ..core.distributed import follow_main, follow_saved
 from ..core.errors import BudgetUnreachable, HetpruneError, PluginError
-from ..core.keys import fingerprint
+from ..core.keys import Key, before, fingerprint, found, matches
 from ..core.hookspecs import hookimpl, hookspec
 from ..core.io import made_when, note_saved, now, save_torch_atomic
 from ..core.plugins import get_registry
@@ -80,7 +81,7 @@ __all__ = [
     # fine-tune and evaluate
     "TrainConfig", "train", "evaluate", "batch_split", "NonFiniteLoss", "training", "devices",
     # stores and resume
-    "PointStore", "metric_of", "fingerprint", "reusable", "weights_key", "made_when", "now", "note_saved",
+    "PointStore", "metric_of", "fingerprint", "Key", "before", "found", "matches", "reusable", "weights_key", "made_when", "now", "note_saved",
     "save_torch_atomic",
     # plan steps
     "PlanStep", "finetune_step", "epoch_images", "val_size",

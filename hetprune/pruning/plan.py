@@ -30,6 +30,7 @@ from ..core import distributed as dist
 from ..core.config import TrainConfig
 from ..core.errors import HetpruneError, option
 from ..core.io import read_json, write_json_atomic
+from ..core.keys import matches
 from ..training.bundle import DataBundle
 from ..training.samplers import set_epoch
 from ..training.train import train, workers_for
@@ -441,7 +442,7 @@ def read_probe(folder: Path, key: str) -> dict | None:
         found = read_json(path, "plan file")
     except HetpruneError:
         return None
-    return found.get("probe") if found.get("key") == key else None
+    return found.get("probe") if matches(found.get("key"), key) else None
 
 
 def hours(value: float | None) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..core import distributed as dist
 from ..core.errors import HetpruneError
 from ..core.io import made_when, note_saved, now
+from ..core.keys import matches
 
 
 def metric_of(point: dict) -> float:
@@ -75,7 +76,7 @@ class PointStore:
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                     raise HetpruneError(f"MAP points file {path} line {lineno} is corrupt or truncated ({exc}); "
                                         "delete that line (or the file) to measure the point again") from exc
-                if rec.get("key") == self.key and (self.run is None or rec.get("run") == self.run):
+                if matches(rec.get("key"), self.key) and (self.run is None or rec.get("run") == self.run):
                     found[pair] = rec
         return found
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..core import distributed as dist
-from ..core.keys import fingerprint
+from ..core.keys import fingerprint, found
 from .bundle import DataBundle
 from .embedded_data import DIGIT_PAIRS, DIGITS, digit_pairs, digits
 from .loaders import loader
@@ -148,7 +148,7 @@ def embedded_model_folder(name: str = DIGITS, spec: ModelSpec | None = None, tra
     bench = benchmark(name)
     spec = spec or bench.spec
     key = fingerprint({"spec": spec.to_dict(), "training": bench.settings(training), "v": 2, **bench.key_extra})
-    return cache_dir() / "base" / f"{name}-{key}"
+    return found(cache_dir() / "base" / f"{name}-{key}", cache_dir() / "base" / f"{name}-{key.before}")
 
 
 def embedded_model_info(name: str = DIGITS, spec: ModelSpec | None = None, training: dict | None = None,

@@ -7,14 +7,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import json
 import re
 from typing import Callable
 
 import torch
 from torch import nn
 
-from ..core.keys import qualified_name
+from ..core.keys import digest, qualified_name, then
 from ..core.io import made_when, note_saved, now, saved_work  # noqa: F401 - public here too: what plugins that checkpoint call
 
 
@@ -34,8 +33,7 @@ def structure_key(model: nn.Module, structure: dict | None = None) -> str:
     merges and widths). Two models whose state dicts are equal but whose removed sites differ differ here."""
     modules = [[name, qualified_name(type(m))] for name, m in model.named_modules()]
     tensors = [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()]
-    text = json.dumps({"modules": modules, "tensors": tensors, "structure": structure}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return digest({"modules": modules, "tensors": tensors, "structure": structure}, default=str, versioned=False)
 
 
 def differences(stored: dict | None, current: dict) -> list[str]:
@@ -47,6 +45,8 @@ def differences(stored: dict | None, current: dict) -> list[str]:
 def reusable(stored: dict | None, current: dict, what: str, log: Callable[[str], None]) -> bool:
     """True when ``stored`` matches ``current``; otherwise say what differs (the caller starts afresh)."""
     changed = differences(stored, current)
+    if changed and not differences(stored, then(current)):   # stored under key version 1: the same start
+        return True
     if changed:
         log(f"resume: {what} was made with another {', '.join(changed)}; starting it afresh")
     return not changed
@@ -70,16 +70,14 @@ def config_key(model: nn.Module) -> str:
     for name, m in model.named_modules():
         plain = {k: v for k, v in sorted(vars(m).items()) if not k.startswith("_") and k != "training" and _simple(v)}
         modules.append([name, qualified_name(type(m)), plain])
-    text = json.dumps(modules, sort_keys=True, default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return digest(modules, default=repr, versioned=False)
 
 
 def base_key(model: nn.Module, weights: str, spec=None) -> str:
     """What keys every stored result made from a base model: its weights' hash (``weights``), its
     configuration (`config_key`) and, where known, how it was built (``spec``: a timm name and kwargs)."""
     spec_ = spec.to_dict() if spec is not None and hasattr(spec, "to_dict") else spec
-    text = json.dumps({"weights": weights, "config": config_key(model), "spec": spec_}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return digest({"weights": weights, "config": config_key(model), "spec": spec_}, default=str, versioned=False)
 
 
 # -- what a user's function is, for a key -------------------------------------------------------------
@@ -176,8 +174,8 @@ def _value(value, unreadable: list[str], depth: int, seen: set):
         return value
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
-        digest = hashlib.sha256((t.float() if t.dtype in (torch.float16, torch.bfloat16) else t).numpy().tobytes())
-        return {"tensor": list(t.shape), "dtype": str(t.dtype), "sha256": digest.hexdigest()[:16]}
+        sha = hashlib.sha256((t.float() if t.dtype in (torch.float16, torch.bfloat16) else t).numpy().tobytes())
+        return {"tensor": list(t.shape), "dtype": str(t.dtype), "sha256": sha.hexdigest()[:16]}
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {k: _value(v, unreadable, depth, seen) for k, v in sorted(value.items())}
     if isinstance(value, (tuple, list)):

@@ -10,7 +10,7 @@ import functools
 import time
 
 from hetprune import HetpruneError, Site, sites
-from hetprune.plugin_api import (PointStore, PruneJob, fingerprint, finetune_step, rank_lowest, remove_sites,
+from hetprune.plugin_api import (PointStore, PruneJob, fingerprint, found, finetune_step, rank_lowest, remove_sites,
                                  save_torch_atomic)
 from hetprune.plugin_api import distributed as dist
 
@@ -116,8 +116,8 @@ class ProgressivePoints(PointScheme):
         """Where the weights after ``step`` steps of ``path`` are kept: named by the path's key, the step and
         the kinds its steps removed up to there (the interleaved path's order depends on the budget, so two
         budgets' paths may reach a step by different removals)."""
-        order = fingerprint(path.kinds[:step])[:8]
-        return self.job.shared_dir / "map-paths" / f"{self.path_key(path)}-step{step}-{order}.pt"
+        order, key, folder = fingerprint(path.kinds[:step]), self.path_key(path), self.job.shared_dir / "map-paths"
+        return found(folder / f"{key}-step{step}-{order[:8]}.pt", folder / f"{key.before}-step{step}-{order.before[:8]}.pt")
 
     def load(self, file) -> tuple:
         """A kept step: its model (the dense model with the step's sites removed, then its weights) and sites."""

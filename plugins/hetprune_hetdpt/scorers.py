@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import (Section, adapter_for, devices, fingerprint, made_when, note_saved, now, number,
+from hetprune.plugin_api import (Section, adapter_for, devices, fingerprint, found, made_when, note_saved, now, number,
                                  reusable, save_torch_atomic, setting, training, weights_key, whole)
 from hetprune.plugin_api import distributed as dist
 
@@ -480,7 +480,8 @@ LR_SCHEDULE = "warm-up, cosine per removal"   # in the gate states' key: those o
 
 def _shared_path(folder: Path, prefix_key: dict) -> Path:
     """Where a gate state kept for other selections lives: named by its key (start, settings, removals so far)."""
-    return Path(folder) / f"gate-{fingerprint(prefix_key)[:24]}.pt"
+    key = fingerprint(prefix_key)
+    return found(Path(folder) / f"gate-{key[:24]}.pt", Path(folder) / f"gate-{key.before[:24]}.pt")
 
 
 def _save(state: dict, path: Path) -> Path:

@@ -15,6 +15,7 @@ from torch import nn
 from ...core import config
 from ...core import distributed as dist
 from ...core.errors import BudgetUnreachable, HetpruneError
+from ...core.keys import before
 from ...core.io import ResultFolder, check_result_folder, make_result_folder
 from ...training.loaders import seed_everything
 from ...model.spec import model_hash
@@ -209,10 +210,11 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
     results: dict[int, dict] = {}
     todo = []
     for i, plan in enumerate(plans):
-        if plan.key in done:
-            log(f"[{i + 1}/{len(plans)}] {plan.id}: reused, finished {made_when([done[plan.key]], 'finished_at')} "
+        row = done.get(plan.key) or done.get(before(plan.key))   # (a row stored under key version 1 too)
+        if row is not None:
+            log(f"[{i + 1}/{len(plans)}] {plan.id}: reused, finished {made_when([row], 'finished_at')} "
                 f"(the same base model, task, data and settings; {store.path})")
-            results[i] = done[plan.key]
+            results[i] = row
         else:
             todo.append((i, plan))
     check_rows([plan for _, plan in todo], registry, dense, model_spec, task, base_info, out, adapter)
