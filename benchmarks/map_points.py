@@ -384,8 +384,6 @@ def pipeline_checks(job, fits: dict, pairs, k: int, budget, unsure: bool = False
     cost (images: the units spent x one unit's images, a final fine-tune's or with verify_images a point's;
     seconds: each candidate's selection, timed once and counted for every predictor that checks it, plus the stored
     check fine-tunes)."""
-    from hetprune.core.keys import fingerprint
-    from hetprune.pruning.point_store import PointStore
     from hetprune_hetdpt.halving import PipelineChecks
 
     checks = PipelineChecks(job)
@@ -405,8 +403,7 @@ def pipeline_checks(job, fits: dict, pairs, k: int, budget, unsure: bool = False
 
     checks.selected = timed
     def stored_at(fraction):   # read after each predictor's halving: it may have stored new checks
-        return PointStore(job.shared_dir / "map-pipeline-checks.jsonl",
-                          fingerprint({"checks": checks.key, "fraction": fraction}), run=job.reuse_tag).load()
+        return checks.store().at(fraction=fraction).load()
 
     for fit in fits.values():
         if "predicted" not in fit:

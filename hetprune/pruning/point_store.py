@@ -15,7 +15,7 @@ from pathlib import Path
 from ..core import distributed as dist
 from ..core.errors import HetpruneError
 from ..core.io import made_when, note_saved, now
-from ..core.keys import matches
+from ..core.keys import Key, fingerprint, matches
 
 
 def metric_of(point: dict) -> float:
@@ -44,6 +44,18 @@ class PointStore:
         self.path = Path(path)
         self.key = key
         self.run = run
+
+    @staticmethod
+    def key_for(job, **shaped) -> Key:
+        """The key of points a job measures, declared here once for every point store (MAP points, their checks
+        and kept path steps, pipeline checks, HetDPT+'s share points): the dense model (``job.base_key``) and the
+        task (``job.task.key``) they were measured on, and ``shaped``, what else the scheme says shapes them."""
+        return fingerprint({"base": job.base_key, "data": job.task.key, **shaped})
+
+    def at(self, **shaped) -> "PointStore":
+        """The same file under a key made from this store's and ``shaped`` (a pipeline check's fraction of its
+        schedule: one key per fraction)."""
+        return PointStore(self.path, fingerprint({"checks": self.key, **shaped}), self.run)
 
     def rank_path(self, rank: int) -> Path:
         """The file rank ``rank`` appends to."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import (PlanStep, PointStore, PruneJob, epoch_images, fingerprint, remove_sites,
+from hetprune.plugin_api import (PlanStep, PointStore, PruneJob, epoch_images, remove_sites,
                                  scoring_context, select_sites)
 from hetprune.plugin_api import distributed as dist
 
@@ -212,7 +212,7 @@ class PipelineChecks:
                                 f"({section}), whose images are unknown here (no {section}.subset, and a "
                                 f"training set of unknown size): set {section}.subset, or use "
                                 "hetdpt.verify_budget")
-        self.key = fingerprint({"base": job.base_key, "data": job.task.key, "seed": job.seed,
+        self.key = PointStore.key_for(job, **{"seed": job.seed,
                                 "scorer": run.scorer, "scorer_options": run.options_for("scorer", run.scorer),
                                 "scoring": self.select_job.config.scoring, "short": run.short_finetune, "finetune": run.finetune,
                                 "removers": [run.attn_remover, run.act_remover], "split": job.choice_split,
@@ -222,6 +222,10 @@ class PipelineChecks:
         self.sites: dict[Split, list] = {}
         self.models: dict[Split, object] = {}
         self.candidates: list[Split] = []   # the splits being checked: which removals their selections share
+
+    def store(self) -> PointStore:
+        """Where the checks' points are kept; one key per fraction of the schedule (`PointStore.at`)."""
+        return PointStore(self.job.shared_dir / "map-pipeline-checks.jsonl", self.key, run=self.job.reuse_tag)
 
     def configured_budget(self, k: int = 0, selection_cost: float = 0.0) -> float | None:
         """The budget the settings give, in units: ``verify_images`` over a unit's images (``auto``: the ``k``
@@ -316,8 +320,7 @@ class PipelineChecks:
         def measure(split: Split, fraction: float) -> float:
             fraction = round(fraction, 6)
             if fraction not in stores:   # one store key per fraction: a point is (split, fraction)
-                store = PointStore(job.shared_dir / "map-pipeline-checks.jsonl",
-                                   fingerprint({"checks": self.key, "fraction": fraction}), run=job.reuse_tag)
+                store = self.store().at(fraction=fraction)
                 stores[fraction] = (store, dist.on_main(store.load))
             store, have = stores[fraction]
             if split in have:

@@ -27,8 +27,7 @@ import copy
 import time
 
 from hetprune import HetpruneError, Site, sites
-from hetprune.plugin_api import (PointStore, PruneJob, RunSettings, TrainConfig, batch_split, fingerprint,
-                                 finetune_step, rank_lowest, remove_sites, scoring_context, select_sites)
+from hetprune.plugin_api import (PointStore, PruneJob, RunSettings, TrainConfig, batch_split, finetune_step, rank_lowest, remove_sites, scoring_context, select_sites)
 from hetprune.plugin_api import distributed as dist
 
 from .options import FINETUNES, HetDPTOptions  # noqa: F401 - FINETUNES: its old home
@@ -80,8 +79,7 @@ class PointScheme:
         self.job, self.strategy = job, strategy
         run = job.config
         # what shapes every scheme's point, besides its own settings
-        self.common = {"base": job.base_key, "data": job.task.key, "attn_remover": run.attn_remover,
-                       "act_remover": run.act_remover, "seed": job.seed,
+        self.common = {"attn_remover": run.attn_remover, "act_remover": run.act_remover, "seed": job.seed,
                        **({"amp": job.amp} if job.amp != "none" else {})}   # fp32 points keep their old key
 
     @property
@@ -258,8 +256,8 @@ class OneShotPoints(PointScheme):
     @property
     def key(self) -> str:
         run = self.job.config
-        return fingerprint({
-            "base": self.common["base"], "data": self.common["data"], "short": getattr(run, self.section),
+        return PointStore.key_for(self.job, **{
+            "short": getattr(run, self.section),
             **({"point_finetune": self.section} if self.section != "short_finetune" else {}),  # short ones keep
             **self.point_scorer_key, "attn_remover": run.attn_remover,   # their old key
             "act_remover": run.act_remover, "scoring": run.scoring, "seed": self.job.seed,
@@ -316,7 +314,7 @@ class GradualPoints(PointScheme):
         run = self.job.config
         # the selector, its options, and what it trains with (gate-taylor: short_finetune's lr, batch, KD, on
         # scoring.subset images), never the point_finetune section, which no gradual point uses
-        return fingerprint({**self.common, "point_selection": "gradual", "scorer": self.selector,
+        return PointStore.key_for(self.job, **{**self.common, "point_selection": "gradual", "scorer": self.selector,
                             "scorer_options": self.selector_options, "selector_schedule": run.short_finetune,
                             "scoring": run.scoring, "v": 2})   # 2: gate-taylor's phase on the whole schedule
 

@@ -46,7 +46,7 @@ class ProgressivePoints(PointScheme):
         schedule, the point scorer and its data, and the common fields; not its length (a longer path
         extends a shorter one with the same key)."""
         run = self.job.config
-        return fingerprint({**self.common, "point_selection": "progressive", "path": path.name,
+        return PointStore.key_for(self.job, **{**self.common, "point_selection": "progressive", "path": path.name,
                             "point_finetune": self.section, "schedule": getattr(run, self.section),
                             **self.point_scorer_key, "scoring": run.scoring,
                             **({"stride": self.stride} if self.stride != 1 else {})})   # stride 1 keeps its key
@@ -54,7 +54,7 @@ class ProgressivePoints(PointScheme):
     @property
     def key(self) -> str:
         """The dense point's key: the dense model evaluated, no fine-tune."""
-        return fingerprint({**self.common, "point_selection": "progressive", "path": "dense"})
+        return PointStore.key_for(self.job, **{**self.common, "point_selection": "progressive", "path": "dense"})
 
     def plan(self, pairs):
         self._paths = paths_for(pairs, self.first, self.stride)
@@ -218,7 +218,7 @@ class ProgressivePoints(PointScheme):
     @property
     def verify_key(self) -> str:
         run = self.job.config
-        return fingerprint({**self.common, "point_selection": "progressive", "verify": self.first,
+        return PointStore.key_for(self.job, **{**self.common, "point_selection": "progressive", "verify": self.first,
                             "point_finetune": self.section, "schedule": getattr(run, self.section),
                             "final": getattr(run, self.check_section), **({"check": self.check_section}
                                                                 if self.check_section != "finetune" else {}),

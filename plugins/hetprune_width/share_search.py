@@ -20,7 +20,7 @@ import functools
 import time
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import (PointStore, PruneJob, depth, fingerprint, kind_savings, max_per_kind, metric_of,
+from hetprune.plugin_api import (PointStore, PruneJob, depth, kind_savings, max_per_kind, metric_of,
                                  pair_cost, remove_sites)
 from hetprune.plugin_api import distributed as dist
 
@@ -58,7 +58,7 @@ def points_key(job: PruneJob, depth_strategy, target: float, width: WidthOptions
     """What shapes a share point: the base, the task, the short schedule, the depth strategy's point scorer,
     the removers and mergers, the scoring batches, the width pruner and the target."""
     run, point_scorer = job.config, depth_strategy.point_scorer(job)
-    return fingerprint({"base": job.base_key, "data": job.task.key, "short": run.short_finetune,
+    return PointStore.key_for(job, **{"short": run.short_finetune,
                         "point_scorer": point_scorer,
                         **run.options_entry("scorer", point_scorer, "point_scorer_options"),
                         "removers": [run.attn_remover, run.act_remover],
