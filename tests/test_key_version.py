@@ -111,3 +111,19 @@ def test_a_module_that_moves_moves_no_key(monkeypatch):
     moved = structure_key(model)
     assert moved == key
     assert moved.before != key.before   # version 1 named a module by its path: there a move needed the MOVED table
+
+
+def test_a_user_tasks_key_does_not_move_with_hetprunes_modules(monkeypatch):
+    """A Task whose code closes over hetprune's data objects and functions names them in its key; moving their
+    modules leaves it where it was (version 1 needed a table entry per move: `keys.SPLIT_FROM`)."""
+    import inspect
+
+    from test_data_modules import SPLIT, user_task
+
+    key = user_task().key
+    for module in SPLIT:
+        for _, obj in inspect.getmembers(module):
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and obj.__module__ == module.__name__:
+                monkeypatch.setattr(obj, "__module__", "hetprune.training.elsewhere")
+    moved = user_task().key
+    assert moved == key and moved.before != key.before
