@@ -305,6 +305,29 @@ def test_a_schedule_changed_after_resolve_is_checked_as_set_would_check_it():
         config.changed_schedules(settings, ["scoring"], subset=1)
 
 
+def test_the_cli_amends_the_runs_settings_object_once_the_data_is_known():
+    """--subset, --subset-frac and --workers give the run's start a changed `Settings` (the object the job then
+    carries), each change checked; the object it replaced is left as it was."""
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from hetprune.cli.commands.common import apply_data_options
+    from hetprune.core.settings import Settings
+    from hetprune.pruning.run_start import start_run
+
+    start = start_run(["act-only"], [Budget(sites=1)])
+    first = start.settings
+    assert isinstance(first, Settings)
+    data = SimpleNamespace(train=list(range(200)), workers=None)
+    apply_data_options(Namespace(subset=None, subset_frac=0.25, workers=2), start, data)
+    assert isinstance(start.settings, Settings) and start.settings is not first
+    assert start.config.short_finetune.subset == 50 and start.config.finetune.workers == 2
+    assert start.config.short_finetune.workers == 2 and data.workers == 2
+    assert first.run.finetune.workers == 0 and first.run.short_finetune.subset != 50
+    with pytest.raises(HetpruneError, match="--subset must be >= 1"):
+        apply_data_options(Namespace(subset=0, subset_frac=None, workers=None), start, data)
+
+
 def test_flags_that_set_a_section_reach_it_as_typed_values_and_set_still_wins():
     """--predictor, --round-to and --latency-batch are typed overrides, not YAML text: after the file, before
     --set (which wins)."""

@@ -31,6 +31,7 @@ from ..training.bundle import DataBundle
 from ..training.embedded_data import EMBEDDED
 from ..core.errors import HetpruneError, option, switch
 from ..core.io import ResultFolder, check_result_folder, make_result_folder
+from ..core.settings import Settings
 from ..model.spec import ModelSpec, model_hash
 from .pipeline import resolve_adapter
 from .plan import PROBE_SECONDS, check_probe, val_size
@@ -59,7 +60,7 @@ class RunStart:
     registry: Registry
     strategies: list
     budgets: list[Budget]
-    settings: dict
+    settings: Settings   # the loader's checked dict, carried as the typed object (a change: replace_in)
     device: torch.device
     out: Path | None = None
     resume: bool = False
@@ -90,7 +91,7 @@ class RunStart:
 
     @property
     def config(self) -> config_mod.RunSettings:
-        return config_mod.RunSettings.of(self.settings)
+        return self.settings.run
 
     def prepare_out(self) -> Path | None:
         """Make the output folder ready for a resumable result (compare, ablate): an earlier result's own
@@ -159,8 +160,8 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
         n in config_mod.SCHEDULES for n in named)
     scoring = "scoring" in given or "scoring" in named or (
         config_mod.RunSettings.of(run_settings).scoring_batches.subset != config_mod.ScoringConfig().subset)
-    return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder, chosen, scoring,
-                    elsewhere)
+    return RunStart(registry, built, bound, Settings(run_settings), device, where, resume, overwrite, folder, chosen,
+                    scoring, elsewhere)
 
 
 def sections_elsewhere(registry: Registry, strategies: list) -> dict[str, list[str]]:

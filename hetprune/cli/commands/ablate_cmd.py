@@ -88,7 +88,7 @@ def _run(args) -> int:
         print(data_line(args, "ablate"), flush=True)
     dense, model_spec, base_info = base_model(args, device=start.config.device)
     data = data_for(args, dense)
-    apply_data_options(args, start.settings, data)
+    apply_data_options(args, start, data)
     command = "hetprune " + " ".join(shlex.quote(a) for a in args.argv)
     result = ablate(dense, classification(data), strategy.name, budget, seeds, predictors=predictors,
                     scorers=scorers, tolerance=args.tolerance, start=start, out=args.out, jobs=args.jobs,

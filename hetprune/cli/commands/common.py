@@ -10,7 +10,6 @@ import json
 import os
 from pathlib import Path
 
-from ...core.config import changed_schedules
 from ...core.errors import HetpruneError
 
 
@@ -158,23 +157,23 @@ def augment_from(args, start) -> None:
     args.selection = start.config.selection   # the selection split's size (None: the data set's default)
 
 
-def apply_data_options(args, settings: dict, data) -> None:
-    """Turn --subset/--subset-frac/--workers into settings, now that the data set's size is known (``settings``
-    updated in place: the run's start holds it; each change checked as ``--set`` would check it)."""
-
+def apply_data_options(args, start, data) -> None:
+    """Turn --subset/--subset-frac/--workers into settings, now that the data set's size is known: the run's
+    start gets the changed settings object (`Settings.replace_in`, each change checked as ``--set`` would)."""
     if getattr(args, "subset", None) is not None:
         if args.subset < 1:
             raise HetpruneError(f"--subset must be >= 1, got {args.subset}")
-        settings.update(changed_schedules(settings, ["short_finetune"], subset=args.subset))
+        start.settings = start.settings.replace_in("short_finetune", subset=args.subset)
     if getattr(args, "subset_frac", None) is not None:
         if not 0 < args.subset_frac <= 1:
             raise HetpruneError(f"--subset-frac must be within (0, 1], got {args.subset_frac}")
         subset = max(1, round(args.subset_frac * len(data.train)))
-        settings.update(changed_schedules(settings, ["short_finetune"], subset=subset))
+        start.settings = start.settings.replace_in("short_finetune", subset=subset)
     if getattr(args, "workers", None) is not None:
         if args.workers < 0:
             raise HetpruneError(f"--workers must be >= 0, got {args.workers}")
-        settings.update(changed_schedules(settings, ["finetune", "short_finetune"], workers=args.workers))
+        for schedule in ("finetune", "short_finetune"):
+            start.settings = start.settings.replace_in(schedule, workers=args.workers)
         if hasattr(data, "workers"):
             data.workers = args.workers   # --workers 0 also turns off an ImageFolder's default workers
 

@@ -114,7 +114,7 @@ def _run(args) -> int:
         print(data_line(args, "compare", defaulted), flush=True)
     dense, model_spec, base_info = base_model(args, device=start.config.device)
     data = data_for(args, dense)
-    apply_data_options(args, start.settings, data)
+    apply_data_options(args, start, data)
     command = "hetprune " + " ".join(shlex.quote(a) for a in args.argv)
     result = compare(dense, classification(data), names, budgets, seeds, start=start, out=args.out,
                      batch_sizes=batch_sizes, speed_budget_s=args.speed_budget, jobs=args.jobs,

@@ -166,7 +166,6 @@ def run(args) -> int:
     out = Path(args.out or f"runs/prune-{strategy.name}-{'-'.join(f'{k}{v}' for k, v in tag.items())}")
     start = start_run([strategy], [budget], folder=PRUNED_MODEL, out=out, resume=args.resume,
                       overwrite=args.overwrite, registry=registry, **settings_options(args, [strategy]), plan=args.plan)
-    settings = start.settings   # unknown names and a bad output folder failed above, before any model is built
     augment_from(args, start)
     if dist.is_main():
         print(data_line(args, "prune"), flush=True)
@@ -175,7 +174,7 @@ def run(args) -> int:
     torch.manual_seed(start.config.seed)   # a --model without weights is built from this seed
     dense, spec, base_info = base_model(args, device=start.config.device)
     data = data_for(args, dense, seed=0)
-    apply_data_options(args, settings, data)
+    apply_data_options(args, start, data)
     result = prune(dense, classification(data), start=start, spec=spec, base_info=base_info, out=out,
                    resume=args.resume, provenance={"command": command_line(args)},   # quoted by model cards
                    plan=args.plan, plan_probe=args.plan_probe)

@@ -125,7 +125,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
                                 for b in budgets], option("budgets"))
         start = start_run(names, the_budgets, folder=COMPARE_FOLDER, out=out, resume=resume, overwrite=overwrite,
                           settings=settings, overrides={"device": device, "amp": amp}, registry=registry, plan=plan)
-    registry, run_settings, the_budgets = start.registry, start.settings, start.budgets
+    registry, run_settings, the_budgets = start.registry, start.settings.as_settings(), start.budgets   # rows' records
     for name in sorted(cost_model.refuse_parallel(jobs, the_budgets, run_settings)):
         cm = cost_model.build(registry, name, run_settings)   # time the models where it predicts, too
         if isinstance(getattr(cm, "batch_size", None), int) and cm.batch_size not in batch_sizes:
