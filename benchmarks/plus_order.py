@@ -8,7 +8,8 @@ at a time, each single-threaded; every other setting is the default), then write
     python benchmarks/plus_order.py                  # digits and digit-pairs, 0.5x and 0.35x MACs
     python benchmarks/plus_order.py --data digits --targets 0.5 --seeds 0
 
-Resumable: rerun the same command to continue. Writes benchmarks/results/hetdpt-plus-order.md and .json.
+Resumable: rerun the same command to continue. Writes benchmarks/results/hetdpt-plus-order.md and .json
+(``--name`` for another stem).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def main() -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--out", default="runs/plus-order")
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--name", default="hetdpt-plus-order", help="stem of the files in --results (a part rerun "
+                   "under its own name leaves the whole study's files as they are)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting for every run")
     args = p.parse_args()
     common = [a for item in args.set for a in ("--set", item)]
@@ -101,7 +104,7 @@ def main() -> int:
                      f"{', '.join(row['splits']) if row['strategy'] != 'isomorphic' else '-'} | "
                      f"{statistics.mean(row['mac_ratio']):.3f} | "
                      f"{'-' if row is iso else f'{diff:+.2f}'} | {wall_text} |")
-    write(args.results, "hetdpt-plus-order", payload, "\n".join(lines))
+    write(args.results, args.name, payload, "\n".join(lines))
     return 0
 
 
