@@ -81,7 +81,7 @@ def main() -> int:
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
     payload = {"command": command, "machine": machine, "load_start": load_start, "load_end": os.getloadavg(),
                "minutes": round((time.time() - started) / 60, 1), "rows": table}
-    lines = ["# HetDPT+ order: depth-width, width-depth, interleaved, against isomorphic at equal MACs", "",
+    lines = [f"# HetDPT+ order: {args.orders.replace(',', ', ')}, against isomorphic at equal MACs", "",
              f"Produced by `{command}` ({payload['minutes']} min of runs not reused from an earlier "
              "invocation), which runs `hetprune compare --data DATA --target-macs T --seeds "
              f"{args.seeds} --jobs 2 --batch-sizes 1` with `--strategies isomorphic`, and with `--strategies "
