@@ -161,3 +161,23 @@ def test_auto_gives_every_check_one_whole_points_fine_tune_at_any_scale(tmp_path
 def test_auto_is_the_only_word_verify_images_takes(tmp_path):
     with pytest.raises(HetpruneError, match="verify_images must be a whole number of training images >= 1, auto"):
         sized(tmp_path, "lots").options(HetDPTOptions)
+
+
+def test_the_default_checks_on_a_task_of_unknown_size_are_refused_before_training_with_every_way_out(
+        tiny_model, digits_data, tmp_path):
+    """A user's Task of plain batches has no known training size; with no subset on the points' schedule the
+    default checks cannot be sized in images: refused before anything trains, naming each way out."""
+    import torch
+
+    xs = torch.stack([digits_data.train[i][0] for i in range(32)])
+    ys = torch.tensor([digits_data.train[i][1] for i in range(32)])
+    batches = [(xs[i:i + 16], ys[i:i + 16]) for i in (0, 16)]
+    task = hetprune.Task(batches, batches, loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                         metric=lambda m, bs: 1.0, metric_name="top1")
+    trained = []
+    task.fit = lambda *a, **k: trained.append(1)   # nothing may train before the refusal
+    settings = {"finetune": {"epochs": 1, "subset": None}, "short_finetune": {"epochs": 1, "subset": None}}
+    with pytest.raises(HetpruneError, match=r"set finetune\.subset, use hetdpt\.verify_budget, or pick without "
+                                            r"checks with hetdpt\.verify=0"):
+        hetprune.prune(tiny_model, task, strategy="hetdpt", budget=2, out=tmp_path / "out", settings=settings)
+    assert not trained

@@ -210,8 +210,8 @@ class PipelineChecks:
         if self.unit.in_images and per_epoch is None and self.cfg.epochs:
             raise HetpruneError(f"hetdpt.verify_images sizes each check as a share of the points' schedule "
                                 f"({section}), whose images are unknown here (no {section}.subset, and a "
-                                f"training set of unknown size): set {section}.subset, or use "
-                                "hetdpt.verify_budget")
+                                f"training set of unknown size): set {section}.subset, use "
+                                "hetdpt.verify_budget, or pick without checks with hetdpt.verify=0")
         self.key = PointStore.key_for(job, **{"seed": job.seed,
                                 "scorer": run.scorer, "scorer_options": run.options_for("scorer", run.scorer),
                                 "scoring": self.select_job.config.scoring, "short": run.short_finetune, "finetune": run.finetune,
