@@ -6,9 +6,10 @@ under the key the same inputs make, so a key must move when a result would diffe
 shapes it changed. Three rules make the second half hold, each declared beside what it concerns:
 
 * **Names, not import paths.** A class or function named in a key (a model's modules, a user Task's loss) is
-  named by `qualified_name`: a module that moved when hetprune/ became one subpackage per layer (issue 41) is
-  named as it was before (`MOVED`), and a module split out of another since (`SPLIT_FROM`) as the module it
-  came from. The import paths themselves (`hetprune.core.aliases`) are another matter and can go on their own.
+  named by `qualified_name`: hetprune's own by package and name, wherever the module is (key version 2,
+  below); version 1 named a module that moved when hetprune/ became one subpackage per layer (issue 41) as it
+  was before (`MOVED`) and one split out of another since (`SPLIT_FROM`) as the module it came from, tables
+  only the reader of version 1's keys uses now. The import paths (`hetprune.core.aliases`) go on their own.
 * **A setting says whether it shapes results.** ``setting(..., keyed=False, why=...)`` in its field: it is
   left out of every key made from whole settings (`keyed_settings`), and `unkeyed` lists it with its reason.
 * **A setting added later says so.** ``setting(..., since="issue 42")``: while it holds its default it is left
@@ -16,7 +17,7 @@ shapes it changed. Three rules make the second half hold, each declared beside w
   the field is placed in its class.
 
 **Key version 2** (issue 59). Keys made since are salted with the version, and they name hetprune's own classes
-and functions by their package and qualified name (``hetprune:MergedMLP``), not by a module path, so a module
+and functions by their package and qualified name (``hetprune:MergedMlp``), not by a module path, so a module
 that moves no longer moves a key and the `MOVED` table serves only the old keys. Every key is a `Key`: the
 string this release uses, holding the key the same inputs made under version 1 (``key.before``), computed from the
 same declaration (`then` reads a value as version 1 did). A store looks under both (`found`, `matches`), so a
