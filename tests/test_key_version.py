@@ -50,7 +50,8 @@ def test_map_points_stored_under_version_1_are_found(tmp_path):
 
 def test_a_fine_tune_checkpoint_stored_under_version_1_is_continued(tiny_model, digits_data, tmp_path):
     cfg = TrainConfig(epochs=2, subset=48, batch_size=16, kd="none", seed=3)
-    key = {"data": keys.fingerprint({"data": "digits"}), "structure": structure_key(tiny_model)}
+    key = {"data": keys.fingerprint({"data": "digits"}), "structure": structure_key(tiny_model),
+           "teacher": keys.fingerprint({"teacher": None})}
     full = copy.deepcopy(tiny_model)
     train(full, digits_data, cfg, progress=False)
 
@@ -77,7 +78,10 @@ def test_a_fine_tune_checkpoint_stored_under_version_1_is_continued(tiny_model, 
     assert not any("afresh" in line for line in logs), logs
     x = tiny_example()
     assert torch.allclose(resumed(x), full(x), atol=1e-6)
-    # another start is still another start, under either version's key
+    # another start is still another start, under either version's key, and the log names only what changed
+    # (not the teacher, whose key moved with the version only)
+    saved["key"] = keys.then(key)
+    torch.save(saved, path)
     other = {**key, "data": keys.fingerprint({"data": "pairs"})}
     train(copy.deepcopy(tiny_model), digits_data, cfg, checkpoint_dir=tmp_path, resume=True, resume_key=other,
           progress=False, log=logs.append)

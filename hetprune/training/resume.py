@@ -45,8 +45,10 @@ def differences(stored: dict | None, current: dict) -> list[str]:
 def reusable(stored: dict | None, current: dict, what: str, log: Callable[[str], None]) -> bool:
     """True when ``stored`` matches ``current``; otherwise say what differs (the caller starts afresh)."""
     changed = differences(stored, current)
-    if changed and not differences(stored, then(current)):   # stored under key version 1: the same start
-        return True
+    if changed:   # stored under key version 1? compared as version 1 made it, it is the same start, or says less
+        changed = min(changed, differences(stored, then(current)), key=len)
+        if not changed:
+            return True
     if changed:
         log(f"resume: {what} was made with another {', '.join(changed)}; starting it afresh")
     return not changed
