@@ -44,6 +44,17 @@ def test_a_rerun_resumes_where_rows_are_already(tmp_path):
     assert runs.resumable(argv, tmp_path) == [*argv, "--resume"] and argv[-1] == str(tmp_path)
 
 
+def test_a_studys_context_and_its_jobs_take_the_settings_as_a_dict_they_can_splice(tmp_path):
+    """The MAP studies copy and change the run's settings (map_points.job_for: a JSON round trip, a seed set):
+    the context gives the checked settings as the loader's dict, and a job made from them runs on them."""
+    from map_points import job_for
+
+    ctx = runs.context("digits", ["hetdpt.verify=0"])
+    assert isinstance(ctx.settings, dict) and ctx.settings["hetdpt"]["verify"] == 0
+    job = job_for(ctx, "b4", 3, tmp_path / "work", tmp_path / "shared")
+    assert job.seed == 3 and job.config.seed == 3 and len(job.feasible_pairs()) == 5
+
+
 def edits_sys_path(path) -> list[int]:
     """The lines of ``path`` that change ``sys.path`` (an assignment, an augmented one, or a call of its
     methods: insert, append, extend...)."""

@@ -41,7 +41,8 @@ def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:
     dense, spec, info = base_model(args, log=lambda m: None)
     attached = start.attach(dense, classification(data_for(args, dense)), spec, info, log=lambda m: None)
     return SimpleNamespace(bench=bench, sets=list(sets or []), registry=start.registry, strategy=start.strategy,
-                           settings=start.settings, dense=dense, spec=spec, info=attached.info, task=attached.task, base_key=attached.key)
+                           settings=start.settings.as_settings(), dense=dense, spec=spec, info=attached.info,
+                           task=attached.task, base_key=attached.key)   # a study splices the settings as a dict
 
 
 def truth_rows(ctx, target: str, pairs, seeds, out: Path, jobs: int, log) -> list[dict]:
