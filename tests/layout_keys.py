@@ -50,6 +50,4 @@ def keys_now() -> dict:
 
 
 if __name__ == "__main__":
-    from hetprune.core.keys import plain
-
-    print(json.dumps(plain(keys_now()), indent=1, sort_keys=True))
+    print(json.dumps(keys_now(), indent=1, sort_keys=True))   # a key is this release's string

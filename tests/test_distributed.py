@@ -432,14 +432,14 @@ def mix_worker(out: Path) -> dict:
 
 def worker(scenario: str, out: Path) -> int:
     from hetprune.core import distributed as dist
-    from hetprune.core import keys
+    from hetprune.core.io import plain_strings
 
     torch.set_num_threads(1)
     dist.init_from_env("cpu")
     result = {"train": training_worker, "plan": planning_worker, "task": task_worker, "retrain": retrain_worker,
               "stage1": stage1_worker, "mix": mix_worker, "resume": resume_worker,
               "shared": shared_worker}[scenario](out)
-    torch.save(keys.plain(result), out / f"rank{dist.rank()}.pt")   # (a key, e.g. a data set's, as its string)
+    torch.save(plain_strings(result), out / f"rank{dist.rank()}.pt")   # (a key, e.g. a data set's, as its string)
     dist.barrier()
     return 0
 

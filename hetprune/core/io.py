@@ -122,17 +122,18 @@ def save_torch_atomic(path: str | os.PathLike, state) -> Path:
     """``torch.save(state)`` to ``path``, whole or not at all (`replacing`). Strings of a subclass (the keys of
     `hetprune.core.keys`) are saved as plain strings: ``torch.load(weights_only=True)`` loads no other class."""
     with replacing(path) as tmp:
-        torch.save(_plain_strings(state), tmp)
+        torch.save(plain_strings(state), tmp)
     return Path(path)
 
 
-def _plain_strings(obj):
+def plain_strings(obj):
+    """``obj`` with every string of a subclass (a key) a plain string, in dicts, lists and tuples."""
     if isinstance(obj, str):
         return str(obj)
     if type(obj) is dict:   # (a state dict, an OrderedDict with metadata, holds plain names)
-        return {_plain_strings(k): _plain_strings(v) for k, v in obj.items()}
+        return {plain_strings(k): plain_strings(v) for k, v in obj.items()}
     if type(obj) in (list, tuple):
-        return type(obj)(_plain_strings(v) for v in obj)
+        return type(obj)(plain_strings(v) for v in obj)
     return obj
 
 

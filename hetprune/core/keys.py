@@ -39,8 +39,8 @@ _SALT = f"hetprune keys {KEY_VERSION}\n"   # version 1 had none
 class Key(str):
     """A key: the string this release stores results under, and ``before``, the key the same inputs made
     under key version 1 (every earlier release), where a store also looks. Compares, hashes and prints as the
-    string; written to JSON as the string. `plain` turns keys back into plain strings (a pickle of a
-    subclass would need this module to load)."""
+    string; written to JSON as the string. `hetprune.core.io.plain_strings` turns keys back into plain strings
+    for a pickle (``torch.load(weights_only=True)`` loads no subclass; `save_torch_atomic` does it)."""
 
     before: str
 
@@ -74,17 +74,6 @@ def then(obj):
         return [then(v) for v in obj]
     as_settings = getattr(obj, "as_settings", None)
     return then(as_settings()) if callable(as_settings) else obj
-
-
-def plain(obj):
-    """``obj`` with every `Key` a plain string (this release's): what a file written with pickle holds."""
-    if isinstance(obj, Key):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {plain(k): plain(v) for k, v in obj.items()}
-    if type(obj) in (list, tuple):
-        return type(obj)(plain(v) for v in obj)
-    return obj
 
 
 def digest(obj, default=None, versioned: bool = True) -> Key:
