@@ -237,7 +237,8 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
         start = start_run([strategy], [budget if isinstance(budget, Budget) else Budget(sites=budget)],
                           folder=ABLATION_FOLDER, out=out, resume=resume, overwrite=overwrite, settings=settings,
                           config_file=config, overrides={"device": device, "amp": amp}, registry=registry, plan=plan)
-    registry, strat, the_budget, run_settings = start.registry, start.strategy, start.budget, start.settings.as_settings()
+    registry, strat, the_budget = start.registry, start.strategy, start.budget
+    run_settings = start.settings.as_settings()   # the rows' records are dicts
     if not all(hasattr(strat, m) for m in ("point_plan", "collect_points", "predictor", "predictor_name")):
         raise HetpruneError(f"strategy {strat.name!r} has no cheap predictor points (point_plan, collect_points, "
                             "predictor, predictor_name); use hetdpt or a strategy built like it")

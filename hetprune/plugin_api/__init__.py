@@ -81,8 +81,8 @@ __all__ = [
     # fine-tune and evaluate
     "TrainConfig", "train", "evaluate", "batch_split", "NonFiniteLoss", "training", "devices",
     # stores and resume
-    "PointStore", "metric_of", "fingerprint", "Key", "before", "found", "matches", "reusable", "weights_key", "made_when", "now", "note_saved",
-    "save_torch_atomic",
+    "PointStore", "metric_of", "fingerprint", "Key", "before", "found", "matches", "reusable", "weights_key",
+    "made_when", "now", "note_saved", "save_torch_atomic",
     # plan steps
     "PlanStep", "finetune_step", "epoch_images", "val_size",
     # settings sections

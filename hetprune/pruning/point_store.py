@@ -46,7 +46,7 @@ class PointStore:
         self.run = run
 
     @staticmethod
-    def key_for(job, **shaped) -> Key:
+    def key_for(job, shaped: dict) -> Key:
         """The key of points a job measures, declared here once for every point store (MAP points, their checks
         and kept path steps, pipeline checks, HetDPT+'s share points): the dense model (``job.base_key``) and the
         task (``job.task.key``) they were measured on, and ``shaped``, what else the scheme says shapes them."""

@@ -47,8 +47,6 @@ def reusable(stored: dict | None, current: dict, what: str, log: Callable[[str],
     changed = differences(stored, current)
     if changed:   # stored under key version 1? compared as version 1 made it, it is the same start, or says less
         changed = min(changed, differences(stored, then(current)), key=len)
-        if not changed:
-            return True
     if changed:
         log(f"resume: {what} was made with another {', '.join(changed)}; starting it afresh")
     return not changed

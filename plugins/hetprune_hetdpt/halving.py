@@ -212,13 +212,13 @@ class PipelineChecks:
                                 f"({section}), whose images are unknown here (no {section}.subset, and a "
                                 f"training set of unknown size): set {section}.subset, use "
                                 "hetdpt.verify_budget, or pick without checks with hetdpt.verify=0")
-        self.key = PointStore.key_for(job, **{"seed": job.seed,
-                                "scorer": run.scorer, "scorer_options": run.options_for("scorer", run.scorer),
-                                "scoring": self.select_job.config.scoring, "short": run.short_finetune, "finetune": run.finetune,
-                                "removers": [run.attn_remover, run.act_remover], "split": job.choice_split,
-                                "amp": job.amp, "v": 2,   # 2: gate-taylor's phase on short_finetune's whole schedule
-                                # a fraction of the points' schedule is another check than the final one's
-                                **({"unit": section} if self.unit.in_images else {})})
+        self.key = PointStore.key_for(job, {
+            "seed": job.seed, "scorer": run.scorer, "scorer_options": run.options_for("scorer", run.scorer),
+            "scoring": self.select_job.config.scoring, "short": run.short_finetune, "finetune": run.finetune,
+            "removers": [run.attn_remover, run.act_remover], "split": job.choice_split,
+            "amp": job.amp, "v": 2,   # 2: gate-taylor's phase on short_finetune's whole schedule
+            # a fraction of the points' schedule is another check than the final one's
+            **({"unit": section} if self.unit.in_images else {})})
         self.sites: dict[Split, list] = {}
         self.models: dict[Split, object] = {}
         self.candidates: list[Split] = []   # the splits being checked: which removals their selections share

@@ -27,7 +27,8 @@ import copy
 import time
 
 from hetprune import HetpruneError, Site, sites
-from hetprune.plugin_api import (PointStore, PruneJob, RunSettings, TrainConfig, batch_split, finetune_step, rank_lowest, remove_sites, scoring_context, select_sites)
+from hetprune.plugin_api import (PointStore, PruneJob, RunSettings, TrainConfig, batch_split, finetune_step,
+                                 rank_lowest, remove_sites, scoring_context, select_sites)
 from hetprune.plugin_api import distributed as dist
 
 from .options import FINETUNES, HetDPTOptions  # noqa: F401 - FINETUNES: its old home
@@ -256,7 +257,7 @@ class OneShotPoints(PointScheme):
     @property
     def key(self) -> str:
         run = self.job.config
-        return PointStore.key_for(self.job, **{
+        return PointStore.key_for(self.job, {
             "short": getattr(run, self.section),
             **({"point_finetune": self.section} if self.section != "short_finetune" else {}),  # short ones keep
             **self.point_scorer_key, "attn_remover": run.attn_remover,   # their old key
@@ -314,9 +315,10 @@ class GradualPoints(PointScheme):
         run = self.job.config
         # the selector, its options, and what it trains with (gate-taylor: short_finetune's lr, batch, KD, on
         # scoring.subset images), never the point_finetune section, which no gradual point uses
-        return PointStore.key_for(self.job, **{**self.common, "point_selection": "gradual", "scorer": self.selector,
-                            "scorer_options": self.selector_options, "selector_schedule": run.short_finetune,
-                            "scoring": run.scoring, "v": 2})   # 2: gate-taylor's phase on the whole schedule
+        return PointStore.key_for(self.job, {
+            **self.common, "point_selection": "gradual", "scorer": self.selector,
+            "scorer_options": self.selector_options, "selector_schedule": run.short_finetune,
+            "scoring": run.scoring, "v": 2})   # 2: gate-taylor's phase on the whole schedule
 
     def plan_steps(self, plan, pairs):
         """Each point is the selector's own phase for its split, then an evaluation (``--plan``)."""

@@ -10,8 +10,8 @@ import functools
 import time
 
 from hetprune import HetpruneError, Site, sites
-from hetprune.plugin_api import (PointStore, PruneJob, fingerprint, found, finetune_step, rank_lowest, remove_sites,
-                                 save_torch_atomic)
+from hetprune.plugin_api import (PointStore, PruneJob, fingerprint, found, finetune_step, rank_lowest,
+                                 remove_sites, save_torch_atomic)
 from hetprune.plugin_api import distributed as dist
 
 from .paths import OTHER, Path as PointPath, paths_for
@@ -46,15 +46,16 @@ class ProgressivePoints(PointScheme):
         schedule, the point scorer and its data, and the common fields; not its length (a longer path
         extends a shorter one with the same key)."""
         run = self.job.config
-        return PointStore.key_for(self.job, **{**self.common, "point_selection": "progressive", "path": path.name,
-                            "point_finetune": self.section, "schedule": getattr(run, self.section),
-                            **self.point_scorer_key, "scoring": run.scoring,
-                            **({"stride": self.stride} if self.stride != 1 else {})})   # stride 1 keeps its key
+        return PointStore.key_for(self.job, {
+            **self.common, "point_selection": "progressive", "path": path.name,
+            "point_finetune": self.section, "schedule": getattr(run, self.section),
+            **self.point_scorer_key, "scoring": run.scoring,
+            **({"stride": self.stride} if self.stride != 1 else {})})   # stride 1 keeps its key
 
     @property
     def key(self) -> str:
         """The dense point's key: the dense model evaluated, no fine-tune."""
-        return PointStore.key_for(self.job, **{**self.common, "point_selection": "progressive", "path": "dense"})
+        return PointStore.key_for(self.job, {**self.common, "point_selection": "progressive", "path": "dense"})
 
     def plan(self, pairs):
         self._paths = paths_for(pairs, self.first, self.stride)
@@ -117,7 +118,8 @@ class ProgressivePoints(PointScheme):
         the kinds its steps removed up to there (the interleaved path's order depends on the budget, so two
         budgets' paths may reach a step by different removals)."""
         order, key, folder = fingerprint(path.kinds[:step]), self.path_key(path), self.job.shared_dir / "map-paths"
-        return found(folder / f"{key}-step{step}-{order[:8]}.pt", folder / f"{key.before}-step{step}-{order.before[:8]}.pt")
+        return found(folder / f"{key}-step{step}-{order[:8]}.pt",
+                     folder / f"{key.before}-step{step}-{order.before[:8]}.pt")   # (as key version 1 named it)
 
     def load(self, file) -> tuple:
         """A kept step: its model (the dense model with the step's sites removed, then its weights) and sites."""
@@ -218,12 +220,12 @@ class ProgressivePoints(PointScheme):
     @property
     def verify_key(self) -> str:
         run = self.job.config
-        return PointStore.key_for(self.job, **{**self.common, "point_selection": "progressive", "verify": self.first,
-                            "point_finetune": self.section, "schedule": getattr(run, self.section),
-                            "final": getattr(run, self.check_section), **({"check": self.check_section}
-                                                                if self.check_section != "finetune" else {}),
-                            **self.point_scorer_key, "scoring": run.scoring,
-                            "stride": self.stride})
+        return PointStore.key_for(self.job, {
+            **self.common, "point_selection": "progressive", "verify": self.first,
+            "point_finetune": self.section, "schedule": getattr(run, self.section),
+            "final": getattr(run, self.check_section),
+            **({"check": self.check_section} if self.check_section != "finetune" else {}),
+            **self.point_scorer_key, "scoring": run.scoring, "stride": self.stride})
 
     def base_for(self, pair: tuple[int, int]) -> tuple[PointPath, int]:
         """The path step nearest ``pair`` whose removals it contains (most sites off; the paths' order breaks

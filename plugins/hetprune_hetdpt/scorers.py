@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import (Section, adapter_for, devices, fingerprint, found, made_when, note_saved, now, number,
-                                 reusable, save_torch_atomic, setting, training, weights_key, whole)
+from hetprune.plugin_api import (Section, adapter_for, devices, fingerprint, found, made_when, note_saved, now,
+                                 number, reusable, save_torch_atomic, setting, training, weights_key, whole)
 from hetprune.plugin_api import distributed as dist
 
 from . import gates

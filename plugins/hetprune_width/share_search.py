@@ -58,12 +58,11 @@ def points_key(job: PruneJob, depth_strategy, target: float, width: WidthOptions
     """What shapes a share point: the base, the task, the short schedule, the depth strategy's point scorer,
     the removers and mergers, the scoring batches, the width pruner and the target."""
     run, point_scorer = job.config, depth_strategy.point_scorer(job)
-    return PointStore.key_for(job, **{"short": run.short_finetune,
-                        "point_scorer": point_scorer,
-                        **run.options_entry("scorer", point_scorer, "point_scorer_options"),
-                        "removers": [run.attn_remover, run.act_remover],
-                        "mergers": run.mergers, "scoring": run.scoring, "width": width.to_dict(),
-                        "target": int(target), "seed": job.seed, "amp": run.amp})
+    return PointStore.key_for(job, {
+        "short": run.short_finetune, "point_scorer": point_scorer,
+        **run.options_entry("scorer", point_scorer, "point_scorer_options"),
+        "removers": [run.attn_remover, run.act_remover], "mergers": run.mergers, "scoring": run.scoring,
+        "width": width.to_dict(), "target": int(target), "seed": job.seed, "amp": run.amp})
 
 
 def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: float, width_prune) -> list[dict]:
