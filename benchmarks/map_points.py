@@ -123,6 +123,11 @@ SCHEMES = {
     # within its leave-one-out error of the best
     "oneshot-unsure3-img": ["hetdpt.point_selection=oneshot", "hetdpt.verify=3", "hetdpt.verify_by=pipeline",
                             "hetdpt.verify_selection=0.15", "hetdpt.verify_images=5000", "hetdpt.verify_when=unsure"],
+    # the same checks, not on the 3 best predicted splits but on the best predicted of each third of the
+    # budget line (hetdpt.verify_among spread): a predictor wrong about the whole line (digit pairs at budget 8,
+    # Kendall tau -0.69) cannot keep its best part from the checks
+    "oneshot-spread3-img": ["hetdpt.point_selection=oneshot", "hetdpt.verify=3", "hetdpt.verify_by=pipeline",
+                            "hetdpt.verify_selection=0.15", "hetdpt.verify_images=5000", "hetdpt.verify_among=spread"],
 }
 WORDS = {   # what each scheme's points are, for the tables
     "oneshot": "today's default: each point's sites off the dense model at once (taylor's order), one fine-tune "
@@ -152,6 +157,8 @@ WORDS = {   # what each scheme's points are, for the tables
                              "successive halving (checks sized in images: verify_images)",
     "oneshot-unsure3-img": "the same checks only where the predictor is unsure (verify_when unsure): the splits "
                            "predicted within its leave-one-out error of the best, none when the best stands out",
+    "oneshot-spread3-img": "the same checks on the best predicted split of each third of the feasible splits "
+                           "(ordered by attention removals; verify_among spread) instead of the 3 best predicted",
 }
 # the predictors fitted on every scheme's points: label -> (registered name, options)
 PREDICTORS = {
@@ -173,6 +180,7 @@ PLAN_COSTS_ROWS = {
     "progressive-pipeline3-sel33": "the same, verify_selection 0.33",
     "oneshot-pipeline3-img": "one-shot points, 3 pipeline checks sized in images, verify_selection 0.15",
     "oneshot-unsure3-img": "the same only on a near-tie (verify_when unsure: counted as if they run)",
+    "oneshot-spread3-img": "the same checks, one in each part of the budget line (verify_among spread)",
 }
 
 

@@ -50,11 +50,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMES = [
     ("one-shot points (the embedded benchmarks' default)", {"hetdpt": {"point_selection": "oneshot", "verify": 0}}),
     ("progressive points (the paper's), no checks", {"hetdpt": {"point_selection": "progressive", "verify": 0}}),
-    ("progressive points, 3 checks from path points", {"hetdpt": {"point_selection": "progressive", "verify": 3}}),
+    # the checks' settings spelled out: since issue 58 the defaults are pipeline checks sized in images
+    ("progressive points, 3 checks from path points", {"hetdpt": {"point_selection": "progressive", "verify": 3,
+                                                                  "verify_by": "points"}}),
     ("progressive points, 3 pipeline checks", {"hetdpt": {"point_selection": "progressive", "verify": 3,
-                                                          "verify_by": "pipeline"}}),
+                                                          "verify_by": "pipeline", "verify_images": None,
+                                                          "verify_selection": 1}}),
     ("the same, verify_selection 0.33", {"hetdpt": {"point_selection": "progressive", "verify": 3,
-                                                    "verify_by": "pipeline", "verify_selection": 0.33}}),
+                                                    "verify_by": "pipeline", "verify_images": None,
+                                                    "verify_selection": 0.33}}),
     # issue 58, item 2: checks sized in images (each at most one point's fine-tune), the candidates selected on
     # 15 % of the scoring subset; verify_images is the case's (IMAGE_BUDGETS): a budget is a number of images
     ("one-shot points, 3 pipeline checks sized in images, verify_selection 0.15",
@@ -63,6 +67,9 @@ SCHEMES = [
     ("the same only on a near-tie (verify_when unsure: counted as if they run)",
      {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
                  "verify_images": "the case's", "verify_when": "unsure"}}),
+    ("the same checks, one in each part of the budget line (verify_among spread)",
+     {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
+                 "verify_images": "the case's", "verify_among": "spread"}}),
 ]
 
 

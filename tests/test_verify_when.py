@@ -67,3 +67,50 @@ def test_plan_counts_the_checks_as_if_they_run_and_says_they_may_not(tmp_path):
     job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, SETTINGS)
     [step] = [s for s in HetDPT().plan_allocation(job) if "checks" in s.stage]
     assert step.train_images == 96 and step.what.endswith("only on a near-tie")
+
+
+def test_spread_checks_the_best_predicted_split_of_each_part_of_the_line():
+    # a predictor sure that attention-heavy splits win: the K best would all sit at that end
+    value = {(a, 8 - a): 70.0 + a for a in range(9)}
+    assert sorted(value, key=lambda p: -value[p])[:3] == [(8, 0), (7, 1), (6, 2)]
+    assert HetDPT.spread(list(value), value, 3, 1) == [(8, 0), (5, 3), (2, 6)]
+    # the predicted best is always checked, the result best first; a loss picks the lowest of each run
+    bumpy = {(0, 8): 71.0, (1, 7): 75.0, (2, 6): 70.0, (3, 5): 72.0, (4, 4): 80.0, (5, 3): 60.0}
+    assert HetDPT.spread(list(bumpy), bumpy, 2, 1) == [(4, 4), (1, 7)]
+    assert HetDPT.spread(list(bumpy), bumpy, 2, -1) == [(5, 3), (2, 6)]
+    # runs of near-equal length, the first the shorter; K above the splits checks each once
+    ten = {(a, 10 - a): float(a % 3) for a in range(10)}
+    assert sorted(HetDPT.spread(list(ten), ten, 3, 1)) == [(2, 8), (5, 5), (8, 2)]
+    assert sorted(HetDPT.spread(list(bumpy), bumpy, 9, 1)) == sorted(bumpy)
+
+
+def test_a_run_checks_one_split_in_each_part_of_the_line(tmp_path):
+    settings = {"scorer": "taylor", "hetdpt": {**SETTINGS["hetdpt"], "verify_when": "always",
+                                               "verify_among": "spread"}}
+    job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, settings)
+    logs = []
+    job.log = logs.append
+    result = HetDPT().run(job)
+    alloc = result.report["allocation"]
+    predicted = {(d["n_attn"], d["n_act"]): d["predicted"] for d in alloc["surface"]}
+    expected = HetDPT.spread(list(predicted), predicted, 2, 1)
+    first_round = alloc["pipeline_checks"]["rounds"][0]["measured"]
+    assert sorted((m["n_attn"], m["n_act"]) for m in first_round) == sorted(expected)
+    line = sorted(predicted)   # budget 2 on a 2-block model: the splits 0+2, 1+1, 2+0 in runs [0+2], [1+1, 2+0]
+    assert expected[0] == max(predicted, key=lambda p: (predicted[p], -p[0]))
+    assert {line[0]} & set(expected) and set(line[1:]) & set(expected)
+    assert any("best predicted split of each part of the line" in m for m in logs), logs
+    [step] = [s for s in HetDPT().plan_allocation(job) if "checks" in s.stage]
+    assert step.what.endswith("one in each part of the line")
+
+
+def test_spread_is_refused_beside_unsure_and_where_nothing_is_checked(tmp_path):
+    with pytest.raises(HetpruneError, match="verify_among spread checks one split in every part"):
+        tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
+                 {"hetdpt": {"verify": 2, "verify_among": "spread", "verify_when": "unsure"}}).options(HetDPTOptions)
+    with pytest.raises(HetpruneError, match="hetdpt.verify_among shapes the checks of hetdpt.verify, which is 0"):
+        tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
+                 {"hetdpt": {"verify": 0, "verify_among": "spread"}}).options(HetDPTOptions)
+    with pytest.raises(HetpruneError, match="verify_among must be one of best, spread, got 'all'"):
+        tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
+                 {"hetdpt": {"verify": 2, "verify_among": "all"}}).options(HetDPTOptions)

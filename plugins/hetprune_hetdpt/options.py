@@ -12,6 +12,7 @@ FINETUNES = ("auto", "finetune", "short_finetune")
 ORDERS = ("act", "attn")
 VERIFY_BY = ("points", "pipeline")
 VERIFY_WHEN = ("always", "unsure")
+VERIFY_AMONG = ("best", "spread")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,11 @@ class HetDPTOptions(Section):
                                          "predictor's leave-one-out error of the best, at most K, and none "
                                          "when the best stands out by more: a near-tie is checked, a clear "
                                          "pick is trusted)")
+    verify_among: str = setting("best", "with verify > 0, which splits are checked: best (the K best predicted) or "
+                                        "spread (the feasible splits, ordered by attention removals, cut into K "
+                                        "runs of near-equal length, and the best predicted of each run checked: "
+                                        "a predictor wrong about the whole line cannot keep its best part from "
+                                        "the checks)")
     verify_by: str = setting("pipeline", "with verify > 0, how the K splits are measured: points (a point of the scheme's kind: "
                                        "progressive checks from the nearest path point) or pipeline (the final "
                                        "run's own selection and fine-tune, by successive halving within "
@@ -94,6 +100,7 @@ class HetDPTOptions(Section):
         self.need("verify", whole(self.verify, 0), "a count of splits >= 0")
         self.need("verify_by", self.verify_by in VERIFY_BY, f"one of {', '.join(VERIFY_BY)}")
         self.need("verify_when", self.verify_when in VERIFY_WHEN, f"one of {', '.join(VERIFY_WHEN)}")
+        self.need("verify_among", self.verify_among in VERIFY_AMONG, f"one of {', '.join(VERIFY_AMONG)}")
         self.need("verify_budget", self.verify_budget is None or (number(self.verify_budget) and self.verify_budget > 0),
                   "a number of final fine-tunes > 0, or null")
         self.need("verify_images", self.verify_images in (None, "auto") or whole(self.verify_images, 1),
@@ -109,18 +116,22 @@ class HetDPTOptions(Section):
                                 f"hetdpt.verify_images ({self.verify_images}) both size the pipeline "
                                 "checks: set one of them")
         self._refuse_inert_checks()
+        if self.verify_among == "spread" and self.verify_when == "unsure":
+            raise HetpruneError("hetdpt.verify_among spread checks one split in every part of the budget line, and "
+                                "hetdpt.verify_when unsure only the splits near the predicted best: set one of "
+                                "them")
 
     def _refuse_inert_checks(self) -> None:
         """The checks' settings do nothing where there are no checks (``verify`` 0), and ``verify_budget`` and
         ``verify_selection`` nothing for checks of the points' kind: refused, not silently ignored."""
         default = {f.name: f.default for f in fields(self)}
-        changed = [n for n in ("verify_when", "verify_by", "verify_budget", "verify_images", "verify_selection")
+        changed = [n for n in ("verify_when", "verify_among", "verify_by", "verify_budget", "verify_images", "verify_selection")
                    if getattr(self, n) != default[n]]
         if changed and not self.verify:
             raise HetpruneError(f"hetdpt.{changed[0]} shapes the checks of hetdpt.verify, which is 0 (no checks): "
                                 f"set hetdpt.verify to the number of splits to check, or leave hetdpt.{changed[0]} "
                                 "at its default")
-        pipeline = [n for n in changed if n not in ("verify_by", "verify_when")]
+        pipeline = [n for n in changed if n not in ("verify_by", "verify_when", "verify_among")]
         if pipeline and self.verify_by != "pipeline":
             raise HetpruneError(f"hetdpt.{pipeline[0]} applies to the checks of verify_by pipeline, and this run's "
                                 f"are verify_by {self.verify_by}: set hetdpt.verify_by pipeline, or leave "

@@ -93,6 +93,9 @@ class HetDPT(DepthStrategy):
         opts = job.options(HetDPTOptions)
         if opts.verify and opts.verify_by == "pipeline":
             steps += PipelineChecks(job).plan_steps(min(opts.verify, len(pairs)), None, self.plan_sites(job))
+        if opts.verify and opts.verify_among == "spread":
+            steps = [dataclasses.replace(s, what=f"{s.what}, one in each part of the line") if "checks" in s.stage
+                     else s for s in steps]
         if opts.verify and opts.verify_when == "unsure":   # counted as if they run: the most they cost
             steps = [dataclasses.replace(s, what=f"{s.what}, only on a near-tie") if "checks" in s.stage else s
                      for s in steps]
@@ -168,7 +171,12 @@ class HetDPT(DepthStrategy):
         pick = max(pairs, key=lambda p: (sign * value[p], -p[0]))
         checked, halved, verified, unsure = [], None, None, None
         fit = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
-        best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:verify]
+        if opts.verify_among == "spread":   # one check in every part of the line, the best predicted first
+            best = self.spread(pairs, value, verify, sign)
+            job.log(f"[hetdpt] checking the best predicted split of each part of the line: "
+                    f"{', '.join(f'{a}+{m}' for a, m in best)}")
+        else:
+            best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:verify]
         if verify and opts.verify_when == "unsure":   # a clear pick is trusted, a near-tie checked
             best, unsure = self.near_ties(best, value, fit.get("loo_mae"), sign)
             error = "unknown" if unsure["loo_mae"] is None else job.task.number(unsure["loo_mae"])
@@ -208,6 +216,17 @@ class HetDPT(DepthStrategy):
     def fit(predictor, points: list[dict], pairs: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
         predictor.fit([(p["n_attn"], p["n_act"], metric_of(p)) for p in points])
         return {pair: predictor.predict(*pair) for pair in pairs}
+
+    @staticmethod
+    def spread(pairs: list[tuple[int, int]], value: dict, k: int, sign: int = 1) -> list[tuple[int, int]]:
+        """``hetdpt.verify_among: spread``: the feasible splits ordered by attention removals, cut into ``k``
+        runs of near-equal length (the first runs the shorter), and the best by ``value`` of each run; the
+        result best first. The predicted best is always among them, since it is the best of its run."""
+        line = sorted(pairs)
+        k = min(k, len(line))
+        runs = [line[i * len(line) // k:(i + 1) * len(line) // k] for i in range(k)]
+        picks = [max(run, key=lambda p: (sign * value[p], -p[0])) for run in runs]
+        return sorted(picks, key=lambda p: (-sign * value[p], p[0]))
 
     @staticmethod
     def near_ties(best: list[tuple[int, int]], value: dict, loo_mae: float | None,
