@@ -360,14 +360,13 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extr
             opts = job.options(HetDPTOptions)
             verify = opts.verify
             if verify and opts.verify_by == "pipeline":
-                pipeline_checks(job, fits, pairs, verify, None, unsure=opts.verify_when == "unsure")
-            elif verify:   # each predictor's best predicted splits checked (hetdpt.verify), as allocate does
+                pipeline_checks(job, fits, pairs, opts, None)
+            elif verify:   # each predictor's splits to check (hetdpt.verify) measured, as allocate does
                 point_scheme = ctx.strategy.scheme(job)
                 for fit in fits.values():
                     if "predicted" not in fit:
                         continue
-                    pred = fit["predicted"]
-                    best = sorted(pairs, key=lambda p: (-pred[f"{p[0]}+{p[1]}"], p[0]))[:verify]
+                    best, _ = HetDPT.to_check(opts, pairs, predicted_of(fit), fit.get("fit", {}).get("loo_mae"))
                     found = point_scheme.verify(best)
                     fit["verified"] = {f"{a}+{m}": metric_of(found[(a, m)]) for a, m in best}
                     fit["verify_images"] = sum(found[p].get("images") or 0 for p in best)
@@ -385,10 +384,16 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extr
     return result
 
 
-def pipeline_checks(job, fits: dict, pairs, k: int, budget, unsure: bool = False) -> None:
-    """``hetdpt.verify_by pipeline`` for each predictor's ``k`` best predicted splits, as allocate runs it (with
-    ``unsure``, hetdpt.verify_when unsure: only those within the predictor's leave-one-out error of the best,
-    none where the best stands out; the fit says which in ``unsure``): the winner, the halving's rounds and its
+def predicted_of(fit: dict) -> dict:
+    """A fit's predictions by split, from its ``"a+m"`` keys."""
+    return {tuple(map(int, k.split("+"))): v for k, v in fit["predicted"].items()}
+
+
+def pipeline_checks(job, fits: dict, pairs, opts: HetDPTOptions, budget) -> None:
+    """``hetdpt.verify_by pipeline`` for each predictor's splits to check, chosen as allocate chooses them
+    (`HetDPT.to_check`: the K best predicted or, with verify_among spread, the best of each K-th of the line;
+    with verify_when unsure only the near ties, none where the best stands out, the fit saying which in
+    ``unsure``): the winner, the halving's rounds and its
     cost (images: the units spent x one unit's images, a final fine-tune's or with verify_images a point's;
     seconds: each candidate's selection, timed once and counted for every predictor that checks it, plus the stored
     check fine-tunes)."""
@@ -416,12 +421,10 @@ def pipeline_checks(job, fits: dict, pairs, k: int, budget, unsure: bool = False
     for fit in fits.values():
         if "predicted" not in fit:
             continue
-        pred = fit["predicted"]
-        best = sorted(pairs, key=lambda p: (-pred[f"{p[0]}+{p[1]}"], p[0]))[:k]
-        if unsure:
-            best, fit["unsure"] = HetDPT.near_ties(best, {p: pred[f"{p[0]}+{p[1]}"] for p in best},
-                                                   fit.get("fit", {}).get("loo_mae"))
-            if len(best) < 2:   # a clear pick: taken without checks, at no cost
+        best, unsure = HetDPT.to_check(opts, pairs, predicted_of(fit), fit.get("fit", {}).get("loo_mae"))
+        if unsure is not None:
+            fit["unsure"] = unsure
+            if not unsure["checked"]:   # a clear pick: taken without checks, at no cost
                 continue
         halved = checks.run(best, budget)
         seconds = sum(selecting.get(s, 0.0) for s in best)

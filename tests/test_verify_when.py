@@ -114,3 +114,28 @@ def test_spread_is_refused_beside_unsure_and_where_nothing_is_checked(tmp_path):
     with pytest.raises(HetpruneError, match="verify_among must be one of best, spread, got 'all'"):
         tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
                  {"hetdpt": {"verify": 2, "verify_among": "all"}}).options(HetDPTOptions)
+
+
+@pytest.mark.parametrize("among,when", [("spread", "always"), ("best", "always"), ("best", "unsure")])
+def test_the_map_study_checks_the_splits_a_run_checks(among, when, tmp_path, monkeypatch):
+    """benchmarks/map_points.py measures each predictor's checks itself; it once checked the K best predicted
+    whatever verify_among said, so a whole pass measured the default twice."""
+    from benchmark_scripts import script
+    from hetprune_hetdpt.halving import PipelineChecks
+
+    map_points = script("map_points")
+    settings = {"scorer": "taylor", "hetdpt": {**SETTINGS["hetdpt"], "verify": 2, "verify_when": when,
+                                               "verify_among": among}}
+    job = tiny_job(hetprune.Budget(sites=3), tmp_path, HetDPT, settings)
+    ran = []
+    real_run = PipelineChecks.run
+    monkeypatch.setattr(PipelineChecks, "run", lambda self, c, b=None: ran.append(list(c)) or real_run(self, c, b))
+    pairs = sorted(job.feasible_pairs())
+    value = {p: 70.0 + 3 * p[0] for p in pairs}   # sure that attention-heavy splits win
+    fits = {"local": {"predicted": {f"{a}+{m}": v for (a, m), v in value.items()}, "fit": {"loo_mae": 5.0}}}
+    with job.serving():
+        map_points.pipeline_checks(job, fits, pairs, job.options(HetDPTOptions), None)
+    expected, _ = HetDPT.to_check(job.options(HetDPTOptions), pairs, value, 5.0)
+    assert ran == [expected]
+    assert expected == ([(3, 0), (1, 2)] if among == "spread" else [(3, 0), (2, 1)])
+    assert fits["local"]["pipeline_pick"] in {f"{a}+{m}" for a, m in expected}

@@ -171,14 +171,11 @@ class HetDPT(DepthStrategy):
         pick = max(pairs, key=lambda p: (sign * value[p], -p[0]))
         checked, halved, verified, unsure = [], None, None, None
         fit = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
-        if opts.verify_among == "spread":   # one check in every part of the line, the best predicted first
-            best = self.spread(pairs, value, verify, sign)
+        best, unsure = self.to_check(opts, pairs, value, fit.get("loo_mae"), sign)
+        if verify and opts.verify_among == "spread":
             job.log(f"[hetdpt] checking the best predicted split of each part of the line: "
                     f"{', '.join(f'{a}+{m}' for a, m in best)}")
-        else:
-            best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:verify]
-        if verify and opts.verify_when == "unsure":   # a clear pick is trusted, a near-tie checked
-            best, unsure = self.near_ties(best, value, fit.get("loo_mae"), sign)
+        if verify and unsure is not None:   # a clear pick is trusted, a near-tie checked
             error = "unknown" if unsure["loo_mae"] is None else job.task.number(unsure["loo_mae"])
             job.log(f"[hetdpt] the predictor's leave-one-out error is {error}: " + (
                 f"{', '.join(f'{a}+{m}' for a, m in best)} within it of the best, checked" if len(best) > 1 else
@@ -216,6 +213,20 @@ class HetDPT(DepthStrategy):
     def fit(predictor, points: list[dict], pairs: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
         predictor.fit([(p["n_attn"], p["n_act"], metric_of(p)) for p in points])
         return {pair: predictor.predict(*pair) for pair in pairs}
+
+    @classmethod
+    def to_check(cls, opts: HetDPTOptions, pairs: list[tuple[int, int]], value: dict, loo_mae: float | None,
+                 sign: int = 1) -> tuple[list[tuple[int, int]], dict | None]:
+        """The splits ``hetdpt.verify`` checks, best predicted first: the K best by ``value``, or with
+        ``verify_among: spread`` the best of each K-th of the line; with ``verify_when: unsure`` only the near
+        ties, and what the predictor was unsure of (else None). The one rule, for a run and for the MAP study."""
+        if opts.verify_among == "spread":
+            best = cls.spread(pairs, value, opts.verify, sign)
+        else:
+            best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:opts.verify]
+        if opts.verify and opts.verify_when == "unsure":
+            return cls.near_ties(best, value, loo_mae, sign)
+        return best, None
 
     @staticmethod
     def spread(pairs: list[tuple[int, int]], value: dict, k: int, sign: int = 1) -> list[tuple[int, int]]:
