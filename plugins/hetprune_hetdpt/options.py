@@ -59,7 +59,7 @@ class HetDPTOptions(Section):
                                         "spread (the feasible splits, ordered by attention removals, cut into K "
                                         "runs of near-equal length, and the best predicted of each run checked: "
                                         "a predictor wrong about the whole line cannot keep its best part from "
-                                        "the checks)")
+                                        "the checks)", since="issue 58")
     verify_by: str = setting("pipeline", "with verify > 0, how the K splits are measured: points (a point of the scheme's kind: "
                                        "progressive checks from the nearest path point) or pipeline (the final "
                                        "run's own selection and fine-tune, by successive halving within "
