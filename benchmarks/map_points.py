@@ -366,7 +366,9 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extr
                 for fit in fits.values():
                     if "predicted" not in fit:
                         continue
-                    best, _ = HetDPT.to_check(opts, pairs, predicted_of(fit), fit.get("fit", {}).get("loo_mae"))
+                    best = splits_to_check(opts, pairs, fit)
+                    if best is None:
+                        continue
                     found = point_scheme.verify(best)
                     fit["verified"] = {f"{a}+{m}": metric_of(found[(a, m)]) for a, m in best}
                     fit["verify_images"] = sum(found[p].get("images") or 0 for p in best)
@@ -384,9 +386,17 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extr
     return result
 
 
-def predicted_of(fit: dict) -> dict:
-    """A fit's predictions by split, from its ``"a+m"`` keys."""
-    return {tuple(map(int, k.split("+"))): v for k, v in fit["predicted"].items()}
+def splits_to_check(opts: HetDPTOptions, pairs, fit: dict) -> list | None:
+    """The splits a run with ``opts`` checks after this predictor's fit (`HetDPT.to_check`), or None where it
+    checks none (verify_when unsure and a clear pick: taken without checks, at no cost, the fit saying so in
+    ``unsure``), as allocate does."""
+    predicted = {tuple(map(int, k.split("+"))): v for k, v in fit["predicted"].items()}
+    best, unsure = HetDPT.to_check(opts, pairs, predicted, fit.get("fit", {}).get("loo_mae"))
+    if unsure is not None:
+        fit["unsure"] = unsure
+        if not unsure["checked"]:
+            return None
+    return best
 
 
 def pipeline_checks(job, fits: dict, pairs, opts: HetDPTOptions, budget) -> None:
@@ -421,11 +431,9 @@ def pipeline_checks(job, fits: dict, pairs, opts: HetDPTOptions, budget) -> None
     for fit in fits.values():
         if "predicted" not in fit:
             continue
-        best, unsure = HetDPT.to_check(opts, pairs, predicted_of(fit), fit.get("fit", {}).get("loo_mae"))
-        if unsure is not None:
-            fit["unsure"] = unsure
-            if not unsure["checked"]:   # a clear pick: taken without checks, at no cost
-                continue
+        best = splits_to_check(opts, pairs, fit)
+        if best is None:
+            continue
         halved = checks.run(best, budget)
         seconds = sum(selecting.get(s, 0.0) for s in best)
         for r in halved.rounds:

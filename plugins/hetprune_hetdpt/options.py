@@ -125,8 +125,8 @@ class HetDPTOptions(Section):
         """The checks' settings do nothing where there are no checks (``verify`` 0), and ``verify_budget`` and
         ``verify_selection`` nothing for checks of the points' kind: refused, not silently ignored."""
         default = {f.name: f.default for f in fields(self)}
-        changed = [n for n in ("verify_when", "verify_among", "verify_by", "verify_budget", "verify_images", "verify_selection")
-                   if getattr(self, n) != default[n]]
+        changed = [n for n in ("verify_when", "verify_among", "verify_by", "verify_budget", "verify_images",
+                               "verify_selection") if getattr(self, n) != default[n]]
         if changed and not self.verify:
             raise HetpruneError(f"hetdpt.{changed[0]} shapes the checks of hetdpt.verify, which is 0 (no checks): "
                                 f"set hetdpt.verify to the number of splits to check, or leave hetdpt.{changed[0]} "

@@ -93,12 +93,12 @@ class HetDPT(DepthStrategy):
         opts = job.options(HetDPTOptions)
         if opts.verify and opts.verify_by == "pipeline":
             steps += PipelineChecks(job).plan_steps(min(opts.verify, len(pairs)), None, self.plan_sites(job))
-        if opts.verify and opts.verify_among == "spread":
-            steps = [dataclasses.replace(s, what=f"{s.what}, one in each part of the line") if "checks" in s.stage
-                     else s for s in steps]
-        if opts.verify and opts.verify_when == "unsure":   # counted as if they run: the most they cost
-            steps = [dataclasses.replace(s, what=f"{s.what}, only on a near-tie") if "checks" in s.stage else s
-                     for s in steps]
+        # which splits the checks measure (spread and unsure are never together); a near-tie's checks are
+        # counted as if they run: the most they cost
+        which = (", one in each part of the line" if opts.verify_among == "spread" else
+                 ", only on a near-tie" if opts.verify_when == "unsure" else "")
+        if opts.verify and which:
+            steps = [dataclasses.replace(s, what=s.what + which) if "checks" in s.stage else s for s in steps]
         return steps
 
     def check_settings(self, job: PruneJob) -> None:
