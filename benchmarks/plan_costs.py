@@ -70,6 +70,17 @@ SCHEMES = [
     ("the same checks, one in each part of the budget line (verify_among spread)",
      {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
                  "verify_images": "the case's", "verify_among": "spread"}}),
+    # references above the line (the MAP study's oneshot-spread6-img and oneshot-spread3-img-sel1)
+    ("the spread checks, 6 of them (verify 6, verify_images auto)",
+     {"hetdpt": {"point_selection": "oneshot", "verify": 6, "verify_by": "pipeline", "verify_selection": 0.15,
+                 "verify_images": "auto", "verify_among": "spread"}}),
+    ("the 3 spread checks, each selected on the whole scoring subset (verify_selection 1, verify_images auto)",
+     {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 1,
+                 "verify_images": "auto", "verify_among": "spread"}}),
+    # the floor that keeps a selection's images where a share of a small subset is too few to rank the sites
+    ("the 3 spread checks, verify_selection 0.15 with a floor of 300 images a gate epoch (verify_images auto)",
+     {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
+                 "verify_selection_at_least": 300, "verify_images": "auto", "verify_among": "spread"}}),
 ]
 
 

@@ -69,6 +69,28 @@ def test_the_candidates_can_be_selected_on_a_number_of_images_per_gate_epoch(tmp
         PipelineChecks(sized(tmp_path / "b", 10_000, scorer="gate-taylor", verify_selection=16))
 
 
+def test_a_floor_under_the_share_raises_a_selection_to_that_many_images_or_to_the_runs_own(tmp_path):
+    # the scoring subset is 16 images: a quarter is 4, the floor 8 lifts it; three quarters (12) stay above it
+    floored = PipelineChecks(sized(tmp_path, 10_000, scorer="gate-taylor", verify_selection=0.25,
+                                   verify_selection_at_least=8))
+    assert floored.select_job.config.scoring_batches.subset == 8 and not floored.own_selection
+    assert floored.selection_cost((2, 2)) * floored.unit.images == pytest.approx(5 * 8)
+    above = PipelineChecks(sized(tmp_path / "b", 10_000, scorer="gate-taylor", verify_selection=0.75,
+                                 verify_selection_at_least=8))
+    assert above.select_job.config.scoring_batches.subset == 12
+    # a floor of the whole subset or more is the final run's own selection: the winner's reused, its key too
+    own = PipelineChecks(sized(tmp_path / "c", 10_000, scorer="gate-taylor", verify_selection=0.25,
+                               verify_selection_at_least=16))
+    assert own.select_job is own.job and own.own_selection
+    assert own.key == PipelineChecks(sized(tmp_path / "d", 10_000, scorer="gate-taylor")).key   # verify_selection 1
+    assert floored.key != own.key != above.key
+    # --plan says what each candidate's gate phase sees, and says nothing where it is the run's own
+    [step] = [s for s in HetDPT().plan_allocation(floored.job) if "pipeline checks" in s.stage]
+    assert step.what.endswith("; each candidate selected on 8 images a gate epoch"), step.what
+    [step] = [s for s in HetDPT().plan_allocation(own.job) if "pipeline checks" in s.stage]
+    assert "selected on" not in step.what
+
+
 def test_plan_counts_the_images_the_setting_gives(tmp_path):
     job = sized(tmp_path, 128)   # 4 checks at half the points' 32 images, then 2 at all of them: 128 in all
     [step] = [s for s in HetDPT().plan_allocation(job) if "pipeline checks" in s.stage]

@@ -297,7 +297,11 @@ def test_kd_token_on_a_model_without_a_distillation_token_is_refused_before_stag
     ({"verify_by": "points", "verify_budget": 4.0}, "hetdpt.verify_budget applies to the checks of verify_by "
                                                     "pipeline, and this run's are verify_by points"),
     ({"verify_by": "points", "verify_selection": 0.5}, "hetdpt.verify_selection applies to the checks of verify_by "
-                                                       "pipeline")])
+                                                       "pipeline"),
+    ({"verify": 0, "verify_selection_at_least": 300}, "hetdpt.verify_selection_at_least shapes the checks of "
+                                                      "hetdpt.verify, which is 0"),
+    ({"verify_by": "points", "verify_selection_at_least": 300}, "hetdpt.verify_selection_at_least applies to the "
+                                                               "checks of verify_by pipeline")])
 def test_the_checks_settings_are_refused_where_there_are_no_such_checks(hetdpt_settings, words):
     from hetprune.core import config
 
@@ -306,6 +310,22 @@ def test_the_checks_settings_are_refused_where_there_are_no_such_checks(hetdpt_s
     config.resolve(hetdpt(), overrides={"hetdpt": {**hetdpt_settings, "verify": 2, "verify_by": "pipeline"}})
     # the default checks' own settings at their defaults are no error when the checks are turned off
     config.resolve(hetdpt(), overrides={"hetdpt": {"verify": 0}})
+
+
+def test_a_selection_floor_that_cannot_act_or_is_no_number_of_images_is_refused():
+    from hetprune.core import config
+
+    for bad, words in (({"verify_selection": 1, "verify_selection_at_least": 300},
+                        "hetdpt.verify_selection_at_least is a floor under a share of the scoring subset, and "
+                        "hetdpt.verify_selection is 1"),
+                       ({"verify_selection_at_least": 0}, "hetdpt.verify_selection_at_least must be a whole number "
+                                                          "of images per gate epoch >= 1, or null"),
+                       ({"verify_selection_at_least": 2.5}, "hetdpt.verify_selection_at_least = 2.5 is not a whole "
+                                                            "number or null"),
+                       ({"verify_selection_at_least": "many"}, "hetdpt.verify_selection_at_least = 'many' is not")):
+        with pytest.raises(HetpruneError, match=words):
+            config.resolve(hetdpt(), overrides={"hetdpt": bad})
+    config.resolve(hetdpt(), overrides={"hetdpt": {"verify_selection_at_least": 300}})   # under the 0.15 default
 
 
 # -- suspect 3: a strategy's section without that strategy in the run says so -----------------------------------

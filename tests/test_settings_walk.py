@@ -24,7 +24,7 @@ OTHER = {
     "clip_mode": "value", "lr_scale": "linear", "warmup_lr": 1e-6, "min_lr": 1e-6, "keep": "best",
     "predictor": "poly", "point_selection": "progressive", "point_finetune": "finetune", "interleave_first": "attn",
     "point_scorer": "magnitude", "verify_by": "points", "verify_budget": 3.0, "verify_images": 20_000, "verify_when": "unsure",
-    "verify_among": "spread", "order": "depth-width",
+    "verify_among": "spread", "verify_selection_at_least": 200, "order": "depth-width",
     "depth_strategy": "another-depth-strategy", "depth_sites": 2, "intermediate_finetune": "finetune",
     "pruner": "another-width-pruner",   # names are checked when a run starts (start_run), not when settings are read
     "scorer_options": {"gate-taylor": {"score_lr": 0.5}}, "cost_model_options": {"latency": {"batch_size": 8}},
@@ -35,7 +35,7 @@ OTHER = {
 CHECKS_OFF = {"hetdpt": {"verify": 0}}
 WITH = {**{f"hetdpt.{name}": ({}, f"hetdpt.{name} shapes the checks of hetdpt.verify", CHECKS_OFF)
            for name in ("verify_by", "verify_budget", "verify_when", "verify_among", "verify_images",
-                        "verify_selection")},
+                        "verify_selection", "verify_selection_at_least")},
         **{f"{section}.{name}": ({section: {"teacher": "vit_tiny_patch16_224"}},
                                  "teacher_checkpoint, teacher_pretrained and teacher_kwargs describe a separate", {})
            for section in config.SCHEDULES for name in ("teacher_kwargs", "teacher_checkpoint", "teacher_pretrained")},

@@ -163,10 +163,12 @@ def halving(candidates: list[Split], run: Callable[[Split, float], float], budge
     return out
 
 
-def selection_job(job: PruneJob, share: float) -> PruneJob:
+def selection_job(job: PruneJob, share: float, at_least: int | None = None) -> PruneJob:
     """The job the candidates' selections run in: the run's own (``share`` 1), or the same with ``share`` of
     its scoring subset (``hetdpt.verify_selection`` below 1), or with that many images per gate epoch (a
-    whole number above 1): a cheaper gate phase for the checks alone."""
+    whole number above 1): a cheaper gate phase for the checks alone. ``at_least`` images per gate epoch
+    (``verify_selection_at_least``) are a floor under that; where it reaches the whole subset, the selection
+    is the run's own."""
     if share == 1:
         return job
     run = job.config
@@ -184,6 +186,10 @@ def selection_job(job: PruneJob, share: float) -> PruneJob:
                             "hetdpt.verify_selection 1, or a number of images per gate epoch")
     else:
         n = max(1, round(share * whole))
+    if at_least is not None and n < at_least:
+        if whole is not None and at_least >= whole:
+            return job
+        n = at_least
     return dataclasses.replace(job, settings=job.settings.replace_in("scoring", subset=n))
 
 
@@ -196,7 +202,7 @@ class PipelineChecks:
     def __init__(self, job: PruneJob):
         self.job = job
         opts = job.options(HetDPTOptions)
-        self.select_job = selection_job(job, opts.verify_selection)
+        self.select_job = selection_job(job, opts.verify_selection, opts.verify_selection_at_least)
         self.own_selection = self.select_job is job   # the final run's own selection: the winner's reused
         self.images_budget = opts.images_budget
         run = job.config
@@ -380,4 +386,6 @@ class PipelineChecks:
                                                         "phase, counted there)" if reused else ")")
         if most < budget - 1e-9:
             what += f"; each check at most one whole {self.unit.section}: {self.unit.said(most)} at most"
+        if not self.own_selection:   # verify_selection (and its floor): what each candidate's gate phase sees
+            what += f"; each candidate selected on {self.select_job.config.scoring_batches.subset:,} images a gate epoch"
         return [PlanStep("stage 1: pipeline checks", what, k, int(max(0.0, most - reused) * self.unit.images), 0)]
