@@ -140,16 +140,22 @@ def markdown(studies: dict[str, dict], summaries: dict[str, list[dict]], command
                         for s in summ if s["predictor"] == "gp"])
         totals = {}
         for s in summ:
-            t = totals.setdefault((s["scheme"], s["predictor"]), {"p": [], "c": [], "o": [], "n": 0})
+            t = totals.setdefault((s["scheme"], s["predictor"]), {"p": [], "c": [], "o": [], "n": 0, "e": [], "a": []})
             t["p"].append(s["predictor_part"])
             t["c"].append(s["checks_part"])
+            if s["mean_check_error"] is not None:
+                t["e"].append(s["mean_check_error"])
+                t["a"].append(s["mean_abs_check_error"])
             if s["ordered_as_truth"] is not None:
                 t["o"].append(s["ordered_as_truth"] * s["pairs_apart"])
                 t["n"] += s["pairs_apart"]
         lines += ["", "Over every target (mean of the targets' parts), every predictor:", ""]
-        lines += table(["scheme / predictor", "predictor part", "checks part", "ordered as the truth"],
+        lines += table(["scheme / predictor", "predictor part", "checks part", "ordered as the truth",
+                        "check - truth (mean, mean abs)"],
                        [[f"{scheme} / {predictor}", f"{statistics.mean(t['p']):.2f}", f"{statistics.mean(t['c']):.2f}",
-                         f"{fmt(sum(t['o']) / t['n'] if t['n'] else None, '.0%')} of {t['n']}"]
+                         f"{fmt(sum(t['o']) / t['n'] if t['n'] else None, '.0%')} of {t['n']}",
+                         f"{fmt(statistics.mean(t['e']) if t['e'] else None, '+.1f')}, "
+                         f"{fmt(statistics.mean(t['a']) if t['a'] else None, '.1f')}"]
                         for (scheme, predictor), t in sorted(totals.items())])
         lines.append("")
     return "\n".join(lines)

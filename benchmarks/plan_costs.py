@@ -81,6 +81,9 @@ SCHEMES = [
     ("the 3 spread checks, verify_selection 0.15 with a floor of 300 images a gate epoch (verify_images auto)",
      {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
                  "verify_selection_at_least": 300, "verify_images": "auto", "verify_among": "spread"}}),
+    ("6 spread checks, verify_selection 0.07 with a floor of 300 images a gate epoch (verify_images auto)",
+     {"hetdpt": {"point_selection": "oneshot", "verify": 6, "verify_by": "pipeline", "verify_selection": 0.07,
+                 "verify_selection_at_least": 300, "verify_images": "auto", "verify_among": "spread"}}),
 ]
 
 
