@@ -387,5 +387,6 @@ class PipelineChecks:
         if most < budget - 1e-9:
             what += f"; each check at most one whole {self.unit.section}: {self.unit.said(most)} at most"
         if not self.own_selection:   # verify_selection (and its floor): what each candidate's gate phase sees
-            what += f"; each candidate selected on {self.select_job.config.scoring_batches.subset:,} images a gate epoch"
+            n = self.select_job.config.scoring_batches.subset
+            what += f"; each candidate selected on {n:,} images a gate epoch"
         return [PlanStep("stage 1: pipeline checks", what, k, int(max(0.0, most - reused) * self.unit.images), 0)]
