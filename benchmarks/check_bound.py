@@ -19,12 +19,11 @@ Writes benchmarks/results/check-bound.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
-from studylib.files import write
+from studylib.files import add_study_arguments, read_studies, write
 from studylib.runs import floors_of
 from studylib.tables import table
 
@@ -121,16 +120,9 @@ def markdown(summ: list[dict], floors: dict, command: str, studies: list[str]) -
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--studies", default=",".join(STUDIES), help="committed map-points results to read (names)")
-    p.add_argument("--results", default=str(RESULTS), help="folder of the studies and of what this writes")
-    p.add_argument("--name", default="check-bound")
+    add_study_arguments(p, STUDIES, "check-bound", RESULTS)
     args = p.parse_args(argv)
-    studies = {}
-    for study in [s for s in args.studies.split(",") if s]:
-        path = Path(args.results) / f"{study}.json"
-        if not path.is_file():
-            p.error(f"no committed study {path} (run benchmarks/map_points.py --name {study} first)")
-        studies[study] = json.loads(path.read_text())
+    studies = read_studies(args.results, args.studies, p.error)
     rows, floors = bounds(studies)
     summ = summary(rows, floors)
     command = "python benchmarks/check_bound.py" + ("" if args.studies == ",".join(STUDIES)

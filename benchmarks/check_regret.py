@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import sys
 from pathlib import Path
 
-from studylib.files import write
+from studylib.files import add_study_arguments, read_studies, write
 from studylib.runs import floors_of
 from studylib.tables import table
 
@@ -163,17 +162,10 @@ def markdown(studies: dict[str, dict], summaries: dict[str, list[dict]], command
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--studies", default=",".join(STUDIES), help="committed map-points results to read (names)")
-    p.add_argument("--results", default=str(RESULTS), help="folder of the studies and of what this writes")
-    p.add_argument("--name", default="check-regret")
+    add_study_arguments(p, STUDIES, "check-regret", RESULTS)
     args = p.parse_args(argv)
-    studies, summaries = {}, {}
-    for name in [s for s in args.studies.split(",") if s]:
-        path = Path(args.results) / f"{name}.json"
-        if not path.is_file():
-            p.error(f"no committed study {path} (run benchmarks/map_points.py --name {name} first)")
-        studies[name] = json.loads(path.read_text())
-        summaries[name] = summary(split_regret(studies[name]))
+    studies = read_studies(args.results, args.studies, p.error)
+    summaries = {name: summary(split_regret(study)) for name, study in studies.items()}
     command = "python benchmarks/check_regret.py" + ("" if args.studies == ",".join(STUDIES)
                                                      else f" --studies {args.studies}")
     res = {"command": command, "studies": list(studies), "summary": summaries}   # per seed: rerun it
