@@ -46,6 +46,14 @@ COST_LINE = 0.10   # issue 58: a scheme whose points and checks spend more of th
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
+def image_checks(**changes) -> dict:
+    """One-shot points, then issue 58's checks: 3 pipeline checks sized in images (``verify_images`` the case's:
+    `IMAGE_BUDGETS`), each candidate selected on 15 % of the scoring subset; ``changes`` on top."""
+    return {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
+                       "verify_images": "the case's", **changes}}
+
+
 # (label, settings): the MAP study's schemes that matter for the cost line
 SCHEMES = [
     ("one-shot points (the embedded benchmarks' default)", {"hetdpt": {"point_selection": "oneshot", "verify": 0}}),
@@ -61,29 +69,21 @@ SCHEMES = [
                                                     "verify_selection": 0.33}}),
     # issue 58, item 2: checks sized in images (each at most one point's fine-tune), the candidates selected on
     # 15 % of the scoring subset; verify_images is the case's (IMAGE_BUDGETS): a budget is a number of images
-    ("one-shot points, 3 pipeline checks sized in images, verify_selection 0.15",
-     {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
-                 "verify_images": "the case's"}}),
-    ("the same only on a near-tie (verify_when unsure: counted as if they run)",
-     {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
-                 "verify_images": "the case's", "verify_when": "unsure"}}),
+    ("one-shot points, 3 pipeline checks sized in images, verify_selection 0.15", image_checks()),
+    ("the same only on a near-tie (verify_when unsure: counted as if they run)", image_checks(verify_when="unsure")),
     ("the same checks, one in each part of the budget line (verify_among spread)",
-     {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
-                 "verify_images": "the case's", "verify_among": "spread"}}),
+     image_checks(verify_among="spread")),
     # references above the line (the MAP study's oneshot-spread6-img and oneshot-spread3-img-sel1)
     ("the spread checks, 6 of them (verify 6, verify_images auto)",
-     {"hetdpt": {"point_selection": "oneshot", "verify": 6, "verify_by": "pipeline", "verify_selection": 0.15,
-                 "verify_images": "auto", "verify_among": "spread"}}),
+     image_checks(verify=6, verify_images="auto", verify_among="spread")),
     ("the 3 spread checks, each selected on the whole scoring subset (verify_selection 1, verify_images auto)",
-     {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 1,
-                 "verify_images": "auto", "verify_among": "spread"}}),
+     image_checks(verify_selection=1, verify_images="auto", verify_among="spread")),
     # the floor that keeps a selection's images where a share of a small subset is too few to rank the sites
     ("the 3 spread checks, verify_selection 0.15 with a floor of 300 images a gate epoch (verify_images auto)",
-     {"hetdpt": {"point_selection": "oneshot", "verify": 3, "verify_by": "pipeline", "verify_selection": 0.15,
-                 "verify_selection_at_least": 300, "verify_images": "auto", "verify_among": "spread"}}),
+     image_checks(verify_selection_at_least=300, verify_images="auto", verify_among="spread")),
     ("6 spread checks, verify_selection 0.07 with a floor of 300 images a gate epoch (verify_images auto)",
-     {"hetdpt": {"point_selection": "oneshot", "verify": 6, "verify_by": "pipeline", "verify_selection": 0.07,
-                 "verify_selection_at_least": 300, "verify_images": "auto", "verify_among": "spread"}}),
+     image_checks(verify=6, verify_selection=0.07, verify_selection_at_least=300, verify_images="auto",
+                  verify_among="spread")),
 ]
 
 
