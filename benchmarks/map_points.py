@@ -136,16 +136,10 @@ SCHEMES = {
     "oneshot-spread3-img-sel1": ["hetdpt.point_selection=oneshot", "hetdpt.verify=3", "hetdpt.verify_by=pipeline",
                                  "hetdpt.verify_selection=1", "hetdpt.verify_images=auto",
                                  "hetdpt.verify_among=spread"],
-    # the spread checks with a floor under verify_selection's share (verify_selection_at_least): a share of a
-    # small scoring subset is too few images to rank the sites (15 % of the embedded benchmarks' 300 is 45); at
-    # DeiT-B's 15 % (192,000 images a gate epoch) the floor does nothing. Where it reaches the whole subset, as
-    # here, the selection is the run's own: the same checks as oneshot-spread3-img-sel1 (tests/test_check_images.py)
-    "oneshot-spread3-img-floor300": ["hetdpt.point_selection=oneshot", "hetdpt.verify=3", "hetdpt.verify_by=pipeline",
-                                     "hetdpt.verify_selection=0.15", "hetdpt.verify_selection_at_least=300",
-                                     "hetdpt.verify_images=auto", "hetdpt.verify_among=spread"],
     # what check_bound.py says 3 candidates cannot give and 6 can: 6 spread checks, each candidate selected on
     # 7 % of the scoring subset (DeiT-B: 90,000 images a gate epoch; the 6 checks and the points 9.8 % of its
-    # run) with the same floor of 300 images a gate epoch (here: the whole subset)
+    # run) but on at least 300 images a gate epoch (verify_selection_at_least: a share of a small subset is too
+    # few images to rank the sites; here the floor is the whole subset, the run's own selection)
     "oneshot-spread6-floor300": ["hetdpt.point_selection=oneshot", "hetdpt.verify=6", "hetdpt.verify_by=pipeline",
                                  "hetdpt.verify_selection=0.07", "hetdpt.verify_selection_at_least=300",
                                  "hetdpt.verify_images=auto", "hetdpt.verify_among=spread"],
@@ -184,8 +178,6 @@ WORDS = {   # what each scheme's points are, for the tables
                            "(verify 6), each one point's fine-tune (verify_images auto)",
     "oneshot-spread3-img-sel1": "the 3 spread checks, each candidate selected on the whole scoring subset "
                                 "(verify_selection 1, the final run's own selection) instead of 15 % of it",
-    "oneshot-spread3-img-floor300": "the 3 spread checks, each candidate selected on 15 % of the scoring subset but "
-                                    "on at least 300 images a gate epoch (verify_selection_at_least 300)",
     "oneshot-spread6-floor300": "6 spread checks (the best predicted of each sixth of the line), each candidate "
                                 "selected on 7 % of the scoring subset but on at least 300 images a gate epoch",
 }
@@ -213,8 +205,6 @@ PLAN_COSTS_ROWS = {
     "oneshot-spread6-img": "the spread checks, 6 of them (verify 6, verify_images auto)",
     "oneshot-spread3-img-sel1": "the 3 spread checks, each selected on the whole scoring subset (verify_selection 1, "
                                 "verify_images auto)",
-    "oneshot-spread3-img-floor300": "the 3 spread checks, verify_selection 0.15 with a floor of 300 images a gate "
-                                    "epoch (verify_images auto)",
     "oneshot-spread6-floor300": "6 spread checks, verify_selection 0.07 with a floor of 300 images a gate epoch "
                                 "(verify_images auto)",
 }

@@ -79,8 +79,6 @@ SCHEMES = [
     ("the 3 spread checks, each selected on the whole scoring subset (verify_selection 1, verify_images auto)",
      image_checks(verify_selection=1, verify_images="auto", verify_among="spread")),
     # the floor that keeps a selection's images where a share of a small subset is too few to rank the sites
-    ("the 3 spread checks, verify_selection 0.15 with a floor of 300 images a gate epoch (verify_images auto)",
-     image_checks(verify_selection_at_least=300, verify_images="auto", verify_among="spread")),
     ("6 spread checks, verify_selection 0.07 with a floor of 300 images a gate epoch (verify_images auto)",
      image_checks(verify=6, verify_selection=0.07, verify_selection_at_least=300, verify_images="auto",
                   verify_among="spread")),
