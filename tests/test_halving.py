@@ -219,6 +219,7 @@ def test_cheaper_checks_select_on_a_share_of_the_scoring_subset_and_cost_that_sh
     half = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "b", HetDPT,
                                    {"scorer": "gate-taylor", "hetdpt": {"verify": 2, "verify_by": "pipeline",
                                                                         "verify_selection": 0.5,
+                                                                        "verify_selection_at_least": None,
                                                                         "verify_images": None}}))
     assert full.select_job is full.job and half.select_job.config.scoring_batches.subset == 8   # of 16
     assert half.job.config.scoring_batches.subset == 16   # the run's own selection keeps its subset
@@ -229,7 +230,7 @@ def test_cheaper_checks_select_on_a_share_of_the_scoring_subset_and_cost_that_sh
     whole = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "c", HetDPT,
                                     {"scorer": "gate-taylor", "scoring": {"subset": None},
                                      "hetdpt": {"verify": 2, "verify_by": "pipeline", "verify_selection": 0.25,
-                                                "verify_images": None}}))
+                                                "verify_selection_at_least": None, "verify_images": None}}))
     assert whole.select_job.config.scoring_batches.subset == round(whole.job.task.train_size / 4)
 
 
@@ -243,7 +244,8 @@ def test_a_bad_verify_selection_is_refused_with_what_is_allowed(tmp_path):
 
 def test_after_cheaper_checks_the_final_select_stage_selects_the_winner_on_the_whole_subset(tmp_path):
     settings = {"hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1, "verify": 2,
-                           "verify_by": "pipeline", "verify_budget": 12.0, "verify_selection": 0.5},
+                           "verify_by": "pipeline", "verify_budget": 12.0, "verify_selection": 0.5,
+                           "verify_selection_at_least": None},
                 "scorer": "gate-taylor"}
     job = tiny_job(hetprune.Budget(sites=3), tmp_path, HetDPT, settings)
     logs = []

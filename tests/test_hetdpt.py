@@ -552,7 +552,7 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
     rc = main(["prune", *common, "--strategy", "hetdpt", "--budget", "3", "--out", str(out),
                "--set", "finetune.epochs=1", "--set", "short_finetune.epochs=1", "--set", "scoring.subset=64",
                "--set", "finetune.subset=64", "--set", "short_finetune.subset=64", "--set", "hetdpt.verify=3",
-               "--set", "hetdpt.verify_by=points"])
+               "--set", "hetdpt.verify_by=points", "--set", "hetdpt.verify_among=best"])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     assert report["n_attn"] + report["n_act"] == 3
@@ -561,7 +561,7 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
     # the reported fit is the predictor's fit of the reported points; the pick is the best of the checks of the
     # 3 best predicted splits, each measured as a point (hetdpt.verify=3, verify_by points)
     name = alloc["predictor"]
-    assert name == report["settings"]["hetdpt"]["predictor"] == "local"    # the default
+    assert name == report["settings"]["hetdpt"]["predictor"] == "poly"    # the default
     refit = get_registry().build("predictor", name,
                                  **report["settings"]["hetdpt"]["predictor_options"].get(name, {})).fit(
         [(p["n_attn"], p["n_act"], p["metric"]) for p in alloc["points"]])

@@ -27,6 +27,20 @@ def test_a_scheme_over_the_deit_b_cost_line_is_not_affordable_whatever_its_toy_c
     assert map_points.choose(found, {})["chosen"]["scheme"] == "progressive-pipeline3"
 
 
+def test_under_the_deit_b_line_the_toy_cost_is_a_column_not_the_rule():
+    # issue 58: a scheme at 3.2x the one-shot points' images at toy scale but 9.8 % of a DeiT-B run can be the
+    # default; one the DeiT-B count leaves out cannot, however cheap at toy scale
+    found = rows("oneshot", 5.0, 100) + rows("oneshot-spread6-floor300", 1.0, 320) + rows("gradual", 0.5, 110)
+    choice = map_points.choose(found, {}, {"oneshot": 0.02, "oneshot-spread6-floor300": 0.098})
+    by = {c["scheme"]: c for c in choice["ranking"]}
+    assert by["oneshot-spread6-floor300"]["cost_ratio"] == pytest.approx(3.2) and by["oneshot-spread6-floor300"]["affordable"]
+    assert not by["gradual"]["affordable"] and by["gradual"]["deit_b_share"] is None
+    assert choice["chosen"]["scheme"] == "oneshot-spread6-floor300"
+    page = map_points.choice_lines({"choice": choice, "rows": found}, [("digit-pairs", "b8")])
+    assert any("at most 10% of a DeiT-B run" in line and "not the rule" in line for line in page)
+    assert any(line.startswith("| gradual | local | 0.50 |") and "| - | no |" in line for line in page)
+
+
 def test_the_shares_are_the_committed_plan_costs_deit_b_rows():
     shares = map_points.deit_b_shares()
     assert shares["oneshot"] == pytest.approx(0.02, abs=0.001)

@@ -298,9 +298,9 @@ def test_kd_token_on_a_model_without_a_distillation_token_is_refused_before_stag
                                                     "pipeline, and this run's are verify_by points"),
     ({"verify_by": "points", "verify_selection": 0.5}, "hetdpt.verify_selection applies to the checks of verify_by "
                                                        "pipeline"),
-    ({"verify": 0, "verify_selection_at_least": 300}, "hetdpt.verify_selection_at_least shapes the checks of "
+    ({"verify": 0, "verify_selection_at_least": 500}, "hetdpt.verify_selection_at_least shapes the checks of "
                                                       "hetdpt.verify, which is 0"),
-    ({"verify_by": "points", "verify_selection_at_least": 300}, "hetdpt.verify_selection_at_least applies to the "
+    ({"verify_by": "points", "verify_selection_at_least": 500}, "hetdpt.verify_selection_at_least applies to the "
                                                                "checks of verify_by pipeline")])
 def test_the_checks_settings_are_refused_where_there_are_no_such_checks(hetdpt_settings, words):
     from hetprune.core import config
@@ -315,9 +315,11 @@ def test_the_checks_settings_are_refused_where_there_are_no_such_checks(hetdpt_s
 def test_a_selection_floor_that_cannot_act_or_is_no_number_of_images_is_refused():
     from hetprune.core import config
 
-    for bad, words in (({"verify_selection": 1, "verify_selection_at_least": 300},
-                        "hetdpt.verify_selection_at_least is a floor under a share of the scoring subset, and "
-                        "hetdpt.verify_selection is 1"),
+    for bad, words in (({"verify_selection": 1, "verify_selection_at_least": 500},
+                        r"hetdpt.verify_selection_at_least \(500\) is a floor under a share of the scoring subset "
+                        r"\(hetdpt.verify_selection below 1\), and hetdpt.verify_selection is 1"),
+                       ({"verify_selection": 120, "verify_selection_at_least": 500},
+                        "hetdpt.verify_selection is 120 images per gate epoch, a number the floor leaves as it is"),
                        ({"verify_selection_at_least": 0}, "hetdpt.verify_selection_at_least must be a whole number "
                                                           "of images per gate epoch >= 1, or null"),
                        ({"verify_selection_at_least": 2.5}, "hetdpt.verify_selection_at_least = 2.5 is not a whole "
@@ -325,7 +327,11 @@ def test_a_selection_floor_that_cannot_act_or_is_no_number_of_images_is_refused(
                        ({"verify_selection_at_least": "many"}, "hetdpt.verify_selection_at_least = 'many' is not")):
         with pytest.raises(HetpruneError, match=words):
             config.resolve(hetdpt(), overrides={"hetdpt": bad})
-    config.resolve(hetdpt(), overrides={"hetdpt": {"verify_selection_at_least": 300}})   # under the 0.15 default
+    config.resolve(hetdpt(), overrides={"hetdpt": {"verify_selection_at_least": 500}})   # under the 0.07 default
+    # the default floor (300) beside a selection it leaves alone is no conflict: only a floor the user set is
+    for given in (1, 120):
+        assert config.resolve(hetdpt(), overrides={"hetdpt": {"verify_selection": given}})["hetdpt"][
+            "verify_selection"] == given
 
 
 # -- suspect 3: a strategy's section without that strategy in the run says so -----------------------------------

@@ -22,18 +22,20 @@ OTHER = {
     "kd": "hard", "subset": 64, "drop_path": 0.1, "teacher": "vit_tiny_patch16_224",
     "teacher_kwargs": {"depth": 1}, "teacher_checkpoint": "teacher.safetensors", "clip_grad": 1.0,
     "clip_mode": "value", "lr_scale": "linear", "warmup_lr": 1e-6, "min_lr": 1e-6, "keep": "best",
-    "predictor": "poly", "point_selection": "progressive", "point_finetune": "finetune", "interleave_first": "attn",
+    "predictor": "local", "point_selection": "progressive", "point_finetune": "finetune", "interleave_first": "attn",
     "point_scorer": "magnitude", "verify_by": "points", "verify_budget": 3.0, "verify_images": 20_000, "verify_when": "unsure",
-    "verify_among": "spread", "verify_selection_at_least": 200, "order": "depth-width",
+    "verify_among": "best", "verify_selection_at_least": 200, "order": "depth-width",
     "depth_strategy": "another-depth-strategy", "depth_sites": 2, "intermediate_finetune": "finetune",
     "pruner": "another-width-pruner",   # names are checked when a run starts (start_run), not when settings are read
     "scorer_options": {"gate-taylor": {"score_lr": 0.5}}, "cost_model_options": {"latency": {"batch_size": 8}},
     "predictor_options": {"poly": {"degree": 2}}, "pruner_options": {"round_to": 16},
 }
 # the settings a changed value of a leaf needs beside it to be used at all, the words it is refused with where it
-# would be ignored, and where that is (for the checks' settings: at verify 0; the defaults check 3 splits)
+# would be ignored, and where that is (for the checks' settings: at verify 0; the defaults check 6 splits, spread
+# along the line, so verify_when unsure needs verify_among best beside it)
 CHECKS_OFF = {"hetdpt": {"verify": 0}}
-WITH = {**{f"hetdpt.{name}": ({}, f"hetdpt.{name} shapes the checks of hetdpt.verify", CHECKS_OFF)
+WITH = {**{f"hetdpt.{name}": ({"hetdpt": {"verify_among": "best"}} if name == "verify_when" else {},
+                              f"hetdpt.{name} shapes the checks of hetdpt.verify", CHECKS_OFF)
            for name in ("verify_by", "verify_budget", "verify_when", "verify_among", "verify_images",
                         "verify_selection", "verify_selection_at_least")},
         **{f"{section}.{name}": ({section: {"teacher": "vit_tiny_patch16_224"}},

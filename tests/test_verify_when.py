@@ -31,7 +31,7 @@ def test_near_ties_are_the_splits_within_the_leave_one_out_error_of_the_best():
 
 SETTINGS = {"scorer": "taylor", "hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1,
                                            "verify": 2, "verify_by": "pipeline", "verify_when": "unsure",
-                                           "verify_images": 96}}
+                                           "verify_among": "best", "verify_images": 96, "predictor": "local"}}
 
 
 @pytest.mark.parametrize("error", [0.0, 1e9])
@@ -105,12 +105,13 @@ def test_a_run_checks_one_split_in_each_part_of_the_line(tmp_path):
 
 
 def test_spread_is_refused_beside_unsure_and_where_nothing_is_checked(tmp_path):
-    with pytest.raises(HetpruneError, match="verify_among spread checks one split in every part"):
+    with pytest.raises(HetpruneError, match=r"verify_among spread \(the default\) checks one split in every part.*"
+                                            "with verify_when unsure, set hetdpt.verify_among best"):
         tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
                  {"hetdpt": {"verify": 2, "verify_among": "spread", "verify_when": "unsure"}}).options(HetDPTOptions)
     with pytest.raises(HetpruneError, match="hetdpt.verify_among shapes the checks of hetdpt.verify, which is 0"):
         tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
-                 {"hetdpt": {"verify": 0, "verify_among": "spread"}}).options(HetDPTOptions)
+                 {"hetdpt": {"verify": 0, "verify_among": "best"}}).options(HetDPTOptions)
     with pytest.raises(HetpruneError, match="verify_among must be one of best, spread, got 'all'"):
         tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
                  {"hetdpt": {"verify": 2, "verify_among": "all"}}).options(HetDPTOptions)

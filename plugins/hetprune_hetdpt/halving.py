@@ -167,8 +167,8 @@ def selection_job(job: PruneJob, share: float, at_least: int | None = None) -> P
     """The job the candidates' selections run in: the run's own (``share`` 1), or the same with ``share`` of
     its scoring subset (``hetdpt.verify_selection`` below 1), or with that many images per gate epoch (a
     whole number above 1): a cheaper gate phase for the checks alone. ``at_least`` images per gate epoch
-    (``verify_selection_at_least``) are a floor under that; where it reaches the whole subset, the selection
-    is the run's own."""
+    (``verify_selection_at_least``) are a floor under a share (a number of images is taken as given); where
+    the floor reaches the whole subset, the selection is the run's own."""
     if share == 1:
         return job
     run = job.config
@@ -186,7 +186,7 @@ def selection_job(job: PruneJob, share: float, at_least: int | None = None) -> P
                             "hetdpt.verify_selection 1, or a number of images per gate epoch")
     else:
         n = max(1, round(share * whole))
-    if at_least is not None and n < at_least:
+    if at_least is not None and share < 1 and n < at_least:
         if whole is not None and at_least >= whole:
             return job
         n = at_least
