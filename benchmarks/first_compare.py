@@ -78,7 +78,7 @@ def run(variant: str) -> dict:
         raise SystemExit(f"{shlex.join(command)} failed ({done.returncode}):\n{text[-3000:]}")
     return {"variant": variant, "command": shlex.join(command), "wall_s": round(wall, 1),
             "within_limit": wall <= LIMIT_S, "load_start": load_start, "load_end": load_end,
-            "loaded": load_start[0] > LOADED, "rows": rows_of(text)}
+            "loaded": load_start[0] > LOADED, "rows": rows_of(text), "output": text}
 
 
 def markdown(res: dict) -> str:
@@ -111,6 +111,8 @@ def main() -> int:
                    help="the --set settings of one variant ('' for the defaults; repeatable; default: VARIANTS)")
     p.add_argument("--name", default="first-compare")
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--transcript", metavar="DIR", help="also write what each variant's compare printed to "
+                   "DIR/<name>-<variant number>.txt (the docs quote it; the results keep only the rows)")
     args = p.parse_args()
 
     started, variants = time.time(), []
@@ -118,6 +120,10 @@ def main() -> int:
         waited = settle()
         print(f"== {variant or 'the defaults'} (after {waited:.0f} s waiting for the load to fall)", flush=True)
         variants.append(run(variant))
+        output = variants[-1].pop("output")
+        if args.transcript:
+            Path(args.transcript).mkdir(parents=True, exist_ok=True)
+            (Path(args.transcript) / f"{args.name}-{len(variants)}.txt").write_text(output)
         print(f"   {variants[-1]['wall_s']:.0f} s, load {variants[-1]['load_start'][0]} at the start", flush=True)
     res = {"command": shlex.join(["python", "benchmarks/first_compare.py", *sys.argv[1:]]),
            "machine": machine(), "seconds": time.time() - started, "limit_s": LIMIT_S, "variants": variants}
