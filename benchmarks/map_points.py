@@ -19,7 +19,8 @@ the truth rows (``rows.jsonl`` per target, keyed like ``hetprune ablate``'s),
 the points (one keyed points file per benchmark, shared by targets: a point
 depends on its scheme's settings, never on the target, so the targets of one
 seed share their points and progressive paths are extended, not redone), and
-each finished (benchmark, seed, scheme) unit's fits (``units/*.json``).
+each finished (benchmark, seed, scheme) unit's fits (``units/*.json``, read back only under the same
+resolved settings: a moved default makes a unit again).
 
 Reused: the truth of digit pairs at MACs 0.7, 0.55 and 0.45, seeds 0 and 1,
 from benchmarks/results/default-target.json (made on the shipped base model);
@@ -65,7 +66,7 @@ from hetprune_hetdpt.options import HetDPTOptions
 from hetprune_hetdpt.strategy import HetDPT
 from studylib.files import write
 from studylib.machine import load, machine, machine_line
-from studylib.runs import budget_of, context, final_images, floors_of, oracle_rows, truth_rows
+from studylib.runs import budget_of, context, final_images, floors_of, oracle_rows, resolved_settings, truth_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -86,7 +87,7 @@ UNSTUDIED = {("digit-pairs", "macs0.6"), ("digit-grid", "macs0.6"), ("digit-grid
 REUSED = {("digit-pairs", f"macs{t:g}"): ("default-target.json", (0, 1)) for t in (0.7, 0.55, 0.45)}
 
 # the checks' settings whose defaults moved after a scheme was studied, spelled out so that the scheme keeps
-# meaning what it measured (a scheme's units are found by its settings list): the floor and the spread checks
+# meaning what it measured (a rerun resolves them to the settings its page reports): the floor and the spread checks
 # became the default with issue 58's study, after issue 43's checks were sized in final fine-tunes (verify_images
 # null) on the K best predicted
 NO_FLOOR = "hetdpt.verify_selection_at_least=null"
@@ -205,7 +206,7 @@ PREDICTORS = {
 }
 BASELINE = "oneshot"   # today's points: the cost every scheme is measured against
 COST_LINE = 0.10       # issue 58: the default may spend at most this share of a DeiT-B run (plan_costs.py counts it)
-COST_CAP = 2.0         # issue 43's toy-scale cap (x the one-shot points): the rule only where nothing is counted at DeiT-B
+COST_CAP = 2.0         # issue 43's toy-scale cap (x the one-shot points): the rule only where DeiT-B is not counted
 # the scheme's row in benchmarks/results/plan-costs.json (its DeiT-B case: --config deit-b-paper, budget 10,
 # ImageNet-1k's sizes, as --plan counts it), by scheme
 PLAN_COSTS_ROWS = {
@@ -373,22 +374,34 @@ def fit_all(points: list[dict], pairs, registry) -> dict:
     return out
 
 
+def saved_unit(path: Path, targets: list[str], sets: list[str], resolved: dict) -> dict | None:
+    """The unit saved at ``path`` if it was made for these targets and settings, else None. Settings are
+    compared as resolved (every default filled in), not only as the scheme's ``--set`` list: a unit made
+    before a default moved ran other settings under the same list, and is made again."""
+    if not path.is_file():
+        return None
+    done = json.loads(path.read_text())
+    same = done.get("targets") == targets and done.get("sets") == sets and done.get("resolved") == resolved
+    return done if same else None
+
+
 def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extra: list[str] = ()) -> dict:
     """One (benchmark, seed, scheme): its points for every target, and every predictor's fit on them (saved;
-    a rerun with the same targets and settings reads it back). ``extra``: ``--set`` settings on top of the
-    scheme's, for the truth and every scheme alike."""
+    a rerun with the same targets and resolved settings reads it back: `saved_unit`). ``extra``: ``--set``
+    settings on top of the scheme's, for the truth and every scheme alike."""
     import torch
 
     torch.set_num_threads(1)
     path = out / "units" / f"{bench}-seed{seed}-{scheme}.json"   # scheme names are file-safe
     sets = SCHEMES[scheme] + list(extra)
-    if path.is_file():
-        done = json.loads(path.read_text())
-        if done.get("targets") == targets and done.get("sets") == sets:
-            return done
+    resolved = resolved_settings(sets)
+    done = saved_unit(path, targets, sets, resolved)
+    if done is not None:
+        return done
     ctx = context(bench, sets)
     shared = out / bench / "points"
-    result = {"bench": bench, "seed": seed, "scheme": scheme, "sets": sets, "targets": targets, "per_target": {}}
+    result = {"bench": bench, "seed": seed, "scheme": scheme, "sets": sets, "resolved": resolved,
+              "targets": targets, "per_target": {}}
     for target in targets:
         work = out / bench / "work" / f"{target}-seed{seed}-{scheme}"
         job = job_for(ctx, target, seed, work, shared)
