@@ -48,8 +48,8 @@ class HetDPTOptions(Section):
     dense_point: bool = setting(True, "measure the dense model as a point")
     refine: int = setting(0, "rounds after the fit, each measuring the best predicted split not yet measured (and "
                              "its unmeasured neighbours); 0 = the paper's one-shot fit")
-    verify: int = setting(6, "past the paper: the K best predicted splits measured, the best of them picked (0 = the "
-                             "predictor's argmax)")
+    verify: int = setting(6, "past the paper: K splits measured (verify_among says which), the best of them picked "
+                             "(0 = the predictor's argmax)")
     verify_when: str = setting("always", "with verify > 0, when the splits are checked: always (the K best "
                                          "predicted), or unsure (only the splits predicted within the "
                                          "predictor's leave-one-out error of the best, at most K, and none "
@@ -118,7 +118,7 @@ class HetDPTOptions(Section):
                   "of images per gate epoch above 1")
         self.need("verify_selection_at_least", self.verify_selection_at_least is None
                   or whole(self.verify_selection_at_least, 1), "a whole number of images per gate epoch >= 1, or null")
-        floor = next(f.default for f in fields(self) if f.name == "verify_selection_at_least")
+        floor = self._field_defaults()["verify_selection_at_least"]
         if self.verify_selection_at_least not in (None, floor) and number(self.verify_selection) \
                 and self.verify_selection >= 1:
             what = ("1 (the run's own selection, the whole subset)" if self.verify_selection == 1 else
@@ -136,11 +136,17 @@ class HetDPTOptions(Section):
                                 "budget line, and hetdpt.verify_when unsure only the splits near the predicted "
                                 "best: with verify_when unsure, set hetdpt.verify_among best")
 
+    @classmethod
+    def _field_defaults(cls) -> dict:
+        """Each field's default, read off the fields (``Section.defaults`` builds an instance, which would run
+        these checks again): a setting left there is no conflict where one the user set would be."""
+        return {f.name: f.default for f in fields(cls)}
+
     def _refuse_inert_checks(self) -> None:
         """The checks' settings do nothing where there are no checks (``verify`` 0), and ``verify_budget`` and
         ``verify_selection`` (and its floor) nothing for checks of the points' kind: refused, not silently
         ignored."""
-        default = {f.name: f.default for f in fields(self)}
+        default = self._field_defaults()
         changed = [n for n in ("verify_when", "verify_among", "verify_by", "verify_budget", "verify_images",
                                "verify_selection", "verify_selection_at_least") if getattr(self, n) != default[n]]
         if changed and not self.verify:
