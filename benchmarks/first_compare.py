@@ -63,7 +63,8 @@ def settle() -> float:
     return time.perf_counter() - started
 
 
-def run(variant: str) -> dict:
+def run(variant: str) -> tuple[dict, str]:
+    """The variant's row of the results, and what its compare printed (the transcript, kept only on request)."""
     sets = variant.split()
     command = ["hetprune", "compare"] + [x for s in sets for x in ("--set", s)]
     with tempfile.TemporaryDirectory(prefix="hetprune-first-compare-") as tmp:
@@ -78,7 +79,7 @@ def run(variant: str) -> dict:
         raise SystemExit(f"{shlex.join(command)} failed ({done.returncode}):\n{text[-3000:]}")
     return {"variant": variant, "command": shlex.join(command), "wall_s": round(wall, 1),
             "within_limit": wall <= LIMIT_S, "load_start": load_start, "load_end": load_end,
-            "loaded": load_start[0] > LOADED, "rows": rows_of(text), "output": text}
+            "loaded": load_start[0] > LOADED, "rows": rows_of(text)}, text
 
 
 def markdown(res: dict) -> str:
@@ -119,8 +120,8 @@ def main() -> int:
     for variant in VARIANTS if args.variant is None else args.variant:
         waited = settle()
         print(f"== {variant or 'the defaults'} (after {waited:.0f} s waiting for the load to fall)", flush=True)
-        variants.append(run(variant))
-        output = variants[-1].pop("output")
+        result, output = run(variant)
+        variants.append(result)
         if args.transcript:
             Path(args.transcript).mkdir(parents=True, exist_ok=True)
             (Path(args.transcript) / f"{args.name}-{len(variants)}.txt").write_text(output)
