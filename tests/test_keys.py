@@ -94,8 +94,13 @@ def test_a_setting_added_in_one_place_reaches_the_settings_reference():
 
 
 def test_the_core_declares_its_key_rules_in_its_fields():
-    assert keys.unkeyed(config.RunSettings) == {"dist_timeout_min": config.unkeyed_settings()["dist_timeout_min"]}
-    assert set(keys.later_defaults(config.RunSettings)) == {"tf32", "augment", "selection"}
+    assert keys.unkeyed(config.RunSettings) == {"dist_timeout_min": config.unkeyed_settings()["dist_timeout_min"],
+                                                "base_scratch": config.BASE_UNKEYED, "base_finetune": config.BASE_UNKEYED}
+    assert set(keys.later_defaults(config.RunSettings)) == {"tf32", "augment", "selection", "base_scratch",
+                                                            "base_finetune"}
+    # an unkeyed section (a base's schedule) is listed field by field, with the section's reason
+    assert {f"base_scratch.{name}" for name in ("epochs", "lr", "mixup", "image_passes")} <= set(
+        config.unkeyed_settings())
     later = keys.later_defaults(config.TrainConfig)
     assert {"mixup", "batch_per_gpu", "compile"} <= set(later) and "epochs" not in later
     assert not set(later) & set(config.TrainConfig().to_dict())   # left out at their defaults ...

@@ -95,12 +95,13 @@ def test_each_command_names_its_data_in_its_first_line(monkeypatch, capsys, tmp_
     """Issue 34, item 27: prune and compare default to different embedded data sets; each says which."""
     import importlib
 
-    module = importlib.import_module(f"hetprune.cli.commands.{command}_cmd")
+    importlib.import_module(f"hetprune.cli.commands.{command}_cmd")
+    common = importlib.import_module("hetprune.cli.commands.common")   # the start-up every command shares
 
     def stop(*args, **kwargs):
         raise HetpruneError("stopped after the first line")
 
-    monkeypatch.setattr(module, "base_model", stop)
+    monkeypatch.setattr(common, "base_model", stop)
     budget = ["--budgets", "2"] if command == "compare" else ["--budget", "2"]
     assert main([command, *budget, "--out", str(tmp_path / "o")]) == 2
     first = capsys.readouterr().out.splitlines()[0]

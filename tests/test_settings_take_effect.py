@@ -213,7 +213,8 @@ def test_plan_probe_without_plan_is_refused_before_anything_is_built(command, ca
     def built(*args, **kwargs):
         raise AssertionError("the base model was built before the refusal")
 
-    monkeypatch.setattr(importlib.import_module(f"hetprune.cli.commands.{command}_cmd"), "base_model", built)
+    importlib.import_module(f"hetprune.cli.commands.{command}_cmd")
+    monkeypatch.setattr(importlib.import_module("hetprune.cli.commands.common"), "base_model", built)
     budget = ["--budget", "2"]
     assert main([command, *budget, "--plan-probe", "5", "--out", str(tmp_path / "out")]) == 2
     assert "error: --plan-probe 5.0 times the training step for a plan: give it with --plan" in capsys.readouterr().err

@@ -28,7 +28,7 @@ OTHER = {
     "depth_strategy": "another-depth-strategy", "depth_sites": 2, "intermediate_finetune": "finetune",
     "pruner": "another-width-pruner",   # names are checked when a run starts (start_run), not when settings are read
     "scorer_options": {"gate-taylor": {"score_lr": 0.5}}, "cost_model_options": {"latency": {"batch_size": 8}},
-    "predictor_options": {"poly": {"degree": 2}}, "pruner_options": {"round_to": 16},
+    "predictor_options": {"poly": {"degree": 2}}, "pruner_options": {"round_to": 16}, "image_passes": 5000,
 }
 # the settings a changed value of a leaf needs beside it to be used at all, the words it is refused with where it
 # would be ignored, and where that is (for the checks' settings: at verify 0; the defaults check 6 splits, spread
@@ -40,9 +40,17 @@ WITH = {**{f"hetdpt.{name}": ({"hetdpt": {"verify_among": "best"}} if name == "v
                         "verify_selection", "verify_selection_at_least")},
         **{f"{section}.{name}": ({section: {"teacher": "vit_tiny_patch16_224"}},
                                  "teacher_checkpoint, teacher_pretrained and teacher_kwargs describe a separate", {})
-           for section in config.SCHEDULES for name in ("teacher_kwargs", "teacher_checkpoint", "teacher_pretrained")},
+           for section in config.TRAIN_SECTIONS
+           for name in ("teacher_kwargs", "teacher_checkpoint", "teacher_pretrained")},
         **{f"{section}.keep": ({section: {"eval_every": 1}}, "keep: best needs eval_every >= 1", {})
-           for section in config.SCHEDULES}}
+           for section in config.TRAIN_SECTIONS},
+        # a base hetprune makes has no teacher: its distillation settings are refused whatever else is set (None)
+        **{f"{base}.{name}": (None, f"{base}: a base hetprune makes learns from the data's labels alone", {})
+           for base in config.BASE_SCHEDULES.values() for name in ("kd", "teacher")},
+        **{f"{base}.kd_token": (None, "kd_token distils into the distillation token", {})
+           for base in config.BASE_SCHEDULES.values()},
+        **{f"{base}.{name}": (None, "describe a separate teacher", {}) for base in config.BASE_SCHEDULES.values()
+           for name in ("teacher_kwargs", "teacher_checkpoint", "teacher_pretrained")}}
 
 
 def strategies():
@@ -105,7 +113,8 @@ WALK = list(leaves(schema()))
 
 def test_the_walk_covers_every_section_and_declares_each_unkeyed_setting_with_its_reason():
     names = {key.split(".")[0] for key, _ in WALK}
-    assert {"finetune", "short_finetune", "scoring", "hetdpt", "hetdpt_plus", "width", "scorer_options"} <= names
+    assert {"finetune", "short_finetune", "base_scratch", "base_finetune", "scoring", "hetdpt", "hetdpt_plus", "width",
+            "scorer_options"} <= names
     walked = {key for key, _ in WALK}
     assert config.unkeyed_settings() and all(key in walked and len(why) > 20
                                               for key, why in config.unkeyed_settings().items())
@@ -119,6 +128,8 @@ def test_every_setting_is_keyed_refused_or_declared_unkeyed(key, default):
     if refused is not None:   # where it would be ignored: refused, naming it
         with pytest.raises(HetpruneError, match=refused):
             config.resolve(run, overrides=merged(ignored_in, change))
+    if needs is None:   # refused whatever else is set
+        return
     reference = config.resolve(run, overrides=needs)
     changed = config.resolve(run, overrides=merged(needs, change))   # used: accepted ...
     if key in config.unkeyed_settings():   # ... and keyed, or declared unkeyed with its reason

@@ -146,7 +146,10 @@ def field_types(cls) -> dict[str, tuple]:
 LR_SCALES = ("none", "linear", "sqrt")   # timm's rule: lr * (global batch / lr_base_batch), or its square root
 CLIP_MODES = ("norm", "value", "agc")   # timm.utils.dispatch_clip_grad
 KEEPS = ("last", "best", "ema")       # which weights a fine-tune returns
-SCHEDULES = ("finetune", "short_finetune")   # the settings sections that are a TrainConfig
+SCHEDULES = ("finetune", "short_finetune")   # the pruning run's fine-tune schedules (each a TrainConfig)
+# the schedule of a dense base hetprune makes, by how it makes it (--base scratch | finetune): a TrainConfig each
+BASE_SCHEDULES = {"scratch": "base_scratch", "finetune": "base_finetune"}
+TRAIN_SECTIONS = (*SCHEDULES, *BASE_SCHEDULES.values())   # every settings section that is a TrainConfig
 
 
 class ReadsLikeItsDict:
@@ -236,12 +239,18 @@ class TrainConfig(ReadsLikeItsDict):
     batch_per_gpu: bool = setting(False, "batch_size is per GPU (per rank): the global batch is batch_size x the "
                                          "ranks, resolved when the run starts (lr_scale scales by that global batch)",
                                   since="issue 42")
+    image_passes: int | None = setting(None, "the image passes this schedule trains for in all: once the data's size "
+                                             "is known, epochs become image_passes / the images an epoch sees (its "
+                                             "subset of the training set), rounded up, so one config suits a folder "
+                                             "of any size; an epochs setting given later replaces it (null: epochs as "
+                                             "given)", since="issue 69")
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "warmup_epochs", "workers", "seed", "subset", "accum_steps",
-                     "lr_base_batch", "eval_every", "save_every_steps", "check_every", "repeats"):
+                     "lr_base_batch", "eval_every", "save_every_steps", "check_every", "repeats", "image_passes"):
             value = getattr(self, name)
-            if not (value is None and name == "subset") and (isinstance(value, bool) or not isinstance(value, int)):
+            if not (value is None and name in ("subset", "image_passes")) and (
+                    isinstance(value, bool) or not isinstance(value, int)):
                 raise HetpruneError(f"training setting {name} must be a whole number, got {value!r}")
         for name in ("lr", "weight_decay", "kd_temperature", "kd_alpha", "mixup", "cutmix", "mix_prob",
                      "mix_switch_prob", "label_smoothing", "ema_decay", "drop_path", "clip_grad", "warmup_lr",
@@ -262,6 +271,8 @@ class TrainConfig(ReadsLikeItsDict):
             raise HetpruneError(f"kd_temperature must be > 0, got {self.kd_temperature}")
         if self.workers < 0:
             raise HetpruneError(f"workers must be >= 0, got {self.workers}")
+        if self.image_passes is not None and self.image_passes < 1:
+            raise HetpruneError(f"image_passes must be >= 1 or null (epochs as given), got {self.image_passes}")
         self._check_recipe_options()
 
     def _check_recipe_options(self) -> None:
@@ -322,6 +333,17 @@ class TrainConfig(ReadsLikeItsDict):
     def mixes(self) -> bool:
         """Whether batches are mixed (mixup or cutmix): pairs of a global batch then go to one rank."""
         return self.mixup > 0 or self.cutmix > 0
+
+    def sized(self, train_size: int | None, where: str = "the schedule") -> "TrainConfig":
+        """This schedule with ``epochs`` from ``image_passes`` and the training set's size (`image_passes`):
+        itself where it has none. A size that is unknown (a Task's batches of no known length) is refused."""
+        if self.image_passes is None:
+            return self
+        if train_size is None:
+            raise HetpruneError(f"{where}.image_passes sizes the epochs from the training set's size, which is "
+                                f"unknown here (a Task's batches of no known length): give {where}.epochs instead")
+        per = min(self.subset or train_size, train_size)
+        return replace(self, epochs=max(1, math.ceil(self.image_passes / max(1, per))))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -392,14 +414,21 @@ class Augmentation:
 
 
 # --augment NAME: light (the default), imagenet (timm's recipe from scratch), paper (the DeiT recipe of the
-# authors' long fine-tune), none (the validation transform)
+# authors' long fine-tune), none (the validation transform), crop (light without flips: digits, text, anything a
+# mirror changes; what the small-folder config takes)
 AUGMENTATIONS: dict[str, Augmentation] = {
     "light": Augmentation("light", scale=(0.6, 1.0), hflip=0.5, color_jitter=None),
     "imagenet": Augmentation("imagenet", scale=None, hflip=0.5, color_jitter=0.4, re_mode="const"),
     "none": Augmentation("none", plain=True),
     "paper": Augmentation("paper", scale=None, hflip=0.5, color_jitter=0.3, auto_augment="rand-m9-mstd0.5",
                           re_prob=0.25, re_mode="pixel", interpolation="bicubic"),
+    "crop": Augmentation("crop", scale=(0.6, 1.0), hflip=0.0, color_jitter=None),
 }
+AUGMENT_HELP = ("light: random crops of 60-100 % of the image and horizontal flips (the default; wrong for digits, "
+                "text and anything a mirror changes); crop: the same crops, no flips; imagenet: timm's full recipe "
+                "(crops down to 8 %, flips, colour jitter); none: no augmentation (the validation transform); paper: "
+                "the DeiT recipe of the paper's long fine-tune (RandAugment rand-m9-mstd0.5, random erasing 0.25, "
+                "bicubic, flips)")
 
 
 def augmentation(value) -> Augmentation:
@@ -409,10 +438,7 @@ def augmentation(value) -> Augmentation:
     if isinstance(value, dict):
         return Augmentation.from_dict(value)
     if value not in AUGMENTATIONS:
-        raise HetpruneError(f"augment {value!r} is not one of {', '.join(AUGMENTATIONS)} (light: crops of 60-100 % "
-                            "and flips, the default; imagenet: timm's full recipe; none: no augmentation; paper: "
-                            "the DeiT recipe of the paper's long fine-tune: RandAugment rand-m9-mstd0.5, random "
-                            "erasing 0.25, bicubic)")
+        raise HetpruneError(f"augment {value!r} is not one of {', '.join(AUGMENTATIONS)} ({AUGMENT_HELP})")
     return AUGMENTATIONS[value]
 
 
@@ -432,6 +458,8 @@ class ScoringConfig(ReadsLikeItsDict, Section):
 
 
 AMPS = ("auto", "bf16", "fp16", "none")
+BASE_UNKEYED = ("it shapes only the base model hetprune makes, and every result made from that base is keyed by the "
+                "base's weights (and the base by its schedule)")
 
 
 # Chosen so the embedded default tells strategies apart (README: "Why these defaults").
@@ -472,8 +500,20 @@ class RunSettings(Section):
     tf32: bool = setting(True, "fp32 matmuls in TF32 on GPUs that have it (Ampere and later), as timm's trainers "
                                "run them: about 8x the fp32 rate, with a 10-bit mantissa; false: full fp32. No "
                                "effect on a CPU", since="issue 56")
-    augment: str | None = setting(None, "an ImageFolder's training augmentation: light, imagenet, none or paper "
-                                        "(null: the --augment option's, light by default)", since="issue 42")
+    augment: str | None = setting(None, "an ImageFolder's training augmentation: light, imagenet, none, paper or "
+                                        "crop (light without flips) (null: the --augment option's, light by "
+                                        "default)", since="issue 42")
+    base_scratch: TrainConfig = setting(
+        help="the schedule of a dense base hetprune trains from random weights before pruning (--base scratch), on "
+             "the run's own training split and augmentation, with the seed fixed at 0 whatever the run's; labels "
+             "only, no teacher",
+        factory=lambda: TrainConfig(epochs=30, lr=1e-3, warmup_epochs=2, subset=None, kd="none"),
+        keyed=False, why=BASE_UNKEYED, since="issue 69")
+    base_finetune: TrainConfig = setting(
+        help="the schedule of a dense base hetprune fine-tunes from --pretrained weights with a new head before "
+             "pruning (--base finetune): as base_scratch, at a pretrained model's gentler rate",
+        factory=lambda: TrainConfig(epochs=10, lr=1e-4, warmup_epochs=1, subset=None, kd="none"),
+        keyed=False, why=BASE_UNKEYED, since="issue 69")
     selection: int | None = setting(None, "items held out of the training data as the selection split, on which "
                                           "every choice is measured (MAP points, checks, share points, a best "
                                           "epoch), never on the val set the result reports; null: the data set's "
@@ -502,11 +542,17 @@ class RunSettings(Section):
         # the schedules and the scoring batches as typed objects (a dict from the loader, or one already made);
         # a schedule carries the run's seed, device and precision, never its own
         run = {"seed": self.seed, "device": self.device, "amp": self.amp}
-        for name in SCHEDULES:
+        for name in TRAIN_SECTIONS:
             value = getattr(self, name)
             self.need(name, isinstance(value, (dict, TrainConfig)), "a mapping of schedule settings")
             object.__setattr__(self, name, replace(value, **run) if isinstance(value, TrainConfig)
                                else train_config({**run, name: value}, name))
+        for name in BASE_SCHEDULES.values():
+            base = getattr(self, name)
+            if base.kd != "none" or base.teacher or base.kd_token:
+                raise HetpruneError(f"{name}: a base hetprune makes learns from the data's labels alone (there is no "
+                                    f"dense model yet to learn from), so {name}.kd must be none (got {base.kd!r}) "
+                                    f"and {name}.teacher and {name}.kd_token unset")
         if not isinstance(self.scoring, ScoringConfig):
             self.need("scoring", isinstance(self.scoring, dict), "a mapping of scoring settings")
             object.__setattr__(self, "scoring", ScoringConfig.from_dict(self.scoring,
@@ -515,7 +561,7 @@ class RunSettings(Section):
     def to_dict(self) -> dict:
         """The settings as a run's settings dict holds them: the schedules and scoring batches as mappings."""
         d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
-        for name in (*SCHEDULES, "scoring"):
+        for name in (*TRAIN_SECTIONS, "scoring"):
             d[name] = getattr(self, name).as_settings()
         return d
 
@@ -551,14 +597,17 @@ CORE_DEFAULTS: dict = drop_later_defaults(RunSettings().to_dict(), RunSettings) 
 
 
 def _section_classes(name: str) -> list[type]:
-    return [TrainConfig] if name in SCHEDULES else Section.declared.get(name, [])
+    return [TrainConfig] if name in TRAIN_SECTIONS else Section.declared.get(name, [])
 
 
 def unkeyed_settings() -> dict[str, str]:
     """Every setting declared ``keyed=False``, by its dotted key (``dist_timeout_min``, ``hetdpt.x``), with why:
     at the top level, in the schedules and in every section class imported so far."""
-    out = dict(unkeyed(RunSettings))
-    for name in (*SCHEDULES, *Section.declared):
+    out: dict[str, str] = {}
+    for name, why in unkeyed(RunSettings).items():   # an unkeyed section (the base's schedule): every field of it
+        out.update({f"{name}.{f.name}": why for f in fields(TrainConfig) if f.name not in RUN_KEYS}
+                   if name in TRAIN_SECTIONS else {name: why})
+    for name in (*TRAIN_SECTIONS, *Section.declared):
         for cls in _section_classes(name):
             out.update({f"{name}.{k}": why for k, why in unkeyed(cls).items()})
     return out
@@ -585,10 +634,9 @@ def by_section_class(settings: dict, change) -> dict:
 
 # The type of settings whose default is null, or that may be set to null ("all images").
 DECLARED_TYPES: dict[str, tuple] = {
-    "finetune.subset": (int, None),
-    "short_finetune.subset": (int, None),
+    **{f"{section}.{name}": (int, None) for section in TRAIN_SECTIONS for name in ("subset", "image_passes")},
     "scoring.subset": (int, None),
-    **{f"{section}.{name}": (float, None) for section in SCHEDULES for name in OPTIONAL_NUMBERS},
+    **{f"{section}.{name}": (float, None) for section in TRAIN_SECTIONS for name in OPTIONAL_NUMBERS},
 }
 _TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "text", list: "a list",
                dict: "a mapping", None: "null"}
@@ -798,8 +846,8 @@ def resolve(strategies=None, config_file: str | None = None, overrides: dict | N
     section_defaults, section_types = sections_of(strategies)
     schema = with_later_settings(defaults_for(section_defaults))
     declared = {**DECLARED_TYPES, **{k: v for k, v in field_types(RunSettings).items()
-                                     if k not in ("finetune", "short_finetune", "scoring")},
-                **{f"{section}.{k}": v for section in SCHEDULES for k, v in field_types(TrainConfig).items()},
+                                     if k not in (*TRAIN_SECTIONS, "scoring")},
+                **{f"{section}.{k}": v for section in TRAIN_SECTIONS for k, v in field_types(TrainConfig).items()},
                 **section_types, **(types or {})}
     settings = copy.deepcopy(schema)
     running = ", ".join(getattr(s, "name", type(s).__name__) for s in (
@@ -808,22 +856,54 @@ def resolve(strategies=None, config_file: str | None = None, overrides: dict | N
                          f"belongs to strategies {', '.join(owners)}, none of which is")
                         + f" among this run's strategies ({running or 'none'}): run it, or drop its settings"
                for section, owners in (elsewhere or {}).items() if section not in schema}
+    layers = []
     if config_file:
         given = read_yaml(config_file)
         if config_path(config_file).parent == SHIPPED_CONFIGS:   # made for hetdpt: another strategy takes the rest
             given = {k: v for k, v in given.items() if k in schema}
-        settings = _merge(settings, given, f"config file {config_file}", schema=schema, declared=declared,
-                          foreign=foreign)
+        layers.append((given, f"config file {config_file}"))
     if overrides:
         where = "command-line options" if on_command_line() else "the settings argument"   # from Python
-        settings = _merge(settings, {k: v for k, v in overrides.items() if v is not None}, where,
-                          schema=schema, declared=declared, foreign=foreign)
+        layers.append(({k: v for k, v in overrides.items() if v is not None}, where))
     if sets:
-        settings = _merge(settings, parse_set(sets), "--set options", schema=schema, declared=declared,
-                          foreign=foreign)
+        layers.append((parse_set(sets), "--set options"))
+    for given, where in layers:
+        settings = epochs_over_passes(_merge(settings, given, where, schema=schema, declared=declared,
+                                             foreign=foreign), given, where)
     settings = without_later_defaults(settings)
     validate(settings, strategies)
     return settings
+
+
+def epochs_over_passes(settings: dict, given: dict, where: str) -> dict:
+    """``settings`` after a layer ``given`` (a config file, the Python call's settings, ``--set``): a schedule's
+    ``epochs`` given in a later layer than its ``image_passes`` replaces them (``--config small-folder --set
+    finetune.epochs=20`` trains 20 epochs), and one layer that gives both is refused: neither would be ignored
+    without a word."""
+    for section in TRAIN_SECTIONS:
+        layer = given.get(section)
+        if not isinstance(layer, dict) or "epochs" not in layer:
+            continue
+        if layer.get("image_passes") is not None:
+            raise HetpruneError(f"{where} gives {section}.epochs and {section}.image_passes: the passes set the "
+                                "epochs from the data's size, so give one of them")
+        settings[section]["image_passes"] = None
+    return settings
+
+
+def sized(settings: dict, train_size: int | None) -> dict:
+    """A run's settings whose schedules that give ``image_passes`` have their ``epochs`` from the training set's
+    size (`TrainConfig.sized`): once the data is known (`hetprune.pruning.run_start.RunStart.attach`, the base's
+    stage). ``settings`` itself where no schedule gives them."""
+    out = settings
+    for section in TRAIN_SECTIONS:
+        values = settings.get(section)
+        if isinstance(values, dict) and values.get("image_passes") is not None:
+            epochs = train_config(settings, section).sized(train_size, section).epochs
+            if epochs != values.get("epochs"):
+                out = copy.deepcopy(out) if out is settings else out
+                out[section] = {**values, "epochs": epochs}
+    return out
 
 
 def validate(settings: dict, strategies=None) -> None:
@@ -831,8 +911,9 @@ def validate(settings: dict, strategies=None) -> None:
     batches, and the sections ``strategies`` declare)."""
     RunSettings.of(settings)
     ScoringConfig.of(settings)
-    for section in SCHEDULES:
-        train_config(settings, section)  # validates the schedule now, not after an hour
+    for section in TRAIN_SECTIONS:
+        if section in settings:   # the base's schedule is left out at its default
+            train_config(settings, section)  # validates the schedule now, not after an hour
     for cls in typed_sections(strategies).values():
         cls.of(settings)
 
@@ -841,10 +922,10 @@ def per_gpu_resolved(settings: dict, world: int) -> dict:
     """``settings`` with every schedule's ``batch_per_gpu`` turned into its global ``batch_size`` for ``world``
     ranks (`TrainConfig.global_batch`): what the run's settings, report and keys hold from its start on.
     ``settings`` itself when no schedule has it."""
-    if not any(isinstance(settings.get(s), dict) and settings[s].get("batch_per_gpu") for s in SCHEDULES):
+    if not any(isinstance(settings.get(s), dict) and settings[s].get("batch_per_gpu") for s in TRAIN_SECTIONS):
         return settings
     out = copy.deepcopy(settings)
-    for section in SCHEDULES:
+    for section in TRAIN_SECTIONS:
         if isinstance(out.get(section), dict) and out[section].get("batch_per_gpu"):
             out[section]["batch_size"] = int(out[section]["batch_size"]) * int(world)
             del out[section]["batch_per_gpu"]   # off: absent, as every option of a schedule at its default
@@ -852,27 +933,32 @@ def per_gpu_resolved(settings: dict, world: int) -> dict:
 
 
 def changed_schedules(settings: dict, sections, **changes) -> dict:
-    """A copy of a run's settings whose schedule ``sections`` (``finetune``, ``short_finetune``) have fields
-    replaced (the CLI's ``--subset``, ``--workers`` once the data's size is known): each checked as ``resolve``
-    checks it, so a bad value is the same error as from ``--set``."""
+    """A copy of a run's settings whose schedule ``sections`` (``finetune``, ``short_finetune``, ``base``) have
+    fields replaced (the CLI's ``--subset``, ``--workers`` once the data's size is known): each checked as
+    ``resolve`` checks it, so a bad value is the same error as from ``--set``. New ``epochs`` replace the
+    schedule's ``image_passes``, as a later layer's do (`epochs_over_passes`)."""
     out = copy.deepcopy(settings)
     for section in sections:
-        if section not in SCHEDULES:
-            raise HetpruneError(f"{section!r} is not a schedule; schedules: {', '.join(SCHEDULES)}")
+        if section not in TRAIN_SECTIONS:
+            raise HetpruneError(f"{section!r} is not a schedule; schedules: {', '.join(TRAIN_SECTIONS)}")
         refuse_unknown_keys(TrainConfig, changes, f"settings section {section!r}")
-        out[section] = {**out[section], **copy.deepcopy(changes)}
+        held = out[section] if section in out else getattr(RunSettings(), section).as_settings()
+        out[section] = {**held, **copy.deepcopy(changes)}
+        epochs_over_passes(out, {section: changes}, "the change")
         train_config(out, section)
-    return out
+    return without_later_defaults(out)
 
 
 def changed(settings: dict, **changes) -> dict:
     """A copy of a run's settings with top-level entries replaced (a compare row's ``seed``, an ablation
     row's ``scorer``, HetDPT+'s depth part's ``finetune``): the settings stay whole and checked."""
     out = copy.deepcopy(settings)
+    known = set(out) | {f.name for f in fields(RunSettings)}   # those left out at their defaults too (tf32, ...)
     for key, value in changes.items():
-        if key not in out:
-            raise HetpruneError(f"unknown setting {key!r}; settings: {', '.join(sorted(out))}")
+        if key not in known:
+            raise HetpruneError(f"unknown setting {key!r}; settings: {', '.join(sorted(known))}")
         out[key] = copy.deepcopy(value)
+    out = without_later_defaults(out)   # a later setting given its default is left out, as the loader leaves it
     RunSettings.of(out)
     return out
 
@@ -887,8 +973,11 @@ def with_later_settings(settings: dict) -> dict:
 def without_later_defaults(settings: dict) -> dict:
     """``settings`` with every setting added later (``since``) that holds its default left out, at the top level
     and in each section, so a run that uses none of them has the settings, and the keys, it had before they
-    existed."""
-    return by_section_class(copy.deepcopy(settings), drop_later_defaults)
+    existed. Sections first: a section that is itself a later setting (``base``) is left out only once what it
+    holds is its default as the defaults hold it."""
+    inner = by_section_class(copy.deepcopy(settings), lambda d, cls: d if cls is RunSettings else
+                             drop_later_defaults(d, cls))
+    return drop_later_defaults(inner, RunSettings)
 
 
 def train_config(settings: dict, section: str, device=None, amp: str | None = None, **changes) -> TrainConfig:

@@ -249,6 +249,9 @@ def check_folder_slot(path: Path, what: str) -> None:
                         f"{option('out')}")
 
 
+PLANNED = frozenset({"plan.json", "base.json"})   # what a --plan writes in a work folder before any result
+
+
 @dataclass(frozen=True)
 class ResultFolder:
     """One kind of output folder and the entries hetprune writes at its top level.
@@ -263,6 +266,20 @@ class ResultFolder:
     resumable: bool = False   # an interrupted one is continued in place (compare, ablate: --resume)
     folders: frozenset[str] = frozenset()   # entries that are folders hetprune writes into while it works
     beside: str = ""          # the suffix of a folder kept beside this one while it is made (".work": checkpoints)
+
+    def work(self, out: Path) -> Path:
+        """The folder a result of this kind keeps its checkpoints and records in while it is made: beside it
+        (``OUT.work``) or inside it (``OUT/work``)."""
+        return out.with_name(out.name + self.beside) if self.beside else Path(out) / "work"
+
+    def planned_only(self, out: Path) -> bool:
+        """Whether ``out`` holds only what a ``--plan`` writes before any result (`PLANNED`, in its work
+        folder): the run that follows the plan starts there without ``--resume`` or ``--overwrite``."""
+        work = self.work(Path(out))
+        if work.parent != Path(out) or not work.is_dir():
+            return False
+        return ({p.name for p in Path(out).iterdir()} == {work.name}
+                and all(p.is_file() and p.name in PLANNED for p in work.iterdir()))
 
     def foreign(self, folder: Path) -> list[str]:
         """The entries of ``folder`` hetprune did not write as this kind of result (its own interrupted
@@ -304,7 +321,7 @@ def check_result_folder(out: str | os.PathLike, kind: ResultFolder, overwrite: b
         raise HetpruneError(f"output folder {out} holds {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} "
                             f"hetprune did not write ({shown}); hetprune never deletes or mixes with files it did "
                             f"not write, with {overwrite_flag} or without: give another {out_flag}, or move them")
-    if not overwrite and not resume:
+    if not overwrite and not resume and not kind.planned_only(out):
         more = f", or {switch('resume')} to reuse what it finished" if kind.resumable else ""
         raise HetpruneError(f"output folder {out} already holds a {kind.what} result; pass {overwrite_flag} to "
                             f"replace it{more}")

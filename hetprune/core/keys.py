@@ -220,7 +220,10 @@ def key_metadata(help: str, keyed: bool = True, why: str = "", since: str | None
 
 
 def _default(f):
-    return f.default_factory() if f.default_factory is not MISSING else f.default
+    """A field's default as settings hold it (a typed schedule's as its ``as_settings()`` mapping)."""
+    value = f.default_factory() if f.default_factory is not MISSING else f.default
+    as_settings = getattr(value, "as_settings", None)
+    return as_settings() if callable(as_settings) else value
 
 
 def unkeyed(cls) -> dict[str, str]:

@@ -60,7 +60,7 @@ class Settings(ReadsLikeItsDict):
     def replace_in(self, section: str, **changes) -> "Settings":
         """A copy whose section ``section`` has fields replaced (``replace_in("finetune", lr=1e-4)``), checked
         as the loader checks: a schedule as a `TrainConfig`, a strategy's section by the class that declares it."""
-        if section in config.SCHEDULES:
+        if section in config.TRAIN_SECTIONS:
             return Settings(config.changed_schedules(self._values, [section], **changes))
         if not isinstance(self._values.get(section), dict):
             held = ", ".join(k for k, v in self._values.items() if isinstance(v, dict))

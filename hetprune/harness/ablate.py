@@ -254,6 +254,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
         out = start.prepare_out()
         dense = start.attach(model, task, spec, base_info, adapter, log, measure=not plan)
         task, adapter, info = dense.task, dense.adapter, dense.info
+        run_settings = start.settings.as_settings()   # schedules sized by the data (image_passes) once attached
         sign = 1 if task.higher_is_better else -1
         log = log if dist.is_main() else (lambda msg: None)
 
@@ -283,7 +284,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
             return plan_of_rows(plans, registry, model, spec, task, info, out, adapter, log, probe_s,
                                 run_key(start, dense, strat.name), f"ablate {strat.name}, {the_budget.describe()}, "
                                 f"seeds {seeds}", group=lambda p: p.id.split("-")[0] + " rows", before=cheap,
-                                notes=notes)
+                                notes=notes, preceding=start.before)
         triples = [(p["n_attn"], p["n_act"], metric_of(p)) for p in points]
 
         # 2. every predictor on the same points

@@ -128,9 +128,10 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
             check_job(strat, job)   # what can be refused is refused before anything trains (or is planned)
             if plan:
                 return make_plan(job, strat, plan_title(job, name, start.budget.describe()), key,
-                                 *start.probe_here(plan_probe), workdir=workdir)
+                                 *start.probe_here(plan_probe), workdir=workdir, before=start.before)
             result = strat.run(job)
             result.report["plan_probe"] = read_probe(workdir, key)   # what a --plan of this run measured
+            result.report.setdefault("base_weights", dense.info)   # where the dense model came from (a made base)
             if start.out is not None and dist.is_main():   # under torchrun rank 0 writes
                 result.recipe.provenance.update(provenance or {})
                 save(start.out, result.model, result.recipe, overwrite=start.overwrite,
@@ -145,18 +146,19 @@ def plan_title(job: PruneJob, what: str, budget: str) -> str:
     selection = "" if held is None else f"{held:,} selection / "
     sizes = (f"{train:,} train / {selection}{val:,} val images" if train is not None and val is not None
              else "sizes unknown")
-    return f"{what}, {budget}; {job.spec.name}; data {job.task.name} ({sizes}); {dist.world()} rank(s)"
+    model = job.spec.label() if job.spec is not None else "user model"
+    return f"{what}, {budget}; {model}; data {job.task.name} ({sizes}); {dist.world()} rank(s)"
 
 
 def make_plan(job: PruneJob, strategy, title: str, key: str, probe_s: float, notes: list[str] = (),
-              workdir: Path | None = None) -> Plan:
-    """The plan of one job: its strategy's steps (a strategy that does not describe them says so), the
-    probe, written where the run finds it (rank 0)."""
+              workdir: Path | None = None, before: list = ()) -> Plan:
+    """The plan of one job: the work before it (``before``: making its base), its strategy's steps (a strategy
+    that does not describe them says so), the probe, written where the run finds it (rank 0)."""
     notes = list(notes)
     if hasattr(strategy, "plan"):
-        steps = list(strategy.plan(job))
+        steps = [*before, *strategy.plan(job)]
     else:
-        steps = []
+        steps = list(before)
         notes.append(f"strategy {job.strategy_name} does not describe its stages (no plan method)")
     found = probe(job, probe_s) if probe_s > 0 else None
     made = Plan(title, steps, found, key, dist.world(), notes)

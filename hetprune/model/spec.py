@@ -62,6 +62,14 @@ class ModelSpec:
     def is_user_built(self) -> bool:
         return self.library == USER_BUILT
 
+    def label(self) -> str:
+        """How tables and reports name the model: the timm name with the kwargs it was built with
+        (``vit_tiny_patch16_224 (img_size=28, patch_size=4, in_chans=1)``), since the name alone says patch 16 of
+        a model built with patch 4."""
+        name = self.name if self.library == "timm" else f"{self.library}:{self.name}"
+        args = ", ".join(f"{k}={v}" for k, v in self.kwargs.items())
+        return f"{name} ({args})" if args else name
+
     @classmethod
     def parse(cls, text: str, kwargs: dict | None = None) -> "ModelSpec":
         """``vit_tiny_patch16_224`` (timm) or ``LIBRARY:NAME``, e.g. ``hf-vit:ViTForImageClassification``."""
@@ -199,12 +207,19 @@ def _record_input_size(model: nn.Module, kwargs: dict) -> nn.Module:
     return model
 
 
-def build(spec: ModelSpec, pretrained: bool = False) -> nn.Module:
-    """A fresh model of ``spec`` (random weights unless ``pretrained``)."""
+def build(spec: ModelSpec, pretrained: bool | str = False) -> nn.Module:
+    """A fresh model of ``spec``: random weights, timm's pretrained ones (``pretrained=True``: the hub), or
+    pretrained weights from a local file (``pretrained="FILE"``) read the way timm reads its own: a new head
+    where ``num_classes`` differs, the first convolution adapted to ``in_chans``, position embeddings resized
+    to ``img_size``. Torch files are read with ``weights_only=True``."""
     if spec.library != "timm":
         return _build_elsewhere(spec, pretrained)
     if not timm.is_model(spec.name):
         raise HetpruneError(f"timm has no model named {spec.name!r}; see timm.list_models('*vit*')")
+    if isinstance(pretrained, str):
+        model = build(spec)
+        load_pretrained_file(model, pretrained, spec.name)
+        return model
     try:
         model = timm.create_model(spec.name, pretrained=pretrained, **spec.kwargs)
     except TypeError as exc:
@@ -213,10 +228,59 @@ def build(spec: ModelSpec, pretrained: bool = False) -> nn.Module:
         if pretrained:
             raise HetpruneError(
                 f"cannot load pretrained weights for {spec.name!r} (no network or no such weights?): {exc}; "
-                "pass --checkpoint FILE with weights you have instead"
+                "pass --pretrained FILE with a weights file you have, or --checkpoint FILE with this very model's "
+                "weights, instead"
             ) from exc
         raise
     return _record_input_size(model, spec.kwargs).eval()
+
+
+def load_pretrained_file(model: nn.Module, path: str, name: str) -> None:
+    """Pretrained weights from a local file into a timm ``model``, read the way timm reads its own (its loader,
+    with the family's checkpoint filter): a new head where the file has another number of classes, the first
+    convolution adapted to the model's channels, position embeddings resized. timm only logs the weights a file
+    lacks; here a file that leaves any weight but the head unloaded, or holds weights the model has not, is
+    refused, naming them: never a model that is random where the user thinks it pretrained."""
+    import sys
+
+    from timm.models import load_pretrained
+
+    if not Path(path).is_file():
+        raise HetpruneError(f"--pretrained {path}: no such file (a weights file of {name}: .safetensors, .pth or "
+                            ".bin; --pretrained alone reads timm's hub)")
+    cfg = dict(getattr(model, "pretrained_cfg", None) or {})
+    if len(cfg.get("input_size") or ()) == 3:   # the file's channels, as timm declares pretrained files: RGB
+        cfg["input_size"] = (3, *cfg["input_size"][1:])
+    heads = cfg.get("classifier") or ()
+    heads = (heads,) if isinstance(heads, str) else tuple(heads)
+    found: dict = {}
+    own = model.load_state_dict
+
+    def loading(state_dict, strict=True, **kwargs):   # what timm loads, kept to be checked below
+        result = own(state_dict, strict=False, **kwargs)
+        found.update(missing=list(result.missing_keys), unexpected=list(result.unexpected_keys))
+        return result
+
+    model.load_state_dict = loading
+    try:
+        load_pretrained(model, pretrained_cfg={**cfg, "file": str(path), "custom_load": str(path).endswith(".npz")},
+                        num_classes=getattr(model, "num_classes", cfg.get("num_classes", 1000)),
+                        in_chans=input_shape_of(model)[0],
+                        filter_fn=getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None))
+    except (RuntimeError, OSError, KeyError, ValueError, AssertionError) as exc:
+        said = " ".join(line.strip() for line in str(exc).strip().splitlines()) or type(exc).__name__
+        raise HetpruneError(f"--pretrained {path} does not load into {name} as timm loads pretrained weights: "
+                            f"{said[:400]}") from exc
+    finally:
+        del model.load_state_dict   # the instance's own method again
+    missing = [k for k in found.get("missing", []) if not any(k.startswith(f"{h}.") for h in heads)]
+    if missing or found.get("unexpected"):
+        parts = ([f"it lacks {len(missing)} of the model's weights (e.g. {', '.join(missing[:3])})"] if missing else [])
+        parts += ([f"it holds {len(found['unexpected'])} the model has not (e.g. "
+                   f"{', '.join(found['unexpected'][:3])})"] if found.get("unexpected") else [])
+        raise HetpruneError(f"--pretrained {path} is not a {name} of this shape: " + "; ".join(parts)
+                            + " (only the head may be new)")
+    model.eval()
 
 
 def _build_elsewhere(spec: ModelSpec, pretrained: bool) -> nn.Module:
@@ -252,11 +316,38 @@ def load_state_into(model: nn.Module, state: dict[str, torch.Tensor], source: st
             k = wrong[0]
             parts.append(f"{len(wrong)} shape mismatches (e.g. {k}: file {tuple(state[k].shape)} "
                          f"vs model {tuple(own[k].shape)})")
-        raise HetpruneError(f"{source} does not fit this model: " + "; ".join(parts))
+        raise HetpruneError(f"{source} does not fit this model: " + "; ".join(parts) + _fit_hint(model, state,
+                                                                                             wrong))
     model.load_state_dict(state, strict=True)
 
 
-def build_with_weights(spec: ModelSpec, pretrained: bool = False, checkpoint: str | None = None) -> nn.Module:
+def _fit_hint(model: nn.Module, state: dict, wrong: list[str]) -> str:
+    """What to change where weights differ from the model only where a build argument says: the head
+    (``num_classes``), the first convolution (``in_chans``), the position embedding (``img_size``)."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    heads = cfg.get("classifier") or ()
+    heads = (heads,) if isinstance(heads, str) else tuple(heads)
+    first = cfg.get("first_conv") or ""
+    hints = []
+    head = [k for k in wrong if any(k.startswith(f"{h}.") for h in heads)]
+    if head:
+        classes = state[head[0]].shape[0]
+        hints.append(f"its head has {classes} classes and the model {model.state_dict()[head[0]].shape[0]}: build "
+                     f"the model with num_classes={classes} (--model-kwargs '{{\"num_classes\": {classes}}}') to "
+                     "load it as it is, or read it as pretrained weights with a new head for your classes "
+                     "(--pretrained FILE, and --base finetune to fine-tune it on your data)")
+    conv = f"{first}.weight" if first else ""
+    if conv in wrong and state[conv].ndim == 4:
+        hints.append(f"it was made for {state[conv].shape[1]} input channels and the model takes "
+                     f"{model.state_dict()[conv].shape[1]}: build the model with in_chans={state[conv].shape[1]}, "
+                     "or read it with --pretrained FILE, which adapts the first convolution as timm does")
+    if any(k.endswith("pos_embed") for k in wrong):
+        hints.append("its position embedding is for another image size: build the model with the img_size it "
+                     "was trained at, or read it with --pretrained FILE, which resizes the embedding as timm does")
+    return "".join(f"; {h}" for h in hints)
+
+
+def build_with_weights(spec: ModelSpec, pretrained: bool | str = False, checkpoint: str | None = None) -> nn.Module:
     if pretrained and checkpoint:
         raise HetpruneError("pass either --pretrained or --checkpoint, not both")
     model = build(spec, pretrained=pretrained)

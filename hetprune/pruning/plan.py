@@ -35,7 +35,7 @@ from ..training.bundle import DataBundle
 from ..training.samplers import set_epoch
 from ..training.train import train, workers_for
 
-PLAN_FILE = "plan.json"
+PLAN_FILE = "plan.json"   # one of what hetprune.core.io.PLANNED names
 PROBE_SECONDS = 45.0   # the issue's 30-60 s: long enough for a stable rate, short enough for a quick look
 
 
@@ -399,11 +399,14 @@ class Plan:
 
 
 STAGE_ONE = "stage 1:"   # how the steps of choosing the split are named (a compare's: "hetdpt: stage 1: ...")
+BASE_STAGE = "base:"     # the steps of making the dense base before the run (--base): not the pruning run's
 
 
 def map_share(steps: list[PlanStep]) -> float | None:
     """Stage 1's training images (a MAP's points and checks) over all of ``steps``' training images: what
-    choosing the split costs a run, the share issue 58's cost line bounds (None without a stage 1)."""
+    choosing the split costs a run, the share issue 58's cost line bounds (None without a stage 1). The base
+    hetprune makes before the run (`BASE_STAGE`) is not the run's: it counts in neither."""
+    steps = [s for s in steps if not s.stage.startswith(BASE_STAGE)]
     chosen = sum(s.train_images for s in steps if STAGE_ONE in s.stage)
     total = sum(s.train_images for s in steps)
     return chosen / total if total and any(STAGE_ONE in s.stage for s in steps) else None

@@ -30,14 +30,18 @@ from .budget import Budget
 from ..training.bundle import DataBundle
 from ..training.embedded_data import EMBEDDED
 from ..core.errors import HetpruneError, option, switch
-from ..core.io import ResultFolder, check_result_folder, make_result_folder
+from ..core.io import ResultFolder, check_result_folder, make_result_folder, read_json, write_json_atomic
 from ..core.settings import Settings
 from ..model.spec import ModelSpec, model_hash
 from .pipeline import resolve_adapter
 from .plan import PROBE_SECONDS, check_probe, val_size
 from ..core.plugins import Registry, get_registry
-from ..training.resume import base_key
+from ..training.resume import base_key, differences
 from ..training.task import Task, as_task, check_data_fits, reuse_tag
+
+
+BASE_RECORD = "base.json"   # in a run's work folder: the base hetprune made for it (RunStart.remember_base;
+                            # one of what hetprune.core.io.PLANNED names)
 
 
 @dataclass
@@ -69,7 +73,34 @@ class RunStart:
     schedules_chosen: bool = False   # whether the caller chose the fine-tune schedules (a config, finetune.*, ...)
     scoring_chosen: bool = False     # whether the caller set scoring.* (a flag or --set; a config: by its value)
     probe_elsewhere: str | None = None   # a plan on a machine without the run's device: why it cannot probe here
+    before: list = field(default_factory=list)   # PlanSteps of work done before the run's own (making its base)
     _prepared: bool = field(default=False, repr=False)
+
+    def remember_base(self, key: str, inputs: dict) -> None:
+        """Keep the record of a base hetprune makes for this run in its work folder, and refuse ``--resume`` into
+        an output folder whose results were made from another one: each of them would be made again without a
+        word. Before the base trains; rank 0 reads and writes, every rank takes its answer."""
+        if self.out is None or self.folder is None:
+            return
+        path = self.folder.work(self.out) / BASE_RECORD
+
+        def check() -> str | None:
+            if self.resume and path.is_file():
+                stored = read_json(path, "base model record")
+                if stored.get("key") != key:
+                    changed = differences(stored.get("inputs"), inputs)
+                    was = "; ".join(f"{k} {stored.get('inputs', {}).get(k)!r} -> {inputs.get(k)!r}" for k in changed)
+                    return (f"{switch('resume')}: {self.out} holds results made from another base model than the one "
+                            f"this run makes ({was or 'its record differs'}): each would be made again; start over "
+                            f"with {switch('overwrite')} (without {switch('resume')}), or give another "
+                            f"{option('out', 'DIR')}")
+            write_json_atomic(path, {"key": key, "inputs": inputs})
+            return None
+
+        self.prepare_out()   # an --overwrite clears the earlier result first, its record with it (resume clears nothing)
+        problem = dist.on_main(check)
+        if problem is not None:
+            raise HetpruneError(problem)
 
     def probe_here(self, seconds: float) -> tuple[float, list[str]]:
         """A plan's probe length on this machine and its notes: none, with a note saying why, where the run's
@@ -103,6 +134,19 @@ class RunStart:
             self._prepared = True
         return self.out
 
+    def size_schedules(self, train_size: int | None, log: Callable[[str], None] = print) -> None:
+        """The schedules that give ``image_passes`` get their epochs from the training set's size, once it is
+        known (`hetprune.core.config.sized`), with one line each saying what they became."""
+        before = self.settings.as_settings()
+        after = config_mod.sized(before, train_size)
+        if after is before:
+            return
+        self.settings = Settings(after)
+        for section in config_mod.SCHEDULES:
+            cfg = self.config.schedule(section)
+            if cfg.image_passes is not None and dist.is_main():
+                log(schedule_line(section, cfg, train_size))
+
     def attach(self, model: nn.Module, task, spec: ModelSpec | None = None, base_info: dict | None = None,
                adapter: Adapter | None = None, log: Callable[[str], None] = print, measure: bool = True) -> Dense:
         """The run's base model: checked to be a module an adapter serves (or ``adapter``'s), its task, and
@@ -114,6 +158,7 @@ class RunStart:
         adapter = resolve_adapter(model, adapter)   # a model no adapter serves fails before any work
         if dist.is_main():
             log(f"device: {devices.describe(self.device, self.config.amp, dist.world())}")
+        self.size_schedules(task.train_size, log)
         if not self.schedules_chosen:
             check_schedules_fit(task, self.config)   # ImageNet with the embedded benchmarks' toy schedule stops here
         if not self.scoring_chosen:
@@ -124,6 +169,13 @@ class RunStart:
         info = dense_info(model, task, spec, base_info, self.settings, measure)
         reuse_tag(task, self.resume, log)   # says aloud when the task's code cannot be keyed
         return Dense(model, task, adapter, spec, info, base_key(model, info["hash"], spec or ModelSpec.user_built(model)))
+
+
+def schedule_line(section: str, cfg: config_mod.TrainConfig, train_size: int) -> str:
+    """What a schedule sized by its image passes became: ``finetune: 40,000 image passes = 10 epochs of 4,012
+    images``."""
+    per = min(cfg.subset or train_size, train_size)
+    return f"{section}: {cfg.image_passes:,} image passes = {cfg.epochs} epoch(s) of {per:,} images"
 
 
 def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: str | Path | None = None,
@@ -208,7 +260,7 @@ def check_schedules_fit(task: Task, run: config_mod.RunSettings) -> None:
     raise HetpruneError(
         f"the default fine-tune schedules are the embedded benchmarks' toy ones: the fine-tune would see "
         f"{distinct:,} of {n:,} training images ({final.epochs} epochs, {sees:,} image passes) and a MAP point "
-        f"{point:,} image passes; choose schedules for this data: a shipped config ({_shipped()}), your own "
+        f"{point:,} image passes; choose schedules for this data: {_configs_for(n)}, your own "
         f"{option('config', 'FILE')}, or finetune.* and short_finetune.* settings")
 
 
@@ -227,8 +279,7 @@ def check_scoring_fits(task: Task, run: config_mod.RunSettings, registry: Regist
     raise HetpruneError(
         f"the default scoring subset is the embedded benchmarks' toy one: the scorer {run.scorer!r} would train "
         f"on {subset:,} of {n:,} training images; choose the scoring.subset setting for this data (a number of "
-        f"images, or null: all), a one-shot scorer ({option('scorer', 'taylor')}), or a shipped config "
-        f"({_shipped()})")
+        f"images, or null: all), a one-shot scorer ({option('scorer', 'taylor')}), or {_configs_for(n)}")
 
 
 def check_selection(task: Task, wanted: int | None) -> None:
@@ -255,9 +306,20 @@ def _non_embedded_train_size(task: Task) -> int | None:
     return None if isinstance(data, DataBundle) and data.name in EMBEDDED else task.train_size
 
 
-def _shipped() -> str:
-    """The shipped configs, as the stops name them (``--config NAME`` or ``config=NAME``)."""
-    return " | ".join(option("config", name) for name in config_mod.shipped_configs())
+# a training set up to this size is a small folder: the stops name the small-folder config, not the ImageNet recipes
+SMALL_FOLDER = 100_000
+IMAGENET_CONFIGS = ("deit-b-paper", "deit-s-paper", "quick")   # DeiT recipes for ImageNet-sized data
+
+
+def _configs_for(n: int) -> str:
+    """The shipped configs a stop names for a training set of ``n`` items (``--config NAME`` or ``config=NAME``):
+    small-folder up to `SMALL_FOLDER` images, the ImageNet recipes above, each said for what it is made."""
+    if n <= SMALL_FOLDER:
+        return (f"the shipped config for small folders ({option('config', 'small-folder')}: schedules sized by the "
+                f"folder's image count, no teacher from the hub, no flips)")
+    shipped = " | ".join(option("config", name) for name in IMAGENET_CONFIGS if name in config_mod.shipped_configs())
+    return (f"a shipped ImageNet recipe ({shipped}: a distilled DeiT student, a teacher from timm's hub, "
+            f"ImageNet-sized schedules)")
 
 
 def unavailable_here(settings: dict) -> str | None:

@@ -27,14 +27,85 @@ FOLDER_SELECTION = 10_000     # an ImageFolder's selection split: at most this m
 FOLDER_SELECTION_SHARE = 10   # ... and at most a tenth of them
 
 
-def read_image(path: str):
-    """torchvision's image loader, with an unreadable file named in one clear error."""
-    from torchvision.datasets.folder import default_loader
+def read_image(path: str, mode: str = "RGB"):
+    """An image file decoded in ``mode`` (``RGB``, or ``L`` for a one-channel model, as timm reads one), with an
+    unreadable file named in one clear error."""
+    from PIL import Image
 
     try:
-        return default_loader(path)
+        with open(path, "rb") as fh:
+            img = Image.open(fh)
+            return img.convert(mode)
     except OSError as exc:  # PIL's UnidentifiedImageError included
         raise HetpruneError(f"cannot read image {path}: {exc}") from None
+
+
+def read_gray(path: str):
+    """`read_image` in ``L`` mode: the reader of a one-channel model's images (a module-level function, so loader
+    workers can pickle it)."""
+    return read_image(path, "L")
+
+
+# the image modes an ImageFolder is read in, by the model's input channels: timm reads a one-channel model's
+# images as L (its ``input_img_mode``), everything else as RGB; image files hold no other channel counts
+MODES = {1: "L", 3: "RGB"}
+
+
+def image_mode(channels: int) -> str:
+    """The mode an ImageFolder's files are decoded in for a model of ``channels`` input channels: L for 1, RGB
+    for 3; any other count is refused, naming both sides, before anything trains."""
+    if channels not in MODES:
+        raise HetpruneError(f"the model takes {channels} input channels (in_chans={channels}), and an ImageFolder's "
+                            "images are read as 1 channel (grayscale, L) or 3 (RGB): build the model with in_chans=1 "
+                            "or in_chans=3, or bring your own data loaders in a Task (hetprune.Task)")
+    return MODES[channels]
+
+
+def for_channels(cfg: dict) -> dict:
+    """timm's data config for a model of ``cfg["input_size"][0]`` channels: a one-channel model's mean and std
+    are one value each, the mean of the three its config gives (timm's configs are written for RGB)."""
+    channels = cfg["input_size"][0]
+    image_mode(channels)
+    out = dict(cfg)
+    for name in ("mean", "std"):
+        values = tuple(cfg[name])
+        if len(values) != channels:
+            if channels != 1:
+                raise HetpruneError(f"the model's data config gives {len(values)} {name} values for {channels} "
+                                    f"input channels")
+            out[name] = (round(sum(values) / len(values), 6),)
+    return out
+
+
+def files_mode(root: Path) -> str | None:
+    """The mode of the first image file in ``root/train`` (``L``, ``RGB``, ``P``, ...), None where there is none:
+    what a log line compares with the mode the model reads."""
+    from PIL import Image
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    for folder in sorted((root / "train").iterdir()) if (root / "train").is_dir() else []:
+        if folder.is_dir():
+            for entry in sorted(folder.iterdir()):
+                if entry.name.lower().endswith(IMG_EXTENSIONS):
+                    try:
+                        with Image.open(entry) as img:
+                            return img.mode
+                    except OSError:
+                        return None
+    return None
+
+
+def channels_note(root: Path, mode: str) -> str | None:
+    """One line where the folder's images are converted to the mode the model reads (grayscale files for an RGB
+    model, colour files for a one-channel one), None where they already are in it."""
+    found = files_mode(Path(root))
+    if found is None or found == mode or (mode == "RGB" and found in ("RGBA", "P", "CMYK", "YCbCr")):
+        return None
+    if mode == "L":
+        return (f"the model takes 1 input channel (in_chans=1): the {found} images in {root} are read as grayscale "
+                "(L), as timm reads them")
+    return (f"the model takes 3 input channels: the grayscale ({found}) images in {root} are read as RGB, each "
+            "channel the same; a model built with in_chans=1 reads them as they are")
 
 
 AUGMENTS = tuple(AUGMENTATIONS)   # training augmentations of an ImageFolder (--augment); light: the default
@@ -64,12 +135,19 @@ def train_transform(cfg: dict, augment) -> object:
 def train_reading(cfg: dict, augment, reader: str = "hetprune") -> tuple:
     """``(transform, file reader)`` of an ImageFolder's training images: `train_transform`, made faster by
     `hetprune.training.images.faster` with its reader `open_image` (which leaves decoding to the crop), or
-    timm's as it is with `read_image` (``reader="timm"``, or a transform that does not start with a crop)."""
+    timm's as it is with `read_image` (``reader="timm"``, a transform that does not start with a crop, or a
+    one-channel model, whose images are decoded as L: `file_reader`)."""
     if reader not in READERS:
         raise HetpruneError(f"an ImageFolder's reader is one of {', '.join(READERS)}, not {reader!r}")
     transform = train_transform(cfg, augment)
-    fast = images.faster(transform) if reader == "hetprune" else None
-    return (fast, images.open_image) if fast is not None else (transform, read_image)
+    rgb = image_mode(cfg["input_size"][0]) == "RGB"
+    fast = images.faster(transform) if reader == "hetprune" and rgb else None
+    return (fast, images.open_image) if fast is not None else (transform, file_reader(cfg))
+
+
+def file_reader(cfg: dict):
+    """The reader that decodes a file for timm's transforms in the mode of the model's channels."""
+    return read_image if image_mode(cfg["input_size"][0]) == "RGB" else read_gray
 
 
 class SeededItems(Dataset):
@@ -140,8 +218,10 @@ def image_folder(path: str | Path, model: torch.nn.Module, augment="light", work
     root = Path(path)
 
     cfg = resolve_data_config({}, model=model)
-    # the model's actual input size wins over its pretrained config (models built with img_size=...)
+    # the model's actual input size wins over its pretrained config (models built with img_size=...), and its
+    # channels say how files are decoded (a one-channel model reads L, as timm does)
     cfg["input_size"] = input_shape_of(model)
+    cfg = for_channels(cfg)
     train, val, problem = None, None, None
     try:
         train, val = _image_folders(root, cfg, aug, reader)
@@ -212,7 +292,8 @@ def _image_folders(root: Path, cfg: dict, aug, reader: str = "hetprune"):
     try:
         transform, read = train_reading(cfg, aug, reader)
         train = ImageFolder(str(root / "train"), transform=transform, loader=read)
-        val = ImageFolder(str(root / "val"), transform=create_transform(**cfg, is_training=False), loader=read_image)
+        val = ImageFolder(str(root / "val"), transform=create_transform(**cfg, is_training=False),
+                          loader=file_reader(cfg))
     except (FileNotFoundError, OSError) as exc:  # e.g. a class folder with no image in it
         raise HetpruneError(f"data folder {root}: {exc}") from None
     if train.classes != val.classes:

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from ...core.errors import HetpruneError
 from ...core.plugins import get_registry
-from .common import (add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line,
-                     print_plan)
+from .common import add_model_arguments, base_and_data, print_plan
 from .compare_cmd import int_list
 from .prune_cmd import add_budget_arguments, add_plan_arguments, budget_from, settings_options
 
@@ -83,12 +82,7 @@ def _run(args) -> int:
         registry.component("predictor", name)   # unknown names fail before the base model is trained
     for name in scorers:
         registry.component("scorer", name)
-    augment_from(args, start)
-    if dist.is_main():
-        print(data_line(args, "ablate"), flush=True)
-    dense, model_spec, base_info = base_model(args, device=start.config.device)
-    data = data_for(args, dense)
-    apply_data_options(args, start, data)
+    dense, model_spec, base_info, data = base_and_data(args, start, "ablate")
     command = "hetprune " + " ".join(shlex.quote(a) for a in args.argv)
     result = ablate(dense, classification(data), strategy.name, budget, seeds, predictors=predictors,
                     scorers=scorers, tolerance=args.tolerance, start=start, out=args.out, jobs=args.jobs,

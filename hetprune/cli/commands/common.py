@@ -10,6 +10,9 @@ import json
 import os
 from pathlib import Path
 
+from ...core.config import AUGMENT_HELP, AUGMENTATIONS, BASE_SCHEDULES
+
+BASE_MODES = tuple(BASE_SCHEDULES)   # --base scratch | finetune
 from ...core.errors import HetpruneError
 
 
@@ -22,24 +25,32 @@ def add_model_arguments(p, data: bool = True) -> None:
     g.add_argument("--model-kwargs", metavar="JSON", default=None,
                    help='extra timm.create_model arguments as JSON, e.g. \'{"num_classes": 100}\'')
     w = g.add_mutually_exclusive_group()
-    w.add_argument("--pretrained", action="store_true", help="load timm's pretrained weights (needs the hub)")
-    w.add_argument("--checkpoint", metavar="FILE", help="weights file: .safetensors, or .pth (weights_only)")
+    w.add_argument("--pretrained", nargs="?", const=True, default=False, metavar="FILE",
+                   help="load pretrained weights as timm loads them (a new head where num_classes differs, the "
+                        "first convolution adapted to in_chans, position embeddings resized): timm's hub, or a "
+                        "local weights file (.safetensors, or .pth read with weights_only)")
+    w.add_argument("--checkpoint", metavar="FILE", help="this very model's weights: .safetensors, or .pth "
+                                                       "(weights_only); every weight must fit")
     w.add_argument("--retrain-base", action="store_true",
                    help="train the embedded base model here instead of reading the shipped weights (once; "
                         "then cached; the same thread count gives the shipped weights)")
+    if data:
+        g.add_argument("--base", choices=BASE_MODES, default=None,
+                       help="make the dense base on --data before pruning: scratch trains --model from random "
+                            "weights, finetune fine-tunes its --pretrained weights with a new head; with the run's "
+                            "transforms, split and augmentation, on the base_scratch or base_finetune schedule "
+                            "(base_scratch.* / base_finetune.* settings; --config small-folder sizes both); stored "
+                            "in the cache under a key of its inputs and reused")
     if data:
         g.add_argument("--data", metavar="digits|digit-pairs|digit-grid|PATH", default=None,
                        help="an embedded data set: 'digits' (the default; scikit-learn's digits), "
                             "'digit-pairs' (two digits side by side, labelled by their sum) or 'digit-grid' (two "
                             "digits on a 4x4 grid of patches, labelled by their sum mod 10: 17 tokens), or an "
                             "ImageFolder root with train/ and val/")
-        g.add_argument("--augment", default=None, choices=("light", "imagenet", "none", "paper"),
+        g.add_argument("--augment", default=None, choices=tuple(AUGMENTATIONS),
                        help="training augmentation of an ImageFolder --data (default: the settings' augment, else "
-                            "light: random crops of 60-100 %% "
-                            "of the image and flips; imagenet: timm's full training recipe, crops down to 8 %% and "
-                            "colour jitter; none: the validation transform; paper: the DeiT recipe of the paper's "
-                            "long fine-tune, RandAugment rand-m9-mstd0.5, random erasing 0.25, bicubic). The "
-                            "embedded data sets shift by a pixel or two, always")
+                            "light). " + AUGMENT_HELP.replace("%", "%%") + ". The embedded data sets shift by a "
+                            "pixel or two, always")
         g.add_argument("--data-fingerprint", default="sizes", choices=("sizes", "content"),
                        help="what keys an ImageFolder --data's stored results (MAP points, checkpoints, compare "
                             "rows): each image's name and size (default sizes: one listing of the folder, on rank "
@@ -81,6 +92,9 @@ def model_spec(args):
     if not args.model:
         if args.model_kwargs or args.pretrained or args.checkpoint:
             raise HetpruneError("--model-kwargs, --pretrained and --checkpoint need --model NAME")
+        if getattr(args, "base", None):
+            raise HetpruneError(f"--base {args.base} makes the base of --model NAME on --data: the embedded data sets "
+                                "ship their own base model (--retrain-base trains it here)")
         return benchmark(embedded_name(args)).spec
     if getattr(args, "retrain_base", False):
         raise HetpruneError("--retrain-base retrains the embedded base model: it cannot go with --model")
@@ -113,11 +127,30 @@ def base_model(args, log=print, device: str = "cpu"):
             info["weights"] = (f"shipped, sha256 {made['sha256'][:16]}, made by `{made['made_by']}`"
                                if made.get("shipped") else f"retrained here on {made.get('threads', '?')} threads")
     else:
-        model = build_with_weights(spec, pretrained=args.pretrained, checkpoint=args.checkpoint)
-        source = "pretrained" if args.pretrained else (f"checkpoint {args.checkpoint}" if args.checkpoint else "random")
-        info = {"source": source}
+        import torch
+
+        from ...training.base_stage import SEED
+
+        with torch.random.fork_rng(devices=[]):
+            if getattr(args, "base", None):   # a base starts from the same weights (or head) whatever the run's seed
+                torch.manual_seed(SEED)
+            model = build_with_weights(spec, pretrained=args.pretrained, checkpoint=args.checkpoint)
+        info = {"source": weights_source(args)}
     info["hash"] = model_hash(model)
     return model, spec, info
+
+
+def weights_source(args) -> str:
+    """Where a --model's weights come from, in words (the report's ``source``; a base's provenance)."""
+    from ...core.io import file_sha256
+
+    if args.pretrained is True:
+        return "pretrained (timm's hub)"
+    if args.pretrained:
+        return f"pretrained file {args.pretrained} (sha256 {file_sha256(args.pretrained)[:16]})"
+    if args.checkpoint:
+        return f"checkpoint {args.checkpoint}"
+    return "random weights"
 
 
 def data_line(args, command: str, defaulted: bool | None = None) -> str:
@@ -128,7 +161,10 @@ def data_line(args, command: str, defaulted: bool | None = None) -> str:
 
     data = args.data or DIGITS
     if data not in EMBEDDED:
-        return f"hetprune {command}: data {data} (ImageFolder, --augment {getattr(args, 'augment', None) or 'light'})"
+        augment = getattr(args, "augment", None) or "light"
+        flips = (": it flips images horizontally, wrong for digits and text (--augment crop does not)"
+                 if AUGMENTATIONS[augment].hflip else "")
+        return f"hetprune {command}: data {data} (ImageFolder, --augment {augment}{flips})"
     other = ", ".join(f"--data {name}" for name in EMBEDDED if name != data)
     defaulted = not args.data if defaulted is None else defaulted
     why = f", the default of hetprune {command}" if defaulted else ""
@@ -143,8 +179,9 @@ def data_for(args, model, seed: int = 0):
 
     spec = args.data or DIGITS
     embedded_name(args)  # a bad value: one error listing the allowed names
-    if args.model and spec in EMBEDDED and not args.checkpoint:
-        raise HetpruneError(f"--model NAME needs --data PATH (an ImageFolder) or a --checkpoint trained on {spec}")
+    if args.model and spec in EMBEDDED and not (args.checkpoint or getattr(args, "base", None)):
+        raise HetpruneError(f"--model NAME needs --data PATH (an ImageFolder), a --checkpoint trained on {spec}, "
+                            f"or --base scratch to train it on {spec} first")
     return load_data(spec, model, seed=seed, augment=getattr(args, "augment", None) or "light",
                      fingerprint_by=getattr(args, "data_fingerprint", "sizes"), selection=getattr(args, "selection", None))
 
@@ -176,6 +213,54 @@ def apply_data_options(args, start, data) -> None:
             start.settings = start.settings.replace_in(schedule, workers=args.workers)
         if hasattr(data, "workers"):
             data.workers = args.workers   # --workers 0 also turns off an ImageFolder's default workers
+
+
+def base_and_data(args, start, command: str, defaulted: bool | None = None) -> tuple:
+    """The start-up ``prune``, ``compare`` and ``ablate`` share once their run has started: the first line, the
+    base model (built from the run's seed, read, or made by hetprune with ``--base``), its data, and the data
+    options. Returns ``(dense, spec, base_info, data)``."""
+    import torch
+
+    from ...core import distributed as dist
+    from ...training.image_folders import channels_note, image_mode
+    from ...training.embedded_data import EMBEDDED
+
+    augment_from(args, start)
+    if dist.is_main():   # the output folder was checked when the run started, before the base model is built
+        print(data_line(args, command, defaulted), flush=True)
+    torch.manual_seed(start.config.seed)   # a --model without weights is built from this seed
+    dense, spec, info = base_model(args, device=start.config.device)
+    data = data_for(args, dense, seed=0)
+    if dist.is_main() and args.data not in EMBEDDED and args.data is not None:
+        note = channels_note(Path(args.data), image_mode(data.in_chans))
+        if note:
+            print(note, flush=True)
+    apply_data_options(args, start, data)
+    if getattr(args, "base", None):
+        dense, info = made_base(args, start, dense, spec, info, data)
+    return dense, spec, info, data
+
+
+def made_base(args, start, dense, spec, info: dict, data) -> tuple:
+    """``--base``: the dense base made on the run's data (or read where it was made before), before the run; under
+    ``--plan`` its cost, as the plan's first row. Returns the model and its provenance."""
+    import os
+
+    from ...model.spec import model_hash
+    from ...pruning.plan import BASE_STAGE, PlanStep
+    from ...training.base_stage import base_info, make_base, plan_base, request_for
+
+    schedule = start.config.schedule(BASE_SCHEDULES[args.base])
+    request = request_for(args.base, spec, dense, info["source"], data, schedule)
+    start.remember_base(request.key(), request.inputs())   # --resume onto results of another base: refused now
+    if args.plan:
+        cost = plan_base(request, data)
+        what = "train from scratch" if args.base == "scratch" else "fine-tune the pretrained model"
+        start.before.append(PlanStep(f"{BASE_STAGE} {what}", cost.what, 0 if cost.cached else 1, cost.train_images,
+                                     cost.eval_images))
+        return dense, info
+    record = make_base(dense, data, request, progress=not os.environ.get("HETPRUNE_NO_PROGRESS"))
+    return dense, {**base_info(record, request.folder()), "hash": model_hash(dense)}
 
 
 def command_line(args) -> str | None:

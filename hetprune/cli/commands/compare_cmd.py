@@ -15,8 +15,7 @@ from pathlib import Path
 
 from ...core.errors import HetpruneError
 from ...core.plugins import get_registry
-from .common import (add_model_arguments, apply_data_options, augment_from, base_model, data_for, data_line,
-                     print_plan)
+from .common import add_model_arguments, base_and_data, print_plan
 from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, settings_options
 
 HELP = "run several strategies under one harness and tabulate/plot the results"
@@ -109,17 +108,12 @@ def _run(args) -> int:
     batch_sizes = int_list(args.batch_sizes, "--batch-sizes")
     start = start_run(strategies, budgets, folder=COMPARE_FOLDER, out=args.out, resume=args.resume,
                       overwrite=args.overwrite, registry=registry, **settings_options(args, strategies), plan=args.plan)
-    augment_from(args, start)
-    if dist.is_main():   # the output folder was checked above, before the base model is trained
-        print(data_line(args, "compare", defaulted), flush=True)
-    dense, model_spec, base_info = base_model(args, device=start.config.device)
-    data = data_for(args, dense)
-    apply_data_options(args, start, data)
+    dense, model_spec, base_info, data = base_and_data(args, start, "compare", defaulted)
     command = "hetprune " + " ".join(shlex.quote(a) for a in args.argv)
     result = compare(dense, classification(data), names, budgets, seeds, start=start, out=args.out,
                      batch_sizes=batch_sizes, speed_budget_s=args.speed_budget, jobs=args.jobs,
                      spec=model_spec, base_info=base_info, data_spec=args.data or "digits",
-                     meta={"model": model_spec.name if args.model else base_info["source"], "command": command},
+                     meta={"model": model_spec.label() if args.model else base_info["source"], "command": command},
                      plan=args.plan, plan_probe=args.plan_probe)
     if args.plan:
         return print_plan(result, Path(args.out) / "work")

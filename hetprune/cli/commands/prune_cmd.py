@@ -14,8 +14,7 @@ from pathlib import Path
 from ...core import config as config_mod
 from ...core.errors import HetpruneError
 from ...core.plugins import get_registry
-from .common import (add_model_arguments, apply_data_options, augment_from, base_model, command_line, data_for,
-                     data_line, print_plan)
+from .common import add_model_arguments, base_and_data, command_line, print_plan
 
 HELP = "prune a model with one strategy (hetdpt, baselines, plugins)"
 
@@ -166,15 +165,7 @@ def run(args) -> int:
     out = Path(args.out or f"runs/prune-{strategy.name}-{'-'.join(f'{k}{v}' for k, v in tag.items())}")
     start = start_run([strategy], [budget], folder=PRUNED_MODEL, out=out, resume=args.resume,
                       overwrite=args.overwrite, registry=registry, **settings_options(args, [strategy]), plan=args.plan)
-    augment_from(args, start)
-    if dist.is_main():
-        print(data_line(args, "prune"), flush=True)
-    import torch
-
-    torch.manual_seed(start.config.seed)   # a --model without weights is built from this seed
-    dense, spec, base_info = base_model(args, device=start.config.device)
-    data = data_for(args, dense, seed=0)
-    apply_data_options(args, start, data)
+    dense, spec, base_info, data = base_and_data(args, start, "prune")
     result = prune(dense, classification(data), start=start, spec=spec, base_info=base_info, out=out,
                    resume=args.resume, provenance={"command": command_line(args)},   # quoted by model cards
                    plan=args.plan, plan_probe=args.plan_probe)

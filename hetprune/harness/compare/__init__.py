@@ -52,10 +52,10 @@ class CompareResult:
 
 def plan_of_rows(plans: list[RowPlan], registry, model, spec, task, info: dict, out: Path, adapter, log,
                  probe_s: float, key: str, title: str, group=lambda plan: plan.label or plan.strategy,
-                 before: list | None = None, notes: list[str] = ()):
-    """The plan of a harness's rows (a compare's, an ablation's): each row's job planned by its strategy,
-    summed per ``group``; one probe of the final fine-tune (the rows share the schedule); written to
-    ``OUT/work/plan.json``."""
+                 before: list | None = None, notes: list[str] = (), preceding: list = ()):
+    """The plan of a harness's rows (a compare's, an ablation's): the work before them (``preceding``: making their
+    base), each row's job planned by its strategy, summed per ``group``; one probe of the final fine-tune (the
+    rows share the schedule); written to ``OUT/work/plan.json``."""
     from ...pruning.pipeline import check_job
     from ...pruning.plan import Plan, grouped, probe, write
 
@@ -68,7 +68,7 @@ def plan_of_rows(plans: list[RowPlan], registry, model, spec, task, info: dict, 
         first = first or job
     with first.serving():
         found = probe(first, probe_s) if probe_s > 0 and first is not None else None
-    made = Plan(title, grouped(rows), found, key, dist.world(), list(notes))
+    made = Plan(title, [*preceding, *grouped(rows)], found, key, dist.world(), list(notes))
     if dist.is_main():
         write(made, out / "work")
     return made
@@ -132,16 +132,17 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
             batch_sizes.append(cm.batch_size)
     with no_empty_folder_on_error(start.out), as_given(model):   # bad input found later leaves no folder behind
         out = start.prepare_out()
-        spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
-                            device=start.config.device, speed_budget_s=float(speed_budget_s))
         dense = start.attach(model, task, spec, base_info, adapter, log, measure=not plan)
         task, adapter, info = dense.task, dense.adapter, dense.info
+        run_settings = start.settings.as_settings()   # schedules sized by the data (image_passes) once attached
+        spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
+                            device=start.config.device, speed_budget_s=float(speed_budget_s))
         plans = plan_rows(spec_, dense.key, task.key)
         key = run_key(start, dense, ",".join(names))
         if plan:
             probe_s, notes = start.probe_here(plan_probe)
             return plan_of_rows(plans, registry, model, spec, task, info, out, adapter, log, probe_s, key,
-                                f"compare {', '.join(names)}, {len(plans)} rows", notes=notes)
+                                f"compare {', '.join(names)}, {len(plans)} rows", notes=notes, preceding=start.before)
         rows = run_rows(plans, registry, model, spec, task, info, out, resume=start.resume, jobs=jobs,
                         data_spec=data_spec, adapter=adapter, log=log, progress=progress)
         if not dist.is_main():  # rank 0 times the models and writes the results
