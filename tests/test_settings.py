@@ -218,6 +218,21 @@ def test_every_typed_setting_says_what_it_does():
     assert "`hetdpt_plus.depth_share`" in page and "`mix.ratio`" in page
 
 
+def test_the_committed_settings_reference_is_the_one_the_code_makes():
+    """Issue 69: the page was empty in the repository (only the site build filled it in); it is committed whole now,
+    and this fails when a setting changed without the page being written again."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs" / "hooks"))
+    import settings_reference
+
+    page = settings_reference.PAGE.read_text(encoding="utf-8")
+    assert settings_reference.END in page and "| `image_passes` |" in page and "`base_scratch` default" in page
+    assert settings_reference.filled(page) == page, (
+        "docs/reference/settings.md is stale: run python docs/hooks/settings_reference.py")
+
+
 def test_a_strategys_section_is_checked_when_settings_are_resolved():
     from hetprune.core.plugins import get_registry
 

@@ -1,6 +1,8 @@
 """MkDocs hook: write the settings reference from hetprune's typed settings sections.
 
-The page docs/reference/settings.md holds a marker; at build time it is replaced by one table per section:
+The page docs/reference/settings.md holds the reference between two markers, committed, so the page reads whole
+in the repository too; ``python docs/hooks/settings_reference.py`` rewrites it there, a test fails when it is
+stale, and the site build writes it afresh. It is one table per section:
 the core's (``RunSettings``, each fine-tune schedule's ``TrainConfig``, ``ScoringConfig``), every registered
 strategy's own sections, and the options of every registered component that declares them (``Options``).
 Each row is a field: its key, type, default and help, and how it enters the keys of stored results (``keyed``,
@@ -15,6 +17,8 @@ import typing
 from pathlib import Path
 
 MARKER = "<!-- settings-reference -->"
+END = "<!-- end settings-reference -->"
+PAGE = Path(__file__).resolve().parents[1] / "reference" / "settings.md"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -62,14 +66,16 @@ def table(cls, prefix: str, skip=()) -> list[str]:
 
 
 def schedules_table(config) -> list[str]:
-    """The two schedules side by side, with the defaults a run has (not TrainConfig's bare ones)."""
+    """The schedules side by side (the pruning run's two and the bases'), with the defaults a run has (not
+    TrainConfig's bare ones)."""
     hints = typing.get_type_hints(config.TrainConfig)
     run = config.RunSettings()
-    lines = ["| setting | type | `finetune` default | `short_finetune` default | what it does |", "|---|---|---|---|---|"]
+    lines = ["| setting | type | " + " | ".join(f"`{s}` default" for s in config.TRAIN_SECTIONS) + " | what it does |",
+             "|---|---|" + "---|" * len(config.TRAIN_SECTIONS) + "---|"]
     for f in dataclasses.fields(config.TrainConfig):
         if f.name in config.RUN_KEYS:
             continue
-        shown = [getattr(run.finetune, f.name), getattr(run.short_finetune, f.name)]
+        shown = [getattr(getattr(run, section), f.name) for section in config.TRAIN_SECTIONS]
         lines.append(f"| `{f.name}` | {_cell(_type(hints.get(f.name)))} | "
                      + " | ".join(f"`{'null' if v is None else v}`" for v in shown)
                      + f" | {what_it_does(f)} |")
@@ -83,9 +89,9 @@ def sections() -> list[tuple[str, str, type, str, tuple]]:
     from hetprune.core import config
     from hetprune import get_registry
 
-    out = [("The run (top level)", "", config.RunSettings, "the core", ("finetune", "short_finetune", "scoring")),
-           ("Fine-tune schedules: `finetune` and `short_finetune`", "finetune", config.TrainConfig, "the core",
-            config.RUN_KEYS),
+    out = [("The run (top level)", "", config.RunSettings, "the core", (*config.TRAIN_SECTIONS, "scoring")),
+           ("Schedules: `finetune`, `short_finetune` and the bases' `base_scratch` and `base_finetune`", "finetune",
+            config.TrainConfig, "the core", config.RUN_KEYS),
            ("Scoring batches: `scoring`", "scoring", config.ScoringConfig, "the core", ())]
     registry = get_registry()
     seen = set()
@@ -118,7 +124,19 @@ def render() -> str:
     return "\n".join(lines)
 
 
+def filled(markdown: str) -> str:
+    """``markdown`` with the reference between `MARKER` and `END` written afresh."""
+    if MARKER not in markdown:
+        return markdown
+    head, rest = markdown.split(MARKER, 1)
+    tail = rest.split(END, 1)[1] if END in rest else "\n"
+    return f"{head}{MARKER}\n\n{render()}\n{END}{tail}"
+
+
 def on_page_markdown(markdown, page, config, files):
-    if MARKER in markdown:
-        return markdown.replace(MARKER, render())
-    return markdown
+    return filled(markdown)
+
+
+if __name__ == "__main__":   # rewrite the committed page from the code
+    PAGE.write_text(filled(PAGE.read_text(encoding="utf-8")), encoding="utf-8")
+    print(f"wrote {PAGE}")
