@@ -76,6 +76,7 @@ def test_a_grayscale_folder_and_a_timm_name_give_a_compare_table_with_a_base_het
     said = capsys.readouterr().out
     assert "base model: training it from random weights on" in said and "base model: val top-1" in said
     assert "are read as" not in said   # grayscale files for a one-channel model: nothing converted, nothing said
+    assert "cpu: 1 torch thread(s) per row (" in said   # the threads a row trains with, said
     results = json.loads((out / "results.json").read_text())
     assert {r["strategy"] for r in results["rows"]} == {"mix50", "act-only"}
     assert results["meta"]["base"]["source"] == "base made by hetprune (trained from random weights)"
@@ -361,3 +362,38 @@ def test_a_small_folder_without_schedules_is_stopped_naming_small_folder(gray_fo
                  "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "--config small-folder" in err and "deit-b-paper" not in err
+
+
+# -- the smaller items -------------------------------------------------------------------------------------------
+
+def test_the_time_left_counts_the_rows_running_and_the_lanes_free():
+    from hetprune.harness.compare.rows import time_left
+
+    # 4 rows of 60 s, 2 at a time: the first two end at 60 and the last two start then: 60 s left, not 2 x 60 / 2
+    assert time_left([60.0, 60.0], 0, 60.0, 2, now=60.0) == 60.0
+    # 3 rows: one ended at 60, one ran since 0 (about done), the third started at 60: a whole row left
+    assert time_left([0.0, 60.0], 0, 60.0, 2, now=60.0) == 60.0
+    # 5 rows: two queued behind them take the lanes as they free up
+    assert time_left([0.0, 60.0], 2, 60.0, 2, now=60.0) == 120.0
+    # one at a time, 3 queued behind the one running for 20 s of its 60: 40 + 3 x 60
+    assert time_left([0.0], 3, 60.0, 1, now=20.0) == 220.0
+
+
+def test_a_row_trains_with_the_threads_its_cores_leave_after_its_loader_workers(monkeypatch):
+    from hetprune.training import loaders
+
+    monkeypatch.setattr(loaders, "available_cpus", lambda: 8)
+    assert loaders.row_threads(1, 0) == 8 and loaders.row_threads(1, 1) == 7 and loaders.row_threads(2, 1) == 3
+    assert loaders.row_threads(4, 3) == 1 and loaders.row_threads(16, 0) == 1
+    lines: list[str] = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        with loaders.row_threading(torch.device("cpu"), 2, 2, lines.append) as threads:
+            assert threads == torch.get_num_threads() == 2   # 8 CPUs / 2 rows - 2 workers
+        assert torch.get_num_threads() == 4   # put back for timing, which wants them all
+        with loaders.row_threading(torch.device("cpu"), 1, 0, lines.append) as threads:
+            assert threads == 4   # never more than the process had
+    finally:
+        torch.set_num_threads(before)
+    assert lines[0] == "cpu: 2 torch thread(s) per row (8 CPUs, 2 row(s) at a time, 2 loader worker(s) each)"

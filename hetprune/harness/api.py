@@ -26,7 +26,7 @@ from torch import nn
 from ..core import distributed as dist
 from ..model.adapters import Adapter
 from ..pruning.budget import Budget
-from ..training.loaders import closing_loaders, seed_everything
+from ..training.loaders import closing_loaders, row_threading, seed_everything
 from ..core.errors import HetpruneError
 from ..core.io import check_result_folder, no_empty_folder_on_error
 from ..model.spec import ModelSpec
@@ -129,7 +129,10 @@ def prune(model: nn.Module, task: Task, strategy: str = "hetdpt", budget: int | 
             if plan:
                 return make_plan(job, strat, plan_title(job, name, start.budget.describe()), key,
                                  *start.probe_here(plan_probe), workdir=workdir, before=start.before)
-            result = strat.run(job)
+            workers = start.config.schedule("finetune").workers or int(getattr(getattr(dense.task, "data", None),
+                                                                               "workers", None) or 0)
+            with row_threading(start.device, 1, workers, log if dist.is_main() else None):
+                result = strat.run(job)
             result.report["plan_probe"] = read_probe(workdir, key)   # what a --plan of this run measured
             result.report.setdefault("base_weights", dense.info)   # where the dense model came from (a made base)
             if start.out is not None and dist.is_main():   # under torchrun rank 0 writes

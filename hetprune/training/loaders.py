@@ -23,8 +23,39 @@ def default_workers() -> int:
     one core reads a few hundred images a second, and a GPU trains DeiT-B at thousands
     (benchmarks/results/loader-throughput.md)."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus // max(1, local) - 1)
+    return max(1, available_cpus() // max(1, local) - 1)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def row_threads(jobs: int = 1, workers: int = 0) -> int:
+    """Torch threads for one row trained on the CPU: the CPUs this process may use, shared among the ``jobs`` rows
+    that run at once, less one for each loader worker of the row (they decode on cores of their own); at least
+    one. A thread on a core something else also wants waits for it at every operation: on a busy 2-core machine
+    a fine-tune with 2 threads beside a loader worker trained at 28 images/s, with 1 thread at 211."""
+    return max(1, available_cpus() // max(1, jobs) - max(0, workers))
+
+
+@contextlib.contextmanager
+def row_threading(device, jobs: int = 1, workers: int = 0, log=None):
+    """Train a row on the CPU with `row_threads` torch threads (never more than the process had), saying so in
+    one line; the threads are put back afterwards (timing a model wants them all). Nothing changes on a GPU."""
+    if getattr(device, "type", str(device)) != "cpu":
+        yield None
+        return
+    before = torch.get_num_threads()
+    threads = min(before, row_threads(jobs, workers))
+    if log is not None:
+        log(f"cpu: {threads} torch thread(s) per row ({available_cpus()} CPUs, {jobs} row(s) at a time, "
+            f"{workers} loader worker(s) each)")
+    torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(before)
 
 
 def subset(dataset: Dataset, n: int | None, seed: int) -> Dataset:

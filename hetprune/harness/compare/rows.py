@@ -17,7 +17,7 @@ from ...core import distributed as dist
 from ...core.errors import BudgetUnreachable, HetpruneError
 from ...core.keys import before
 from ...core.io import ResultFolder, check_result_folder, make_result_folder
-from ...training.loaders import seed_everything
+from ...training.loaders import available_cpus, row_threading, row_threads, seed_everything
 from ...model.spec import model_hash
 from ...pruning.pipeline import PruneJob
 from ...core.plugins import Registry
@@ -75,6 +75,19 @@ def prepare_out(out: Path, resume: bool, overwrite: bool, kind: ResultFolder = C
 def _fmt_eta(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def time_left(running: list[float], queued: int, per_row: float, jobs: int, now: float) -> float:
+    """Seconds until every row is done, with ``jobs`` rows at a time: the rows ``running`` (each by when it
+    started) end ``per_row`` after their start (or about now, where they ran longer), then the ``queued`` ones
+    take the first lanes free. A row that is half done is half done: dividing the rows left by the jobs said
+    "about 2s left" with a whole row still to run."""
+    lanes = sorted(max(now, start + per_row) for start in running)
+    lanes += [now] * max(0, min(jobs, len(running) + queued) - len(lanes))
+    for _ in range(queued):
+        lanes.sort()
+        lanes[0] += per_row
+    return max(lanes, default=now) - now
 
 
 def plan_rows(spec: CompareSpec, base_hash: str, data_fp: str) -> list[RowPlan]:
@@ -167,8 +180,23 @@ def metric_columns(report: dict) -> dict:
     return cols
 
 
+def row_workers(plans: list[RowPlan], task) -> int:
+    """The loader workers each row's fine-tunes read with: the schedule's, else the data's own default."""
+    if not plans:
+        return 0
+    own = config.RunSettings.of(plans[0].settings).schedule("finetune").workers
+    return own or int(getattr(getattr(task, "data", None), "workers", None) or 0)
+
+
+def row_device(plans: list[RowPlan]):
+    """Where the rows train (their settings' resolved device)."""
+    import torch
+
+    return torch.device(config.RunSettings.of(plans[0].settings).device if plans else "cpu")
+
+
 def _worker(payload: dict) -> dict:
-    """Run one row in a fresh single-threaded process (``--jobs N``)."""
+    """Run one row in a fresh process with the threads the parent gave it (``--jobs N``)."""
     import torch
 
     from ...training.data import load_data
@@ -176,7 +204,7 @@ def _worker(payload: dict) -> dict:
     from ...model.spec import ModelSpec, build, load_state_into
     from ...core.plugins import get_registry, load_module
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(payload.get("threads", 1))   # the parent's row_threads for its jobs
     for module in payload["plugin_modules"]:
         load_module(module)
     model_spec = ModelSpec.from_dict(payload["model_spec"])
@@ -219,23 +247,36 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
             todo.append((i, plan))
     check_rows([plan for _, plan in todo], registry, dense, model_spec, task, base_info, out, adapter)
     durations: list[float] = []
+    lanes = min(max(1, jobs), len(todo)) if todo else 1
+    starts: list[float] = []   # when each row running now started (one per lane)
 
     def finished(i: int, row: dict) -> None:
         if dist.is_main():
             store.append(row)
         results[i] = row
         durations.append(row["wall_s"])
+        now = time.time()
+        if starts:   # this row's lane: the start nearest its own (it ran wall_s)
+            starts.remove(min(starts, key=lambda t: abs(t - (now - row["wall_s"]))))
+        queued = len(plans) - len(results) - len(starts)
+        if queued > 0:   # the lane this row leaves takes the next row now
+            starts.append(now)
+            queued -= 1
         left = len(plans) - len(results)
-        eta = f"; about {_fmt_eta(statistics.mean(durations) * left / max(1, jobs))} left" if left else ""
+        eta = (f"; about {_fmt_eta(time_left(starts, queued, statistics.mean(durations), lanes, now))} left"
+               if left else "")
         what = ("cannot reach the budget" if "unreachable" in row else
                 f"{format_metric(row['metric_name'], row['metric'])} ({row['n_attn']} attn + {row['n_act']} act)")
         log(f"[{len(results)}/{len(plans)}] {row['id']}: {what} in {row['wall_s']:.0f}s{eta}")
 
+    workers = row_workers(plans, task)
     if jobs <= 1 or len(todo) <= 1:
-        for i, plan in todo:
-            log(f"[{len(results) + 1}/{len(plans)}] {plan.id}: running")
-            finished(i, run_one(plan, registry, dense, model_spec, task, base_info, out, resume, log, progress,
-                                adapter))
+        with row_threading(row_device(plans), 1, workers, log if todo else None):
+            starts.append(time.time())
+            for i, plan in todo:
+                log(f"[{len(results) + 1}/{len(plans)}] {plan.id}: running")
+                finished(i, run_one(plan, registry, dense, model_spec, task, base_info, out, resume, log, progress,
+                                    adapter))
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -255,9 +296,15 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
                   "selection": len(getattr(getattr(task, "data", None), "selection", None) or ()),
                   "fingerprint": getattr(getattr(task, "data", None), "fingerprint", None), "base_info": base_info,
                   "out": str(out), "resume": resume, "plugin_modules": extra_modules()}
+        threads = row_threads(jobs, workers)
         log(f"running {len(todo)} rows in {jobs} parallel processes ...")
+        if row_device(plans).type == "cpu":
+            log(f"cpu: {threads} torch thread(s) per row ({available_cpus()} CPUs, {jobs} rows at a time, {workers} "
+                "loader worker(s) each)")
+        common["threads"] = threads
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = {pool.submit(_worker, {**common, "plan": plan.to_payload()}): i for i, plan in todo}
+            starts.extend([time.time()] * lanes)
             for fut in as_completed(futures):
                 finished(futures[fut], fut.result())
     return [results[i] for i in sorted(results)]
