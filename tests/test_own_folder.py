@@ -295,7 +295,7 @@ def test_image_passes_size_the_epochs_from_the_folder_and_a_later_epochs_replace
     for n in (900, 5_000, 60_000):
         sized = config.RunSettings.of(config.sized(settings, n))
         assert sized.finetune.epochs == max(1, math.ceil(50_000 / n))
-        assert sized.base_scratch.epochs == max(1, math.ceil(200_000 / n))
+        assert sized.base_scratch.epochs == max(1, math.ceil(100_000 / n))
     # a subset is what an epoch sees
     subset = config.resolve(sets=["finetune.image_passes=1000", "finetune.subset=300"])
     assert config.RunSettings.of(config.sized(subset, 5_000)).finetune.epochs == 4

@@ -32,6 +32,7 @@ from ..core.errors import HetpruneError, option
 from ..core.io import read_json, write_json_atomic
 from ..core.keys import matches
 from ..training.bundle import DataBundle
+from ..training.loaders import row_threading
 from ..training.samplers import set_epoch
 from ..training.train import train, workers_for
 
@@ -233,11 +234,13 @@ def probe(job, seconds: float = PROBE_SECONDS, section: str = "finetune") -> Pro
     started = time.perf_counter()
     run = TrainConfig.from_dict({**cfg.to_dict(), "device": device, "epochs": 1, "subset": None, "eval_every": 0,
                                  "keep": "last", "save_every_steps": 0, "warmup_epochs": 0})
-    if job.task.own_finetune:   # its own loop: its loader and its step cannot be timed apart
-        found = _probe_user_loop(job, student, teacher, cfg, seconds)
-    else:
-        found = _probe_source(job, student, teacher, run, seconds)
-    eval_ips = _eval_rate(job, max(1.0, seconds / 8))
+    workers = cfg.workers or int(getattr(getattr(job.task, "data", None), "workers", None) or 0)
+    with row_threading(device, 1, workers):   # the threads a row trains with (a CPU run's: what its cores leave)
+        if job.task.own_finetune:   # its own loop: its loader and its step cannot be timed apart
+            found = _probe_user_loop(job, student, teacher, cfg, seconds)
+        else:
+            found = _probe_source(job, student, teacher, run, seconds)
+        eval_ips = _eval_rate(job, max(1.0, seconds / 8))
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
     note = "" if device.type == "cuda" else "on the CPU: no device memory to report"
     return Probe(eval_ips=round(eval_ips, 1), peak_memory_gb=None if peak is None else round(peak, 2),

@@ -31,12 +31,31 @@ def available_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def row_threads(jobs: int = 1, workers: int = 0) -> int:
-    """Torch threads for one row trained on the CPU: the CPUs this process may use, shared among the ``jobs`` rows
-    that run at once, less one for each loader worker of the row (they decode on cores of their own); at least
-    one. A thread on a core something else also wants waits for it at every operation: on a busy 2-core machine
-    a fine-tune with 2 threads beside a loader worker trained at 28 images/s, with 1 thread at 211."""
-    return max(1, available_cpus() // max(1, jobs) - max(0, workers))
+def busy_elsewhere(samples: int = 9, every_s: float = 0.02) -> int:
+    """Threads other programs keep running right now: the kernel's count of runnable threads (``/proc/loadavg``'s
+    fourth field, the median of a few readings a few milliseconds apart) less this one, which is running as it
+    reads; where there is no such file, the 1-minute load average."""
+    import statistics
+    import time
+
+    counts = []
+    for _ in range(samples):
+        try:
+            with open("/proc/loadavg", encoding="ascii") as fh:
+                counts.append(int(fh.read().split()[3].split("/")[0]))
+        except (OSError, IndexError, ValueError):
+            return round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
+        time.sleep(every_s)
+    return max(0, round(statistics.median(counts)) - 1)
+
+
+def row_threads(jobs: int = 1, workers: int = 0, busy: int = 0) -> int:
+    """Torch threads for one row trained on the CPU: the CPUs this process may use less those other programs keep
+    busy (``busy``: `busy_elsewhere`), shared among the ``jobs`` rows that run at once, less one for each loader
+    worker of the row (they decode on cores of their own); at least one. A thread on a core something else also
+    wants waits for it at every operation: on a busy 2-core machine a fine-tune with 2 threads trained at 26-28
+    images/s, with 1 thread at 211-332."""
+    return max(1, (available_cpus() - max(0, busy)) // max(1, jobs) - max(0, workers))
 
 
 @contextlib.contextmanager
@@ -46,11 +65,11 @@ def row_threading(device, jobs: int = 1, workers: int = 0, log=None):
     if getattr(device, "type", str(device)) != "cpu":
         yield None
         return
-    before = torch.get_num_threads()
-    threads = min(before, row_threads(jobs, workers))
+    before, busy = torch.get_num_threads(), busy_elsewhere()
+    threads = min(before, row_threads(jobs, workers, busy))
     if log is not None:
-        log(f"cpu: {threads} torch thread(s) per row ({available_cpus()} CPUs, {jobs} row(s) at a time, "
-            f"{workers} loader worker(s) each)")
+        log(f"cpu: {threads} torch thread(s) per row ({available_cpus()} CPUs, {busy} kept busy by other programs, "
+            f"{jobs} row(s) at a time, {workers} loader worker(s) each)")
     torch.set_num_threads(threads)
     try:
         yield threads

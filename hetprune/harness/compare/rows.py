@@ -17,7 +17,7 @@ from ...core import distributed as dist
 from ...core.errors import BudgetUnreachable, HetpruneError
 from ...core.keys import before
 from ...core.io import ResultFolder, check_result_folder, make_result_folder
-from ...training.loaders import available_cpus, row_threading, row_threads, seed_everything
+from ...training.loaders import available_cpus, busy_elsewhere, row_threading, row_threads, seed_everything
 from ...model.spec import model_hash
 from ...pruning.pipeline import PruneJob
 from ...core.plugins import Registry
@@ -296,11 +296,12 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
                   "selection": len(getattr(getattr(task, "data", None), "selection", None) or ()),
                   "fingerprint": getattr(getattr(task, "data", None), "fingerprint", None), "base_info": base_info,
                   "out": str(out), "resume": resume, "plugin_modules": extra_modules()}
-        threads = row_threads(jobs, workers)
+        busy = busy_elsewhere()
+        threads = row_threads(jobs, workers, busy)
         log(f"running {len(todo)} rows in {jobs} parallel processes ...")
         if row_device(plans).type == "cpu":
-            log(f"cpu: {threads} torch thread(s) per row ({available_cpus()} CPUs, {jobs} rows at a time, {workers} "
-                "loader worker(s) each)")
+            log(f"cpu: {threads} torch thread(s) per row ({available_cpus()} CPUs, {busy} kept busy by other programs, "
+                f"{jobs} rows at a time, {workers} loader worker(s) each)")
         common["threads"] = threads
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = {pool.submit(_worker, {**common, "plan": plan.to_payload()}): i for i, plan in todo}
