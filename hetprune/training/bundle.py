@@ -8,6 +8,7 @@ either.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,7 @@ class DataBundle:
     augment: str | None = None   # an ImageFolder's training augmentation (the embedded sets have their own)
     workers: int | None = None   # loader workers when a schedule says 0 (ImageFolder: a share of the CPUs)
     selection: Dataset | None = None   # held out of ``train``: every choice a strategy makes is measured on it
+    data_config: dict | None = None    # an ImageFolder's timm data config: how its files become the model's input
 
     def describe(self) -> dict:
         return {
@@ -38,7 +40,21 @@ class DataBundle:
             "num_classes": self.num_classes,
             "fingerprint": self.fingerprint,
             **({"augment": self.augment} if self.augment else {}),
+            **({"data_config": self.data_config} if self.data_config else {}),
         }
+
+    def reading(self) -> str | None:
+        """How an ImageFolder's files become the model's input, in one line (what a checkpoint trained elsewhere
+        must have been trained on): mode, size, interpolation, crop and normalisation."""
+        cfg = self.data_config
+        if not cfg:
+            return None
+        c, h, w = cfg["input_size"]
+        mean, std = ", ".join(f"{v:g}" for v in cfg["mean"]), ", ".join(f"{v:g}" for v in cfg["std"])
+        return (f"images read as {'L (grayscale)' if c == 1 else 'RGB'} at {h} x {w} (the model's own input size), "
+                f"{cfg['interpolation']}, validation images resized to {math.floor(h / cfg['crop_pct'])} px (crop_pct "
+                f"{cfg['crop_pct']:g}) then centre-cropped, normalised with mean ({mean}) and std ({std}): timm's data "
+                "config of the model")
 
 
 def _selection_size(value) -> int:

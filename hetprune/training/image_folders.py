@@ -260,7 +260,7 @@ def image_folder(path: str | Path, model: torch.nn.Module, augment="light", work
         fp = fingerprint({"data": fp, "selection": size, "seed": SELECTION_SEED})
     return DataBundle(str(root), SeededItems(kept), val, len(train.classes), cfg["input_size"][0],
                       cfg["input_size"][1], fp, augment=aug.name, workers=default_workers() if workers is None else workers,
-                      selection=held)
+                      selection=held, data_config=dict(cfg))
 
 
 SELECTION_SEED = 20_260_701   # an ImageFolder's selection split is the same whatever the run's seed

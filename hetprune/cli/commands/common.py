@@ -232,9 +232,9 @@ def base_and_data(args, start, command: str, defaulted: bool | None = None) -> t
     dense, spec, info = base_model(args, device=start.config.device)
     data = data_for(args, dense, seed=0)
     if dist.is_main() and args.data not in EMBEDDED and args.data is not None:
-        note = channels_note(Path(args.data), image_mode(data.in_chans))
-        if note:
-            print(note, flush=True)
+        for note in (data.reading(), channels_note(Path(args.data), image_mode(data.in_chans))):
+            if note:
+                print(note, flush=True)
     apply_data_options(args, start, data)
     if getattr(args, "base", None):
         dense, info = made_base(args, start, dense, spec, info, data)
