@@ -395,3 +395,15 @@ def test_measure_puts_the_matmul_precision_back_and_by_default_leaves_the_caller
         assert torch.get_float32_matmul_precision() == "highest"   # put back
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_cast_weights_without_a_half_dtype_is_refused_before_anything_is_timed(tmp_path, capsys):
+    """Issue 70, item 8: --cast weights without --dtype bf16|fp16 timed fp32 models as they are and wrote
+    "cast": "weights" into --json; refused now, as --plan-probe without --plan is."""
+    from hetprune.cli import main
+
+    out = tmp_path / "t.json"
+    assert main(["bench", "vit_tiny_patch16_224", "--model-kwargs", '{"img_size": 16, "patch_size": 8, "depth": 1, '
+                 '"embed_dim": 16, "num_heads": 2}', "--cast", "weights", "--json", str(out)]) == 2
+    assert "--cast weights casts the models' weights to --dtype bf16 or fp16" in capsys.readouterr().err
+    assert not out.exists()

@@ -139,3 +139,52 @@ def test_every_setting_is_keyed_refused_or_declared_unkeyed(key, default):
             f"{key} changed to {other_value(key, default)!r} leaves a compare row's key as it was: a row made "
             "without it would be reused; key it, refuse it where it is ignored, or declare it keyed=False in its field "
             "with its reason")
+
+
+def _options_by_name(tree: dict, prefix: str = ""):
+    """Every options mapping of the schema keyed by component name (``scorer_options``, ``cost_model_options``,
+    ``hetdpt.predictor_options``), with its kind."""
+    from hetprune.core.plugins import KINDS
+
+    for key, value in tree.items():
+        kind = key[:-len("_options")] if key.endswith("_options") else None
+        if kind in KINDS:
+            yield f"{prefix}{key}", kind
+        elif isinstance(value, dict) and kind is None:
+            yield from _options_by_name(value, f"{prefix}{key}.")
+
+
+OPTIONS_BY_NAME = list(_options_by_name(schema()))
+
+
+def test_the_walk_finds_every_options_block_keyed_by_a_component_name():
+    assert {"scorer_options", "cost_model_options", "hetdpt.predictor_options"} <= {k for k, _ in OPTIONS_BY_NAME}
+
+
+@pytest.mark.parametrize("key, kind", OPTIONS_BY_NAME, ids=[k for k, _ in OPTIONS_BY_NAME])
+def test_options_for_a_name_nobody_registers_are_refused_naming_the_registered_ones(key, kind):
+    """Issue 70, item 6: a misspelt key under a real name was refused, a misspelt name was not (the run used the
+    defaults). Refused now when the run starts, before anything trains; a registered name is taken."""
+    from hetprune.pruning.run_start import start_run
+
+    registry = get_registry()
+    owner = key.split(".")[0] if "." in key else None
+    strategy = {"hetdpt": "hetdpt", "hetdpt_plus": "hetdpt-plus", "width": "isomorphic"}.get(owner, "hetdpt")
+    real = registry.names(kind)[0]
+    with pytest.raises(HetpruneError, match=rf"setting {key}\.{real}x: .*{real}"):
+        start_run([strategy], [Budget(sites=2)], settings=nested(key, {f"{real}x": {}}), registry=registry)
+    start_run([strategy], [Budget(sites=2)], settings=nested(key, {real: {}}), registry=registry)
+
+
+def test_settings_replace_takes_every_setting_the_loader_takes():
+    """Issue 70, item 7: Settings.replace refused tf32, selection and augment, which the loader takes (they are
+    left out of the settings at their defaults), so a strategy could not make a sub-job with tf32 off."""
+    from hetprune.core.settings import Settings
+
+    settings = Settings(config.resolve())
+    for key, value in (("tf32", False), ("selection", 0), ("augment", "crop")):
+        changed = settings.replace(**{key: value})
+        assert getattr(changed.run, key) == value and changed.as_settings()[key] == value
+        assert changed.replace(**{key: getattr(config.RunSettings(), key)}) == settings   # at its default: left out
+    with pytest.raises(HetpruneError, match="unknown setting 'tf3'"):
+        settings.replace(tf3=False)

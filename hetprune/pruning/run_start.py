@@ -35,7 +35,7 @@ from ..core.settings import Settings
 from ..model.spec import ModelSpec, model_hash
 from .pipeline import resolve_adapter
 from .plan import PROBE_SECONDS, check_probe, val_size
-from ..core.plugins import Registry, get_registry
+from ..core.plugins import KINDS, Registry, get_registry
 from ..training.resume import base_key, differences
 from ..training.task import Task, as_task, check_data_fits, reuse_tag
 
@@ -366,11 +366,30 @@ def check_names(registry: Registry, settings: dict) -> None:
                         "scorer" if key == "scorer" or key.endswith("_scorer") else None)
                 if kind is not None and isinstance(value, str):
                     named.append((f"{section}.{key}", kind, value))
-    for where, kind, name in named:
+    for where, kind, name in named + options_named(registry, settings):
         try:
             registry.component(kind, name)
         except HetpruneError as exc:
             raise HetpruneError(f"setting {where}: {exc}") from None
+
+
+def options_named(registry: Registry, settings: dict) -> list[tuple[str, str, str]]:
+    """Every component name an options mapping gives options to (``scorer_options: {gate-taylr: {...}}``,
+    ``hetdpt.predictor_options: {polly: {...}}``): ``(where, kind, name)``. Options for a name nobody registers
+    would be read by nothing, and the run would use the defaults without a word: `check_names` refuses them."""
+    found = []
+
+    def walk(values: dict, prefix: str) -> None:
+        for key, value in values.items():
+            kind = key[:-len("_options")] if key.endswith("_options") else None
+            if kind in KINDS and isinstance(value, dict) and all(isinstance(v, dict)
+                                                                           for v in value.values()):
+                found.extend((f"{prefix}{key}.{name}", kind, name) for name in value)
+            elif isinstance(value, dict) and kind is None:
+                walk(value, f"{prefix}{key}.")
+
+    walk(settings if isinstance(settings, dict) else settings.as_settings(), "")
+    return found
 
 
 def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: dict | None, settings: dict,

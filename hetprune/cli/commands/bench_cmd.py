@@ -114,6 +114,9 @@ def run(args) -> int:
         raise HetpruneError(f"--backend {args.backend!r} is not supported; allowed: {', '.join(BACKENDS)}")
     if args.per_block and args.backend != "torch":
         raise HetpruneError("--per-block times PyTorch modules: use it with --backend torch")
+    if args.cast != "autocast" and args.dtype not in ("bf16", "fp16"):   # it would time fp32 weights as they are
+        raise HetpruneError(f"--cast {args.cast} casts the models' weights to --dtype bf16 or fp16: give one of them "
+                            f"(--dtype is {args.dtype}), or drop --cast")
     files = {f.strip(): f.strip() for f in (args.onnx or "").split(",") if f.strip()}   # named as given
     if args.onnx is not None and not files:
         raise HetpruneError("--onnx is empty: give ONNX files separated by commas")
