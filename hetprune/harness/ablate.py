@@ -204,13 +204,13 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
            resume: bool = False, overwrite: bool = False, jobs: int = 1, spec=None, base_info: dict | None = None,
            registry=None, device: str | None = None, amp: str | None = None, adapter=None,
            data_spec: str | None = None, meta: dict | None = None, log=print, progress: bool = True,
-           start=None, plan: bool = False, plan_probe: float | None = None):
+           start=None, plan: bool = False, plan_probe: float | None = None, reuse_older: bool = False):
     """Does the strategy's predictor, fitted on cheap points, pick the split full fine-tuning finds best,
     on ``model`` for ``task``? (and, with ``scorers``, which scorer's sites recover best at that split)
 
     Cheap points are collected exactly as the strategy collects them, one set per seed; every feasible
     split is then fine-tuned with the full schedule (the ground truth, saved as it finishes: ``resume=True``
-    continues). ``budget`` is a site count or a [`Budget`][hetprune.pruning.budget.Budget]. Writes ablation.json,
+    continues; ``reuse_older`` reuses rows another behaviour of a component made, as for `compare`). ``budget`` is a site count or a [`Budget`][hetprune.pruning.budget.Budget]. Writes ablation.json,
     ablation.md and splits.png (scorers.png) to ``out`` and returns the result dict. ``start`` is a run
     already started with [`start_run`][hetprune.pruning.run_start.start_run] (the command line's). ``plan=True``
     trains nothing and returns the [`Plan`][hetprune.pruning.plan.Plan]: the cheap points of every seed, then every
@@ -236,7 +236,8 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
     if start is None:
         start = start_run([strategy], [budget if isinstance(budget, Budget) else Budget(sites=budget)],
                           folder=ABLATION_FOLDER, out=out, resume=resume, overwrite=overwrite, settings=settings,
-                          config_file=config, overrides={"device": device, "amp": amp}, registry=registry, plan=plan)
+                          config_file=config, overrides={"device": device, "amp": amp}, registry=registry, plan=plan,
+                          reuse_older=reuse_older)
     registry, strat, the_budget = start.registry, start.strategy, start.budget
     run_settings = start.settings.as_settings()   # the rows' records are dicts
     if not all(hasattr(strat, m) for m in ("point_plan", "collect_points", "predictor", "predictor_name")):
@@ -300,6 +301,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
         log(f"fine-tuning {len(plans)} rows: {len(pairs)} splits x {len(seeds)} seeds"
             + (f" + {len(scorers)} scorers at {first_pick}" if scorers else ""))
         rows = run_rows(plans, registry, model, spec, task, info, out, resume=start.resume, jobs=jobs,
+                        reuse_older=start.reuse_older,
                         data_spec=data_spec,
                         adapter=adapter, log=log, progress=progress)
         if not dist.is_main():

@@ -26,6 +26,7 @@ from . import cost_choice as cost_model
 from ..core import devices
 from ..core import distributed as dist
 from ..model.adapters import Adapter
+from .behaviours import named_components
 from .budget import Budget
 from ..training.bundle import DataBundle
 from ..training.embedded_data import EMBEDDED
@@ -74,6 +75,7 @@ class RunStart:
     scoring_chosen: bool = False     # whether the caller set scoring.* (a flag or --set; a config: by its value)
     probe_elsewhere: str | None = None   # a plan on a machine without the run's device: why it cannot probe here
     before: list = field(default_factory=list)   # PlanSteps of work done before the run's own (making its base)
+    reuse_older: bool = False   # a resume reuses rows another behaviour of a component made (marked)
     _prepared: bool = field(default=False, repr=False)
 
     def remember_base(self, key: str, inputs: dict) -> None:
@@ -181,7 +183,7 @@ def schedule_line(section: str, cfg: config_mod.TrainConfig, train_size: int) ->
 def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: str | Path | None = None,
               resume: bool = False, overwrite: bool = False, settings: dict | None = None,
               config_file: str | None = None, sets: list[str] | None = None, overrides: dict | None = None,
-              registry: Registry | None = None, plan: bool = False) -> RunStart:
+              registry: Registry | None = None, plan: bool = False, reuse_older: bool = False) -> RunStart:
     """Start a run of ``strategies`` (names or strategy objects) at ``budgets``: resolve and check
     everything that needs no model, in the order of the module docstring, and return it.
 
@@ -191,6 +193,9 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
     when it cannot take the result (`hetprune.core.io.check_result_folder`). A ``plan`` on a machine without the
     run's device or precision (``--config deit-b-paper`` on a login node) plans on the CPU without a probe
     (`RunStart.probe_here`) instead of stopping."""
+    if reuse_older and not resume:   # it would be ignored: nothing is reused without a resume
+        raise HetpruneError(f"{switch('reuse-older')} reuses finished rows of a resumed run: give it with "
+                            f"{switch('resume')}")
     registry = registry or get_registry()
     built = [registry.build("strategy", s) if isinstance(s, str) else s for s in strategies]
     given = {**(settings or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
@@ -213,7 +218,7 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
     scoring = "scoring" in given or "scoring" in named or (
         config_mod.RunSettings.of(run_settings).scoring_batches.subset != config_mod.ScoringConfig().subset)
     return RunStart(registry, built, bound, Settings(run_settings), device, where, resume, overwrite, folder, chosen,
-                    scoring, elsewhere)
+                    scoring, elsewhere, reuse_older=reuse_older)
 
 
 def sections_elsewhere(registry: Registry, strategies: list) -> dict[str, list[str]]:
@@ -354,19 +359,11 @@ def run_device(settings: dict) -> torch.device:
 
 
 def check_names(registry: Registry, settings: dict) -> None:
-    """Unknown component names fail now, not after an hour of work: the run's scorer, removers and mergers,
-    and in every section a ``predictor`` or a ``..._scorer`` (``hetdpt.point_scorer``) that names one."""
-    run = config_mod.RunSettings.of(settings)
-    named = [("scorer", "scorer", run.scorer), ("attn_remover", "remover", run.attn_remover),
-             ("act_remover", "remover", run.act_remover), *(("mergers", "merger", m) for m in run.mergers)]
-    for section, values in settings.items():
-        if isinstance(values, dict):
-            for key, value in values.items():
-                kind = ("predictor" if key == "predictor" or key.endswith("_predictor") else
-                        "scorer" if key == "scorer" or key.endswith("_scorer") else None)
-                if kind is not None and isinstance(value, str):
-                    named.append((f"{section}.{key}", kind, value))
-    for where, kind, name in named + options_named(registry, settings):
+    """Unknown component names fail now, not after an hour of work: every component the settings name (the
+    run's scorer, removers and mergers, and in every section a predictor, a ``..._scorer``, a ``..._strategy``
+    or a width ``pruner``: `hetprune.pruning.behaviours.named_components`) and every name an options mapping
+    gives options to."""
+    for where, kind, name in named_components(settings) + options_named(registry, settings):
         try:
             registry.component(kind, name)
         except HetpruneError as exc:

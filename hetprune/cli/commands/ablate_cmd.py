@@ -18,7 +18,7 @@ from ...core.errors import HetpruneError
 from ...core.plugins import get_registry
 from .common import add_model_arguments, base_and_data, print_plan
 from .compare_cmd import int_list
-from .prune_cmd import add_budget_arguments, add_plan_arguments, budget_from, settings_options
+from .prune_cmd import add_budget_arguments, add_plan_arguments, add_reuse_older_argument, budget_from, settings_options
 
 HELP = "does the predictor's pick match full fine-tuning? (and which scorer recovers best)"
 
@@ -45,6 +45,7 @@ def add_arguments(p) -> None:
     g.add_argument("--cost-model", metavar="auto|macs|latency", help="what --target-speedup counts (as for prune)")
     g.add_argument("--latency-batch", type=int, metavar="N", help="as for prune (default 64)")
     g.add_argument("--resume", action="store_true", help="reuse finished splits and points in --out")
+    add_reuse_older_argument(g)
     g.add_argument("--overwrite", action="store_true", help="start over in an --out holding an earlier ablation")
     add_plan_arguments(g)
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="fine-tune N splits at once (processes)")
@@ -74,6 +75,7 @@ def _run(args) -> int:
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
         raise HetpruneError(f"--tolerance must be a finite number of points >= 0, got {args.tolerance}")
     start = start_run([strategy], [budget], folder=ABLATION_FOLDER, out=args.out, resume=args.resume,
+                      reuse_older=args.reuse_older,
                       overwrite=args.overwrite, registry=registry, **settings_options(args, [strategy]), plan=args.plan)
     predictors = [n.strip() for n in (args.predictors or "").split(",") if n.strip()] or None
     scorers = [n.strip() for n in (args.scorers or "").split(",") if n.strip()]

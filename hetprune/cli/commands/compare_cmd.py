@@ -16,7 +16,8 @@ from pathlib import Path
 from ...core.errors import HetpruneError
 from ...core.plugins import get_registry
 from .common import add_model_arguments, base_and_data, print_plan
-from .prune_cmd import add_budget_arguments, add_settings_arguments, budget_from, settings_options
+from .prune_cmd import (add_budget_arguments, add_reuse_older_argument, add_settings_arguments, budget_from,
+                        settings_options)
 
 HELP = "run several strategies under one harness and tabulate/plot the results"
 # the benchmark with a ViT's token count that shows the recovery asymmetry (docs/results/observations.md)
@@ -72,6 +73,7 @@ def add_arguments(p) -> None:
     add_budget_arguments(p, many=True, default=f" (default {DEFAULT_TARGET_MACS:g}: every strategy at the same cost)")
     p.add_argument("--seeds", default="0", metavar="0,1,2", help="seeds; several give mean ± std (default 0)")
     add_settings_arguments(p)
+    add_reuse_older_argument(p.add_argument_group("rows of an older release"))
     p.add_argument("--batch-sizes", default="1,256", metavar="1,256",
                    help="batch sizes for timing: the smallest and largest are reported")
     p.add_argument("--speed-budget", type=float, default=15.0, metavar="S",
@@ -107,6 +109,7 @@ def _run(args) -> int:
     seeds = int_list(args.seeds, "--seeds")
     batch_sizes = int_list(args.batch_sizes, "--batch-sizes")
     start = start_run(strategies, budgets, folder=COMPARE_FOLDER, out=args.out, resume=args.resume,
+                      reuse_older=args.reuse_older,
                       overwrite=args.overwrite, registry=registry, **settings_options(args, strategies), plan=args.plan)
     dense, model_spec, base_info, data = base_and_data(args, start, "compare", defaulted)
     command = "hetprune " + " ".join(shlex.quote(a) for a in args.argv)

@@ -63,6 +63,13 @@ def add_settings_arguments(p) -> None:
     g.add_argument("--overwrite", action="store_true", help="replace an output folder holding another result")
 
 
+def add_reuse_older_argument(g) -> None:
+    """``--reuse-older`` of the commands whose rows a resume reuses (compare, ablate)."""
+    g.add_argument("--reuse-older", action="store_true",
+                   help="with --resume: reuse finished rows made by another behaviour of a component than this "
+                        "release's (an older release's), marked in the table; without it they are made again")
+
+
 def add_plan_arguments(g) -> None:
     g.add_argument("--plan", action="store_true",
                    help="train nothing: print every stage with its fine-tunes, images and evaluations, and after a "

@@ -87,7 +87,8 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
             jobs: int = 1, spec=None, base_info: dict | None = None,
             registry: Registry | None = None, device: str | None = None, amp: str | None = None, adapter=None,
             data_spec: str | None = None, meta: dict | None = None, log: Callable[[str], None] = print,
-            progress: bool = True, start=None, plan: bool = False, plan_probe: float | None = None):
+            progress: bool = True, start=None, plan: bool = False, plan_probe: float | None = None,
+            reuse_older: bool = False):
     """Run several strategies on ``model`` for ``task`` under one harness: the same dense model, data,
     settings, seeds and timer; write ``results.md``, ``results.csv``, ``results.json`` and ``pareto.png``
     to ``out`` and return the rows.
@@ -96,7 +97,8 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
     (models with the same structure are timed once and share their figure).
     ``budgets`` are site counts or [`Budget`][hetprune.pruning.budget.Budget] objects (``Budget(target_macs=0.5)``);
     every other argument means what it means for [`hetprune.prune`][hetprune.harness.api.prune]. Finished rows are kept as they
-    finish, so ``resume=True`` continues an interrupted comparison. ``start`` is a run already started with
+    finish, so ``resume=True`` continues an interrupted comparison; a row made by another behaviour of a
+    component than this release's is made again unless ``reuse_older`` (marked in the table). ``start`` is a run already started with
     [`start_run`][hetprune.pruning.run_start.start_run] (the command line's); the run's own arguments are then its.
     ``plan=True`` trains nothing and returns the [`Plan`][hetprune.pruning.plan.Plan] of every row, summed per
     strategy (see [`hetprune.prune`][hetprune.harness.api.prune]); it goes to ``OUT/work/plan.json``.
@@ -124,7 +126,8 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
         the_budgets = distinct([b if isinstance(b, Budget) else Budget(sites=whole_number(b, "a budget"))
                                 for b in budgets], option("budgets"))
         start = start_run(names, the_budgets, folder=COMPARE_FOLDER, out=out, resume=resume, overwrite=overwrite,
-                          settings=settings, overrides={"device": device, "amp": amp}, registry=registry, plan=plan)
+                          settings=settings, overrides={"device": device, "amp": amp}, registry=registry, plan=plan,
+                          reuse_older=reuse_older)
     registry, run_settings, the_budgets = start.registry, start.settings.as_settings(), start.budgets   # rows' records
     for name in sorted(cost_model.refuse_parallel(jobs, the_budgets, run_settings)):
         cm = cost_model.build(registry, name, run_settings)   # time the models where it predicts, too
@@ -144,6 +147,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
             return plan_of_rows(plans, registry, model, spec, task, info, out, adapter, log, probe_s, key,
                                 f"compare {', '.join(names)}, {len(plans)} rows", notes=notes, preceding=start.before)
         rows = run_rows(plans, registry, model, spec, task, info, out, resume=start.resume, jobs=jobs,
+                        reuse_older=start.reuse_older,
                         data_spec=data_spec, adapter=adapter, log=log, progress=progress)
         if not dist.is_main():  # rank 0 times the models and writes the results
             return CompareResult(rows, [], {}, "", out)

@@ -54,6 +54,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
         weights = [m.get("weights") for m in members]
         # several seeds that made the very same model: their std of 0 is no evidence of stability
         agg["identical_seeds"] = len(members) > 1 and None not in weights and len(set(weights)) == 1
+        agg["older"] = sorted({m["older"] for m in members if m.get("older")})   # reused by --reuse-older
         out.append(agg)
     for agg, note in zip(out, speed_notes(out)):
         agg["speed_note"] = note
@@ -114,7 +115,9 @@ def markdown_table(dense_row: dict, aggregates: list[dict], large: int, metric: 
             continue
         mac_ratio = dense_row["macs"] / a["macs"] if a["macs"] else float("nan")
         notes = [n for n in (a.get("speed_note", ""), "every seed made the very same model (std 0 says nothing)"
-                             if a.get("identical_seeds") else "") if n]
+                             if a.get("identical_seeds") else "",
+                             f"made by an older behaviour ({'; '.join(a['older'])}), reused by --reuse-older"
+                             if a.get("older") else "") if n]
         lines.append(
             f"| {a['strategy']} | {budget_text(a['budget'])} | {a['seeds']} | {', '.join(a['splits'])} | "
             f"{_pm(a['metric_before_finetune'], a['metric_before_finetune_std'])} | "

@@ -19,6 +19,8 @@ from ...core.keys import before
 from ...core.io import ResultFolder, check_result_folder, make_result_folder
 from ...training.loaders import available_cpus, busy_elsewhere, row_threading, row_threads, seed_everything
 from ...model.spec import model_hash
+from ...pruning.behaviours import behaviours
+from ...pruning.behaviours import changed as behaviour_changed
 from ...pruning.pipeline import PruneJob
 from ...core.plugins import Registry
 from ...training.resume import made_when, note_saved, now
@@ -108,7 +110,7 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
 
     started = time.time()
     head = {"key": plan.key, "id": plan.id, "strategy": plan.label or plan.strategy, "budget": plan.budget.to_dict(),
-            "seed": plan.seed}
+            "seed": plan.seed, "behaviours": row_behaviours(plan, registry)}
     seed_everything(plan.seed)   # a row is the same whichever rows ran before it, in this process or another
     strategy, job = row_job(plan, registry, dense, model_spec, task, base_info, out, resume, log, progress, adapter)
     try:
@@ -180,6 +182,38 @@ def metric_columns(report: dict) -> dict:
     return cols
 
 
+def row_behaviours(plan: RowPlan, registry: Registry) -> dict[str, int]:
+    """The behaviour numbers of what makes a row (`hetprune.pruning.behaviours`): a fixed split has no strategy of
+    its own."""
+    return behaviours(registry, plan.settings, None if plan.split else plan.strategy)
+
+
+def reusable_rows(plans: list[RowPlan], done: dict[str, dict], registry: Registry, reuse_older: bool,
+                  log: Callable[[str], None]) -> dict[int, dict]:
+    """The finished rows of ``plans`` a resume takes, by plan index: each stored under the plan's key (or key
+    version 1's) and made by this release's behaviour of every component it used. A row another behaviour made
+    (or one made before rows recorded it) is made again, said in one line, unless ``reuse_older``: then it is
+    taken, marked ``older`` with what differs (the table says so)."""
+    taken, older = {}, []
+    for i, plan in enumerate(plans):
+        row = done.get(plan.key) or done.get(before(plan.key))   # (a row stored under key version 1 too)
+        if row is None:
+            continue
+        why = behaviour_changed(row.get("behaviours"), row_behaviours(plan, registry))
+        if why is not None:
+            older.append(why)
+            if not reuse_older:
+                continue
+            row = {**row, "older": why}
+        taken[i] = row
+    if older:
+        whys = "; ".join(sorted(set(older)))
+        log(f"resume: {len(older)} finished row(s) were made by another behaviour than this release's ({whys}): "
+            + ("reused, as --reuse-older asks; the table marks them" if reuse_older else
+               "made again; --reuse-older reuses them, marked in the table"))
+    return taken
+
+
 def row_workers(plans: list[RowPlan], task) -> int:
     """The loader workers each row's fine-tunes read with: the schedule's, else the data's own default."""
     if not plans:
@@ -222,7 +256,7 @@ def _worker(payload: dict) -> dict:
 
 def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_spec, task, base_info: dict,
              out: Path, resume: bool, log: Callable[[str], None] = print, progress: bool = True,
-             jobs: int = 1, data_spec: str | None = None, adapter=None) -> list[dict]:
+             jobs: int = 1, data_spec: str | None = None, adapter=None, reuse_older: bool = False) -> list[dict]:
     """Phase 1: prune and fine-tune every planned row (or reuse finished ones).
 
     With ``jobs > 1`` rows run in parallel single-threaded processes (at these
@@ -235,14 +269,14 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         log = lambda msg: None  # noqa: E731 - under torchrun rank 0 alone reports
     store = RowStore(out)
     done = dist.on_main(store.load) if resume else {}   # rank 0 decides which rows are reused; every rank follows
-    results: dict[int, dict] = {}
+    results = reusable_rows(plans, done, registry, reuse_older, log)
     todo = []
     for i, plan in enumerate(plans):
-        row = done.get(plan.key) or done.get(before(plan.key))   # (a row stored under key version 1 too)
+        row = results.get(i)
         if row is not None:
+            made = ("an older behaviour: " + row["older"]) if row.get("older") else "this release's behaviour"
             log(f"[{i + 1}/{len(plans)}] {plan.id}: reused, finished {made_when([row], 'finished_at')} "
-                f"(the same base model, task, data and settings; {store.path})")
-            results[i] = row
+                f"(the same base model, task, data and settings, made by {made}; {store.path})")
         else:
             todo.append((i, plan))
     check_rows([plan for _, plan in todo], registry, dense, model_spec, task, base_info, out, adapter)
