@@ -197,3 +197,26 @@ def test_reset_classifier_fits_the_pruned_width(family, variant):
         model.reset_classifier(0)
         assert model(x).shape == (2, model.num_features)
         assert model.forward_head(model.forward_features(x), pre_logits=True).shape[-1] == model.num_features
+
+
+# -- the limit: stand-ins for families outside timm take any arguments ---------------------------------------------
+@pytest.mark.parametrize("kind", ["attn", "dropped"])
+def test_a_stand_in_that_takes_any_arguments_refuses_torchscript_with_a_clear_error(kind):
+    """A user's own transformer (the generic adapter; here a timm ViT served by it) gets blocks that take any
+    arguments, as its blocks may be called: TorchScript cannot compile those, and says so; torch.export can."""
+    from hetprune import BlockLayout, HetpruneError
+    from hetprune.model.adapters import generic, serving
+
+    model, x = make("vit"), example(2)
+    torch.jit.script(model)   # the dense model scripts
+    with serving(generic("blocks", BlockLayout())):
+        if kind == "attn":
+            surgery.remove_attention(model, BLOCK)
+        else:
+            surgery.drop_block(model, BLOCK)
+    stand_in = model.blocks[BLOCK]
+    assert type(stand_in).__name__ == {"attn": "EagerHetBlock", "dropped": "EagerDroppedBlock"}[kind]
+    with pytest.raises(HetpruneError, match=f"torch.jit.script cannot compile a {type(stand_in).__name__}"):
+        torch.jit.script(model)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.export.export(model, (x,)).module()(x), model(x))
