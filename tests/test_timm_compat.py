@@ -156,6 +156,17 @@ def test_set_input_size_works_where_dense_has_it(family, variant):
             torch.testing.assert_close(out, prune(resized, variant).eval()(big))
 
 
+
+@pytest.mark.parametrize("family", ["beit", "relpos"])
+def test_a_block_dropped_after_its_attention_went_still_resizes(family):
+    """The stand-in BEiT's and relpos's input-size walk needs is given by the family of the block replaced,
+    also when what is replaced is already a stand-in."""
+    model = dense_model(family)
+    surgery.remove_attention(model, BLOCK)
+    surgery.drop_block(model, BLOCK)
+    model.set_input_size(img_size=(24, 24))
+    assert model(torch.randn(2, 1, 24, 24)).shape == (2, 10)
+
 @pytest.mark.parametrize("family,variant", CASES, ids=IDS)
 def test_torchscript_computes_what_eager_does(family, variant):
     model, x = built(family, variant), example(2)

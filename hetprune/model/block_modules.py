@@ -112,6 +112,9 @@ class HetBlock(nn.Module):
             y = self.drop_path(y)
         return x + y
 
+    def set_input_size(self, *args, **kwargs) -> None:
+        """Nothing here depends on the input size (timm's Swin sets it on every block of a stage)."""
+
     def extra_repr(self) -> str:
         return f"attention removed ({self.attn_mode})"
 
@@ -148,6 +151,9 @@ class DroppedBlock(nn.Module):
                 rope: Optional[torch.Tensor] = None, shared_rel_pos_bias: Optional[torch.Tensor] = None,
                 shared_rel_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
         return x
+
+    def set_input_size(self, *args, **kwargs) -> None:
+        """Nothing here depends on the input size (timm's Swin sets it on every block of a stage)."""
 
 
 class EagerDroppedBlock(DroppedBlock):

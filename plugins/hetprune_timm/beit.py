@@ -23,6 +23,7 @@ class TimmBEiT(TimmPreNorm):
     block_types = (Block,)
     attention_types = (Attention,)
     layout = BlockLayout(attn_scale="gamma_1", mlp_scale="gamma_2")
+    attention_walked = (Block,)   # set_input_size calls blk.attn.set_window_size
 
     def attention_macs(self, module, inputs):
         return super().attention_macs(module, inputs) + functional_qkv_macs(module, inputs[0])

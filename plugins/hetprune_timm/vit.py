@@ -42,6 +42,7 @@ class TimmViT(TimmPreNorm):
     attention_types = (Attention, RelPosAttention)
     refused_blocks = {ResPostBlock: POST_NORM, ResPostRelPosBlock: POST_NORM, ParallelScalingBlock: PARALLEL,
                       ParallelThingsBlock: PARALLEL}
+    attention_walked = (RelPosBlock,)   # set_input_size reads blk.attn.rel_pos
 
     def is_gated(self, mlp):
         return gated.is_gated(mlp)
