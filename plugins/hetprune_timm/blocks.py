@@ -1,20 +1,25 @@
 """What a pruned block of a timm model is, so the model stays a whole timm model.
 
-timm scripts its models and walks their blocks to change the input size.
-`TimmPreNorm` (the base of every timm adapter here) replaces blocks with
-hetprune's TorchScript-able `HetBlock` and `DroppedBlock`, which take the
-arguments timm's models pass to their blocks. Where a family's
-``set_input_size`` reaches every block's attention (BEiT:
-``blk.attn.set_window_size``; the relpos ViTs: ``blk.attn.rel_pos``), the
-pruned block carries a `RemovedAttention`, which holds nothing that depends
-on the resolution.
+timm scripts its models, traces them with FX for features, and walks their
+blocks to change the input size. `TimmPreNorm` (the base of every timm
+adapter here) replaces blocks with hetprune's TorchScript-able `HetBlock` and
+`DroppedBlock`, which take the arguments timm's models pass to their blocks.
+A dropped block is the identity and would leave no node in an FX graph, so it
+is a leaf of timm's FX tracing (its output is a feature level like any
+block's). Where a family's ``set_input_size`` reaches every block's attention
+(BEiT: ``blk.attn.set_window_size``; the relpos ViTs: ``blk.attn.rel_pos``),
+the pruned block carries a `RemovedAttention`, which holds nothing that
+depends on the resolution.
 """
 
 from __future__ import annotations
 
+from timm.layers import register_notrace_module
 from torch import nn
 
 from hetprune.plugin_api import DroppedBlock, HetBlock, PreNormAdapter
+
+register_notrace_module(DroppedBlock)   # timm's FX tracer keeps modules of these types (and subtypes) as nodes
 
 
 class RemovedAttention(nn.Module):
