@@ -77,8 +77,13 @@ def cli_name(key: str) -> str:
 
 def make(key: str, dtype=torch.float32, seed: int = 0) -> torch.nn.Module:
     """A tiny model with non-trivial norm affines and LayerScale, so a wrong fold or a dropped scale shows."""
+    return make_from(spec(key), dtype, seed)
+
+
+def make_from(model_spec: ModelSpec, dtype=torch.float32, seed: int = 0) -> torch.nn.Module:
+    """`make` for a model outside `FAMILIES` (built from its spec)."""
     torch.manual_seed(seed)
-    model = build(spec(key))
+    model = build(model_spec)
     with torch.no_grad():
         for name, p in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]

@@ -118,6 +118,9 @@ def test_depth_and_width_recipe_round_trips_exactly(tmp_path, mode, fold_norm):
     loaded = hetprune.load(tmp_path / "m")
     assert torch.equal(loaded(x), model(x))
     assert read_widths(loaded) == w and attention_problems(loaded) == []
+    # timm's feature levels say the pruned width, in the pruned model and in the one replayed from its recipe
+    assert [f["num_chs"] for f in model.feature_info] == [f["num_chs"] for f in loaded.feature_info] == \
+        [w["embed_dim"]] * len(model.blocks)
     assert json.loads((tmp_path / "m" / "recipe.json").read_text())["widths"] == w
 
 

@@ -1,14 +1,18 @@
 """The modules surgery puts into a model, and the arithmetic of a merge.
 
-These know nothing about any model family: a [`BlockLayout`][hetprune.model.block_modules.BlockLayout] (given by
-the family's adapter) names the children of a pre-norm block, and everything
-here works through those names, so the state-dict keys of what is kept never
-change and a recipe replayed on a fresh base model loads the saved weights.
+A [`BlockLayout`][hetprune.model.block_modules.BlockLayout] (given by the
+family's adapter) names the children of a pre-norm block, and a block with
+its attention removed keeps them under those names, so the state-dict keys of
+what is kept never change and a recipe replayed on a fresh base model loads
+the saved weights. `HetBlock` and `DroppedBlock` stand in timm's blocks and
+script with TorchScript (fixed children, named arguments); `EagerHetBlock` and
+`EagerDroppedBlock` serve any other family (any names, any arguments).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
@@ -47,20 +51,29 @@ def apply_scale(owner: nn.Module, name: str | None, x: torch.Tensor) -> torch.Te
 
 
 class HetBlock(nn.Module):
-    """A pre-norm block whose attention branch is gone.
+    """A pre-norm block whose attention branch is gone, TorchScript-able.
 
     ``identity`` (default): the block is ``x + s2·mlp(norm2(x))``.
     ``ln-residual`` (the reference release): ``x + norm1(x)`` first.
     The kept children keep their names, so their state-dict keys do not
-    change. Extra arguments a family passes to its blocks (``rope=``,
-    ``shared_rel_pos_bias=``, ``attn_mask=``) are accepted and unused: they
-    only fed the attention that is gone.
+    change. The forward reads them under timm's names (``norm1``, ``norm2``,
+    ``mlp``, a scale ``ls2`` or ``gamma_2``, a drop path ``drop_path2`` or
+    ``drop_path``) and takes, by name, the arguments timm's families pass to
+    a block (``attn_mask``, ``is_causal``, ``rope``, ``shared_rel_pos_bias``,
+    ``shared_rel_pos``), unused: they only fed the attention that is gone.
+    So a scripted model calls it as it called the block. A family with other
+    names or arguments uses `EagerHetBlock`.
     """
+
+    #: the names a layout may give each kept child here (None: no such child)
+    NAMES = {"norm1": ("norm1",), "norm2": ("norm2",), "mlp": ("mlp",), "mlp_scale": ("ls2", "gamma_2", None),
+             "drop_path2": ("drop_path2", "drop_path", None)}
 
     def __init__(self, block: nn.Module, layout: BlockLayout, attn_mode: str = "identity"):
         super().__init__()
         if attn_mode not in ATTN_MODES:
             raise HetpruneError(f"attention removal mode must be one of {ATTN_MODES}, got {attn_mode!r}")
+        self._check_names(layout)
         self.attn_mode = attn_mode
         self.layout = layout
         names = [layout.norm2, layout.mlp, layout.mlp_scale, layout.drop_path2]
@@ -74,6 +87,47 @@ class HetBlock(nn.Module):
                 else:
                     self.register_buffer(name, value)
 
+    @classmethod
+    def _check_names(cls, layout: BlockLayout) -> None:
+        odd = [f"{field}={getattr(layout, field)!r}" for field, names in cls.NAMES.items()
+               if getattr(layout, field) not in names]
+        if odd:
+            raise HetpruneError(f"HetBlock reads its children under timm's names; this layout has {', '.join(odd)}: "
+                                "use EagerHetBlock")
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                rope: Optional[torch.Tensor] = None, shared_rel_pos_bias: Optional[torch.Tensor] = None,
+                shared_rel_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        # hasattr on a module is decided when scripting: each branch is there only for the children this block has
+        if hasattr(self, "norm1"):   # ln-residual
+            x = x + self.norm1(x)
+        y = self.mlp(self.norm2(x))
+        if hasattr(self, "ls2"):
+            y = self.ls2(y)
+        if hasattr(self, "gamma_2"):
+            y = self.gamma_2 * y
+        if hasattr(self, "drop_path2"):
+            y = self.drop_path2(y)
+        if hasattr(self, "drop_path"):
+            y = self.drop_path(y)
+        return x + y
+
+    def set_input_size(self, *args, **kwargs) -> None:
+        """Nothing here depends on the input size (timm's Swin sets it on every block of a stage)."""
+
+    def extra_repr(self) -> str:
+        return f"attention removed ({self.attn_mode})"
+
+
+class EagerHetBlock(HetBlock):
+    """A `HetBlock` for any `BlockLayout` and any call: it finds the kept children by the layout's names and
+    takes whatever arguments the family passes its blocks (a user's own transformer, Hugging Face's ViT).
+    Not TorchScript-able: scripting it is refused."""
+
+    @classmethod
+    def _check_names(cls, layout: BlockLayout) -> None:
+        pass
+
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         L = self.layout
         if self.attn_mode == "ln-residual":
@@ -82,15 +136,40 @@ class HetBlock(nn.Module):
         drop = getattr(self, L.drop_path2, None) if L.drop_path2 else None
         return x + (drop(y) if drop is not None else y)
 
-    def extra_repr(self) -> str:
-        return f"attention removed ({self.attn_mode})"
+    def __prepare_scriptable__(self):
+        raise _not_scriptable(self)
 
 
 class DroppedBlock(nn.Module):
-    """A whole block removed (classic depth pruning): the block is the identity."""
+    """A whole block removed (classic depth pruning): the block is the identity.
+
+    Takes the arguments timm's families pass to a block, by name, so a scripted
+    model calls it as it called the block (`EagerDroppedBlock` takes any).
+    """
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                rope: Optional[torch.Tensor] = None, shared_rel_pos_bias: Optional[torch.Tensor] = None,
+                shared_rel_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return x
+
+    def set_input_size(self, *args, **kwargs) -> None:
+        """Nothing here depends on the input size (timm's Swin sets it on every block of a stage)."""
+
+
+class EagerDroppedBlock(DroppedBlock):
+    """A `DroppedBlock` that takes any arguments; not TorchScript-able: scripting it is refused."""
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return x
+
+    def __prepare_scriptable__(self):
+        raise _not_scriptable(self)
+
+
+def _not_scriptable(module: nn.Module) -> HetpruneError:
+    return HetpruneError(f"torch.jit.script cannot compile a {type(module).__name__}: it takes any arguments, as the "
+                         "blocks of this family are called (a user's own transformer, Hugging Face's ViT); "
+                         "only timm's families get TorchScript-able blocks (docs/adapters.md)")
 
 
 class RemovedActivation(nn.Identity):

@@ -46,7 +46,8 @@ from ..core.plugins import get_registry
 from ..measure.latency_table import LatencyTable, default_dtype
 from ..model import surgery
 from ..model.adapters import Adapter, PreNormAdapter, WidthInfo, adapter_for, attention_matmul_macs
-from ..model.block_modules import BlockLayout, DroppedBlock, HetBlock, LinearMlp, MergedMlp
+from ..model.block_modules import (BlockLayout, DroppedBlock, EagerDroppedBlock, EagerHetBlock, HetBlock, LinearMlp,
+                                   MergedMlp)
 from ..model.macs import CONVENTION, count_macs, human
 from ..model.sites import Site, depth, sites
 from ..model.spec import ModelSpec, model_hash
@@ -91,6 +92,6 @@ __all__ = [
     "distributed", "follow_saved", "follow_main",
     # models: surgery, adapters, block modules, costs, widths
     "surgery", "Adapter", "PreNormAdapter", "WidthInfo", "adapter_for", "attention_matmul_macs", "BlockLayout",
-    "DroppedBlock", "HetBlock", "LinearMlp", "MergedMlp", "count_macs", "human", "CONVENTION", "read_widths",
-    "track_kept", "width_info", "bench", "LatencyTable", "default_dtype",
+    "DroppedBlock", "EagerDroppedBlock", "EagerHetBlock", "HetBlock", "LinearMlp", "MergedMlp", "count_macs",
+    "human", "CONVENTION", "read_widths", "track_kept", "width_info", "bench", "LatencyTable", "default_dtype",
 ]

@@ -6,12 +6,13 @@ from __future__ import annotations
 from timm.models.beit import Attention, Beit, Block
 
 from hetprune import ModelSpec
-from hetprune.plugin_api import BlockLayout, PreNormAdapter
+from hetprune.plugin_api import BlockLayout
 
 from .attention import functional_qkv_macs
+from .blocks import TimmPreNorm
 
 
-class TimmBEiT(PreNormAdapter):
+class TimmBEiT(TimmPreNorm):
     name = "timm-beit"
     description = "timm BEiT (relative position bias, gamma LayerScale)"
     # a tiny model of the family, for the conformance kit (and the family tests)
@@ -22,6 +23,7 @@ class TimmBEiT(PreNormAdapter):
     block_types = (Block,)
     attention_types = (Attention,)
     layout = BlockLayout(attn_scale="gamma_1", mlp_scale="gamma_2")
+    attention_walked = (Block,)   # set_input_size calls blk.attn.set_window_size
 
     def attention_macs(self, module, inputs):
         return super().attention_macs(module, inputs) + functional_qkv_macs(module, inputs[0])

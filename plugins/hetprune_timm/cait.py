@@ -12,10 +12,12 @@ from __future__ import annotations
 from timm.models.cait import Cait, ClassAttn, LayerScaleBlock, TalkingHeadAttn
 
 from hetprune import ModelSpec
-from hetprune.plugin_api import BlockLayout, PreNormAdapter, attention_matmul_macs
+from hetprune.plugin_api import BlockLayout, attention_matmul_macs
+
+from .blocks import TimmPreNorm
 
 
-class TimmCaiT(PreNormAdapter):
+class TimmCaiT(TimmPreNorm):
     name = "timm-cait"
     description = "timm CaiT (self-attention blocks; class-attention blocks are kept)"
     # a tiny model of the family, for the conformance kit (and the family tests)

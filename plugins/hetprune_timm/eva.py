@@ -8,10 +8,11 @@ from __future__ import annotations
 from timm.models.eva import Eva, EvaAttention, EvaBlock, EvaBlockPostNorm
 
 from hetprune import ModelSpec
-from hetprune.plugin_api import BlockLayout, PreNormAdapter
+from hetprune.plugin_api import BlockLayout
 
 from . import mlp as gated
 from .attention import functional_qkv_macs
+from .blocks import TimmPreNorm
 
 try:
     from timm.layers import AttentionRope
@@ -19,7 +20,7 @@ except ImportError:  # pragma: no cover - older timm
     AttentionRope = EvaAttention
 
 
-class TimmEVA(PreNormAdapter):
+class TimmEVA(TimmPreNorm):
     name = "timm-eva"
     description = "timm EVA/EVA02 and vit_*_rope_* (rope, gamma LayerScale, SwiGLU MLPs)"
     # a tiny model of the family, for the conformance kit (and the family tests)

@@ -14,10 +14,12 @@ from __future__ import annotations
 from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock, WindowAttention
 
 from hetprune import ModelSpec
-from hetprune.plugin_api import BlockLayout, PreNormAdapter
+from hetprune.plugin_api import BlockLayout
+
+from .blocks import TimmPreNorm
 
 
-class TimmSwin(PreNormAdapter):
+class TimmSwin(TimmPreNorm):
     name = "timm-swin"
     description = "timm Swin Transformer v1 (blocks across stages, window attention)"
     # a tiny model of the family, for the conformance kit (and the family tests)

@@ -15,10 +15,10 @@ from timm.models.vision_transformer_relpos import (RelPosAttention, RelPosBlock,
                                                    VisionTransformerRelPos)
 
 from hetprune import ModelSpec
-from hetprune.plugin_api import PreNormAdapter
 
 from . import mlp as gated
 from . import vit_widths
+from .blocks import TimmPreNorm
 
 try:  # timm >= 1.0.16
     from timm.models.naflexvit import NaFlexVit
@@ -29,7 +29,7 @@ POST_NORM = "a post-norm block (norm after the residual branch); hetprune needs 
 PARALLEL = "attention and MLP run in parallel; hetprune's sites assume them in sequence"
 
 
-class TimmViT(PreNormAdapter):
+class TimmViT(TimmPreNorm):
     name = "timm-vit"
     description = "timm VisionTransformer family (ViT, DeiT, DeiT3, DINOv2, CLIP, FlexiViT, NaFlexViT, relpos)"
     # a tiny model of the family, for the conformance kit (and the family tests)
@@ -42,6 +42,7 @@ class TimmViT(PreNormAdapter):
     attention_types = (Attention, RelPosAttention)
     refused_blocks = {ResPostBlock: POST_NORM, ResPostRelPosBlock: POST_NORM, ParallelScalingBlock: PARALLEL,
                       ParallelThingsBlock: PARALLEL}
+    attention_walked = (RelPosBlock,)   # set_input_size reads blk.attn.rel_pos
 
     def is_gated(self, mlp):
         return gated.is_gated(mlp)

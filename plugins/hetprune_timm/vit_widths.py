@@ -113,11 +113,16 @@ def embed_dim_of(model: nn.Module) -> int:
 
 
 def sync_model_attributes(model: nn.Module) -> None:
-    """Set the model's integer width attributes (``embed_dim``, ``num_features``...) to its layers."""
+    """Set the model's integer width attributes (``embed_dim``, ``num_features``...) to its layers, and the
+    channels of every ``feature_info`` level (each a block's output: the residual width), which timm's
+    ``forward_intermediates`` users and features_only wrappers read."""
     embed = embed_dim_of(model)
     for attr in ("embed_dim", "num_features", "head_hidden_size"):
         if isinstance(getattr(model, attr, None), int):
             setattr(model, attr, embed)
+    for info in getattr(model, "feature_info", None) or []:
+        if isinstance(info, dict) and isinstance(info.get("num_chs"), int):
+            info["num_chs"] = embed
 
 
 # -- MLPs ----------------------------------------------------------------------

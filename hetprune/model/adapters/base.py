@@ -23,7 +23,8 @@ from torch import nn
 
 from .. import block_modules
 from ...core.errors import HetpruneError
-from ..block_modules import BlockLayout, DroppedBlock, HetBlock, LinearMlp, MergedMlp, RemovedActivation
+from ..block_modules import (BlockLayout, DroppedBlock, EagerDroppedBlock, EagerHetBlock, HetBlock, LinearMlp,
+                             MergedMlp, RemovedActivation)
 
 DOCS = "docs/plugins.md#writing-an-architecture-adapter"
 
@@ -115,7 +116,13 @@ class Adapter:
         raise NotImplementedError
 
     def drop_block(self, model: nn.Module, block: int) -> None:
-        self.set_block(model, block, _replacing(DroppedBlock(), self.blocks(model)[block]))
+        old = self.blocks(model)[block]
+        self.set_block(model, block, _replacing(self.dropped(old), old))
+
+    def dropped(self, block: nn.Module) -> DroppedBlock:
+        """What replaces ``block`` when it is dropped: by default one that takes any arguments (a family whose
+        blocks take timm's arguments can give a TorchScript-able `DroppedBlock`)."""
+        return EagerDroppedBlock()
 
     def linear_mlp(self, model: nn.Module, block: int) -> nn.Module | None:
         """Block ``block``'s MLP when removal made it linear (``fc1``, ``fc2``, no norm between), else None."""
@@ -312,7 +319,12 @@ class PreNormAdapter(Adapter):
 
     def remove_attention(self, model, block, mode):
         b = self._block(model, block)
-        self.set_block(model, block, _replacing(HetBlock(b, self.layout_of(b), mode), b))
+        self.set_block(model, block, _replacing(self.attention_removed(b, mode), b))
+
+    def attention_removed(self, block: nn.Module, mode: str) -> HetBlock:
+        """What replaces ``block`` when its attention is removed: by default an `EagerHetBlock` (any child
+        names, any arguments); timm's families give the TorchScript-able `HetBlock`."""
+        return EagerHetBlock(block, self.layout_of(block), mode)
 
     def remove_activation(self, model, block):
         b = self._block(model, block)
