@@ -85,8 +85,10 @@ def export(folder: Path, train: int = TRAIN_PER_CLASS, val: int = VAL_PER_CLASS,
 
 
 def commands(folder: str) -> list[list[str]]:
-    """The guide's commands on ``folder``: the plan, then the compare (which makes the base first)."""
-    run = ["hetprune", "compare", *MODEL, "--data", folder, "--config", "small-folder", "--base", "scratch"]
+    """The guide's commands on ``folder``: the plan, then the compare (which makes the base first), its rows two
+    at a time on this 2-core machine (``--jobs 2``: each row a process of its own)."""
+    run = ["hetprune", "compare", *MODEL, "--data", folder, "--config", "small-folder", "--base", "scratch",
+           "--jobs", "2"]
     return [[*run, "--plan"], run]
 
 
