@@ -342,8 +342,11 @@ class TrainConfig(ReadsLikeItsDict):
         if train_size is None:
             raise HetpruneError(f"{where}.image_passes sizes the epochs from the training set's size, which is "
                                 f"unknown here (a Task's batches of no known length): give {where}.epochs instead")
-        per = min(self.subset or train_size, train_size)
-        return replace(self, epochs=max(1, math.ceil(self.image_passes / max(1, per))))
+        return replace(self, epochs=max(1, math.ceil(self.image_passes / max(1, self.epoch_images(train_size)))))
+
+    def epoch_images(self, train_size: int) -> int:
+        """The images one epoch of this schedule trains on: its subset of a training set of ``train_size``."""
+        return min(self.subset or train_size, train_size)
 
     def to_dict(self) -> dict:
         d = asdict(self)

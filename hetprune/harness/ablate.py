@@ -210,7 +210,8 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
 
     Cheap points are collected exactly as the strategy collects them, one set per seed; every feasible
     split is then fine-tuned with the full schedule (the ground truth, saved as it finishes: ``resume=True``
-    continues; ``reuse_older`` reuses rows another behaviour of a component made, as for `compare`). ``budget`` is a site count or a [`Budget`][hetprune.pruning.budget.Budget]. Writes ablation.json,
+    continues; ``reuse_older`` reuses rows another behaviour of a component made, as for
+    `compare`). ``budget`` is a site count or a [`Budget`][hetprune.pruning.budget.Budget]. Writes ablation.json,
     ablation.md and splits.png (scorers.png) to ``out`` and returns the result dict. ``start`` is a run
     already started with [`start_run`][hetprune.pruning.run_start.start_run] (the command line's). ``plan=True``
     trains nothing and returns the [`Plan`][hetprune.pruning.plan.Plan]: the cheap points of every seed, then every

@@ -66,9 +66,7 @@ def check_probe(seconds) -> float:
 
 def epoch_images(cfg: TrainConfig, train_size: int | None) -> int | None:
     """Images one epoch of ``cfg`` trains on (its subset of the training set), None where the size is unknown."""
-    if train_size is None:
-        return cfg.subset
-    return min(cfg.subset or train_size, train_size)
+    return cfg.subset if train_size is None else cfg.epoch_images(train_size)
 
 
 def val_size(task, split: str = "val") -> int | None:

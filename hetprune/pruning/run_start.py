@@ -176,7 +176,7 @@ class RunStart:
 def schedule_line(section: str, cfg: config_mod.TrainConfig, train_size: int) -> str:
     """What a schedule sized by its image passes became: ``finetune: 40,000 image passes = 10 epochs of 4,012
     images``."""
-    per = min(cfg.subset or train_size, train_size)
+    per = cfg.epoch_images(train_size)
     return f"{section}: {cfg.image_passes:,} image passes = {cfg.epochs} epoch(s) of {per:,} images"
 
 

@@ -103,7 +103,7 @@ def plan_base(request: BaseRequest, data: DataBundle) -> BasePlan:
     cfg, folder = request.schedule, request.folder()
     if (folder / "model.safetensors").is_file():
         return BasePlan(True, f"stored: {folder}", 0, 0)
-    per = min(cfg.subset or len(data.train), len(data.train))
+    per = cfg.epoch_images(len(data.train))
     held = len(data.selection) if data.selection is not None else len(data.val)
     evals = (cfg.epochs // cfg.eval_every + (1 if cfg.epochs % cfg.eval_every else 0)) if cfg.eval_every else 0
     return BasePlan(False, f"{cfg.epochs} epochs x {per:,} images, batch {cfg.batch_size}, lr {cfg.lr:g}",

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 from ...core.config import AUGMENT_HELP, AUGMENTATIONS, BASE_SCHEDULES
+from ...core.errors import HetpruneError
 
 BASE_MODES = tuple(BASE_SCHEDULES)   # --base scratch | finetune
-from ...core.errors import HetpruneError
 
 
 def add_model_arguments(p, data: bool = True) -> None:
@@ -127,13 +127,15 @@ def base_model(args, log=print, device: str = "cpu"):
             info["weights"] = (f"shipped, sha256 {made['sha256'][:16]}, made by `{made['made_by']}`"
                                if made.get("shipped") else f"retrained here on {made.get('threads', '?')} threads")
     else:
-        import torch
+        if getattr(args, "base", None):   # a base starts from the same weights (or head) whatever the run's seed
+            import torch
 
-        from ...training.base_stage import SEED
+            from ...training.base_stage import SEED
 
-        with torch.random.fork_rng(devices=[]):
-            if getattr(args, "base", None):   # a base starts from the same weights (or head) whatever the run's seed
+            with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(SEED)
+                model = build_with_weights(spec, pretrained=args.pretrained, checkpoint=args.checkpoint)
+        else:
             model = build_with_weights(spec, pretrained=args.pretrained, checkpoint=args.checkpoint)
         info = {"source": weights_source(args)}
     info["hash"] = model_hash(model)
