@@ -365,7 +365,8 @@ def fit_all(points: list[dict], pairs, registry) -> dict:
     out = {}
     for label, (name, options) in PREDICTORS.items():
         try:
-            predictor = registry.build("predictor", name, **options).fit(triples)
+            predictor = registry.build("predictor", name, **options)
+            predictor.fit(triples)   # its return value is ignored (the contract's rule)
         except Exception as exc:   # too few points for this predictor: the row says so
             out[label] = {"error": str(exc)}
             continue

@@ -43,7 +43,7 @@ MODEL = ["--model", "vit_tiny_patch16_224", "--model-kwargs", json.dumps(MODEL_K
 LOADED = 1.5   # a run started above this load on 2 cores is marked: rerun it before quoting its seconds
 
 
-def draw_digit(digit: int, rng) -> "Image.Image":
+def draw_digit(digit: int, rng):
     """One typed digit, 28 x 28 grayscale: Pillow's font at a random size, offset, slant and rotation, a random
     stroke, contrast, blur and noise."""
     import numpy as np

@@ -89,3 +89,43 @@ def test_ablate_end_to_end_with_fake_cheap_points_and_resume(trained_tiny, tmp_p
     # a setting the fine-tune reads is a new ground truth
     assert main(args + ["--resume", "--set", "finetune.lr=1e-4", "--scorers", ""]) == 0
     assert len(runs) == 3 * 2
+
+
+def test_a_predictor_whose_fit_returns_nothing_is_read_after_fitting(trained_tiny, tmp_path, monkeypatch):
+    """Issue 71: plugins.md says fit()'s return value is ignored and the conformance kit passes a predictor whose
+    fit() returns None; ablate used the return value and died after every point was measured. One rule now:
+    every caller keeps the object it fitted."""
+    from hetprune_hetdpt.strategy import HetDPT
+
+    from hetprune import hookimpl, register_plugin, unregister_plugin
+
+    class Flat:
+        name = "flat-none"
+
+        def fit(self, points):
+            self.mean = sum(m for _, _, m in points) / len(points)   # returns None, as the contract allows
+
+        def predict(self, n_attn, n_act):
+            return self.mean - 0.1 * n_attn
+
+    class Plugin:
+        @hookimpl
+        def register_predictors(self, register):
+            register(Flat)
+
+    def fake_points(self, job, plan):
+        return [{"n_attn": a, "n_act": m, "metric": 90.0 - 2.0 * a - 0.5 * m} for a, m in plan]
+
+    monkeypatch.setattr(HetDPT, "collect_points", fake_points)
+    plugin = Plugin()
+    register_plugin(plugin, "flat-none")
+    try:
+        _, spec, ckpt = trained_tiny
+        out = tmp_path / "abl"
+        assert main(["ablate", "--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint",
+                     str(ckpt), "--budget", "1", "--scorer", "magnitude", "--predictors", "flat-none,poly",
+                     "--set", "hetdpt.predictor_options={poly: {degree: 1}}", "--out", str(out),
+                     "--set", "finetune.epochs=1", "--set", "finetune.subset=32"]) == 0
+        assert json.loads((out / "ablation.json").read_text())["predictors"]["flat-none"]["pick"] == [0, 1]
+    finally:
+        unregister_plugin("flat-none")

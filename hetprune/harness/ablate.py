@@ -198,6 +198,13 @@ def write(out: Path, result: dict) -> None:
 
 
 @closing_loaders()   # the call leaves no loader worker behind
+def fitted_predictor(predictor, triples):
+    """``predictor`` fitted on ``triples``: fit()'s return value is ignored (the contract's rule), the object
+    is the fitted one."""
+    predictor.fit(triples)
+    return predictor
+
+
 def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, predictors=None, scorers=(),
            tolerance: float = 0.3, settings: dict | None = None, config: str | None = None,
            out: str | Path = "runs/ablate",
@@ -290,7 +297,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
         triples = [(p["n_attn"], p["n_act"], metric_of(p)) for p in points]
 
         # 2. every predictor on the same points
-        fitted = {name: strat.predictor(job, name).fit(triples) for name in predictors}
+        fitted = {name: fitted_predictor(strat.predictor(job, name), triples) for name in predictors}
         first_pick = argmax_pair({p: fitted[predictors[0]].predict(*p) for p in pairs}, sign)
 
         # 3. ground truth (every split, full schedule) and the scorer rows, resumable

@@ -45,10 +45,10 @@ class Predictor(Protocol):
 
     name: str
 
-    def fit(self, points: list[tuple[int, int, float]]) -> Predictor:
-        """Fit on ``(n_attn, n_act, metric)`` points measured with a short fine-tune; returns the fitted
-        predictor (``self``: ``fit(points).predict(a, m)`` is how ablate reads it). Raises HetpruneError when
-        the points cannot support the fit, saying how many are needed."""
+    def fit(self, points: list[tuple[int, int, float]]) -> Any:
+        """Fit on ``(n_attn, n_act, metric)`` points measured with a short fine-tune, in place: the return value
+        is ignored (every caller keeps the object; returning ``self`` is handy). Raises HetpruneError when the
+        points cannot support the fit, saying how many are needed."""
 
     def predict(self, n_attn: int, n_act: int) -> float:
         """The predicted metric with ``n_attn`` attention and ``n_act`` activation sites removed: a finite float,
