@@ -794,3 +794,16 @@ def test_gradual_points_have_their_own_key_and_a_bad_choice_is_refused(tiny_mode
     bad = make_job(tiny_model, digits_data, tmp_path, **{"hetdpt.point_selection": "greedy"})
     with pytest.raises(HetpruneError, match="point_selection must be one of oneshot, progressive, gradual, got 'greedy'"):
         strategy.collect_points(bad, [(0, 1)])
+
+
+def test_one_check_is_refused_as_it_would_change_nothing():
+    """Issue 71: hetdpt.verify=1 was accepted and checked nothing (the pick stayed the predictor's) while the log
+    said images were spent."""
+    from hetprune.core import config
+    from hetprune.core.plugins import get_registry
+
+    hetdpt = get_registry().build("strategy", "hetdpt")
+    with pytest.raises(HetpruneError, match=r"hetdpt.verify must be 0 \(no checks\) or a count of splits >= 2"):
+        config.resolve(hetdpt, sets=["hetdpt.verify=1"])
+    for verify in (0, 2, 6):
+        assert config.resolve(hetdpt, sets=[f"hetdpt.verify={verify}"])["hetdpt"]["verify"] == verify

@@ -102,7 +102,9 @@ class HetDPTOptions(Section):
         self.need("mixed_points", whole(self.mixed_points, 0), "a whole number >= 0")
         self.need("dense_point", isinstance(self.dense_point, bool), "true or false")
         self.need("refine", whole(self.refine, 0), "a count of rounds >= 0")
-        self.need("verify", whole(self.verify, 0), "a count of splits >= 0")
+        self.need("verify", whole(self.verify, 0) and self.verify != 1,
+                  "0 (no checks) or a count of splits >= 2 (one check measures the predicted split alone and keeps "
+                  "it whatever it measures: it would spend images and change nothing)")
         self.need("verify_by", self.verify_by in VERIFY_BY, f"one of {', '.join(VERIFY_BY)}")
         self.need("verify_when", self.verify_when in VERIFY_WHEN, f"one of {', '.join(VERIFY_WHEN)}")
         self.need("verify_among", self.verify_among in VERIFY_AMONG, f"one of {', '.join(VERIFY_AMONG)}")
