@@ -370,13 +370,27 @@ def test_the_time_left_counts_the_rows_running_and_the_lanes_free():
     from hetprune.harness.compare.rows import time_left
 
     # 4 rows of 60 s, 2 at a time: the first two end at 60 and the last two start then: 60 s left, not 2 x 60 / 2
-    assert time_left([60.0, 60.0], 0, 60.0, 2, now=60.0) == 60.0
+    assert time_left([(60.0, 60.0), (60.0, 60.0)], [], 2, now=60.0) == 60.0
     # 3 rows: one ended at 60, one ran since 0 (about done), the third started at 60: a whole row left
-    assert time_left([0.0, 60.0], 0, 60.0, 2, now=60.0) == 60.0
-    # 5 rows: two queued behind them take the lanes as they free up
-    assert time_left([0.0, 60.0], 2, 60.0, 2, now=60.0) == 120.0
+    assert time_left([(0.0, 60.0), (60.0, 60.0)], [], 2, now=60.0) == 60.0
+    # two queued behind them take the lanes as they free up
+    assert time_left([(0.0, 60.0), (60.0, 60.0)], [60.0, 60.0], 2, now=60.0) == 120.0
     # one at a time, 3 queued behind the one running for 20 s of its 60: 40 + 3 x 60
-    assert time_left([0.0], 3, 60.0, 1, now=20.0) == 220.0
+    assert time_left([(0.0, 60.0)], [60.0] * 3, 1, now=20.0) == 220.0
+    # a hetdpt row is not a baseline's: one of 600 s running since 0, at 194 s, is 406 s from its end
+    assert time_left([(0.0, 600.0)], [], 2, now=194.0) == 406.0
+
+
+def test_the_time_left_is_counted_in_each_row_s_planned_work(tmp_path, capsys):
+    """Under --jobs the time left said "about 2s left" with a whole row to run; each row's work is what its
+    strategy plans (a row refused at once, unreachable, does no work and gives no rate)."""
+    assert main(["compare", "--data", "digits", "--strategies", "act-only,mix50,attn-only", "--budgets", "1",
+                 "--scorer", "magnitude", "--set", "finetune.epochs=1", "--set", "finetune.subset=32",
+                 "--set", "scoring.batches=1", "--speed-budget", "0", "--batch-sizes", "1,2",
+                 "--out", str(tmp_path / "c")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[") and " in " in line]
+    assert len(lines) == 3 and "left" not in lines[-1]
+    assert all("; about " in line and line.endswith(" left") for line in lines[:2])
 
 
 def test_a_row_trains_with_the_threads_its_cores_leave_after_its_loader_workers(monkeypatch):
@@ -397,3 +411,28 @@ def test_a_row_trains_with_the_threads_its_cores_leave_after_its_loader_workers(
     finally:
         torch.set_num_threads(before)
     assert lines[0] == "cpu: 2 torch thread(s) per row (8 CPUs, 2 row(s) at a time, 2 loader worker(s) each)"
+
+
+# -- the guide is the benchmark's run -----------------------------------------------------------------------------
+
+def test_the_guide_runs_the_benchmark_s_commands_and_quotes_its_transcript():
+    """Issue 69, item 4: the guide's transcript is made by benchmarks/own_folder.py on a folder it generates; the
+    commands the guide prints are the ones the benchmark ran, and every line it quotes is in the results file."""
+    import re
+    import shlex
+
+    from benchmark_scripts import script
+
+    root = Path(__file__).resolve().parents[1]
+    guide = (root / "docs" / "guides" / "own-folder.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(hetprune compare .*?)```", guide, flags=re.S)
+    printed = [shlex.split(block.replace("\\\n", " ")) for block in blocks]
+    assert printed == script("own_folder").commands("digits-folder")
+    results = (root / "benchmarks" / "results" / "own-folder.md").read_text(encoding="utf-8")
+    assert all(c in results for c in (shlex.join(printed[0]), shlex.join(printed[1])))
+    quoted = re.findall(r"```text\n(.*?)```", guide.split("## 4. Plan")[1].split("## The base hetprune makes")[0],
+                        flags=re.S)
+    assert len(quoted) >= 2
+    lines = [line for block in quoted for line in block.splitlines() if line.strip() and line.strip() != "..."]
+    missing = [line for line in lines if line not in results]
+    assert not missing, f"the guide quotes lines the benchmark's transcript does not hold: {missing[:3]}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Callable
@@ -79,17 +78,22 @@ def _fmt_eta(seconds: float) -> str:
     return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-def time_left(running: list[float], queued: int, per_row: float, jobs: int, now: float) -> float:
-    """Seconds until every row is done, with ``jobs`` rows at a time: the rows ``running`` (each by when it
-    started) end ``per_row`` after their start (or about now, where they ran longer), then the ``queued`` ones
-    take the first lanes free. A row that is half done is half done: dividing the rows left by the jobs said
-    "about 2s left" with a whole row still to run."""
-    lanes = sorted(max(now, start + per_row) for start in running)
-    lanes += [now] * max(0, min(jobs, len(running) + queued) - len(lanes))
-    for _ in range(queued):
+def time_left(running: list[tuple[float, float]], queued: list[float], jobs: int, now: float) -> float:
+    """Seconds until every row is done, with ``jobs`` rows at a time: each row ``running`` (when it started, how
+    long it takes) ends then (or about now, where it ran longer), then the ``queued`` ones (how long each takes,
+    in order) take the first lanes free. A row half done is half done, and a hetdpt row is not a baseline's:
+    the rows left divided by the jobs at the mean row's length said "about 2s left" with a whole row to run."""
+    lanes = sorted(max(now, start + length) for start, length in running)
+    lanes += [now] * max(0, min(jobs, len(running) + len(queued)) - len(lanes))
+    for length in queued:
         lanes.sort()
-        lanes[0] += per_row
+        lanes[0] += length
     return max(lanes, default=now) - now
+
+
+# a row's work in image passes: its training images, and its evaluation images at a third of their cost (the
+# probe of the guide's run evaluated three times as fast as it trained)
+EVAL_SHARE = 1 / 3
 
 
 def plan_rows(spec: CompareSpec, base_hash: str, data_fp: str) -> list[RowPlan]:
@@ -161,15 +165,22 @@ def row_job(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
 
 
 def check_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_spec, task, base_info: dict,
-               out: Path, adapter=None) -> None:
-    """Every row's refusals (`hetprune.pruning.pipeline.check_job`) before the first row trains."""
+               out: Path, adapter=None) -> dict[str, float]:
+    """Every row's refusals (`hetprune.pruning.pipeline.check_job`) before the first row trains; returns each
+    row's work as its strategy plans it (image passes, `EVAL_SHARE` for evaluations; None where the strategy
+    does not plan its stages): what the time left is counted in."""
     from ...pruning.pipeline import check_job
 
+    work = {}
     for plan in plans:
         strategy, job = row_job(plan, registry, dense, model_spec, task, base_info, out, log=lambda m: None,
                                 adapter=adapter)
         with job.serving():
             check_job(strategy, job)
+            steps = list(strategy.plan(job)) if hasattr(strategy, "plan") else None
+        work[plan.id] = None if steps is None else float(sum(s.train_images + EVAL_SHARE * s.eval_images
+                                                             for s in steps))
+    return work
 
 
 def metric_columns(report: dict) -> dict:
@@ -279,34 +290,43 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
                 f"(the same base model, task, data and settings, made by {made}; {store.path})")
         else:
             todo.append((i, plan))
-    check_rows([plan for _, plan in todo], registry, dense, model_spec, task, base_info, out, adapter)
-    durations: list[float] = []
+    work = check_rows([plan for _, plan in todo], registry, dense, model_spec, task, base_info, out, adapter)
     lanes = min(max(1, jobs), len(todo)) if todo else 1
-    starts: list[float] = []   # when each row running now started (one per lane)
+    queue = [plan.id for _, plan in todo]   # rows start in this order, each as a lane frees up
+    running: dict[str, float] = {}   # the rows running now, by when they started
+    done_work, done_s = 0.0, 0.0     # what the rows that ran did, and in how long: the rate the time left uses
+
+    def start_next(now: float) -> None:
+        while queue and len(running) < lanes:
+            running[queue.pop(0)] = now
+
+    def eta(now: float) -> str:
+        if not done_s or None in work.values():   # nothing measured yet, or rows whose work nobody can count
+            return ""
+        rate = done_work / done_s
+        left = time_left([(t, work[r] / rate) for r, t in running.items()], [work[r] / rate for r in queue], lanes,
+                         now)
+        return f"; about {_fmt_eta(left)} left"
 
     def finished(i: int, row: dict) -> None:
+        nonlocal done_work, done_s
         if dist.is_main():
             store.append(row)
         results[i] = row
-        durations.append(row["wall_s"])
+        running.pop(row["id"], None)
+        if "unreachable" not in row and work.get(row["id"]):   # a row refused at once did no work to time
+            done_work, done_s = done_work + work[row["id"]], done_s + max(row["wall_s"], 1e-3)
         now = time.time()
-        if starts:   # this row's lane: the start nearest its own (it ran wall_s)
-            starts.remove(min(starts, key=lambda t: abs(t - (now - row["wall_s"]))))
-        queued = len(plans) - len(results) - len(starts)
-        if queued > 0:   # the lane this row leaves takes the next row now
-            starts.append(now)
-            queued -= 1
-        left = len(plans) - len(results)
-        eta = (f"; about {_fmt_eta(time_left(starts, queued, statistics.mean(durations), lanes, now))} left"
-               if left else "")
+        start_next(now)
+        later = eta(now) if len(results) < len(plans) else ""
         what = ("cannot reach the budget" if "unreachable" in row else
                 f"{format_metric(row['metric_name'], row['metric'])} ({row['n_attn']} attn + {row['n_act']} act)")
-        log(f"[{len(results)}/{len(plans)}] {row['id']}: {what} in {row['wall_s']:.0f}s{eta}")
+        log(f"[{len(results)}/{len(plans)}] {row['id']}: {what} in {row['wall_s']:.0f}s{later}")
 
     workers = row_workers(plans, task)
     if jobs <= 1 or len(todo) <= 1:
         with row_threading(row_device(plans), 1, workers, log if todo else None):
-            starts.append(time.time())
+            start_next(time.time())
             for i, plan in todo:
                 log(f"[{len(results) + 1}/{len(plans)}] {plan.id}: running")
                 finished(i, run_one(plan, registry, dense, model_spec, task, base_info, out, resume, log, progress,
@@ -339,7 +359,7 @@ def run_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model_s
         common["threads"] = threads
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = {pool.submit(_worker, {**common, "plan": plan.to_payload()}): i for i, plan in todo}
-            starts.extend([time.time()] * lanes)
+            start_next(time.time())
             for fut in as_completed(futures):
                 finished(futures[fut], fut.result())
     return [results[i] for i in sorted(results)]
