@@ -424,15 +424,17 @@ def test_the_guide_runs_the_benchmark_s_commands_and_quotes_its_transcript():
     from benchmark_scripts import script
 
     root = Path(__file__).resolve().parents[1]
-    guide = (root / "docs" / "guides" / "own-folder.md").read_text(encoding="utf-8")
+    page = (root / "docs" / "guides" / "own-folder.md").read_text(encoding="utf-8")
+    guide = page.split("## 4. Plan")[1].split("## The base hetprune makes")[0]   # the plan and the run
     blocks = re.findall(r"```bash\n(hetprune compare .*?)```", guide, flags=re.S)
     printed = [shlex.split(block.replace("\\\n", " ")) for block in blocks]
     assert printed == script("own_folder").commands("digits-folder")
     results = (root / "benchmarks" / "results" / "own-folder.md").read_text(encoding="utf-8")
-    assert all(c in results for c in (shlex.join(printed[0]), shlex.join(printed[1])))
-    quoted = re.findall(r"```text\n(.*?)```", guide.split("## 4. Plan")[1].split("## The base hetprune makes")[0],
-                        flags=re.S)
+    ran = json.loads((root / "benchmarks" / "results" / "own-folder.json").read_text(encoding="utf-8"))["steps"]
+    assert [step["command"] for step in ran] == [shlex.join(command) for command in printed]
+    quoted = re.findall(r"```text\n(.*?)```", guide, flags=re.S)
     assert len(quoted) >= 2
-    lines = [line for block in quoted for line in block.splitlines() if line.strip() and line.strip() != "..."]
+    lines = [line for block in quoted for line in block.splitlines()
+             if line.strip() and not line.startswith("$ ")]   # the command a transcript starts with, shortened
     missing = [line for line in lines if line not in results]
     assert not missing, f"the guide quotes lines the benchmark's transcript does not hold: {missing[:3]}"
