@@ -72,8 +72,8 @@ def bounds(studies: dict[str, dict]) -> tuple[list[dict], dict]:
                     predicted = {split(k): v for k, v in fit["predicted"].items()}
                     for rule in RULES:
                         for k in KS:
-                            opts = HetDPTOptions(verify=k, verify_among=rule)
-                            checked, _ = HetDPT.to_check(opts, sorted(true), predicted, None)
+                            opts = HetDPTOptions(verify_among=rule)   # K=1 (no run checks one) included
+                            checked, _ = HetDPT.to_check(opts, sorted(true), predicted, None, k=k)
                             pick = max(checked, key=lambda p: (own[p], -p[0]))   # ties: fewer attention
                             rows.append({"bench": u["bench"], "target": target, "predictor": label, "rule": rule,
                                          "k": k, "seed": u["seed"], "checked": [name(p) for p in checked],

@@ -397,8 +397,11 @@ def test_a_row_trains_with_the_threads_its_cores_leave_after_its_loader_workers(
     from hetprune.training import loaders
 
     monkeypatch.setattr(loaders, "available_cpus", lambda: 8)
+    monkeypatch.setattr(loaders, "busy_elsewhere", lambda: 0)
     assert loaders.row_threads(1, 0) == 8 and loaders.row_threads(1, 1) == 7 and loaders.row_threads(2, 1) == 3
     assert loaders.row_threads(4, 3) == 1 and loaders.row_threads(16, 0) == 1
+    # cores other programs keep busy are not a row's: 2 of 8 busy, 2 rows of 1 loader worker each: 2 threads
+    assert loaders.row_threads(2, 1, busy=2) == 2 and loaders.row_threads(1, 0, busy=8) == 1
     lines: list[str] = []
     before = torch.get_num_threads()
     torch.set_num_threads(4)
@@ -410,7 +413,8 @@ def test_a_row_trains_with_the_threads_its_cores_leave_after_its_loader_workers(
             assert threads == 4   # never more than the process had
     finally:
         torch.set_num_threads(before)
-    assert lines[0] == "cpu: 2 torch thread(s) per row (8 CPUs, 2 row(s) at a time, 2 loader worker(s) each)"
+    assert lines[0] == ("cpu: 2 torch thread(s) per row (8 CPUs, 0 kept busy by other programs, 2 row(s) at a time, "
+                        "2 loader worker(s) each)")
 
 
 # -- the guide is the benchmark's run -----------------------------------------------------------------------------

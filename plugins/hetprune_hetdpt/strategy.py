@@ -216,15 +216,17 @@ class HetDPT(DepthStrategy):
 
     @classmethod
     def to_check(cls, opts: HetDPTOptions, pairs: list[tuple[int, int]], value: dict, loo_mae: float | None,
-                 sign: int = 1) -> tuple[list[tuple[int, int]], dict | None]:
+                 sign: int = 1, k: int | None = None) -> tuple[list[tuple[int, int]], dict | None]:
         """The splits ``hetdpt.verify`` checks, best predicted first: the K best by ``value``, or with
         ``verify_among: spread`` the best of each K-th of the line; with ``verify_when: unsure`` only the near
-        ties, and what the predictor was unsure of (else None). The one rule, for a run and for the MAP study."""
+        ties, and what the predictor was unsure of (else None). The one rule, for a run and for the MAP study
+        (``k``: a count other than ``opts.verify``, as the study's bound asks of any K, one among them)."""
+        k = opts.verify if k is None else k
         if opts.verify_among == "spread":
-            best = cls.spread(pairs, value, opts.verify, sign)
+            best = cls.spread(pairs, value, k, sign)
         else:
-            best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:opts.verify]
-        if opts.verify and opts.verify_when == "unsure":
+            best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:k]
+        if k and opts.verify_when == "unsure":
             return cls.near_ties(best, value, loo_mae, sign)
         return best, None
 
