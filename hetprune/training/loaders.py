@@ -32,9 +32,10 @@ def available_cpus() -> int:
 
 
 def busy_elsewhere(samples: int = 9, every_s: float = 0.02) -> int:
-    """Threads other programs keep running right now: the kernel's count of runnable threads (``/proc/loadavg``'s
-    fourth field, the median of a few readings a few milliseconds apart) less this one, which is running as it
-    reads; where there is no such file, the 1-minute load average."""
+    """The CPUs of this process that other programs keep busy right now: the kernel's count of runnable threads
+    (``/proc/loadavg``'s fourth field, the median of a few readings a few milliseconds apart) less this one, which
+    is running as it reads, in the share of the machine's CPUs this process may use (the count is the whole
+    machine's); where there is no such file, the 1-minute load average."""
     import statistics
     import time
 
@@ -46,7 +47,8 @@ def busy_elsewhere(samples: int = 9, every_s: float = 0.02) -> int:
         except (OSError, IndexError, ValueError):
             return round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
         time.sleep(every_s)
-    return max(0, round(statistics.median(counts)) - 1)
+    share = available_cpus() / max(1, os.cpu_count() or 1)
+    return max(0, round((statistics.median(counts) - 1) * share))
 
 
 def row_threads(jobs: int = 1, workers: int = 0, busy: int = 0) -> int:
