@@ -335,3 +335,49 @@ def test_the_step_alone_is_timed_with_no_loader_worker_running(tmp_path, monkeyp
     assert alone and set(alone) == {0}            # no worker while the step alone is timed
     assert together and min(together) >= 2       # the loader's own workers feed the two together
     assert made.probe.workers == 2 and made.probe.loader_ips > 0
+
+
+# -- issue 73, item 2: the probe says what share of the device's peak the step reaches -----------------------------
+
+def test_the_probe_counts_the_step_s_flops_and_what_they_make_per_second(tmp_path, capsys):
+    import torch
+
+    from hetprune.harness.testing import TINY_SPEC
+    from hetprune.model.macs import count_macs
+    from hetprune.model.spec import build
+
+    out = tmp_path / "out"
+    assert main(["prune", *tiny_cli(tmp_path), "--strategy", "act-only", "--scorer", "magnitude", "--budget", "2",
+                 *FAST, "--out", str(out), "--plan", "--plan-probe", "0.5"]) == 0
+    text = capsys.readouterr().out
+    probe = json.loads((tmp_path / "out.work" / "plan.json").read_text())["probe"]
+    torch.manual_seed(0)
+    macs = count_macs(build(TINY_SPEC), torch.zeros(2, 1, 16, 16))
+    # the student's forward and backward (three forwards) and the dense teacher's forward, 2 FLOPs a MAC
+    assert probe["flops_per_image"] == 2.0 * (3 * macs + macs)
+    assert probe["achieved_tflops"] == pytest.approx(probe["flops_per_image"] * probe["train_ips"] / 1e12)
+    assert probe["precision"] == "fp32" and probe["peak_tflops"] is None   # a CPU: no peak in the table
+    assert "GFLOP per image (student forward and backward, teacher forward)" in text
+    assert "no dense fp32 peak is known for cpu" in text
+
+
+def test_a_known_gpu_s_peak_is_named_and_the_share_printed():
+    from hetprune.core.devices import matmul_precision, peak_tflops
+
+    assert peak_tflops("NVIDIA H200", "bf16") == ("NVIDIA H200 SXM", 989.4)
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == ("NVIDIA H100 SXM", 989.4)
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16") == ("NVIDIA H100 PCIe", 756.0)
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "tf32") == ("NVIDIA A100", 156.0)
+    assert peak_tflops("NVIDIA L40S", "bf16")[0] == "NVIDIA L40S" and peak_tflops("NVIDIA L40", "bf16") is None
+    assert peak_tflops("Tesla V100-SXM2-32GB", "bf16") is None and peak_tflops("cpu", "fp32") is None
+    assert (matmul_precision("bf16", True), matmul_precision("none", True), matmul_precision("none", False)) == \
+        ("bf16", "tf32", "fp32")
+    probe = plan_mod.Probe(train_ips=1600.0, eval_ips=5000.0, peak_memory_gb=40.0, seconds=45.0, steps=100, batch=128,
+                           device="cuda:0", amp="bf16", world=1, teacher=True, section="finetune",
+                           flops_per_image=100e9, achieved_tflops=160.0, precision="bf16",
+                           peak_board="NVIDIA H200 SXM", peak_tflops=989.4)
+    assert probe.peak_share == pytest.approx(160.0 / 989.4)
+    line = plan_mod.probe_lines(probe)[-1]
+    assert line == ("  the training step: 100 GFLOP per image (student forward and backward, teacher forward) at "
+                    "1,600 images/s: 160 TFLOP/s: 16.2% of the NVIDIA H200 SXM's dense bf16 peak of 989.4 TFLOP/s "
+                    "(NVIDIA's data sheet)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
 from collections.abc import Mapping, MutableMapping
 
 import torch
@@ -184,3 +185,32 @@ def autocast(device: torch.device, amp: str):
     if amp in (None, "none"):
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=_AMP_DTYPES[amp])
+
+
+# Dense (no sparsity) peak rates of known GPUs in TFLOP/s, by precision, from NVIDIA's data sheets (SXM boards
+# unless the name says PCIe or NVL): what a training step's achieved rate is a share of. Matched in order against
+# torch's device name, so "H100 PCIe" comes before "H100".
+GPU_PEAKS: tuple[tuple[str, str, dict[str, float]], ...] = (
+    ("H100 PCIe", "NVIDIA H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
+    ("H100 NVL", "NVIDIA H100 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 417.5, "fp32": 60.0}),
+    ("H200", "NVIDIA H200 SXM", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("H100", "NVIDIA H100 SXM", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("A100", "NVIDIA A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("L40S", "NVIDIA L40S", {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6}),
+    ("L4", "NVIDIA L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    ("V100", "NVIDIA V100 SXM2", {"fp16": 125.0, "fp32": 15.7}),
+)
+
+
+def matmul_precision(amp: str, tf32: bool) -> str:
+    """The precision a run's matmuls go at: its autocast dtype, else TF32 where it is on, else fp32."""
+    return amp if amp in _AMP_DTYPES else ("tf32" if tf32 else "fp32")
+
+
+def peak_tflops(device_name: str, precision: str) -> tuple[str, float] | None:
+    """``(board, dense peak TFLOP/s)`` of a known GPU (`GPU_PEAKS`) at ``precision`` (bf16, fp16, tf32, fp32),
+    None for a device the table does not know (a CPU, another GPU) or a precision it has no rate for."""
+    for pattern, board, peaks in GPU_PEAKS:   # a whole model number: "L4" is not the start of "L40S"
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(pattern)}(?![0-9A-Za-z])", device_name):
+            return (board, peaks[precision]) if precision in peaks else None
+    return None

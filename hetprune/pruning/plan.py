@@ -146,6 +146,18 @@ class Probe:
     loader_ips: float | None = None   # the loader alone: augmentations, workers, the copy to the device
     bound: str | None = None          # "the training step" or "the loader": the slower of the two alone
     workers: int | None = None        # the loader's worker processes per rank
+    # the step's efficiency: model FLOPs per trained image (student forward and backward, teacher forward), what
+    # that makes at train_ips, and the device's dense peak at the step's precision where it is a known GPU
+    flops_per_image: float | None = None
+    achieved_tflops: float | None = None
+    precision: str | None = None
+    peak_board: str | None = None
+    peak_tflops: float | None = None
+
+    @property
+    def peak_share(self) -> float | None:
+        """The achieved rate as a share of the device's dense peak (None where either is unknown)."""
+        return self.achieved_tflops / self.peak_tflops if self.achieved_tflops and self.peak_tflops else None
 
 
 WARM_STEPS = 3           # steps of a timed stretch that are not timed: allocation, compilation, workers' first batches
@@ -239,12 +251,42 @@ def probe(job, seconds: float = PROBE_SECONDS, section: str = "finetune") -> Pro
         else:
             found = _probe_source(job, student, teacher, run, seconds)
         eval_ips = _eval_rate(job, max(1.0, seconds / 8))
+    efficiency = step_efficiency(job, student, teacher, found["train_ips"])
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
     note = "" if device.type == "cuda" else "on the CPU: no device memory to report"
     return Probe(eval_ips=round(eval_ips, 1), peak_memory_gb=None if peak is None else round(peak, 2),
                  seconds=round(time.perf_counter() - started, 1), batch=cfg.batch_size, device=str(device),
                  amp=job.amp, world=world, teacher=teacher is not None, section=section, note=note,
-                 load=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None, **found)
+                 load=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None, **found, **efficiency)
+
+
+def step_flops(job, student, teacher) -> float | None:
+    """Model FLOPs one trained image costs (1 MAC = 2 FLOPs): the student's forward and backward (three forwards)
+    and the teacher's forward; None where the models' MACs cannot be counted (an operation the counter cannot
+    size)."""
+    from ..model.macs import count_macs
+
+    example = job.example
+    try:
+        with torch.no_grad():
+            student_macs = count_macs(student, example)
+            teacher_macs = count_macs(teacher, example) if teacher is not None else 0
+    except HetpruneError:
+        return None
+    return 2.0 * (3 * student_macs + teacher_macs)
+
+
+def step_efficiency(job, student, teacher, train_ips: float) -> dict:
+    """The probe's efficiency fields: FLOPs per image, the TFLOP/s they make at ``train_ips``, and the device's
+    dense peak at the step's precision (`hetprune.core.devices.GPU_PEAKS`), where it is a known GPU."""
+    flops = step_flops(job, student, teacher)
+    device = job.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    precision = devices.matmul_precision(job.amp, job.config.tf32 and devices.has_tf32(device))
+    known = devices.peak_tflops(name, precision)
+    return {"flops_per_image": flops, "achieved_tflops": None if flops is None else flops * train_ips / 1e12,
+            "precision": precision, "peak_board": known[0] if known else None,
+            "peak_tflops": known[1] if known else None}
 
 
 def _probe_source(job, student, teacher, run: TrainConfig, seconds: float) -> dict:
@@ -426,6 +468,13 @@ def probe_lines(p: Probe) -> list[str]:
                      f"the run is bound by {p.bound}")
     lines.append(f"  {p.eval_ips:,.0f} images/s evaluating, {p.startup_s:.1f} s of start-up per fine-tune; {memory}"
                  + (f"; load average {p.load}" if p.load is not None else ""))
+    if p.flops_per_image:
+        peak = (f": {p.peak_share:.1%} of the {p.peak_board}'s dense {p.precision} peak of {p.peak_tflops:g} TFLOP/s "
+                "(NVIDIA's data sheet)" if p.peak_share is not None else
+                f"; no dense {p.precision} peak is known for {p.device} (hetprune.core.devices.GPU_PEAKS)")
+        lines.append(f"  the training step: {p.flops_per_image / 1e9:,.3g} GFLOP per image (student forward and "
+                     f"backward{', teacher forward' if p.teacher else ''}) at {p.train_ips:,.0f} images/s: "
+                     f"{p.achieved_tflops:,.3g} TFLOP/s{peak}")
     return lines
 
 
