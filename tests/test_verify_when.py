@@ -140,3 +140,34 @@ def test_the_map_study_checks_the_splits_a_run_checks(among, when, tmp_path, mon
     assert ran == [expected]
     assert expected == ([(3, 0), (1, 2)] if among == "spread" else [(3, 0), (2, 1)])
     assert fits["local"]["pipeline_pick"] in {f"{a}+{m}" for a, m in expected}
+
+
+# -- issue 71: small targets, where the checks cover every feasible split ------------------------------------------
+
+@pytest.mark.parametrize("sites, splits", [(1, 2), (2, 3)])
+def test_checks_of_every_split_measure_no_point_and_need_no_predictor(sites, splits, tmp_path):
+    """hetprune prune --strategy hetdpt --budget 1 was refused ("predictor 'poly' needs at least 5 distinct
+    points ... raise hetdpt.axis_points"), though the 6 default checks measure both splits; at budget 2 six MAP
+    points were measured that could not change the pick. Now the checks alone decide, and --plan says so."""
+    settings = {"scorer": "taylor", "hetdpt": {"predictor": "poly"}}   # poly: at least 5 points, 3 here at best
+    job = tiny_job(hetprune.Budget(sites=sites), tmp_path, HetDPT, settings)
+    logs = []
+    job.log = logs.append
+    steps = HetDPT().plan_allocation(job)
+    assert [s.stage for s in steps] == ["stage 1: pipeline checks"]
+    assert steps[0].what.endswith(f"every one of the {splits} feasible splits: no MAP point measured")
+    result = HetDPT().run(job)
+    alloc = result.report["allocation"]
+    assert alloc["checked_every_split"] and alloc["points"] == [] and alloc["predictor"] is None
+    measured = {(m["n_attn"], m["n_act"]) for m in alloc["pipeline_checks"]["rounds"][0]["measured"]}
+    assert len(measured) == splits and (result.report["n_attn"], result.report["n_act"]) in measured
+    assert any(f"the 6 checks cover all {splits} feasible splits" in m for m in logs), logs
+
+
+def test_checks_that_leave_a_split_unchecked_still_fit_the_predictor_on_points(tmp_path):
+    settings = {"scorer": "taylor", "hetdpt": {"predictor": "local", "verify": 2, "axis_points": 2,
+                                               "mixed_points": 1}}
+    job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, settings)   # 3 splits, 2 checks
+    assert [s.stage for s in HetDPT().plan_allocation(job)] == ["stage 1: MAP points", "stage 1: pipeline checks"]
+    alloc = HetDPT().run(job).report["allocation"]
+    assert alloc["predictor"] == "local" and alloc["points"] and "checked_every_split" not in alloc

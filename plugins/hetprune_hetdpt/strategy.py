@@ -83,19 +83,31 @@ class HetDPT(DepthStrategy):
         name = name or opts.predictor
         return job.registry.build("predictor", name, **opts.predictor_options_for(name))
 
+    @staticmethod
+    def checks_cover(opts: HetDPTOptions, pairs: list[tuple[int, int]]) -> bool:
+        """Whether the checks measure every feasible split (``hetdpt.verify`` at least their number, checked
+        always): then no MAP point could change the pick, and none is measured, nor a predictor fitted."""
+        return bool(opts.verify) and opts.verify >= len(pairs) and opts.verify_when == "always"
+
     def plan_allocation(self, job: PruneJob) -> list:
-        """Stage 1 counted (``--plan``): the scheme's points and, past the paper, the checks."""
+        """Stage 1 counted (``--plan``): the scheme's points and, past the paper, the checks (the checks alone
+        where they cover every feasible split)."""
         pairs = job.feasible_pairs()
         if len(pairs) <= 1:
             return []
         scheme = self.scheme(job)
-        steps = scheme.plan_steps(scheme.plan(pairs), pairs)
         opts = job.options(HetDPTOptions)
+        covered = self.checks_cover(opts, pairs)
+        if not covered:
+            steps = scheme.plan_steps(scheme.plan(pairs), pairs)
+        else:   # the checks alone: a pipeline check's step below, or a point of the scheme's kind at every split
+            steps = scheme.plan_steps(sorted(pairs), pairs) if opts.verify_by == "points" else []
         if opts.verify and opts.verify_by == "pipeline":
             steps += PipelineChecks(job).plan_steps(min(opts.verify, len(pairs)), None, self.plan_sites(job))
         # which splits the checks measure (spread and unsure are never together); a near-tie's checks are
         # counted as if they run: the most they cost
-        which = (", one in each part of the line" if opts.verify_among == "spread" else
+        which = (f", every one of the {len(pairs)} feasible splits: no MAP point measured" if covered else
+                 ", one in each part of the line" if opts.verify_among == "spread" else
                  ", only on a near-tie" if opts.verify_when == "unsure" else "")
         if opts.verify and which:
             steps = [dataclasses.replace(s, what=s.what + which) if "checks" in s.stage else s for s in steps]
@@ -114,7 +126,8 @@ class HetDPT(DepthStrategy):
         pairs = job.feasible_pairs()
         if len(pairs) <= 1:   # nothing to choose: no point is measured
             return
-        self.predictor_for(job, dist.on_main(lambda: self.point_plan(job, pairs)))
+        if not self.checks_cover(opts, pairs):   # checks of every split need no point, nor a predictor
+            self.predictor_for(job, dist.on_main(lambda: self.point_plan(job, pairs)))
         if scheme.orders_by_point_scorer:
             scheme.scorer()   # a point scorer without a one-shot score is refused as it is built
         if opts.verify and opts.verify_by == "pipeline":
@@ -146,6 +159,8 @@ class HetDPT(DepthStrategy):
                               "single_split": True, "pick": {"n_attn": pairs[0][0], "n_act": pairs[0][1]}}
         self.check_settings(job)   # again: a strategy that runs this one inside (hetdpt-plus) checks it here
         opts = job.options(HetDPTOptions)
+        if self.checks_cover(opts, pairs):
+            return self.check_every_split(job, opts, pairs)
         refine, verify = opts.refine, opts.verify
         scheme = self.scheme(job)
         plan = dist.on_main(lambda: self.point_plan(job, pairs))
@@ -208,6 +223,35 @@ class HetDPT(DepthStrategy):
                       "pick": {"n_attn": pick[0], "n_act": pick[1], "predicted": predicted[pick],
                                **({"measured": measured[pick]} if refine and pick in measured else {}),
                                **({"verified": verified} if verify and (unsure is None or unsure["checked"]) else {})}}
+
+    def check_every_split(self, job: PruneJob, opts: HetDPTOptions, pairs: list[tuple[int, int]]):
+        """Allocation where the checks cover every feasible split: each is checked as the checks measure one (the
+        final run's selection and fine-tune, by successive halving, or a point of the scheme's kind), the best
+        is the pick; no MAP point is measured and no predictor fitted, since none could change it."""
+        splits = sorted(pairs)   # fewer attention removals first
+        job.log(f"[hetdpt] the {opts.verify} checks cover all {len(pairs)} feasible splits: each is checked, no MAP "
+                "point measured (none could change the pick)")
+        sign = 1 if job.task.higher_is_better else -1
+        halved, checked = None, []
+        if opts.verify_by == "pipeline":
+            halved = PipelineChecks(job).run(splits)
+            pick = halved.winner
+            verified = next((m["metric"] for r in reversed(halved.rounds) for m in r["measured"]
+                             if (m["n_attn"], m["n_act"]) == pick), None)
+            job.log(f"[hetdpt] pipeline checks: {pick[0]}+{pick[1]} kept after {len(halved.rounds)} round(s), "
+                    f"{halved.unit.said(halved.spent)} of {halved.unit.said(halved.budget)} spent")
+        else:
+            found = self.scheme(job).verify(splits)
+            pick = max(splits, key=lambda p: (sign * metric_of(found[p]), -p[0]))
+            checked = [found[p] for p in splits]
+            verified = metric_of(found[pick])
+            job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(metric_of(found[(a, m)]))}"
+                                                       for a, m in splits))
+        return pick, {"predictor": None, "points": [], "fit": {}, "surface": [], "refinement": [],
+                      "verified": checked, "checked_every_split": True,
+                      "point_selection": self.scheme(job).name, "points_cost": points_cost(checked),
+                      **({"pipeline_checks": halved.to_dict()} if halved is not None else {}),
+                      "pick": {"n_attn": pick[0], "n_act": pick[1], "verified": verified}}
 
     @staticmethod
     def fit(predictor, points: list[dict], pairs: list[tuple[int, int]]) -> dict[tuple[int, int], float]:
