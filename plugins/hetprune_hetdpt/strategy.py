@@ -20,6 +20,9 @@ class HetDPT(DepthStrategy):
 
     name = "hetdpt"
     description = "HetDPT: split the budget with a fitted accuracy predictor (MAP), learned gates within each kind"
+    # 2 (issue 71): where the checks cover every feasible split they run without points, fewer attention removals
+    # first (before: best predicted first), which can change a tie and the removals the checks share
+    behaviour = 2
     sections = {"hetdpt": HetDPTOptions}   # typed: options.py says what each setting does
     defaults = {"hetdpt": HetDPTOptions.defaults()}
 
