@@ -88,9 +88,12 @@ class HetDPT(DepthStrategy):
 
     @staticmethod
     def checks_cover(opts: HetDPTOptions, pairs: list[tuple[int, int]]) -> bool:
-        """Whether the checks measure every feasible split (``hetdpt.verify`` at least their number, checked
-        always): then no MAP point could change the pick, and none is measured, nor a predictor fitted."""
-        return bool(opts.verify) and opts.verify >= len(pairs) and opts.verify_when == "always"
+        """Whether the pipeline checks measure every feasible split (``hetdpt.verify`` at least their number,
+        checked always): then no MAP point could change the pick, and none is measured, nor a predictor fitted.
+        (Checks of the points' kind, ``verify_by: points``, are points of the scheme: a progressive path's
+        checks extend its measured steps, so they keep their points.)"""
+        return (opts.verify_by == "pipeline" and opts.verify >= len(pairs) and opts.verify_when == "always"
+                and bool(opts.verify))
 
     def plan_allocation(self, job: PruneJob) -> list:
         """Stage 1 counted (``--plan``): the scheme's points and, past the paper, the checks (the checks alone
@@ -101,10 +104,7 @@ class HetDPT(DepthStrategy):
         scheme = self.scheme(job)
         opts = job.options(HetDPTOptions)
         covered = self.checks_cover(opts, pairs)
-        if not covered:
-            steps = scheme.plan_steps(scheme.plan(pairs), pairs)
-        else:   # the checks alone: a pipeline check's step below, or a point of the scheme's kind at every split
-            steps = scheme.plan_steps(sorted(pairs), pairs) if opts.verify_by == "points" else []
+        steps = [] if covered else scheme.plan_steps(scheme.plan(pairs), pairs)   # covered: the checks alone
         if opts.verify and opts.verify_by == "pipeline":
             steps += PipelineChecks(job).plan_steps(min(opts.verify, len(pairs)), None, self.plan_sites(job))
         # which splits the checks measure (spread and unsure are never together); a near-tie's checks are
@@ -228,32 +228,20 @@ class HetDPT(DepthStrategy):
                                **({"verified": verified} if verify and (unsure is None or unsure["checked"]) else {})}}
 
     def check_every_split(self, job: PruneJob, opts: HetDPTOptions, pairs: list[tuple[int, int]]):
-        """Allocation where the checks cover every feasible split: each is checked as the checks measure one (the
-        final run's selection and fine-tune, by successive halving, or a point of the scheme's kind), the best
-        is the pick; no MAP point is measured and no predictor fitted, since none could change it."""
-        splits = sorted(pairs)   # fewer attention removals first
+        """Allocation where the pipeline checks cover every feasible split: each is checked (the final run's
+        selection and fine-tune, by successive halving) and the best is the pick; no MAP point is measured and
+        no predictor fitted, since none could change it."""
         job.log(f"[hetdpt] the {opts.verify} checks cover all {len(pairs)} feasible splits: each is checked, no MAP "
                 "point measured (none could change the pick)")
-        sign = 1 if job.task.higher_is_better else -1
-        halved, checked = None, []
-        if opts.verify_by == "pipeline":
-            halved = PipelineChecks(job).run(splits)
-            pick = halved.winner
-            verified = next((m["metric"] for r in reversed(halved.rounds) for m in r["measured"]
-                             if (m["n_attn"], m["n_act"]) == pick), None)
-            job.log(f"[hetdpt] pipeline checks: {pick[0]}+{pick[1]} kept after {len(halved.rounds)} round(s), "
-                    f"{halved.unit.said(halved.spent)} of {halved.unit.said(halved.budget)} spent")
-        else:
-            found = self.scheme(job).verify(splits)
-            pick = max(splits, key=lambda p: (sign * metric_of(found[p]), -p[0]))
-            checked = [found[p] for p in splits]
-            verified = metric_of(found[pick])
-            job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(metric_of(found[(a, m)]))}"
-                                                       for a, m in splits))
-        return pick, {"predictor": None, "points": [], "fit": {}, "surface": [], "refinement": [],
-                      "verified": checked, "checked_every_split": True,
-                      "point_selection": self.scheme(job).name, "points_cost": points_cost(checked),
-                      **({"pipeline_checks": halved.to_dict()} if halved is not None else {}),
+        halved = PipelineChecks(job).run(sorted(pairs))   # fewer attention removals first
+        pick = halved.winner
+        verified = next((m["metric"] for r in reversed(halved.rounds) for m in r["measured"]
+                         if (m["n_attn"], m["n_act"]) == pick), None)
+        job.log(f"[hetdpt] pipeline checks: {pick[0]}+{pick[1]} kept after {len(halved.rounds)} round(s), "
+                f"{halved.unit.said(halved.spent)} of {halved.unit.said(halved.budget)} spent")
+        return pick, {"predictor": None, "points": [], "fit": {}, "surface": [], "refinement": [], "verified": [],
+                      "checked_every_split": True, "point_selection": self.scheme(job).name,
+                      "points_cost": points_cost([]), "pipeline_checks": halved.to_dict(),
                       "pick": {"n_attn": pick[0], "n_act": pick[1], "verified": verified}}
 
     @staticmethod
