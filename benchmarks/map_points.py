@@ -465,21 +465,15 @@ def pipeline_checks(job, fits: dict, pairs, opts: HetDPTOptions, budget) -> None
     from hetprune_hetdpt.halving import PipelineChecks
 
     checks = PipelineChecks(job)
-    chosen = checks.selected
     timings = job.workdir / "selection-seconds.json"   # kept: a rerun that reuses stored checks still counts them
     selecting = {tuple(map(int, k.split("+"))): v for k, v in
                  (json.loads(timings.read_text()) if timings.is_file() else {}).items()}
 
-    def timed(split):
-        if split not in checks.models:
-            t0 = time.time()
-            chosen(split)
-            selecting[split] = time.time() - t0
-            timings.parent.mkdir(parents=True, exist_ok=True)
-            timings.write_text(json.dumps({f"{a}+{m}": v for (a, m), v in selecting.items()}))
-        return checks.models[split]
+    def keep_timings():   # the selections this process made, timed by the checks themselves
+        selecting.update(checks.selection_seconds)
+        timings.parent.mkdir(parents=True, exist_ok=True)
+        timings.write_text(json.dumps({f"{a}+{m}": v for (a, m), v in selecting.items()}))
 
-    checks.selected = timed
     def stored_at(fraction):   # read after each predictor's halving: it may have stored new checks
         return checks.store().at(fraction=fraction).load()
 
@@ -490,6 +484,7 @@ def pipeline_checks(job, fits: dict, pairs, opts: HetDPTOptions, budget) -> None
         if best is None:
             continue
         halved = checks.run(best, budget)
+        keep_timings()
         seconds = sum(selecting.get(s, 0.0) for s in best)
         for r in halved.rounds:
             have = stored_at(r["fraction"])

@@ -9,7 +9,8 @@ import pytest
 import hetprune
 from hetprune import HetpruneError
 from hetprune.harness.testing import tiny_job
-from hetprune_hetdpt.halving import PipelineChecks
+from hetprune.plugin_api import val_size
+from hetprune_hetdpt.halving import PipelineChecks, checks_run
 from hetprune_hetdpt.options import HetDPTOptions
 from hetprune_hetdpt.strategy import HetDPT
 
@@ -44,13 +45,16 @@ def test_checks_sized_in_images_fine_tune_on_the_points_schedule_and_spend_what_
     report = out.to_dict()
     assert (report["unit"], report["unit_images"], report["budget_images"], report["spent_images"]) == \
         ("short_finetune", 32, 128, 128)
-    # a budget the rounds cannot fill (each check at most the whole schedule) spends less, never more; a
-    # survivor's check at the whole schedule is measured once, in round 1, and reused in round 2
+    # a budget the rounds cannot fill (each check at most the whole schedule) spends less, never more; the
+    # round that gives the whole schedule is the last: a second would re-ask its checks and train nothing, so
+    # what is counted spent is what the fine-tunes trained on
     seen.clear()
     more = PipelineChecks(sized(tmp_path / "more", 1000))
     monkeypatch.setattr(more.job.task, "fit", fit)
-    assert more.run([(0, 4), (1, 3), (2, 2), (3, 1)]).to_dict()["spent_images"] == 6 * 32
+    halved = more.run([(0, 4), (1, 3), (2, 2), (3, 1)]).to_dict()
     assert [(c.epochs, c.subset) for c in seen] == [(1, 32)] * 4
+    assert halved["spent_images"] == sum(c.epochs * c.subset for c in seen) == 4 * 32
+    assert [r["fraction"] for r in halved["rounds"]] == [1.0] and len(halved["rounds"][0]["kept"]) == 1
 
 
 def test_a_learning_selectors_phase_is_counted_in_images(tmp_path):
@@ -124,7 +128,8 @@ def test_bad_image_budgets_are_refused_before_anything_trains(tmp_path, monkeypa
     # too few images for the candidates' gate phases: refused by the run's checks, before any point trains
     job = sized(tmp_path, 100, scorer="gate-taylor")
     monkeypatch.setattr(job.task, "fit", lambda *a, **k: pytest.fail("a point trained before the refusal"))
-    words = (r"hetdpt.verify_images 100 does not pay for the 4 candidates' selections \(at least [\d,]+ images\): "
+    # (4 checks of the 4 feasible splits: the candidates are known, and their selections' cost exactly)
+    words = (r"hetdpt.verify_images 100 does not pay for the 4 candidates' selections \([\d,]+ images\): "
              "raise it, lower hetdpt.verify, or select the candidates on fewer images")
     with pytest.raises(HetpruneError, match=words):
         HetDPT().check_settings(job)
@@ -147,17 +152,19 @@ def test_a_run_with_checks_sized_in_images_reports_them_in_images(tmp_path):
 def test_plan_counts_what_the_rounds_can_spend_where_the_budget_is_more():
     from hetprune_hetdpt.halving import most_spent
 
-    # 4 candidates, 100 units after no selections: 4 then 2 checks, each at most one whole schedule
-    assert most_spent(4, 100.0, 0.0) == 6.0
+    # 4 candidates, 100 units after no selections: 4 checks of one whole schedule each, the last round
+    assert most_spent(4, 100.0, 0.0) == 4.0
     assert most_spent(4, 2.0, 0.0) == pytest.approx(2.0)   # 4 x 0.25 + 2 x 0.5: the budget binds
     assert most_spent(3, 10.0, 1.5) == pytest.approx(1.5 + 3 * 1.0)
-    assert most_spent(1, 10.0, 0.5) == 0.5
+    assert most_spent(1, 10.0, 0.5) == 0.0   # one candidate is the pick: nothing selected, nothing checked
 
 
 def test_plan_of_a_generous_image_budget_counts_the_most_the_checks_can_spend(tmp_path):
-    job = sized(tmp_path, 10_000)   # 4 checks, taylor (no selection phase): 4 + 2 whole points' fine-tunes
+    job = sized(tmp_path, 10_000)   # 4 checks, taylor (no selection phase): 4 whole points' fine-tunes
     [step] = [s for s in HetDPT().plan_allocation(job) if "pipeline checks" in s.stage]
-    assert step.train_images == 6 * 32 and "192 images at most" in step.what
+    assert step.train_images == 4 * 32 and "128 images at most" in step.what
+    # each of the 4 is measured once on the selection split
+    assert step.fine_tunes == 4 and step.eval_images == 4 * val_size(job.task, job.choice_split) > 0
 
 
 def test_auto_gives_every_check_one_whole_points_fine_tune_at_any_scale(tmp_path, monkeypatch):
@@ -167,16 +174,16 @@ def test_auto_gives_every_check_one_whole_points_fine_tune_at_any_scale(tmp_path
     checks = PipelineChecks(job)
     candidates = [(0, 4), (1, 3), (2, 2), (3, 1)]
     out = checks.run(candidates).to_dict()
-    # 4 checks, then 2, each on all of the points' 32 images (the survivors' whole checks measured once)
+    # 4 checks, each on all of the points' 32 images, in one round: the best of them kept
     assert [(c.epochs, c.subset) for c in seen] == [(1, 32)] * 4
-    assert [r["fraction"] for r in out["rounds"]] == [1.0, 1.0]
+    assert [r["fraction"] for r in out["rounds"]] == [1.0]
     selections = checks.selections_cost(candidates) * 32
-    assert out["spent_images"] == round(selections + 6 * 32)
-    # --plan counts the same structure: k selections of the planned split and 4 + 2 whole fine-tunes
+    assert out["spent_images"] == out["budget_images"] == round(selections + 4 * 32)
+    # --plan counts the same structure: k selections of the planned split and 4 whole fine-tunes
     [step] = [s for s in HetDPT().plan_allocation(job) if "pipeline checks" in s.stage]
     sites = HetDPT().plan_sites(job)
     one = checks.selection_cost((sites - sites // 2, sites // 2)) * 32
-    assert step.train_images == round(4 * one + 6 * 32)
+    assert step.train_images == round(4 * one + 4 * 32)
     HetDPT().check_settings(job)   # auto pays for the selections by design: nothing to refuse
 
 
@@ -203,3 +210,51 @@ def test_the_default_checks_on_a_task_of_unknown_size_are_refused_before_trainin
                                             r"checks with hetdpt\.verify=0"):
         hetprune.prune(tiny_model, task, strategy="hetdpt", budget=2, out=tmp_path / "out", settings=settings)
     assert not trained
+
+
+def test_a_budget_that_cannot_pay_for_known_candidates_is_refused_before_stage_1(tmp_path, monkeypatch):
+    """Issue 71: where the checks cover every feasible split the candidates are known before any point, so
+    their selections' cost is too; a budget between the floor (any k of the splits) and that cost passed the
+    pre-flight and was refused after stage 1."""
+    probe = sized(tmp_path / "probe", 10_000, scorer="gate-taylor")
+    pairs = sorted(probe.feasible_pairs())
+    assert len(pairs) == 4 and HetDPT.checks_cover(probe.options(HetDPTOptions), pairs)
+    checks = PipelineChecks(probe)
+    floor, exact = checks.least_selections_cost(pairs, 4), checks.selections_cost(pairs)
+    assert floor < exact   # a budget between them passed the floor's check
+    images = round((floor + exact) / 2 * checks.unit.images)
+    job = sized(tmp_path / "run", images, scorer="gate-taylor")
+    monkeypatch.setattr(job.task, "fit", lambda *a, **k: pytest.fail("something trained before the refusal"))
+    words = (rf"hetdpt.verify_images {images:,} does not pay for the 4 candidates' selections "
+             rf"\({round(exact * checks.unit.images):,} images\)")
+    with pytest.raises(HetpruneError, match=words):
+        HetDPT().check_settings(job)
+
+
+def test_candidates_whose_selections_the_budget_cannot_pay_are_fewer_not_a_refusal_after_stage_1(tmp_path,
+                                                                                              monkeypatch):
+    """Which candidates the predictor picks is known only after stage 1: where their selections cost more than
+    the budget (the pre-flight checks a floor), the best predicted that it pays for are checked, said in a
+    line, and stage 1's points are not thrown away by a refusal."""
+    job = sized(tmp_path, 10_000, scorer="gate-taylor")
+    logs, trained = [], []
+    job.log = logs.append
+    monkeypatch.setattr(job.task, "fit", lambda model, teacher, cfg, *a, **k: trained.append(cfg))
+    checks = PipelineChecks(job)
+    candidates = [(0, 4), (3, 1), (2, 2), (1, 3)]
+    two = checks.selections_cost(candidates[:2])
+    budget = (two + checks.selections_cost(candidates[:3])) / 2   # pays for the first two, not the third
+    assert budget > two
+    out = checks.run(candidates, budget)
+    assert [(m["n_attn"], m["n_act"]) for m in out.rounds[0]["measured"]] == candidates[:2]
+    assert any("pays for the selections of 2 of the 4 candidates" in m and "checking the 2 best predicted" in m
+               for m in logs), logs
+    assert len(trained) == checks_run(2, budget, two, checks.unit)
+    # spent: the two selections and what the checks trained on (at least one batch each: counted as trained)
+    assert out.spent * checks.unit.images == pytest.approx(
+        two * checks.unit.images + sum(c.epochs * c.subset for c in trained))
+    # a budget that pays for no second selection checks nothing: the best predicted is the pick, nothing spent
+    alone = PipelineChecks(sized(tmp_path / "alone", 10_000, scorer="gate-taylor"))
+    alone.job.log = logs.append
+    single = alone.run(candidates, alone.selections_cost(candidates[:1]) * 0.5)
+    assert single.winner == candidates[0] and single.rounds == [] and single.spent == 0

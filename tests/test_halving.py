@@ -10,7 +10,7 @@ import pytest
 import hetprune
 from hetprune import HetpruneError
 from hetprune.harness.testing import tiny_job
-from hetprune_hetdpt.halving import fractions, halving
+from hetprune_hetdpt.halving import checks_run, fractions, halving
 from hetprune_hetdpt.options import HetDPTOptions
 from hetprune_hetdpt.strategy import HetDPT
 
@@ -24,6 +24,12 @@ def test_each_round_splits_its_share_of_the_budget_among_fewer_candidates():
     assert fractions(8, 3.0, 0.0) == [0.125, 0.25, 0.5]
     assert fractions(3, 3.0, 1.5) == [0.5]                # 3 -> 1: one round, after 1.5 units of selections
     assert fractions(2, 10.0, 0.0) == [1.0]               # never more than the whole final schedule
+    # a round that gives the whole schedule is the last: a later one would re-ask its checks, training nothing
+    assert fractions(8, 15.0, 0.0) == [0.625, 1.0]        # 8 at 5/8, then 4 at the whole: no round of 2
+    assert fractions(6, 12.0, 0.0) == [1.0]
+    assert checks_run(8, 15.0, 0.0) == 8 + 4 and checks_run(8, 3.0, 0.0) == 8 + 4 + 2 and checks_run(1, 9.0, 0.0) == 0
+    lasts = halving([(0, 2), (1, 1), (2, 0)], lambda s, f: float(s[0]), budget=9.0)
+    assert [len(r["measured"]) for r in lasts.rounds] == [3] and lasts.winner == (2, 0) and lasts.spent == 3.0
     assert fractions(1, 1.0, 0.0) == []
     with pytest.raises(HetpruneError, match=r"verify_budget 1 .* does not pay for the 3 candidates' selections"):
         fractions(3, 1.0, 1.2)
@@ -93,8 +99,10 @@ def test_a_learning_selectors_phase_is_counted_against_the_budget(tmp_path):
     # final fine-tune's images (tiny settings: 1 epoch x 48)
     cost = checks.selection_cost((1, 1))
     assert cost == pytest.approx((1 + 2 * 1) * 16 / 48)
-    with pytest.raises(HetpruneError, match="does not pay for the 2 candidates' selections"):
-        checks.run([(1, 1), (2, 0)], budget=2 * cost)
+    # a budget that does not pay for both selections, known only once the candidates are: the best predicted
+    # is the pick unchecked (said in a line), not a refusal after stage 1 (the pre-flight refuses what it can)
+    out = checks.run([(1, 1), (2, 0)], budget=2 * cost)
+    assert out.winner == (1, 1) and out.rounds == [] and out.spent == 0
 
 
 def test_the_default_budget_pays_for_the_selections_and_two_final_finetunes(tmp_path, monkeypatch):
@@ -104,7 +112,7 @@ def test_the_default_budget_pays_for_the_selections_and_two_final_finetunes(tmp_
     checks = module.PipelineChecks(job)
     seen = {}
 
-    def record(candidates, run, budget, selection_cost=0.0, sign=1, unit=module.FINAL):
+    def record(candidates, run, budget, selection_cost=0.0, sign=1, unit=module.FINAL, cost=None):
         seen.update(budget=budget, cost=selection_cost)
         return module.Halving(budget=budget)
 

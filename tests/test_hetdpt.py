@@ -581,22 +581,43 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
     assert recipe.n_attn == report["n_attn"] and recipe.n_act == report["n_act"]
 
 
-def test_too_small_point_plan_fails_before_any_fine_tune(tiny_model, digits_data, tmp_path, monkeypatch):
+def test_a_point_plan_too_small_for_the_predictor_falls_back_to_a_plane_or_is_refused_with_what_helps(
+        tiny_model, digits_data, tmp_path, monkeypatch):
+    """Issue 71: a plan with fewer points than the predictor needs was refused with "Raise hetdpt.axis_points /
+    hetdpt.mixed_points", which on a budget line of two splits changes nothing. Now a plane (poly of degree 1)
+    is fitted instead, said in a line; only a plan too small for a plane is refused, and every change the
+    error names would give the points."""
     def never(*a, **k):
         raise AssertionError("no point may be measured")
 
     monkeypatch.setattr(HetDPT, "collect_points", never)
     job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=1),
                    **{"hetdpt.axis_points": 1, "hetdpt.mixed_points": 0, "hetdpt.predictor": "poly"})
-    with pytest.raises(HetpruneError, match="needs at least 6 distinct points") as info:
+    logs = []
+    job = dataclasses.replace(job, log=logs.append)
+    plan = HetDPT().point_plan(job, job.feasible_pairs())
+    assert plan == [(0, 0), (0, 1), (1, 0)]   # every point a budget of one site has: no setting gives more
+    need = HetDPT.predictor(job).min_points
+    assert need > len(plan)
+    fitted = HetDPT().predictor_for(job, plan)
+    assert (fitted.name, fitted.degree) == ("poly", 1)
+    [line] = logs
+    assert f"needs at least {need} distinct points and this budget and model give 3: fitting a plane" in line
+    assert "axis_points" not in line   # raising it cannot help here
+    HetDPT().check_settings(job)   # the pre-flight takes it, and says nothing
+    assert len(logs) == 1
+    # too few for a plane (no dense point): refused, naming the change that gives the points and the checks
+    job = dataclasses.replace(job, settings=job.settings.replace_in("hetdpt", dense_point=False))
+    with pytest.raises(HetpruneError, match=f"needs at least {need} distinct points, and a plane .* 3, but this "
+                                            "budget and model give a plan of 2") as info:
         HetDPT().allocate(job)
-    assert "hetdpt.predictor_options.poly.degree" in str(info.value)
-    # no degree to lower and no dense point: the hint names the other ways
-    job = dataclasses.replace(job, settings=job.settings.replace_in("hetdpt", predictor="local", dense_point=False))
-    with pytest.raises(HetpruneError, match="needs at least 3 distinct points") as info:
-        HetDPT().allocate(job)
-    assert "degree" not in str(info.value) and "fewer (hetdpt.predictor)" in str(info.value)
-    assert "set hetdpt.dense_point=true" in str(info.value)
+    said = str(info.value)
+    assert "Setting hetdpt.dense_point true" in said and "hetdpt.verify 2" in said and "axis_points" not in said
+    # where more axis points would give the predictor its points, the line says so
+    wide = make_job(tiny_model, digits_data, tmp_path / "wide", budget=Budget(sites=3),
+                    **{"hetdpt.axis_points": 1, "hetdpt.mixed_points": 0, "hetdpt.predictor": "poly",
+                       "hetdpt.verify": 0})
+    assert HetDPT().plan_could_give(wide, 5) == "raising hetdpt.axis_points / hetdpt.mixed_points"
 
 
 # -- MAP refinement -------------------------------------------------------------------

@@ -430,3 +430,28 @@ def test_a_point_scorer_without_a_one_shot_score_is_refused_before_anything_trai
                              batch_sizes=[1], log=lambda m: None, out=tmp_path / "cmp")
     finally:
         hetprune.unregister_plugin(name)
+
+
+def test_a_run_scorer_that_breaks_its_protocol_is_refused_before_any_point_as_plan_refuses_it(monkeypatch, tmp_path):
+    """Issue 71: an outside scorer with neither score() nor select() was refused by name at --plan, but a real
+    run measured every MAP point first (the pre-flight never built the scorer the checks use). The pre-flight is
+    now the run's own plan, so both refuse it before anything trains."""
+    import hetprune
+    from hetprune import PluginError
+    from hetprune.harness.testing import TINY_SETTINGS, tiny_data, tiny_model
+
+    class Hollow:
+        name = "hollow"
+
+    from conftest import PluginOf
+
+    name = hetprune.register_plugin(PluginOf("register_scorers", Hollow), "hollow-scorer")
+    no_training(monkeypatch)
+    settings = {**TINY_SETTINGS, "scorer": "hollow", "hetdpt": {"verify": 2, "verify_images": "auto"}}
+    try:
+        for plan in (True, False):
+            with pytest.raises(PluginError, match=r"scorer 'hollow' lacks .*score\(\)"):
+                hetprune.prune(tiny_model(), tiny_data(), "hetdpt", 2, settings=settings, plan=plan,
+                               plan_probe=0 if plan else None, progress=False, log=lambda m: None)
+    finally:
+        hetprune.unregister_plugin(name)

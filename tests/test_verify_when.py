@@ -171,3 +171,21 @@ def test_checks_that_leave_a_split_unchecked_still_fit_the_predictor_on_points(t
     assert [s.stage for s in HetDPT().plan_allocation(job)] == ["stage 1: MAP points", "stage 1: pipeline checks"]
     alloc = HetDPT().run(job).report["allocation"]
     assert alloc["predictor"] == "local" and alloc["points"] and "checked_every_split" not in alloc
+
+
+def test_a_small_target_without_checks_fits_a_plane_through_its_points_and_prunes(tmp_path):
+    """Issue 71: with no checks (verify 0, the paper's argmax) a budget of one site has 3 points at most, fewer
+    than poly needs: a plane is fitted through them, said in one line, and the run prunes; --plan agrees."""
+    settings = {"scorer": "taylor", "hetdpt": {"predictor": "poly", "verify": 0}}
+    job = tiny_job(hetprune.Budget(sites=1), tmp_path, HetDPT, settings)
+    logs = []
+    job.log = logs.append
+    assert [s.stage for s in HetDPT().plan_allocation(job)] == ["stage 1: MAP points"]
+    result = HetDPT().run(job)
+    alloc = result.report["allocation"]
+    assert alloc["predictor"] == "poly" and alloc["fit"]["degree"] == 1 and len(alloc["points"]) == 3
+    assert alloc["predictor_fallback"] == {"configured": "poly", "plan_points": 3}
+    measured = {(p["n_attn"], p["n_act"]): p["metric"] for p in alloc["points"] if p["n_attn"] + p["n_act"] == 1}
+    best = max(measured, key=lambda p: (measured[p], -p[0]))   # a plane through 3 points predicts them exactly
+    assert (result.report["n_attn"], result.report["n_act"]) == best
+    assert sum("fitting a plane (poly of degree 1)" in m for m in logs) == 1, logs

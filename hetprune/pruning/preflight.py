@@ -10,12 +10,14 @@ from ..training.train import check_source, check_training_modes
 from .job import PruneJob
 
 
-def check_job(strategy, job: PruneJob) -> None:
+def check_job(strategy, job: PruneJob) -> list | None:
     """Refuse now what would fail or be ignored after hours of work: every schedule's training modes on the
     dense model (``kd_token`` without a distillation token, a ``drop_path`` its adapter cannot place) and its
     options against the task's batches (mixup or ``accum_steps`` on a Task's own loader: `check_source`), then
     the strategy's own ``check_settings(job)`` where it has one (HetDPT: a ``verify_budget`` too small for its
-    candidates' selections, too few points for its predictor)."""
+    candidates' selections, too few points for its predictor), then the strategy's plan of the run, which
+    builds every component the run will (a plugin that breaks its Protocol is refused by name here, as
+    ``--plan`` refuses it, not after stage 1). Returns the plan's steps (None: a strategy that plans nothing)."""
     for section in SCHEDULES:
         cfg = job.config.schedule(section)
         check_training_modes(job.dense, cfg, section)
@@ -27,3 +29,4 @@ def check_job(strategy, job: PruneJob) -> None:
     check = getattr(strategy, "check_settings", None)
     if check is not None:
         check(job)
+    return list(strategy.plan(job)) if hasattr(strategy, "plan") else None

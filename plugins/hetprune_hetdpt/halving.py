@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import (PlanStep, PointStore, PruneJob, epoch_images, remove_sites,
+from hetprune.plugin_api import (PlanStep, PointStore, PruneJob, epoch_images, finetune_step, remove_sites,
                                  scoring_context, select_sites)
 from hetprune.plugin_api import distributed as dist
 
@@ -97,13 +97,20 @@ class Halving:
 def fractions(k: int, budget: float, selection_cost: float, unit: Unit = FINAL) -> list[float]:
     """The fraction of a unit's fine-tune each round gives each of its candidates: the budget left after the
     ``k`` selections (``selection_cost`` units in all) in equal shares per round, each share split among the
-    round's candidates (k, k//2, ...: the better half kept), at most the whole schedule."""
+    round's candidates (k, k//2, ...: the better half kept), at most the whole schedule. A round that gives
+    the whole schedule is the last (it keeps one): a later round would ask for the same (split, fraction),
+    get the stored value back and train nothing, so it is no round."""
     counts = round_sizes(k)
     if not counts:
         return []
     check_pays(budget, k, selection_cost, unit=unit)
     share = (budget - selection_cost) / len(counts)
-    return [min(1.0, share / n) for n in counts]
+    out = []
+    for n in counts:
+        out.append(min(1.0, share / n))
+        if out[-1] == 1.0:   # the last round: the next would re-ask the same checks and train nothing
+            break
+    return out
 
 
 def round_sizes(k: int) -> list[int]:
@@ -115,12 +122,23 @@ def round_sizes(k: int) -> list[int]:
     return counts
 
 
-def most_spent(k: int, budget: float, selection_cost: float, unit: Unit = FINAL) -> float:
+def most_spent(k: int, budget: float, selection_cost: float, unit: Unit = FINAL,
+               cost: Callable[[float], float] | None = None) -> float:
     """The most `halving` of ``k`` candidates can spend within ``budget`` units: the selections, then each
-    round's fine-tunes, which never exceed a whole schedule each (so a generous budget is not all spent)."""
+    round's fine-tunes, which never exceed a whole schedule each (so a generous budget is not all spent);
+    ``cost(fraction)``: what one check at ``fraction`` trains on, in units (default: the fraction itself)."""
     if k <= 1 or budget - selection_cost <= 0:
-        return min(budget, selection_cost)
-    return selection_cost + sum(n * f for n, f in zip(round_sizes(k), fractions(k, budget, selection_cost, unit)))
+        return min(budget, selection_cost) if k > 1 else 0.0
+    cost = cost or (lambda f: f)
+    return selection_cost + sum(n * cost(f) for n, f in zip(round_sizes(k), fractions(k, budget, selection_cost, unit)))
+
+
+def checks_run(k: int, budget: float, selection_cost: float, unit: Unit = FINAL) -> int:
+    """The fine-tunes `halving` of ``k`` candidates runs within ``budget``: each round's candidates, over the
+    rounds its `fractions` make (each measured once, on the selection split)."""
+    if k <= 1 or budget - selection_cost <= 0:
+        return 0
+    return sum(n for n, _ in zip(round_sizes(k), fractions(k, budget, selection_cost, unit)))
 
 
 def check_pays(budget: float, k: int, selection_cost: float, at_least: bool = False, unit: Unit = FINAL) -> None:
@@ -140,20 +158,24 @@ def check_pays(budget: float, k: int, selection_cost: float, at_least: bool = Fa
 
 
 def halving(candidates: list[Split], run: Callable[[Split, float], float], budget: float,
-            selection_cost: float = 0.0, sign: int = 1, unit: Unit = FINAL) -> Halving:
+            selection_cost: float = 0.0, sign: int = 1, unit: Unit = FINAL,
+            cost: Callable[[float], float] | None = None) -> Halving:
     """Successive halving of ``candidates`` (best predicted first). ``run(split, fraction)`` fine-tunes the
     candidate on ``fraction`` of a unit's schedule (the final one, or the points') and returns its metric
-    (``sign`` -1: lower is better); ``selection_cost``: the candidates' selections, in units. Ties keep the
-    earlier (better predicted) candidate. Raises when the budget cannot pay for the selections."""
+    (``sign`` -1: lower is better); ``selection_cost``: the candidates' selections, in units; ``cost``: what a
+    check at a fraction trains on in units (default: the fraction; a schedule of whole batches may train a
+    little more), what ``spent`` counts. Ties keep the earlier (better predicted) candidate. Raises when the
+    budget cannot pay for the selections."""
     out = Halving(budget=float(budget), spent=float(selection_cost), unit=unit)
     alive = list(candidates)
-    if len(alive) <= 1:
-        out.winner = alive[0] if alive else None
+    if len(alive) <= 1:   # nothing to halve: no selection runs, nothing is spent
+        out.spent, out.winner = 0.0, alive[0] if alive else None
         return out
-    for fraction in fractions(len(alive), budget, selection_cost, unit):
+    schedule = fractions(len(alive), budget, selection_cost, unit)
+    for i, fraction in enumerate(schedule):
         values = {split: run(split, fraction) for split in alive}
-        out.spent += fraction * len(alive)
-        keep = max(1, len(alive) // 2)
+        out.spent += (cost(fraction) if cost else fraction) * len(alive)
+        keep = 1 if i == len(schedule) - 1 else max(1, len(alive) // 2)
         ranked = sorted(alive, key=lambda s: (-sign * values[s], alive.index(s)))
         out.rounds.append({"fraction": round(fraction, 6), "measured": [
             {"n_attn": s[0], "n_act": s[1], "metric": values[s]} for s in alive],
@@ -228,6 +250,7 @@ class PipelineChecks:
         self.sites: dict[Split, list] = {}
         self.models: dict[Split, object] = {}
         self.candidates: list[Split] = []   # the splits being checked: which removals their selections share
+        self.selection_seconds: dict[Split, float] = {}   # each selection made here, timed (the MAP study reads it)
 
     def store(self) -> PointStore:
         """Where the checks' points are kept; one key per fraction of the schedule (`PointStore.at`)."""
@@ -277,14 +300,36 @@ class PipelineChecks:
                        for p, cost in zip(pairs, full))
         return min(full, default=0.0) + sum(later[:k - 1])
 
-    def check_budget(self, budget: float | None, pairs: list[Split], k: int) -> None:
+    def check_budget(self, budget: float | None, pairs: list[Split], k: int,
+                     known: list[Split] | None = None) -> None:
         """Refuse, before stage 1, a budget (in units; None: the settings') that cannot pay for the
-        selections of any ``k`` of the feasible splits ``pairs``."""
+        selections of any ``k`` of the feasible splits ``pairs``, or, where the candidates are ``known``
+        before any point (checks of every split), for theirs."""
         if budget is None and self.images_budget == "auto":   # it pays for the selections by design
             return
         budget = self.configured_budget() if budget is None else budget
-        if budget is not None:
+        if budget is None:
+            return
+        if known is not None:
+            self.candidates = list(known)
+            check_pays(budget, len(known), self.selections_cost(known), unit=self.unit)
+        else:
             check_pays(budget, k, self.least_selections_cost(pairs, k), at_least=True, unit=self.unit)
+
+    def affordable(self, candidates: list[Split], budget: float) -> list[Split]:
+        """The best predicted of ``candidates`` whose selections ``budget`` pays for, with something left for
+        their fine-tunes: all of them where it pays for all. The pre-flight refuses a budget that cannot pay
+        for any ``k`` candidates, but which ``k`` the predictor picks is known only after stage 1, and their
+        selections may share less: then fewer are checked (said in one line) rather than stage 1 refused."""
+        kept = list(candidates)
+        while len(kept) > 1 and budget - self.selections_cost(kept) <= 0:
+            kept.pop()
+        if len(kept) < len(candidates):
+            self.job.log(f"[hetdpt] hetdpt.{self.unit.setting} pays for the selections of {len(kept)} of the "
+                         f"{len(candidates)} candidates ({', '.join(f'{a}+{m}' for a, m in candidates)}, "
+                         f"{self.unit.said(self.selections_cost(candidates))}): checking the "
+                         f"{'best predicted alone, which is the pick' if len(kept) == 1 else f'{len(kept)} best predicted'}")
+        return kept
 
     def scorer(self):
         run = self.job.config
@@ -295,6 +340,7 @@ class PipelineChecks:
         """The candidate's model with its sites off (chosen once, from the dense model, as the final select
         stage would)."""
         if split not in self.models:
+            t0 = time.time()
             job = self.select_job
             model = job.place(copy.deepcopy(job.dense))
             ctx = scoring_context(job, job.workdir / "pipeline-checks" / f"{split[0]}+{split[1]}")
@@ -307,6 +353,7 @@ class PipelineChecks:
             chosen = select_sites(job, model, {"attn": split[0], "act": split[1]}, ctx=ctx)
             remove_sites(self.job, model, chosen)
             self.sites[split], self.models[split] = chosen, model
+            self.selection_seconds[split] = time.time() - t0
         return self.models[split]
 
     def run(self, candidates: list[Split], budget: float | None = None) -> Halving:
@@ -318,9 +365,13 @@ class PipelineChecks:
         cost = self.selections_cost(self.candidates)
         budget = self.configured_budget(len(self.candidates), cost) if budget is None else budget
         budget = cost + FINETUNES_BEYOND_SELECTION if budget is None else budget
+        if len(self.candidates) > 1 and budget - cost <= 0:   # known only now: fewer checked, stage 1 kept
+            self.candidates = self.affordable(self.candidates, budget)
+            candidates, cost = self.candidates, self.selections_cost(self.candidates)
+        most = most_spent(len(self.candidates), budget, cost, self.unit, self.check_units)   # what they can spend
         # said before hours of gate phases and fine-tunes begin: what they may cost, in the budget's unit
         job.log(f"[hetdpt] pipeline checks of {', '.join(f'{a}+{m}' for a, m in self.candidates)}: selections "
-                f"{self.unit.said(cost)}, at most {self.unit.said(budget)} in all")
+                f"{self.unit.said(cost)}, at most {self.unit.said(most)} in all")
         stores: dict[float, tuple[PointStore, dict]] = {}
 
         def measure(split: Split, fraction: float) -> float:
@@ -349,10 +400,23 @@ class PipelineChecks:
                     f"{job.task.format(value)} ({point['seconds']:.1f}s)")
             return value
 
-        out = halving(candidates, measure, budget, cost, sign, self.unit)
+        out = halving(candidates, measure, budget, cost, sign, self.unit, self.check_units)
+        if self.images_budget == "auto":   # auto's budget is what it spends: one whole fine-tune per check
+            out.budget = most
         if not self.own_selection:
             out.selection_subset = self.select_job.config.scoring_batches.subset
         return out
+
+    def check_units(self, fraction: float) -> float:
+        """What one check at ``fraction`` trains on, in units: `schedule`'s images (at least one batch an
+        epoch) over a unit's, or its epochs over the unit's where the images are unknown."""
+        if not self.cfg.epochs:   # a schedule of no epochs (HetDPT+'s depth part): the check trains nothing
+            return 0.0
+        cfg = self.schedule(fraction)
+        per, whole = epoch_images(cfg, self.job.task.train_size), epoch_images(self.cfg, self.job.task.train_size)
+        if per and whole:
+            return cfg.epochs * per / (self.cfg.epochs * whole)
+        return cfg.epochs / self.cfg.epochs
 
     def schedule(self, fraction: float):
         """A unit's schedule (the final fine-tune, or the points') at ``fraction`` of its images: fewer images
@@ -376,7 +440,10 @@ class PipelineChecks:
             budget = k * one + FINETUNES_BEYOND_SELECTION
         shares = bool(getattr(self.scorer(), "shared_removals", None))
         reused = one if shares and self.own_selection else 0.0
-        most = most_spent(k, budget, k * one, self.unit)   # a budget the rounds cannot fill is not all spent
+        most = most_spent(k, budget, k * one, self.unit, self.check_units)   # a budget the rounds cannot fill
+        runs = checks_run(k, budget, k * one, self.unit)   # each measured on the selection split
+        if self.images_budget == "auto":
+            budget = most
         if self.unit.in_images:
             what = f"{k} splits by successive halving, at most {self.unit.said(budget)} ({self.unit.section} cut)"
         else:
@@ -389,4 +456,6 @@ class PipelineChecks:
         if not self.own_selection:   # verify_selection (and its floor): what each candidate's gate phase sees
             n = self.select_job.config.scoring_batches.subset
             what += f"; each candidate selected on {n:,} images a gate epoch"
-        return [PlanStep("stage 1: pipeline checks", what, k, int(max(0.0, most - reused) * self.unit.images), 0)]
+        evals = finetune_step(self.job, self.unit.section, "", "", runs, runs).eval_images
+        return [PlanStep("stage 1: pipeline checks", what, runs, int(max(0.0, most - reused) * self.unit.images),
+                         evals)]

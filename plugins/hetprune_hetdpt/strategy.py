@@ -11,8 +11,11 @@ from hetprune.plugin_api import distributed as dist
 
 from .halving import PipelineChecks
 from .options import HetDPTOptions
-from .point_schemes import OneShotPoints, grid_plan, resolve_finetune
+from .point_schemes import OneShotPoints, PointScheme, grid_plan, resolve_finetune
 from .point_selection import SCHEMES, scheme_for
+
+
+FALLBACK = ("poly", {"degree": 1})   # the predictor that needs the fewest points: a plane through 3
 
 
 class HetDPT(DepthStrategy):
@@ -130,29 +133,62 @@ class HetDPT(DepthStrategy):
         if len(pairs) <= 1:   # nothing to choose: no point is measured
             return
         if not self.checks_cover(opts, pairs):   # checks of every split need no point, nor a predictor
-            self.predictor_for(job, dist.on_main(lambda: self.point_plan(job, pairs)))
+            self.predictor_for(job, dist.on_main(lambda: self.point_plan(job, pairs)), say=False)
         if scheme.orders_by_point_scorer:
             scheme.scorer()   # a point scorer without a one-shot score is refused as it is built
         if opts.verify and opts.verify_by == "pipeline":
             checks = PipelineChecks(job)   # a verify_selection share of nothing known is refused as it is made
-            checks.check_budget(None, pairs, min(opts.verify, len(pairs)))   # the settings' budget, if any
+            # the settings' budget, if any, against the candidates where they are known: every split's
+            checks.check_budget(None, pairs, min(opts.verify, len(pairs)),
+                                sorted(pairs) if self.checks_cover(opts, pairs) else None)
 
     # -- stage 1: allocation ---------------------------------------------------
-    def predictor_for(self, job: PruneJob, plan: list[tuple[int, int]], what: str = "this budget and model"):
-        """The configured predictor (``hetdpt.predictor`` with its options), refused before any point is
-        measured when ``plan`` has fewer points than it needs."""
-        opts = job.options(HetDPTOptions)
+    def predictor_for(self, job: PruneJob, plan: list[tuple[int, int]], what: str = "this budget and model",
+                      say: bool = True):
+        """The configured predictor (``hetdpt.predictor`` with its options) where ``plan`` has the points it
+        needs; else, past the paper, a plane (poly of degree 1, `FALLBACK`), said in one line (``say``): a
+        small target's few points still pick a split. Refused before any point is measured only where not
+        even a plane can be fitted, with the changes that would help."""
         predictor = self.predictor(job)
         need = getattr(predictor, "min_points", None)
-        if need is not None and len(plan) < need:  # say so before an hour of fine-tuning, not after
-            fewer = (f"lower the degree (hetdpt.predictor_options.{opts.predictor}.degree)"
-                     if hasattr(predictor, "degree") else "choose a predictor that needs fewer (hetdpt.predictor)")
-            raise HetpruneError(
-                f"predictor {predictor.name!r} needs at least {need} distinct points, but {what} give a plan of "
-                f"{len(plan)}: {plan}. Raise hetdpt.axis_points / hetdpt.mixed_points"
-                f"{'' if opts.dense_point else ', set hetdpt.dense_point=true'}, or {fewer}")
-        return predictor
+        if need is None or len(plan) >= need:
+            return predictor
+        fallback = job.registry.build("predictor", *FALLBACK[:1], **FALLBACK[1])
+        grows = self.plan_could_give(job, need)
+        more = (f"; {grows} would give {predictor.name} its {need}" if grows else "")
+        if len(plan) >= fallback.min_points:
+            if say:
+                job.log(f"[hetdpt] predictor {predictor.name} needs at least {need} distinct points and {what} "
+                        f"give {len(plan)}{more}: fitting a plane (poly of degree 1) through them instead")
+            return fallback
+        plane = self.plan_could_give(job, fallback.min_points)   # what would give the plane its points
+        helps = [plane] if plane else []
+        pairs = job.feasible_pairs()
+        helps.append(f"check every split instead of predicting (hetdpt.verify {len(pairs)}, verify_by pipeline)")
+        raise HetpruneError(
+            f"predictor {predictor.name!r} needs at least {need} distinct points, and a plane (the fewest any "
+            f"predictor needs) {fallback.min_points}, but {what} give a plan of {len(plan)}: {plan}. "
+            + "; or ".join(h[0].upper() + h[1:] for h in helps))
 
+    def plan_could_give(self, job: PruneJob, need: int) -> str | None:
+        """The change to the points' settings that would give the plan ``need`` points, where one would: the
+        grid schemes' ``axis_points`` / ``mixed_points`` / ``dense_point`` at their most (None: no setting
+        can, as on a budget line of two splits, so no error or line advises raising them)."""
+        opts, pairs = job.options(HetDPTOptions), job.feasible_pairs()
+        scheme = self.scheme(job)
+        if type(scheme).plan is not PointScheme.plan:   # a path makes its own points: only the dense one
+            return "setting hetdpt.dense_point true" if not opts.dense_point and need <= len(scheme.plan(pairs)) + 1 \
+                else None
+        grid = {"axis_points": max(max(p) for p in pairs), "mixed_points": len(pairs)}
+        changes = [("raising hetdpt.axis_points / hetdpt.mixed_points", grid)]
+        if not opts.dense_point:
+            changes = [("setting hetdpt.dense_point true", {"dense_point": True}), *changes,
+                       ("raising hetdpt.axis_points / hetdpt.mixed_points and setting hetdpt.dense_point true",
+                        {**grid, "dense_point": True})]
+        for change, values in changes:
+            if len(grid_plan(dataclasses.replace(opts, **values), pairs)) >= need:
+                return change
+        return None
 
     def allocate(self, job: PruneJob):
         pairs = job.feasible_pairs()   # rank 0's, like every plan below: each rank measures its share of one plan
@@ -168,6 +204,8 @@ class HetDPT(DepthStrategy):
         scheme = self.scheme(job)
         plan = dist.on_main(lambda: self.point_plan(job, pairs))
         predictor = self.predictor_for(job, plan)
+        configured = opts.predictor if predictor.name != opts.predictor or getattr(
+            self.predictor(job), "min_points", 0) > len(plan) else None   # a plane fitted in its place
         points = self.collect_points(job, plan)
         predicted = self.fit(predictor, points, pairs)
         sign = 1 if job.task.higher_is_better else -1   # the best split: the highest metric, or the lowest loss
@@ -220,6 +258,8 @@ class HetDPT(DepthStrategy):
             f"({d['n_attn']},{d['n_act']})={job.task.number(d['predicted'])}" for d in surface))
         return pick, {"predictor": predictor.name, "points": points, "fit": fit, "surface": surface,
                       "refinement": rounds, "verified": checked, "point_selection": scheme.name,
+                      **({"predictor_fallback": {"configured": configured, "plan_points": len(plan)}}
+                         if configured else {}),
                       "points_cost": points_cost(points + checked),
                       **({"pipeline_checks": halved.to_dict()} if halved is not None else {}),
                       **({"unsure": unsure} if unsure is not None else {}),

@@ -176,8 +176,7 @@ def check_rows(plans: list[RowPlan], registry: Registry, dense: nn.Module, model
         strategy, job = row_job(plan, registry, dense, model_spec, task, base_info, out, log=lambda m: None,
                                 adapter=adapter)
         with job.serving():
-            check_job(strategy, job)
-            steps = list(strategy.plan(job)) if hasattr(strategy, "plan") else None
+            steps = check_job(strategy, job)
         work[plan.id] = None if steps is None else float(sum(s.train_images + EVAL_SHARE * s.eval_images
                                                              for s in steps))
     return work
