@@ -8,6 +8,7 @@ and the long fine-tune after pruning, so every strategy is trained alike.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -107,14 +108,43 @@ class StepPlan:
 
     compile: bool   # the student's forward and backward, and the teacher's forward, under torch.compile
     fused: bool   # torch's fused AdamW kernel (one launch for every parameter)
+    bf16_teacher: bool   # the teacher held in bf16 weights (the run's amp is bf16)
 
 
 def step_plan(cfg: TrainConfig, device: torch.device, amp: str) -> StepPlan:
     """The step a schedule takes on ``device`` at precision ``amp``: compiled where ``compile`` says so (``auto``:
     on CUDA, where it pays; on the CPU compiling costs more than it saves at hetprune's sizes), AdamW fused on
-    CUDA (on the CPU the step stays the unfused one it always was)."""
+    CUDA (on the CPU the step stays the unfused one it always was), a bf16 teacher under bf16 autocast (its
+    matmuls ran in bf16 already: the weights' copy halves what is read)."""
     on_cuda = device.type == "cuda"
-    return StepPlan(compile=on_cuda if cfg.compile == COMPILE_AUTO else bool(cfg.compile), fused=on_cuda)
+    return StepPlan(compile=on_cuda if cfg.compile == COMPILE_AUTO else bool(cfg.compile), fused=on_cuda,
+                    bf16_teacher=amp == "bf16")
+
+
+class FrozenTeacher(nn.Module):
+    """The teacher as a training step calls it: its logits under ``torch.inference_mode`` (no autograd record,
+    no version counters) and the run's autocast, handed back as ordinary fp32 tensors a loss can use in its
+    graph (an inference tensor cannot be saved for backward)."""
+
+    def __init__(self, net: nn.Module, device: torch.device, amp: str):
+        super().__init__()
+        self.net, self.device, self.amp = net, device, amp
+
+    def forward(self, x):
+        with torch.inference_mode(), devices.autocast(self.device, self.amp):
+            out = self.net(x)
+        return out.float() if out.element_size() < 4 else out.clone()
+
+
+def frozen_teacher(teacher: nn.Module | None, device: torch.device, amp: str, plan: StepPlan) -> FrozenTeacher | None:
+    """``teacher`` placed on ``device`` in eval mode, as `FrozenTeacher`: a bf16 copy where ``plan`` says so (the
+    teacher given, often the dense model itself, is left in its own precision), compiled where the step is."""
+    if teacher is None:
+        return None
+    net = devices.place(teacher, device).eval()
+    if plan.bf16_teacher:
+        net = copy.deepcopy(net).to(torch.bfloat16)
+    return FrozenTeacher(torch.compile(net) if plan.compile else net, device, amp)
 
 
 def grad_scaler(device: torch.device, amp: str) -> torch.amp.GradScaler:
@@ -523,9 +553,8 @@ def train(
     device = devices.resolve(cfg.device)
     amp = devices.resolve_amp(cfg.amp, device)
     devices.place(model, device)
-    if teacher is not None:
-        devices.place(teacher, device).eval()
     plan = step_plan(cfg, device, amp)
+    teacher = frozen_teacher(teacher, device, amp, plan)
     scaler = grad_scaler(device, amp)
     source = data if hasattr(data, "epoch") else ClassificationSource(data)
     check_source(source, cfg)
@@ -537,7 +566,7 @@ def train(
     if cfg.ema_decay:
         from timm.utils import ModelEmaV3
 
-        ema = ModelEmaV3(model, decay=cfg.ema_decay)
+        ema = ModelEmaV3(model, decay=cfg.ema_decay, foreach=True)   # one _foreach_lerp_ over every tensor
     folder = Path(checkpoint_dir) if checkpoint_dir else None
     start_epoch, start_step, history, best, carried = 0, 0, [], None, None
     if folder is not None and resume:
