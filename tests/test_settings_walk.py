@@ -29,6 +29,7 @@ OTHER = {
     "pruner": "another-width-pruner",   # names are checked when a run starts (start_run), not when settings are read
     "scorer_options": {"gate-taylor": {"score_lr": 0.5}}, "cost_model_options": {"latency": {"batch_size": 8}},
     "predictor_options": {"poly": {"degree": 2}}, "pruner_options": {"round_to": 16}, "image_passes": 5000,
+    "compile": False,
 }
 # the settings a changed value of a leaf needs beside it to be used at all, the words it is refused with where it
 # would be ignored, and where that is (for the checks' settings: at verify 0; the defaults check 6 splits, spread

@@ -146,6 +146,9 @@ def field_types(cls) -> dict[str, tuple]:
 LR_SCALES = ("none", "linear", "sqrt")   # timm's rule: lr * (global batch / lr_base_batch), or its square root
 CLIP_MODES = ("norm", "value", "agc")   # timm.utils.dispatch_clip_grad
 KEEPS = ("last", "best", "ema")       # which weights a fine-tune returns
+COMPILE_AUTO = "auto"   # a schedule's compile: on CUDA, off on the CPU (`hetprune.training.train.step_plan`)
+# compile given as a word (the Python call's settings; YAML reads on and off as booleans itself)
+COMPILE_WORDS = {"auto": COMPILE_AUTO, "on": True, "off": False, "true": True, "false": False}
 SCHEDULES = ("finetune", "short_finetune")   # the pruning run's fine-tune schedules (each a TrainConfig)
 # the schedule of a dense base hetprune makes, by how it makes it (--base scratch | finetune): a TrainConfig each
 BASE_SCHEDULES = {"scratch": "base_scratch", "finetune": "base_finetune"}
@@ -232,7 +235,10 @@ class TrainConfig(ReadsLikeItsDict):
     keep: str = setting("last", "last | best (the best evaluated epoch) | ema (the EMA weights)", since="issue 42")
     save_every_steps: int = setting(0, "recovery checkpoints every N steps inside an epoch (0: at epoch ends only)",
                                     since="issue 42")
-    compile: bool = setting(False, "torch.compile the training forward", since="issue 42")
+    compile: bool | str = setting(COMPILE_AUTO, "torch.compile the student's forward and backward and the teacher's "
+                                                "forward: auto (on CUDA, off on the CPU) | true | false (on and off read "
+                                                "as true and false)",
+                                  since="issue 42")
     check_every: int = setting(50, "steps between checks that the loss is finite (one host sync per check)",
                                since="issue 42")
     repeats: int = setting(1, "repeated augmentation: each image shown this many times per epoch", since="issue 42")
@@ -306,9 +312,13 @@ class TrainConfig(ReadsLikeItsDict):
                 raise HetpruneError(f"{name} must be text (\"\": none), got {getattr(self, name)!r}")
         if not isinstance(self.teacher_kwargs, dict):
             raise HetpruneError(f"teacher_kwargs must be a mapping, got {self.teacher_kwargs!r}")
-        for name in ("teacher_pretrained", "kd_token", "compile", "batch_per_gpu"):
+        for name in ("teacher_pretrained", "kd_token", "batch_per_gpu"):
             if not isinstance(getattr(self, name), bool):
                 raise HetpruneError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.compile, str):
+            self.compile = COMPILE_WORDS.get(self.compile.lower(), self.compile)
+        if not (isinstance(self.compile, bool) or self.compile == COMPILE_AUTO):
+            raise HetpruneError(f"compile must be auto, true or false (on, off), got {self.compile!r}")
         if (self.teacher_checkpoint or self.teacher_pretrained or self.teacher_kwargs) and not self.teacher:
             raise HetpruneError("teacher_checkpoint, teacher_pretrained and teacher_kwargs describe a separate "
                                 "teacher: name its timm model in teacher too")

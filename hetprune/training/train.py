@@ -8,8 +8,10 @@ and the long fine-tune after pruning, so every strategy is trained alike.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +22,7 @@ from tqdm.auto import tqdm
 
 from ..core import devices
 from ..core import distributed as dist
-from ..core.config import KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.training.train too
+from ..core.config import COMPILE_AUTO, KD_MODES, TrainConfig  # noqa: F401 - TrainConfig's public home stays hetprune.training.train too
 from .bundle import DataBundle
 from .loaders import loader, subset
 from .mixing import mix_batch
@@ -97,6 +99,52 @@ def forward_loss(net: nn.Module, x, y, cfg: TrainConfig, device: torch.device, a
         logits = net(x)
     logits = tuple(map(_at_least_fp32, logits)) if isinstance(logits, (tuple, list)) else _at_least_fp32(logits)
     return training_loss(logits, y, teacher_logits, cfg)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How the training step runs on its device, decided in one place (`step_plan`), so a test on the CPU can
+    ask for CUDA's decision and run it."""
+
+    compile: bool   # the student's forward and backward, and the teacher's forward, under torch.compile
+    fused: bool   # torch's fused AdamW kernel (one launch for every parameter)
+    bf16_teacher: bool   # the teacher held in bf16 weights (the run's amp is bf16)
+
+
+def step_plan(cfg: TrainConfig, device: torch.device, amp: str) -> StepPlan:
+    """The step a schedule takes on ``device`` at precision ``amp``: compiled where ``compile`` says so (``auto``:
+    on CUDA, where it pays; on the CPU compiling costs more than it saves at hetprune's sizes), AdamW fused on
+    CUDA (on the CPU the step stays the unfused one it always was), a bf16 teacher under bf16 autocast (its
+    matmuls ran in bf16 already: the weights' copy halves what is read)."""
+    on_cuda = device.type == "cuda"
+    return StepPlan(compile=on_cuda if cfg.compile == COMPILE_AUTO else bool(cfg.compile), fused=on_cuda,
+                    bf16_teacher=amp == "bf16")
+
+
+class FrozenTeacher(nn.Module):
+    """The teacher as a training step calls it: its logits under ``torch.inference_mode`` (no autograd record,
+    no version counters) and the run's autocast, handed back as ordinary fp32 tensors a loss can use in its
+    graph (an inference tensor cannot be saved for backward)."""
+
+    def __init__(self, net: nn.Module, device: torch.device, amp: str):
+        super().__init__()
+        self.net, self.device, self.amp = net, device, amp
+
+    def forward(self, x):
+        with torch.inference_mode(), devices.autocast(self.device, self.amp):
+            out = self.net(x)
+        return out.float() if out.element_size() < 4 else out.clone()
+
+
+def frozen_teacher(teacher: nn.Module | None, device: torch.device, amp: str, plan: StepPlan) -> FrozenTeacher | None:
+    """``teacher`` placed on ``device`` in eval mode, as `FrozenTeacher`: a bf16 copy where ``plan`` says so (the
+    teacher given, often the dense model itself, is left in its own precision), compiled where the step is."""
+    if teacher is None:
+        return None
+    net = devices.place(teacher, device).eval()
+    if plan.bf16_teacher:
+        net = copy.deepcopy(net).to(torch.bfloat16)
+    return FrozenTeacher(torch.compile(net) if plan.compile else net, device, amp)
 
 
 def grad_scaler(device: torch.device, amp: str) -> torch.amp.GradScaler:
@@ -310,12 +358,14 @@ def scaled_lr(cfg: TrainConfig) -> float:
     return cfg.lr * (ratio if cfg.lr_scale == "linear" else math.sqrt(ratio))
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig, lr: float, device: torch.device):
-    """timm's AdamW (no weight decay on norms, biases, tokens); fused on CUDA, where torch has that kernel."""
+def make_optimizer(model: nn.Module, cfg: TrainConfig, lr: float, device: torch.device, fused: bool | None = None):
+    """timm's AdamW (no weight decay on norms, biases, tokens); fused where ``fused`` (None: as `step_plan`
+    decides for ``device``: on CUDA, where torch has that kernel)."""
     from timm.optim import create_optimizer_v2
 
-    fused = {"fused": True} if device.type == "cuda" else {}
-    return create_optimizer_v2(model, opt="adamw", lr=lr, weight_decay=cfg.weight_decay, **fused)
+    fused = device.type == "cuda" if fused is None else fused
+    return create_optimizer_v2(model, opt="adamw", lr=lr, weight_decay=cfg.weight_decay,
+                               **({"fused": True} if fused else {}))
 
 
 def make_scheduler(optimizer, cfg: TrainConfig, lr: float, steps_per_epoch: int):
@@ -503,20 +553,20 @@ def train(
     device = devices.resolve(cfg.device)
     amp = devices.resolve_amp(cfg.amp, device)
     devices.place(model, device)
-    if teacher is not None:
-        devices.place(teacher, device).eval()
+    plan = step_plan(cfg, device, amp)
+    teacher = frozen_teacher(teacher, device, amp, plan)
     scaler = grad_scaler(device, amp)
     source = data if hasattr(data, "epoch") else ClassificationSource(data)
     check_source(source, cfg)
     steps_per_epoch = source.steps_per_epoch(cfg)
     lr = scaled_lr(cfg)
-    optimizer = make_optimizer(model, cfg, lr, device)
+    optimizer = make_optimizer(model, cfg, lr, device, fused=plan.fused)
     scheduler = make_scheduler(optimizer, cfg, lr, steps_per_epoch)
     ema = None
     if cfg.ema_decay:
         from timm.utils import ModelEmaV3
 
-        ema = ModelEmaV3(model, decay=cfg.ema_decay)
+        ema = ModelEmaV3(model, decay=cfg.ema_decay, foreach=True)   # one _foreach_lerp_ over every tensor
     folder = Path(checkpoint_dir) if checkpoint_dir else None
     start_epoch, start_step, history, best, carried = 0, 0, [], None, None
     if folder is not None and resume:
@@ -540,7 +590,7 @@ def train(
     with training_modes(model, cfg):
         history = _train_epochs(model, source, cfg, teacher, device, amp, scaler, optimizer, scheduler, ema, folder,
                                 start_epoch, start_step, history, best, carried, steps_per_epoch, distributed, rank,
-                                world, progress, desc, on_epoch_end, eval_each_epoch, resume_key)
+                                world, progress, desc, on_epoch_end, eval_each_epoch, resume_key, plan)
     model.eval()
     return history
 
@@ -563,7 +613,7 @@ def training_modes(model: nn.Module, cfg: TrainConfig):
 
 def _train_epochs(model, source, cfg, teacher, device, amp, scaler, optimizer, scheduler, ema, folder, start_epoch,
                   start_step, history, best, carried, steps_per_epoch, distributed, rank, world, progress, desc,
-                  on_epoch_end, eval_each_epoch, resume_key) -> list[dict]:
+                  on_epoch_end, eval_each_epoch, resume_key, plan: StepPlan) -> list[dict]:
     """The epochs of `train`, from ``start_epoch`` (and ``start_step`` within it); returns the history."""
     net = ddp = model
     if distributed:
@@ -571,7 +621,7 @@ def _train_epochs(model, source, cfg, teacher, device, amp, scaler, optimizer, s
 
         dist.broadcast_module(model)
         net = ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if cfg.compile:
+    if plan.compile:   # the forward compiled, and through AOTAutograd its backward
         net = torch.compile(net)
     eval_every = cfg.eval_every or (1 if eval_each_epoch else 0)
     higher = getattr(source, "higher_is_better", True)
