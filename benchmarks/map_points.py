@@ -153,7 +153,7 @@ SCHEMES = {
                                  "hetdpt.verify_selection=1", "hetdpt.verify_images=auto",
                                  "hetdpt.verify_among=spread", NO_FLOOR],
     # what check_bound.py says 3 candidates cannot give and 6 can: 6 spread checks, each candidate selected on
-    # 7 % of the scoring subset (DeiT-B: 90,000 images a gate epoch; the 6 checks and the points 9.8 % of its
+    # 7 % of the scoring subset (DeiT-B: 90,000 images a gate epoch; the 6 checks and the points 9.4 % of its
     # run) but on at least 300 images a gate epoch (verify_selection_at_least: a share of a small subset is too
     # few images to rank the sites; here the floor is the whole subset, the run's own selection)
     "oneshot-spread6-floor300": ["hetdpt.point_selection=oneshot", "hetdpt.verify=6", "hetdpt.verify_by=pipeline",

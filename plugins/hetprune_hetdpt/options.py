@@ -25,7 +25,7 @@ class HetDPTOptions(Section):
     with ``poly`` (its degree by leave-2-out CV), then 6 splits checked by the final run's own pipeline
     (``verify_by`` pipeline), the best predicted of each sixth of the budget line (``verify_among`` spread),
     each candidate selected on 7 % of the scoring subset but on at least 300 images a gate epoch and fine-tuned
-    on at most one point's schedule (``verify_images`` auto): 9.8 % of a DeiT-B run. Progressive points with
+    on at most one point's schedule (``verify_images`` auto): 9.4 % of a DeiT-B run as ``--plan`` counts it. Progressive points with
     poly and no checks are the paper's (``--config deit-b-paper``).
     """
 
