@@ -28,7 +28,7 @@ from studylib.runs import floors_of
 from studylib.tables import table
 
 from hetprune_hetdpt.options import HetDPTOptions
-from hetprune_hetdpt.strategy import HetDPT
+from hetprune_hetdpt.allocation import to_check
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # each target is read from the first study that has it (the spread studies measured the one-shot points of
@@ -73,7 +73,7 @@ def bounds(studies: dict[str, dict]) -> tuple[list[dict], dict]:
                     for rule in RULES:
                         for k in KS:
                             opts = HetDPTOptions(verify_among=rule)   # K=1 (no run checks one) included
-                            checked, _ = HetDPT.to_check(opts, sorted(true), predicted, None, k=k)
+                            checked, _ = to_check(opts, sorted(true), predicted, None, k=k)
                             pick = max(checked, key=lambda p: (own[p], -p[0]))   # ties: fewer attention
                             rows.append({"bench": u["bench"], "target": target, "predictor": label, "rule": rule,
                                          "k": k, "seed": u["seed"], "checked": [name(p) for p in checked],

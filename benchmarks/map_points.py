@@ -62,8 +62,6 @@ import time
 from pathlib import Path
 
 from hetprune.pruning.point_store import metric_of
-from hetprune_hetdpt.options import HetDPTOptions
-from hetprune_hetdpt.strategy import HetDPT
 from studylib.files import write
 from studylib.machine import load, machine, machine_line
 from studylib.runs import budget_of, context, final_images, floors_of, oracle_rows, resolved_settings, truth_rows
@@ -408,23 +406,24 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extr
         job = job_for(ctx, target, seed, work, shared)
         started = time.time()
         with job.serving():
-            pairs = sorted(job.feasible_pairs())
-            plan = ctx.strategy.point_plan(job, pairs)
-            points = ctx.strategy.collect_points(job, plan)
+            alloc = ctx.strategy.allocation(job)   # stage 1's own steps: the run's points, candidates and checks
+            pairs = sorted(alloc.pairs)
+            # the scheme's points even where the checks would cover every split: the study compares predictors
+            plan = alloc.point_plan() or alloc.scheme.plan(alloc.pairs)
+            points = alloc.points(plan)
             fits = fit_all(points, pairs, ctx.registry)
-            opts = job.options(HetDPTOptions)
+            opts = alloc.opts
             verify = opts.verify
             if verify and opts.verify_by == "pipeline":
-                pipeline_checks(job, fits, pairs, opts, None)
+                pipeline_checks(alloc, fits, None)
             elif verify:   # each predictor's splits to check (hetdpt.verify) measured, as allocate does
-                point_scheme = ctx.strategy.scheme(job)
                 for fit in fits.values():
                     if "predicted" not in fit:
                         continue
-                    best = splits_to_check(opts, pairs, fit)
+                    best = splits_to_check(alloc, fit)
                     if best is None:
                         continue
-                    found = point_scheme.verify(best)
+                    found = alloc.scheme.verify(best)
                     fit["verified"] = {f"{a}+{m}": metric_of(found[(a, m)]) for a, m in best}
                     fit["verify_images"] = sum(found[p].get("images") or 0 for p in best)
                     fit["verify_seconds"] = round(sum(found[p].get("seconds") or 0 for p in best), 1)
@@ -441,12 +440,12 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extr
     return result
 
 
-def splits_to_check(opts: HetDPTOptions, pairs, fit: dict) -> list | None:
-    """The splits a run with ``opts`` checks after this predictor's fit (`HetDPT.to_check`), or None where it
-    checks none (verify_when unsure and a clear pick: taken without checks, at no cost, the fit saying so in
-    ``unsure``), as allocate does."""
+def splits_to_check(alloc, fit: dict) -> list | None:
+    """The splits a run checks after this predictor's fit (`Allocation.candidates`), or None where it checks
+    none (verify_when unsure and a clear pick: taken without checks, at no cost, the fit saying so in
+    ``unsure``), as the run's allocation does."""
     predicted = {tuple(map(int, k.split("+"))): v for k, v in fit["predicted"].items()}
-    best, unsure = HetDPT.to_check(opts, pairs, predicted, fit.get("fit", {}).get("loo_mae"))
+    best, unsure = alloc.candidates(predicted, fit.get("fit", {}).get("loo_mae"))
     if unsure is not None:
         fit["unsure"] = unsure
         if not unsure["checked"]:
@@ -454,17 +453,16 @@ def splits_to_check(opts: HetDPTOptions, pairs, fit: dict) -> list | None:
     return best
 
 
-def pipeline_checks(job, fits: dict, pairs, opts: HetDPTOptions, budget) -> None:
-    """``hetdpt.verify_by pipeline`` for each predictor's splits to check, chosen as allocate chooses them
-    (`HetDPT.to_check`: the K best predicted or, with verify_among spread, the best of each K-th of the line;
-    with verify_when unsure only the near ties, none where the best stands out, the fit saying which in
+def pipeline_checks(alloc, fits: dict, budget) -> None:
+    """``hetdpt.verify_by pipeline`` for each predictor's splits to check, chosen as the run chooses them
+    (`Allocation.candidates`: the K best predicted or, with verify_among spread, the best of each K-th of the
+    line; with verify_when unsure only the near ties, none where the best stands out, the fit saying which in
     ``unsure``): the winner, the halving's rounds and its
     cost (images: the units spent x one unit's images, a final fine-tune's or with verify_images a point's;
     seconds: each candidate's selection, timed once and counted for every predictor that checks it, plus the stored
     check fine-tunes)."""
-    from hetprune_hetdpt.halving import PipelineChecks
-
-    checks = PipelineChecks(job)
+    job = alloc.job
+    checks = alloc.checks()   # one object for every predictor: a selection made once is reused
     timings = job.workdir / "selection-seconds.json"   # kept: a rerun that reuses stored checks still counts them
     selecting = {tuple(map(int, k.split("+"))): v for k, v in
                  (json.loads(timings.read_text()) if timings.is_file() else {}).items()}
@@ -480,7 +478,7 @@ def pipeline_checks(job, fits: dict, pairs, opts: HetDPTOptions, budget) -> None
     for fit in fits.values():
         if "predicted" not in fit:
             continue
-        best = splits_to_check(opts, pairs, fit)
+        best = splits_to_check(alloc, fit)
         if best is None:
             continue
         halved = checks.run(best, budget)

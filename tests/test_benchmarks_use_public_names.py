@@ -56,3 +56,14 @@ def test_the_scan_finds_a_patch_a_private_import_and_a_private_read():
             "x = checks._models\n")
     assert len(reaches_in(ast.parse(code), methods)) == 4
     assert reaches_in(ast.parse("checks.candidates = []\nx = obj.__class__\n"), methods) == []
+
+
+def test_the_map_study_drives_stage_1_through_the_runs_allocation():
+    """The study's points, candidates and checks come from `Allocation`, the object a run's stage 1 is, not
+    from a copy of its logic."""
+    tree = ast.parse((ROOT / "benchmarks" / "map_points.py").read_text())
+    calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert {"allocation", "point_plan", "points", "candidates", "checks"} <= calls
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not names & {"to_check", "PipelineChecks", "collect_points"}   # what the study once called itself

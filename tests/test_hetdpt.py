@@ -617,7 +617,7 @@ def test_a_point_plan_too_small_for_the_predictor_falls_back_to_a_plane_or_is_re
     wide = make_job(tiny_model, digits_data, tmp_path / "wide", budget=Budget(sites=3),
                     **{"hetdpt.axis_points": 1, "hetdpt.mixed_points": 0, "hetdpt.predictor": "poly",
                        "hetdpt.verify": 0})
-    assert HetDPT().plan_could_give(wide, 5) == "raising hetdpt.axis_points / hetdpt.mixed_points"
+    assert HetDPT().allocation(wide).plan_could_give(5) == "raising hetdpt.axis_points / hetdpt.mixed_points"
 
 
 # -- MAP refinement -------------------------------------------------------------------
@@ -828,3 +828,29 @@ def test_one_check_is_refused_as_it_would_change_nothing():
         config.resolve(hetdpt, sets=["hetdpt.verify=1"])
     for verify in (0, 2, 6):
         assert config.resolve(hetdpt, sets=[f"hetdpt.verify={verify}"])["hetdpt"]["verify"] == verify
+
+
+def test_one_recorder_keeps_every_point_the_map_points_share_points_and_checks(tmp_path):
+    """Issue 71, item 6: MAP points, HetDPT+'s share points and the pipeline checks are kept by one recorder
+    (`PointStore.record`): stored, held by split, announced; no plugin appends to a store itself."""
+    import ast
+    from pathlib import Path
+
+    events = []
+
+    class Job:
+        def event(self, name, **fields):
+            events.append((name, fields["point"]["n_attn"]))
+
+    store, have = PointStore(tmp_path / "points.jsonl", "k"), {}
+    kept = store.record(Job(), have, {"n_attn": 1, "n_act": 2, "metric": 90.0})
+    store.record(Job(), have, {"n_attn": 2, "n_act": 1, "metric": 80.0}, event=False)
+    assert have[(1, 2)] == kept and store.load()[(2, 1)]["metric"] == 80.0
+    assert events == [("on_point_collected", 1)]   # a check is kept, not announced as a point
+    plugins = Path(__file__).resolve().parent.parent / "plugins"
+    appends = [f"{p.name}:{n.lineno}" for p in plugins.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))
+               if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "append"
+               and "store" in ast.unparse(n.func.value).lower()]
+    assert not appends, appends
+    recorded = {p.name for p in plugins.rglob("*.py") if ".record(job, have," in p.read_text()}
+    assert recorded == {"point_schemes.py", "share_search.py", "halving.py"}

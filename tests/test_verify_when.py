@@ -135,7 +135,7 @@ def test_the_map_study_checks_the_splits_a_run_checks(among, when, tmp_path, mon
     value = {p: 70.0 + 3 * p[0] for p in pairs}   # sure that attention-heavy splits win
     fits = {"local": {"predicted": {f"{a}+{m}": v for (a, m), v in value.items()}, "fit": {"loo_mae": 5.0}}}
     with job.serving():
-        map_points.pipeline_checks(job, fits, pairs, job.options(HetDPTOptions), None)
+        map_points.pipeline_checks(HetDPT().allocation(job), fits, None)   # the run's own stage-1 object
     expected, _ = HetDPT.to_check(job.options(HetDPTOptions), pairs, value, 5.0)
     assert ran == [expected]
     assert expected == ([(3, 0), (1, 2)] if among == "spread" else [(3, 0), (2, 1)])

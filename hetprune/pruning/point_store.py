@@ -99,6 +99,19 @@ class PointStore:
             log(f"{prefix} reusing {len(reused)} of {wanted} {noun} measured {made_when(reused)}, from {self.path} "
                 "(the same base model, task, data and settings)")
 
+    def record(self, job, have: dict, point: dict, event: bool = True) -> dict:
+        """Keep one measured point: every rank takes rank 0's record (measured on every rank together, it is
+        the same up to reduction order), rank 0 appends it, ``have`` holds it by split, and
+        ``on_point_collected`` is announced (``event``). The one recorder of MAP points, HetDPT+'s share points
+        and the pipeline checks; returns the record kept."""
+        point = dist.broadcast(point)
+        if dist.is_main():
+            self.append(point)
+        have[(point["n_attn"], point["n_act"])] = point
+        if event:
+            job.event("on_point_collected", point=point)
+        return point
+
     def append(self, record: dict) -> None:
         """Append one point to this rank's file (no lock: no other process writes it)."""
         path = self.rank_path(dist.rank())

@@ -387,14 +387,10 @@ class PipelineChecks:
             cfg = self.schedule(fraction)
             job.task.fit(model, job.teacher_for(cfg)[0], cfg, "check", progress=False, desc="pipeline check")
             value = job.choice_metric(model)
-            point = dist.broadcast({"n_attn": split[0], "n_act": split[1], "fraction": fraction,
-                                    "metric": value, "split": job.choice_split, "epochs": cfg.epochs,
-                                    "subset": cfg.subset,
-                                    "sites": [str(s) for s in self.sites[split]],
-                                    "seconds": round(time.time() - t0, 2)})
-            if dist.is_main():
-                store.append(point)
-            have[split] = point
+            point = store.record(job, have, {"n_attn": split[0], "n_act": split[1], "fraction": fraction,
+                                             "metric": value, "split": job.choice_split, "epochs": cfg.epochs,
+                                             "subset": cfg.subset, "sites": [str(s) for s in self.sites[split]],
+                                             "seconds": round(time.time() - t0, 2)}, event=False)
             of = "the final fine-tune" if not self.unit.in_images else f"a point's fine-tune ({self.unit.section})"
             job.log(f"[hetdpt] pipeline check {split[0]}+{split[1]} at {fraction:.0%} of {of} -> "
                     f"{job.task.format(value)} ({point['seconds']:.1f}s)")

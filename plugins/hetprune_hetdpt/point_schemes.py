@@ -177,13 +177,9 @@ class PointScheme:
         whichever it is."""
         job = self.job
         acc = self.evaluate(model)
-        point = dist.broadcast({"n_attn": a, "n_act": m, "metric": acc, "split": self.job.choice_split,
-                                "sites": [str(s) for s in chosen],
-                                "seconds": round(time.time() - started, 2), "scheme": self.name, **made})
-        if dist.is_main():
-            store.append(point)
-        have[(a, m)] = point
-        job.event("on_point_collected", point=point)
+        point = store.record(job, have, {"n_attn": a, "n_act": m, "metric": acc, "split": self.job.choice_split,
+                                         "sites": [str(s) for s in chosen],
+                                         "seconds": round(time.time() - started, 2), "scheme": self.name, **made})
         job.log(f"[hetdpt] MAP point {label}: {a} attn + {m} act -> {job.task.format(acc)} "
                 f"({point['seconds']:.1f}s)")
         return point

@@ -89,13 +89,9 @@ def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: 
         info = width_prune(job, model, target, stage="share-point")
         job.task.fit(model, job.teacher_for(cfg)[0], cfg, "share", progress=False, desc="share point")
         acc = job.choice_metric(model)   # a choice: on the selection split, never the val set reported
-        point = dist.broadcast({"n_attn": a, "n_act": m, "metric": acc, "split": job.choice_split,
-                                "sites": [str(s) for s in chosen],
-                                "macs": info["macs"], "seconds": round(time.time() - t0, 2)})
-        if dist.is_main():
-            store.append(point)
-        have[(a, m)] = point
-        job.event("on_point_collected", point=point)
+        point = store.record(job, have, {"n_attn": a, "n_act": m, "metric": acc, "split": job.choice_split,
+                                         "sites": [str(s) for s in chosen],
+                                         "macs": info["macs"], "seconds": round(time.time() - t0, 2)})
         job.log(f"[{job.strategy_name}] share point {i}/{len(todo)}: {a} attn + {m} act, width to the target -> "
                 f"{job.task.format(acc)} ({point['seconds']:.1f}s)")
     return [have[p] for p in plan]
