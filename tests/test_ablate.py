@@ -129,3 +129,53 @@ def test_a_predictor_whose_fit_returns_nothing_is_read_after_fitting(trained_tin
         assert json.loads((out / "ablation.json").read_text())["predictors"]["flat-none"]["pick"] == [0, 1]
     finally:
         unregister_plugin("flat-none")
+
+
+def test_the_compared_predictors_are_built_and_sized_before_any_cheap_point(trained_tiny, tmp_path, monkeypatch,
+                                                                           capsys):
+    """Issue 71: every refusal that can be known before stage 1 is made there. A predictor named in
+    --predictors that breaks its Protocol, or needs more points than the budget's plan has, was found only
+    after every cheap point was measured."""
+    from hetprune_hetdpt.strategy import HetDPT
+
+    from hetprune import hookimpl, register_plugin, unregister_plugin
+
+    class NoPredict:
+        name = "no-predict"
+
+        def fit(self, points):
+            return self
+
+    class Plugin:
+        @hookimpl
+        def register_predictors(self, register):
+            register(NoPredict)
+
+    def never(self, job, plan):
+        raise AssertionError("a cheap point was measured before the refusal")
+
+    monkeypatch.setattr(HetDPT, "collect_points", never)
+    _, spec, ckpt = trained_tiny
+    args = ["ablate", "--model", spec.name, "--model-kwargs", json.dumps(spec.kwargs), "--checkpoint", str(ckpt),
+            "--budget", "1", "--scorer", "magnitude", "--set", "finetune.epochs=1", "--set", "finetune.subset=32"]
+    register_plugin(Plugin(), "no-predict")
+    try:
+        assert main([*args, "--predictors", "no-predict", "--out", str(tmp_path / "a")]) != 0
+    finally:
+        unregister_plugin("no-predict")
+    assert "predictor 'no-predict' lacks predict() method" in capsys.readouterr().err
+    # poly of degree 2 needs 6 distinct points; a budget of one site plans 3
+    assert main([*args, "--predictors", "poly", "--set", "hetdpt.predictor_options={poly: {degree: 2}}",
+                 "--out", str(tmp_path / "b")]) != 0
+    assert "predictor 'poly' needs at least 6 distinct points and this budget's plan has 3" in capsys.readouterr().err
+
+
+def test_every_library_entry_point_closes_the_loaders_it_opened():
+    """ablate lost its closing_loaders decorator when a helper was written between the two (a run's loader
+    workers outlived the call); each entry point is wrapped by it."""
+    from hetprune.harness.ablate import ablate
+    from hetprune.harness.api import prune
+    from hetprune.harness.compare import compare
+
+    for entry in (ablate, prune, compare):   # the context manager's wrapper, over the function itself
+        assert entry.__wrapped__.__name__ == entry.__name__ and entry.__code__ is not entry.__wrapped__.__code__

@@ -197,7 +197,20 @@ def write(out: Path, result: dict) -> None:
     plots(out, result)
 
 
-@closing_loaders()   # the call leaves no loader worker behind
+def build_compared(strat, job, predictors: list[str], scorers: list[str], plan: list) -> None:
+    """Build every predictor and scorer the ablation compares before the first cheap point trains: one that
+    breaks its Protocol is refused by name now (the registry checks what it builds), and a predictor that
+    needs more points than the plan has is refused with both counts, not after the points."""
+    for name in predictors:
+        predictor = strat.predictor(job, name)
+        need = getattr(predictor, "min_points", None)
+        if need is not None and len(plan) < need:
+            raise HetpruneError(f"predictor {name!r} needs at least {need} distinct points and this budget's plan "
+                                f"has {len(plan)}: {plan}; compare predictors that need fewer, or a larger budget")
+    for name in scorers:
+        job.registry.build("scorer", name, **job.config.options_for("scorer", name))
+
+
 def fitted_predictor(predictor, triples):
     """``predictor`` fitted on ``triples``: fit()'s return value is ignored (the contract's rule), the object
     is the fitted one."""
@@ -205,6 +218,7 @@ def fitted_predictor(predictor, triples):
     return predictor
 
 
+@closing_loaders()   # the call leaves no loader worker behind
 def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, predictors=None, scorers=(),
            tolerance: float = 0.3, settings: dict | None = None, config: str | None = None,
            out: str | Path = "runs/ablate",
@@ -278,6 +292,8 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
             with job.serving():
                 check_job(strat, job)   # before the first cheap point trains
                 pairs = job.feasible_pairs()
+                if seed == seeds[0]:
+                    build_compared(strat, job, predictors, scorers, strat.point_plan(job, pairs))
                 if plan:
                     cheap.append(("cheap points", list(strat.plan_allocation(job))))
                     continue
