@@ -10,7 +10,7 @@ import hetprune
 from hetprune import HetpruneError
 from hetprune.harness.testing import tiny_job
 from hetprune.plugin_api import val_size
-from hetprune_hetdpt.halving import PipelineChecks, checks_run
+from hetprune_hetdpt.halving import PipelineChecks, checks_run, most_spent
 from hetprune_hetdpt.options import HetDPTOptions
 from hetprune_hetdpt.strategy import HetDPT
 
@@ -105,7 +105,14 @@ def test_plan_counts_the_images_the_setting_gives(tmp_path):
         (sites - sites // 2, sites // 2)) * 32
     own = sized(tmp_path / "own", round(4 * one) + 128, scorer="gate-taylor")
     [step] = [s for s in HetDPT().plan_allocation(own) if "pipeline checks" in s.stage]
-    assert one > 0 and step.train_images == round(3 * one) + 128
+    # the 4 feasible splits are the candidates, known before stage 1: their selections counted exactly (the
+    # removals they share once), the rest of the budget for the fine-tunes, each at most a whole schedule
+    checks = PipelineChecks(own)
+    selections = checks.selections_cost(sorted(own.feasible_pairs()))
+    budget = (round(4 * one) + 128) / 32
+    most = most_spent(4, budget, selections, checks.unit, checks.check_units)
+    assert one > 0 and selections * 32 < 4 * one
+    assert step.train_images == int((most - one / 32) * 32)
 
 
 def test_checks_sized_in_images_are_stored_apart_from_checks_of_the_final_schedule(tmp_path):
@@ -179,11 +186,13 @@ def test_auto_gives_every_check_one_whole_points_fine_tune_at_any_scale(tmp_path
     assert [r["fraction"] for r in out["rounds"]] == [1.0]
     selections = checks.selections_cost(candidates) * 32
     assert out["spent_images"] == out["budget_images"] == round(selections + 4 * 32)
-    # --plan counts the same structure: k selections of the planned split and 4 whole fine-tunes
+    # --plan counts what the run spent: these 4 candidates (every feasible split, known before stage 1) are
+    # selected with the removals they share trained once, less than 4 whole gate phases, then 4 whole fine-tunes
     [step] = [s for s in HetDPT().plan_allocation(job) if "pipeline checks" in s.stage]
     sites = HetDPT().plan_sites(job)
     one = checks.selection_cost((sites - sites // 2, sites // 2)) * 32
-    assert step.train_images == round(4 * one + 4 * 32)
+    assert step.train_images == out["spent_images"] == round(selections + 4 * 32) < round(4 * one + 4 * 32)
+    assert "the removals they share counted once" in step.what
     HetDPT().check_settings(job)   # auto pays for the selections by design: nothing to refuse
 
 

@@ -142,7 +142,8 @@ class Allocation:
         steps = [] if self.covered else self.scheme.plan_steps(plan, pairs)   # covered: the checks alone
         checks = self.checks()
         if checks is not None:
-            steps += checks.plan_steps(min(opts.verify, len(pairs)), None, self.strategy.plan_sites(self.job))
+            steps += checks.plan_steps(min(opts.verify, len(pairs)), None, self.strategy.plan_sites(self.job),
+                                       self.known_candidates())
         # which splits the checks measure (spread and unsure are never together); a near-tie's checks are
         # counted as if they run: the most they cost
         which = (f", every one of the {len(pairs)} feasible splits: no MAP point measured" if self.covered else

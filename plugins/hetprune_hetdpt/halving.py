@@ -47,6 +47,7 @@ from .point_schemes import resolve_finetune
 
 Split = tuple[int, int]
 FINETUNES_BEYOND_SELECTION = 2.0   # the default budget: the K selections, then this many final fine-tunes
+FRACTION_DIGITS = 6   # a check is (split, fraction), the fraction stored to this many digits
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,8 @@ def fractions(k: int, budget: float, selection_cost: float, unit: Unit = FINAL) 
     check_pays(budget, k, selection_cost, unit=unit)
     share = (budget - selection_cost) / len(counts)
     out = []
-    for n in counts:
-        out.append(min(1.0, share / n))
+    for n in counts:   # rounded as the checks' store keys them: 0.9999999999999999 is the whole schedule
+        out.append(round(min(1.0, share / n), FRACTION_DIGITS))
         if out[-1] == 1.0:   # the last round: the next would re-ask the same checks and train nothing
             break
     return out
@@ -375,7 +376,7 @@ class PipelineChecks:
         stores: dict[float, tuple[PointStore, dict]] = {}
 
         def measure(split: Split, fraction: float) -> float:
-            fraction = round(fraction, 6)
+            fraction = round(fraction, FRACTION_DIGITS)
             if fraction not in stores:   # one store key per fraction: a point is (split, fraction)
                 store = self.store().at(fraction=fraction)
                 stores[fraction] = (store, dist.on_main(store.load))
@@ -424,20 +425,26 @@ class PipelineChecks:
             return self.job.train_config(section, subset=max(self.cfg.batch_size, round(fraction * per)))
         return self.job.train_config(section, epochs=max(1, round(fraction * self.cfg.epochs)))
 
-    def plan_steps(self, k: int, budget: float | None, sites: int) -> list[PlanStep]:
-        """What the checks cost at most (``--plan``): the budget's units (None: the settings' budget, or k
-        selections of a ``sites``-site split, half of each kind, plus `FINETUNES_BEYOND_SELECTION`). Where
-        the final select stage continues from the winner's kept selection (a scorer that shares removals, the
-        run's own selection), that selection is the gate phase the plan counts for the select stage, so it is
-        not counted twice."""
+    def plan_steps(self, k: int, budget: float | None, sites: int,
+                   known: list[Split] | None = None) -> list[PlanStep]:
+        """What the checks cost (``--plan``): the budget's units (None: the settings' budget, or k
+        selections of a ``sites``-site split, half of each kind, plus `FINETUNES_BEYOND_SELECTION`), at most
+        that where the candidates are not known before stage 1 (the removals they share are counted once in a
+        run, whole here); the ``known`` candidates' own selections where they are (checks of every split).
+        Where the final select stage continues from the winner's kept selection (a scorer that shares
+        removals, the run's own selection), that selection is the gate phase the plan counts for the select
+        stage, so it is not counted twice."""
         one = self.selection_cost((sites - sites // 2, sites // 2))
-        budget = self.configured_budget(k, k * one) if budget is None else budget
+        if known is not None:
+            k, self.candidates = len(known), list(known)
+        selections = self.selections_cost(known) if known is not None else k * one
+        budget = self.configured_budget(k, selections) if budget is None else budget
         if budget is None:
-            budget = k * one + FINETUNES_BEYOND_SELECTION
+            budget = selections + FINETUNES_BEYOND_SELECTION
         shares = bool(getattr(self.scorer(), "shared_removals", None))
         reused = one if shares and self.own_selection else 0.0
-        most = most_spent(k, budget, k * one, self.unit, self.check_units)   # a budget the rounds cannot fill
-        runs = checks_run(k, budget, k * one, self.unit)   # each measured on the selection split
+        most = most_spent(k, budget, selections, self.unit, self.check_units)   # a budget the rounds cannot fill
+        runs = checks_run(k, budget, selections, self.unit)   # each measured on the selection split
         if self.images_budget == "auto":
             budget = most
         if self.unit.in_images:
@@ -445,8 +452,9 @@ class PipelineChecks:
         else:
             what = f"{k} splits by successive halving, at most {budget:.3g} final fine-tunes"
         if shares:
-            what += " (less the removals they share" + ("; the winner's selection is the select stage's gate "
-                                                        "phase, counted there)" if reused else ")")
+            what += (" (the removals they share counted once" if known is not None else
+                     " (less the removals they share") + ("; the winner's selection is the select stage's gate "
+                                                          "phase, counted there)" if reused else ")")
         if most < budget - 1e-9:
             what += f"; each check at most one whole {self.unit.section}: {self.unit.said(most)} at most"
         if not self.own_selection:   # verify_selection (and its floor): what each candidate's gate phase sees
