@@ -50,6 +50,20 @@ def summarise(target: float, ablation: dict) -> dict:
             "real_choice": inside and margin > noise}
 
 
+def target_table(found: list[dict]) -> list[str]:
+    """One row per target (``summarise``'s records, which the results JSON keeps as ``targets``)."""
+    lines = ["| MAC target | splits (attn+act): top-1 % | best split | best corner | margin (points) | "
+             "mean seed std | a real choice? | MAP's pick (pooled points) |", "|---|---|---|---|---|---|---|---|"]
+    for f in found:
+        cells = ", ".join(f"{k}: {v:.1f}" for k, v in f["splits"].items())
+        corner = f"{f['best_corner']}: {f['best_corner_top1']:.1f}" if f["best_corner"] else "(no corner reaches it)"
+        lines.append(f"| {f['target_macs']:g} | {cells} | {f['best']}: {f['best_top1']:.1f} | {corner} | "
+                     f"{f['margin']:.1f} | {f['mean_seed_std']:.1f} | {'yes' if f['real_choice'] else 'no'} | "
+                     + ", ".join(f"{n}: {k} ({f['splits'].get(k, float('nan')):.1f})" for n, k in f["picks"].items())
+                     + " |")
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--targets", default="0.7,0.55,0.45")
@@ -82,17 +96,8 @@ def main() -> int:
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"{platform.platform()}; load average {[round(v, 2) for v in load_start]} at the start, "
              f"{[round(v, 2) for v in os.getloadavg()]} at the end; {time.time() - started:.0f} s (a rerun reuses "
-             "the splits and points already fine-tuned under --out).", "",
-             "| MAC target | splits (attn+act): top-1 % | best split | best corner | margin (points) | "
-             "mean seed std | a real choice? | MAP's pick (pooled points) |", "|---|---|---|---|---|---|---|---|"]
-    for f in found:
-        cells = ", ".join(f"{k}: {v:.1f}" for k, v in f["splits"].items())
-        corner = f"{f['best_corner']}: {f['best_corner_top1']:.1f}" if f["best_corner"] else "(no corner reaches it)"
-        lines.append(f"| {f['target_macs']:g} | {cells} | {f['best']}: {f['best_top1']:.1f} | {corner} | "
-                     f"{f['margin']:.1f} | {f['mean_seed_std']:.1f} | {'yes' if f['real_choice'] else 'no'} | "
-                     + ", ".join(f"{n}: {k} ({f['splits'].get(k, float('nan')):.1f})" for n, k in f["picks"].items())
-                     + " |")
-    lines += ["", "A real choice: the best split is not a corner (attention-only or activation-only) and beats the "
+             "the splits and points already fine-tuned under --out).", "", *target_table(found),
+              "", "A real choice: the best split is not a corner (attention-only or activation-only) and beats the "
               "best corner by more than the mean seed std. MAP's pick: what `hetdpt`'s predictor picks when fitted "
               "on the cheap points of all the seeds together (its true top-1 in brackets); the per-seed picks of "
               "real `hetdpt` runs are in the comparison study.", "",

@@ -45,6 +45,25 @@ def summary(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
+def order_table(table: list[dict]) -> list[str]:
+    """One row per data, target and strategy (the results JSON's ``rows``), each against isomorphic's."""
+    lines = ["| data | MACs target | strategy | top-1 % (mean ± std) | per seed | depth split per seed (attn+act) "
+             "| MAC ratio (mean) | vs isomorphic (points) | wall s (mean) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in table:
+        iso = next(r for r in table if r["data"] == row["data"] and r["target_macs"] == row["target_macs"]
+                   and r["strategy"] == "isomorphic")
+        diff = statistics.mean(row["top1"]) - statistics.mean(iso["top1"])
+        wall = [w for w in row["wall_s"] if w is not None]
+        wall_text = f"{statistics.mean(wall):.0f}" if wall else "-"
+        lines.append(f"| {row['data']} | {row['target_macs']:g} | {row['strategy']} | {summary(row['top1'])} | "
+                     f"{', '.join(f'{x:.1f}' for x in row['top1'])} | "
+                     f"{', '.join(row['splits']) if row['strategy'] != 'isomorphic' else '-'} | "
+                     f"{statistics.mean(row['mac_ratio']):.3f} | "
+                     f"{'-' if row is iso else f'{diff:+.2f}'} | {wall_text} |")
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="digits,digit-pairs")
@@ -89,21 +108,7 @@ def main() -> int:
              + (f", each with {' '.join(f'`--set {x}`' for x in args.set)}" if args.set else "")
              + "; every other setting is the default.", "",
              f"Machine: {machine}. Load average {', '.join(f'{x:.2f}' for x in load_start)} at the start "
-             "(accuracy does not depend on load).", "",
-             "| data | MACs target | strategy | top-1 % (mean ± std) | per seed | depth split per seed (attn+act) "
-             "| MAC ratio (mean) | vs isomorphic (points) | wall s (mean) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for row in table:
-        iso = next(r for r in table if r["data"] == row["data"] and r["target_macs"] == row["target_macs"]
-                   and r["strategy"] == "isomorphic")
-        diff = statistics.mean(row["top1"]) - statistics.mean(iso["top1"])
-        wall = [w for w in row["wall_s"] if w is not None]
-        wall_text = f"{statistics.mean(wall):.0f}" if wall else "-"
-        lines.append(f"| {row['data']} | {row['target_macs']:g} | {row['strategy']} | {summary(row['top1'])} | "
-                     f"{', '.join(f'{x:.1f}' for x in row['top1'])} | "
-                     f"{', '.join(row['splits']) if row['strategy'] != 'isomorphic' else '-'} | "
-                     f"{statistics.mean(row['mac_ratio']):.3f} | "
-                     f"{'-' if row is iso else f'{diff:+.2f}'} | {wall_text} |")
+             "(accuracy does not depend on load).", "", *order_table(table)]
     write(args.results, args.name, payload, "\n".join(lines))
     return 0
 

@@ -35,6 +35,23 @@ from studylib.files import write
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def regret_table(runs: list[dict]) -> list[str]:
+    """One row per predictor and refinement rounds, over their seeds, in the order they ran (the results JSON's
+    ``runs``)."""
+    lines = ["| predictor | refine | picks (seeds) | true top-1 of the picks % | mean regret (points) | "
+             "held-out regret | extra cheap points | MAP points' time (s) |", "|---|---|---|---|---|---|---|---|"]
+    for predictor, refine in dict.fromkeys((r["predictor"], r["refine"]) for r in runs):
+        rs = [r for r in runs if r["predictor"] == predictor and r["refine"] == refine]
+        lines.append(f"| {predictor} | {refine} | {', '.join(f'{a}+{m}' for a, m in (r['pick'] for r in rs))} | "
+                     f"{', '.join(format(r['true_of_pick'], '.2f') for r in rs)} | "
+                     f"{statistics.mean(r['regret'] for r in rs):.2f} | "
+                     + (f"{statistics.mean(r['held_out_regret'] for r in rs):.2f}"
+                        if all(r["held_out_regret"] is not None for r in rs) else "-")
+                     + f" | {statistics.mean(r['refinement_points'] for r in rs):.1f} | "
+                     f"{statistics.mean(r['point_seconds'] for r in rs):.0f} |")
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="digits")
@@ -114,18 +131,7 @@ def main() -> int:
              f"Load average (1, 5, 15 min) {' '.join(f'{x:.2f}' for x in load_before)} at the start, "
              f"{' '.join(f'{x:.2f}' for x in load_after)} at the end.", "",
              "Held-out regret: against the mean of the truth's other seeds (the run's own seed left out).", "",
-             "| predictor | refine | picks (seeds) | true top-1 of the picks % | mean regret (points) | "
-             "held-out regret | extra cheap points | MAP points' time (s) |", "|---|---|---|---|---|---|---|---|"]
-    for predictor in args.predictors.split(","):
-        for refine in [int(r) for r in args.refine.split(",")]:
-            rs = [r for r in runs if r["predictor"] == predictor and r["refine"] == refine]
-            lines.append(f"| {predictor} | {refine} | {', '.join(f'{a}+{m}' for a, m in (r['pick'] for r in rs))} | "
-                         f"{', '.join(format(r['true_of_pick'], '.2f') for r in rs)} | "
-                         f"{statistics.mean(r['regret'] for r in rs):.2f} | "
-                         + (f"{statistics.mean(r['held_out_regret'] for r in rs):.2f}"
-                            if all(r["held_out_regret"] is not None for r in rs) else "-")
-                         + f" | {statistics.mean(r['refinement_points'] for r in rs):.1f} | "
-                         f"{statistics.mean(r['point_seconds'] for r in rs):.0f} |")
+             *regret_table(runs)]
     name = f"{args.data}-refine-b{budget}" + (f"-{args.tag}" if args.tag else "")
     results = write(args.results, name, {"command": command, "budget": budget, "best": list(best),
                                          "true": {f"{a}+{m}": v for (a, m), v in true.items()}, "runs": runs,

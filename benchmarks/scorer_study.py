@@ -85,6 +85,21 @@ def summary(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
+def scorer_table(rows: list[dict]) -> list[str]:
+    """One row per variant (the results JSON's ``rows``), against the random scorer's mean where it ran."""
+    lines = ["| variant | top-1 % after fine-tune (mean ± std) | per seed | top-1 % before fine-tune (mean) "
+             "| vs random (points) | prune s (mean, report) |",
+             "|---|---|---|---|---|---|"]
+    rand = next((r for r in rows if r["variant"] == "random"), None)
+    for r in rows:
+        diff = f"{r['mean'] - rand['mean']:+.2f}" if rand else "-"
+        secs = [s for s in r["seconds"] if s is not None]
+        mean_secs = f"{statistics.mean(secs):.0f}" if secs else "-"
+        lines.append(f"| {r['variant']} | {summary(r['top1'])} | {', '.join(f'{x:.1f}' for x in r['top1'])} | "
+                     f"{statistics.mean(r['top1_before_finetune']):.1f} | {diff} | {mean_secs} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="digit-pairs")
@@ -167,16 +182,7 @@ def main() -> None:
              f"tests).", "",
              f"Machine: {machine}. Load average (1, 5, 15 min) {', '.join(f'{x:.2f}' for x in load_start)} at the "
              f"start, {', '.join(f'{x:.2f}' for x in load_end)} at the end (accuracy does not depend on load).", "",
-             "| variant | top-1 % after fine-tune (mean ± std) | per seed | top-1 % before fine-tune (mean) "
-             "| vs random (points) | prune s (mean, report) |",
-             "|---|---|---|---|---|---|"]
-    rand = next((r for r in rows if r["variant"] == "random"), None)
-    for r in rows:
-        diff = f"{r['mean'] - rand['mean']:+.2f}" if rand else "-"
-        secs = [s for s in r["seconds"] if s is not None]
-        mean_secs = f"{statistics.mean(secs):.0f}" if secs else "-"
-        lines.append(f"| {r['variant']} | {summary(r['top1'])} | {', '.join(f'{x:.1f}' for x in r['top1'])} | "
-                     f"{statistics.mean(r['top1_before_finetune']):.1f} | {diff} | {mean_secs} |")
+             *scorer_table(rows)]
     lines += ["", "Sites (per seed):", ""]
     for r in rows:
         for s in seeds:
