@@ -27,6 +27,7 @@ from pathlib import Path
 
 from studylib.files import write
 from studylib.runs import resumable
+from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,16 +53,15 @@ def summarise(target: float, ablation: dict) -> dict:
 
 def target_table(found: list[dict]) -> list[str]:
     """One row per target (``summarise``'s records, which the results JSON keeps as ``targets``)."""
-    lines = ["| MAC target | splits (attn+act): top-1 % | best split | best corner | margin (points) | "
-             "mean seed std | a real choice? | MAP's pick (pooled points) |", "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for f in found:
         cells = ", ".join(f"{k}: {v:.1f}" for k, v in f["splits"].items())
         corner = f"{f['best_corner']}: {f['best_corner_top1']:.1f}" if f["best_corner"] else "(no corner reaches it)"
-        lines.append(f"| {f['target_macs']:g} | {cells} | {f['best']}: {f['best_top1']:.1f} | {corner} | "
-                     f"{f['margin']:.1f} | {f['mean_seed_std']:.1f} | {'yes' if f['real_choice'] else 'no'} | "
-                     + ", ".join(f"{n}: {k} ({f['splits'].get(k, float('nan')):.1f})" for n, k in f["picks"].items())
-                     + " |")
-    return lines
+        picks = ", ".join(f"{n}: {k} ({f['splits'].get(k, float('nan')):.1f})" for n, k in f["picks"].items())
+        rows.append([f"{f['target_macs']:g}", cells, f"{f['best']}: {f['best_top1']:.1f}", corner,
+                     f"{f['margin']:.1f}", f"{f['mean_seed_std']:.1f}", "yes" if f["real_choice"] else "no", picks])
+    return table(["MAC target", "splits (attn+act): top-1 %", "best split", "best corner", "margin (points)",
+                  "mean seed std", "a real choice?", "MAP's pick (pooled points)"], rows)
 
 
 def main() -> int:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 from studylib.files import write
+from studylib.tables import table
 
 PAPER = {"isomorphic_2.6G_speedup": 4.24, "hetdpt_plus_speedup": 5.19}
 
@@ -63,20 +64,17 @@ def over_isomorphic(result: dict, batches: list[int]) -> list[str]:
     """The speedup tables of hetdpt-plus (and of its width-first variant, where it was timed) over isomorphic
     per batch, from ``measure``'s result (the results JSON holds it: the page's tables re-render from it)."""
     rows = {(r["model"], r["batch_size"]): r for r in result["results"]}
-    lines = ["| batch | isomorphic speedup | hetdpt-plus speedup | hetdpt-plus / isomorphic |",
-             "|---|---|---|---|"]
-    for b in batches:
-        i, h = rows.get(("isomorphic", b)), rows.get(("hetdpt-plus", b))
-        if i and h:
-            lines.append(f"| {i['batch_size']} | {i['speedup']:.2f}x | {h['speedup']:.2f}x | "
-                         f"{h['speedup'] / i['speedup']:.2f}x |")
+
+    def over(model: str) -> list[list]:
+        pairs = [(b, rows.get(("isomorphic", b)), rows.get((model, b))) for b in batches]
+        return [[b, f"{i['speedup']:.2f}x", f"{h['speedup']:.2f}x", f"{h['speedup'] / i['speedup']:.2f}x"]
+                for b, i, h in pairs if i and h]
+
+    lines = table(["batch", "isomorphic speedup", "hetdpt-plus speedup", "hetdpt-plus / isomorphic"],
+                  over("hetdpt-plus"))
     if any(m == "hetdpt-plus, width first" for m, _ in rows):
-        lines += ["", "| batch | isomorphic speedup | hetdpt-plus, width first, speedup | width first / isomorphic |",
-                  "|---|---|---|---|"]
-        for b in batches:
-            i, h = rows.get(("isomorphic", b)), rows.get(("hetdpt-plus, width first", b))
-            if i and h:
-                lines.append(f"| {b} | {i['speedup']:.2f}x | {h['speedup']:.2f}x | {h['speedup'] / i['speedup']:.2f}x |")
+        lines += ["", *table(["batch", "isomorphic speedup", "hetdpt-plus, width first, speedup",
+                              "width first / isomorphic"], over("hetdpt-plus, width first"))]
     return lines
 
 
@@ -167,7 +165,7 @@ def main(argv=None) -> int:
     result = measure(models, (3, 224, 224), args.batch, device=args.device, dtype=args.dtype,
                      repeats=args.repeats, warmup=args.warmup, min_time_s=args.min_time, reference="dense",
                      threads=args.threads, log=log)
-    table = format_table(result, markdown=True)
+    speeds = format_table(result, markdown=True)
     print(format_table(result))
 
     env = result["environment"]
@@ -188,7 +186,7 @@ def main(argv=None) -> int:
         f"Pruning both took {prune_seconds:.0f}s. Timing: `hetprune.measure.bench.measure`, interleaved, median of "
         f"{args.repeats} repeats, batch {', '.join(map(str, args.batch))}. MACs: {CONVENTION}.",
         "",
-        table,
+        speeds,
         "",
         "## HetDPT+ over isomorphic at equal MACs",
         "",

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from studylib.files import write
+from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,18 +39,18 @@ ROOT = Path(__file__).resolve().parent.parent
 def regret_table(runs: list[dict]) -> list[str]:
     """One row per predictor and refinement rounds, over their seeds, in the order they ran (the results JSON's
     ``runs``)."""
-    lines = ["| predictor | refine | picks (seeds) | true top-1 of the picks % | mean regret (points) | "
-             "held-out regret | extra cheap points | MAP points' time (s) |", "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for predictor, refine in dict.fromkeys((r["predictor"], r["refine"]) for r in runs):
         rs = [r for r in runs if r["predictor"] == predictor and r["refine"] == refine]
-        lines.append(f"| {predictor} | {refine} | {', '.join(f'{a}+{m}' for a, m in (r['pick'] for r in rs))} | "
-                     f"{', '.join(format(r['true_of_pick'], '.2f') for r in rs)} | "
-                     f"{statistics.mean(r['regret'] for r in rs):.2f} | "
-                     + (f"{statistics.mean(r['held_out_regret'] for r in rs):.2f}"
-                        if all(r["held_out_regret"] is not None for r in rs) else "-")
-                     + f" | {statistics.mean(r['refinement_points'] for r in rs):.1f} | "
-                     f"{statistics.mean(r['point_seconds'] for r in rs):.0f} |")
-    return lines
+        held = (f"{statistics.mean(r['held_out_regret'] for r in rs):.2f}"
+                if all(r["held_out_regret"] is not None for r in rs) else "-")
+        rows.append([predictor, refine, ", ".join(f"{a}+{m}" for a, m in (r["pick"] for r in rs)),
+                     ", ".join(format(r["true_of_pick"], ".2f") for r in rs),
+                     f"{statistics.mean(r['regret'] for r in rs):.2f}", held,
+                     f"{statistics.mean(r['refinement_points'] for r in rs):.1f}",
+                     f"{statistics.mean(r['point_seconds'] for r in rs):.0f}"])
+    return table(["predictor", "refine", "picks (seeds)", "true top-1 of the picks %", "mean regret (points)",
+                  "held-out regret", "extra cheap points", "MAP points' time (s)"], rows)
 
 
 def main() -> int:

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from studylib.files import write
+from studylib.tables import table
 
 HERE = Path(__file__).resolve().parent
 
@@ -87,17 +88,16 @@ def summary(values: list[float]) -> str:
 
 def scorer_table(rows: list[dict]) -> list[str]:
     """One row per variant (the results JSON's ``rows``), against the random scorer's mean where it ran."""
-    lines = ["| variant | top-1 % after fine-tune (mean ± std) | per seed | top-1 % before fine-tune (mean) "
-             "| vs random (points) | prune s (mean, report) |",
-             "|---|---|---|---|---|---|"]
     rand = next((r for r in rows if r["variant"] == "random"), None)
+    cells = []
     for r in rows:
-        diff = f"{r['mean'] - rand['mean']:+.2f}" if rand else "-"
         secs = [s for s in r["seconds"] if s is not None]
-        mean_secs = f"{statistics.mean(secs):.0f}" if secs else "-"
-        lines.append(f"| {r['variant']} | {summary(r['top1'])} | {', '.join(f'{x:.1f}' for x in r['top1'])} | "
-                     f"{statistics.mean(r['top1_before_finetune']):.1f} | {diff} | {mean_secs} |")
-    return lines
+        cells.append([r["variant"], summary(r["top1"]), ", ".join(f"{x:.1f}" for x in r["top1"]),
+                      f"{statistics.mean(r['top1_before_finetune']):.1f}",
+                      f"{r['mean'] - rand['mean']:+.2f}" if rand else "-",
+                      f"{statistics.mean(secs):.0f}" if secs else "-"])
+    return table(["variant", "top-1 % after fine-tune (mean ± std)", "per seed", "top-1 % before fine-tune (mean)",
+                  "vs random (points)", "prune s (mean, report)"], cells)
 
 
 def main() -> None:
