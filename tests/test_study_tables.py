@@ -10,8 +10,10 @@ number fails. The committed files are never edited to make this pass.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -184,3 +186,28 @@ def test_an_unreadable_page_still_cannot_be_read(stem):
     """Once it can (a renderer reading older results again), it moves to PAGES."""
     with pytest.raises(KeyError):
         rerendered(stem)
+
+
+def hand_built_tables(path: Path) -> list[int]:
+    """The lines of ``path`` whose string literals (f-strings' text included) start a markdown table row or
+    rule (``"| "``, ``"|---"``) or join cells with ``" | "`` outside a header list: a table built by hand."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if text.lstrip().startswith(("| ", "|---")) or "---|" in text or " | " in text:
+                found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_no_benchmark_script_builds_its_own_markdown_table():
+    """Every study's tables come from studylib.tables.table (issue 72, item 4): one renderer, one format."""
+    built = {p.name: lines for p in sorted(BENCHMARKS.glob("*.py")) if (lines := hand_built_tables(p))}
+    assert not built, f"markdown tables built by hand (use studylib.tables.table): {built}"
+
+
+def test_the_rule_sees_a_table_built_by_hand(tmp_path):
+    code = tmp_path / "x.py"
+    code.write_text('lines = ["| a | b |", "|---|---|"]\nlines.append(f"| {1} | {2} |")\n'
+                    'row = "| " + " | ".join(["x"]) + " |"\nok = ["a", "b"]\n')
+    assert hand_built_tables(code) == [1, 2, 3]
