@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from studylib.files import write
+from studylib.machine import load, machine, machine_line
 from studylib.runs import resumable
 from studylib.tables import table
 
@@ -77,8 +76,7 @@ def main() -> int:
 
     from hetprune.cli import main as cli
 
-    load_start = os.getloadavg()
-    started = time.time()
+    load_start, started = load(), time.time()
     found = []
     for t in [float(v) for v in args.targets.split(",")]:
         out = Path(args.out) / f"macs{t:g}"
@@ -93,11 +91,10 @@ def main() -> int:
              f"Produced by `{command.strip()}` (each target: `hetprune ablate --data {args.data} --target-macs T "
              f"--seeds {args.seeds} --scorers '' --jobs {args.jobs}`): every split the target allows fine-tuned on "
              "the final schedule, true top-1 % on val, mean over seeds.", "",
-             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"{platform.platform()}; load average {[round(v, 2) for v in load_start]} at the start, "
-             f"{[round(v, 2) for v in os.getloadavg()]} at the end; {time.time() - started:.0f} s (a rerun reuses "
-             "the splits and points already fine-tuned under --out).", "", *target_table(found),
-              "", "A real choice: the best split is not a corner (attention-only or activation-only) and beats the "
+             machine_line({"machine": machine(), "load_start": load_start, "load_end": load(),
+                           "seconds": time.time() - started})
+             + " (a rerun reuses the splits and points already fine-tuned under --out).", "",
+             *target_table(found), "", "A real choice: the best split is not a corner (attention-only or activation-only) and beats the "
               "best corner by more than the mean seed std. MAP's pick: what `hetdpt`'s predictor picks when fitted "
               "on the cheap points of all the seeds together (its true top-1 in brackets); the per-seed picks of "
               "real `hetdpt` runs are in the comparison study.", "",

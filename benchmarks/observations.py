@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -35,6 +33,7 @@ from pathlib import Path
 import torch
 from hetprune_hetdpt import gates
 from studylib.files import write
+from studylib.machine import load, machine
 from studylib.tables import table
 
 from hetprune import Site, sites
@@ -196,19 +195,18 @@ def main() -> int:
             run_["verdict"] = verdict(run_["by_kind"])
         write(out.parent, out.stem, r, markdown(r))
         return 0
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load()
     t0 = time.time()
     runs = [run(name, int(seed), args.epochs, args.sites, args.batches)
             for name in args.data.split(",") for seed in args.seeds.split(",")]
     command = "python benchmarks/observations.py " + shlex.join(sys.argv[1:])
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
-    load_after = [round(x, 2) for x in os.getloadavg()]
+    load_after = load()
     for run_ in runs:
         run_["verdict"] = verdict(run_["by_kind"])
         # each run says how it was made (a file may hold runs of several commands: --add)
-        run_.update(command=command, machine=machine, load_before=load_before, load_after=load_after,
+        run_.update(command=command, machine=machine(), load_before=load_before, load_after=load_after,
                     epochs=args.epochs, batches=args.batches)
-    r = {"command": command, "machine": machine, "load_before": load_before, "load_after": load_after,
+    r = {"command": command, "machine": machine(), "load_before": load_before, "load_after": load_after,
          "wall_s": time.time() - t0, "epochs": args.epochs, "batches": args.batches, "runs": runs}
     if args.add and out.with_suffix(".json").is_file():
         old = json.loads(out.with_suffix(".json").read_text())

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from studylib.files import write
+from studylib.machine import load, machine
 from studylib.runs import resumable
 from studylib.tables import table
 
@@ -79,7 +79,7 @@ def main() -> int:
     common = [a for item in args.set for a in ("--set", item)]
     # isomorphic refuses the settings of strategies it does not run (hetdpt.*, hetdpt_plus.*)
     width_only = [a for item in args.set if not item.startswith("hetdpt") for a in ("--set", item)]
-    started, load_start = time.time(), os.getloadavg()
+    started, load_start = time.time(), load()
     os.environ["OMP_NUM_THREADS"] = "1"
     records = []
     for data in args.data.split(","):
@@ -97,8 +97,7 @@ def main() -> int:
                               "mac_ratio": [r["macs"] / r["dense_macs"] for r in rows],
                               "wall_s": [r.get("wall_s") for r in rows]})
     command = "python benchmarks/plus_order.py " + " ".join(sys.argv[1:])
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
-    payload = {"command": command, "machine": machine, "load_start": load_start, "load_end": os.getloadavg(),
+    payload = {"command": command, "machine": machine(), "load_start": load_start, "load_end": load(),
                "minutes": round((time.time() - started) / 60, 1), "rows": records}
     lines = [f"# HetDPT+ order: {args.orders.replace(',', ', ')}, against isomorphic at equal MACs", "",
              f"Produced by `{command}` ({payload['minutes']} min of runs not reused from an earlier "
@@ -107,7 +106,7 @@ def main() -> int:
              "hetdpt-plus --set hetdpt_plus.order=ORDER` per order"
              + (f", each with {' '.join(f'`--set {x}`' for x in args.set)}" if args.set else "")
              + "; every other setting is the default.", "",
-             f"Machine: {machine}. Load average {', '.join(f'{x:.2f}' for x in load_start)} at the start "
+             f"Machine: {payload['machine']}. Load average {', '.join(f'{x:.2f}' for x in load_start)} at the start "
              "(accuracy does not depend on load).", "", *order_table(records)]
     write(args.results, args.name, payload, "\n".join(lines))
     return 0

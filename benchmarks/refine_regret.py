@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import statistics
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 
 from studylib.files import write
+from studylib.machine import load
 from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,7 +90,7 @@ def main() -> int:
     best = max(true, key=lambda k: true[k])
     out = Path(args.out or f"runs/{args.data}-refine-b{budget}" + (f"-{args.tag}" if args.tag else ""))
     command = "python benchmarks/refine_regret.py " + shlex.join(sys.argv[1:])
-    load_before = os.getloadavg()
+    load_before = load()
     runs = []
     for predictor in args.predictors.split(","):
         for refine in [int(r) for r in args.refine.split(",")]:
@@ -123,7 +123,7 @@ def main() -> int:
                              "seconds": round(time.time() - start, 1), "command": "hetprune " + shlex.join(argv)})
                 print(f"{predictor} refine={refine} seed={seed}: pick {pick[0]}+{pick[1]}, "
                       f"true {true[pick]:.2f}, regret {true[best] - true[pick]:.2f}", flush=True)
-    load_after = os.getloadavg()
+    load_after = load()
     lines = [f"# Allocation regret on the embedded {args.data} ViT, budget {budget}", "",
              f"Produced by `{command}`: one `hetprune prune --strategy hetdpt` per predictor, refinement rounds "
              f"and seed (gate phase and final fine-tune skipped: they do not change the split), each pick looked "

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from studylib.files import write
+from studylib.machine import load, machine
 from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,7 +227,7 @@ def main() -> int:
     student, teacher = make_models(WORK)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HETPRUNE_NO_PROGRESS": "1", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(WORK), str(ROOT), str(ROOT / "plugins"), os.environ.get("PYTHONPATH", "")])}
-    load_before = os.getloadavg()
+    load_before = load()
     started = time.time()
     runs = {}
     for name in ("uninterrupted", "interrupted", "plan"):
@@ -270,9 +271,9 @@ def main() -> int:
     result = {
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "prune_command": "torchrun --standalone --nproc-per-node 2 -m hetprune " + shlex.join(cli),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-        "python": platform.python_version(), "load_before": [round(x, 2) for x in load_before],
-        "load_after": [round(x, 2) for x in os.getloadavg()], "wall_s": round(time.time() - started, 1),
+        "machine": machine(),
+        "python": platform.python_version(), "load_before": load_before,
+        "load_after": load(), "wall_s": round(time.time() - started, 1),
         "settings": {k: getattr(args, k) for k in ("images", "epochs", "batch", "point_images", "budget", "probe")},
         "runs": runs, "reports": reports, "plan_exit": rc_plan, "plan_s": round(seconds_plan, 1), "plan": plan,
     }

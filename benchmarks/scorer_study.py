@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from studylib.files import write
+from studylib.machine import load, machine as studylib_machine
 from studylib.tables import table
 
 HERE = Path(__file__).resolve().parent
@@ -125,7 +126,7 @@ def main() -> None:
     base = [sys.executable, "-m", "hetprune", "prune", "--data", args.data, "--strategy", "mix",
             "--set", f"mix.ratio={n_attn / args.budget!r}",
             "--budget", str(args.budget)]
-    load_start = os.getloadavg()
+    load_start = load()
     started = time.time()
 
     def job(variant, seed):
@@ -156,7 +157,7 @@ def main() -> None:
         todo = [(v, s) for v in variants if v in GRADUAL for s in seeds]
         for name, seed, report in pool.map(lambda vs: control(*vs), todo):
             results.setdefault(name, {})[seed] = report
-    load_end = os.getloadavg()
+    load_end = load()
 
     rows = []
     for variant, per_seed in results.items():
@@ -167,8 +168,7 @@ def main() -> None:
                      "seconds": [per_seed[s].get("seconds") for s in seeds],
                      "sites": {s: per_seed[s]["sites"] for s in seeds}})
     command = "OMP_NUM_THREADS=1 python benchmarks/scorer_study.py " + shlex.join(sys.argv[1:])
-    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-               f"{platform.python_version()}, {platform.platform()}")
+    machine = f"{studylib_machine()}, Python {platform.python_version()}"
     payload = {"command": command, "data": args.data, "budget": args.budget, "split": [n_attn, n_act],
                "seeds": seeds, "machine": machine, "load_start": load_start, "load_end": load_end,
                "minutes": round((time.time() - started) / 60, 1),
