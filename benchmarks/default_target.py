@@ -94,7 +94,8 @@ def main() -> int:
              machine_line({"machine": machine(), "load_start": load_start, "load_end": load(),
                            "seconds": time.time() - started})
              + " (a rerun reuses the splits and points already fine-tuned under --out).", "",
-             *target_table(found), "", "A real choice: the best split is not a corner (attention-only or activation-only) and beats the "
+             *target_table(found), "",
+             "A real choice: the best split is not a corner (attention-only or activation-only) and beats the "
               "best corner by more than the mean seed std. MAP's pick: what `hetdpt`'s predictor picks when fitted "
               "on the cheap points of all the seeds together (its true top-1 in brackets); the per-seed picks of "
               "real `hetdpt` runs are in the comparison study.", "",
