@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from studylib.files import write
+from studylib.machine import load, machine, machine_line
 from studylib.runs import resumable
+from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +50,19 @@ def summarise(target: float, ablation: dict) -> dict:
             "real_choice": inside and margin > noise}
 
 
+def target_table(found: list[dict]) -> list[str]:
+    """One row per target (``summarise``'s records, which the results JSON keeps as ``targets``)."""
+    rows = []
+    for f in found:
+        cells = ", ".join(f"{k}: {v:.1f}" for k, v in f["splits"].items())
+        corner = f"{f['best_corner']}: {f['best_corner_top1']:.1f}" if f["best_corner"] else "(no corner reaches it)"
+        picks = ", ".join(f"{n}: {k} ({f['splits'].get(k, float('nan')):.1f})" for n, k in f["picks"].items())
+        rows.append([f"{f['target_macs']:g}", cells, f"{f['best']}: {f['best_top1']:.1f}", corner,
+                     f"{f['margin']:.1f}", f"{f['mean_seed_std']:.1f}", "yes" if f["real_choice"] else "no", picks])
+    return table(["MAC target", "splits (attn+act): top-1 %", "best split", "best corner", "margin (points)",
+                  "mean seed std", "a real choice?", "MAP's pick (pooled points)"], rows)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--targets", default="0.7,0.55,0.45")
@@ -63,8 +76,7 @@ def main() -> int:
 
     from hetprune.cli import main as cli
 
-    load_start = os.getloadavg()
-    started = time.time()
+    load_start, started = load(), time.time()
     found = []
     for t in [float(v) for v in args.targets.split(",")]:
         out = Path(args.out) / f"macs{t:g}"
@@ -79,20 +91,11 @@ def main() -> int:
              f"Produced by `{command.strip()}` (each target: `hetprune ablate --data {args.data} --target-macs T "
              f"--seeds {args.seeds} --scorers '' --jobs {args.jobs}`): every split the target allows fine-tuned on "
              "the final schedule, true top-1 % on val, mean over seeds.", "",
-             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"{platform.platform()}; load average {[round(v, 2) for v in load_start]} at the start, "
-             f"{[round(v, 2) for v in os.getloadavg()]} at the end; {time.time() - started:.0f} s (a rerun reuses "
-             "the splits and points already fine-tuned under --out).", "",
-             "| MAC target | splits (attn+act): top-1 % | best split | best corner | margin (points) | "
-             "mean seed std | a real choice? | MAP's pick (pooled points) |", "|---|---|---|---|---|---|---|---|"]
-    for f in found:
-        cells = ", ".join(f"{k}: {v:.1f}" for k, v in f["splits"].items())
-        corner = f"{f['best_corner']}: {f['best_corner_top1']:.1f}" if f["best_corner"] else "(no corner reaches it)"
-        lines.append(f"| {f['target_macs']:g} | {cells} | {f['best']}: {f['best_top1']:.1f} | {corner} | "
-                     f"{f['margin']:.1f} | {f['mean_seed_std']:.1f} | {'yes' if f['real_choice'] else 'no'} | "
-                     + ", ".join(f"{n}: {k} ({f['splits'].get(k, float('nan')):.1f})" for n, k in f["picks"].items())
-                     + " |")
-    lines += ["", "A real choice: the best split is not a corner (attention-only or activation-only) and beats the "
+             machine_line({"machine": machine(), "load_start": load_start, "load_end": load(),
+                           "seconds": time.time() - started})
+             + " (a rerun reuses the splits and points already fine-tuned under --out).", "",
+             *target_table(found), "",
+             "A real choice: the best split is not a corner (attention-only or activation-only) and beats the "
               "best corner by more than the mean seed std. MAP's pick: what `hetdpt`'s predictor picks when fitted "
               "on the cheap points of all the seeds together (its true top-1 in brackets); the per-seed picks of "
               "real `hetdpt` runs are in the comparison study.", "",

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from studylib.files import write
 from studylib.machine import load, machine
+from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT_S = 300.0      # issue 58: the first compare after install may take up to 5 minutes on 2 cores, not more
@@ -90,17 +91,18 @@ def markdown(res: dict) -> str:
              f"else, started once the 1-minute load average had fallen below {SETTLE} (or after {SETTLE_S} s); "
              f"the limit is {LIMIT_S:.0f} s (issue 58). Seconds move with the machine's load: a variant started "
              f"above a load average of {LOADED} is marked, rerun it before quoting it. The wall time is start-up, "
-             "the rows and the timing of the pruned models (the last two columns).", "",
-             f"| variant (`--set`) | wall time | within {LIMIT_S / 60:.0f} min | load at start / end | rows (seconds, top-1 %) | start-up "
-             "and timing |", "|---|---|---|---|---|---|"]
+             "the rows and the timing of the pruned models (the last two columns).", ""]
+    cells = []
     for v in res["variants"]:
         rows = "; ".join(f"{r['row'].split('__')[0]} {r['seconds']} s"
                          + (f", {r['top1']:.2f} ({r['split']})" if r["top1"] is not None else f", {r['outcome']}")
                          for r in v["rows"])
         mark = " (loaded: rerun)" if v["loaded"] else ""
-        lines.append(f"| {v['variant'] or 'the defaults'} | {v['wall_s']:.0f} s ({v['wall_s'] / 60:.1f} min) | "
-                     f"{'yes' if v['within_limit'] else 'no'} | {v['load_start'][0]} / {v['load_end'][0]}{mark} | "
-                     f"{rows} | {v['wall_s'] - sum(r['seconds'] for r in v['rows']):.0f} s |")
+        cells.append([v["variant"] or "the defaults", f"{v['wall_s']:.0f} s ({v['wall_s'] / 60:.1f} min)",
+                      "yes" if v["within_limit"] else "no", f"{v['load_start'][0]} / {v['load_end'][0]}{mark}", rows,
+                      f"{v['wall_s'] - sum(r['seconds'] for r in v['rows']):.0f} s"])
+    lines += table(["variant (`--set`)", "wall time", f"within {LIMIT_S / 60:.0f} min", "load at start / end",
+                    "rows (seconds, top-1 %)", "start-up and timing"], cells)
     lines += ["", "One seed (seed 0) per variant: the top-1 column shows what the run printed, not a comparison "
               "(one split moves by several points between seeds on the grid: grid-noise.md)."]
     return "\n".join(lines) + "\n"

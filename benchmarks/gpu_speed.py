@@ -29,6 +29,7 @@ import torch
 from speed_paper_configs import make_pair
 from studylib.files import write
 from studylib.machine import load, machine
+from studylib.tables import table
 
 from hetprune.measure.bench import measure
 
@@ -91,15 +92,16 @@ def render(res: dict) -> str:
              f"Whole run: {res['seconds']:.0f} s.", "",
              f"Interleaved timing (dense, pruned, dense, ...) with {res['timer']}; speedup = ratio of median "
              f"latencies. Targets: the paper's measured {PAPER_SPEEDUP}x, and {TARGET_OF_MAC_RATIO:.0%} of the MAC "
-             "ratio.", "",
-             "| mode | precision | batch | dense ms | pruned ms | dense img/s | pruned img/s | speedup | "
-             "MAC ratio | of MAC ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "ratio.", ""]
+    cells = []
     for r in res["rows"]:
         precision = r["precision"] + (", compiled" if r["compile"] else "") + (
             ", TF32 matmuls" if r["precision"] == "fp32" and r["fp32_matmuls"] == "tf32" else "")
-        lines.append(f"| {r['mode']} | {precision} | {r['batch']} | {r['dense_ms']:.1f} | {r['pruned_ms']:.1f} | "
-                     f"{r['dense_img_s']:,.0f} | {r['pruned_img_s']:,.0f} | {r['speedup']:.2f}x | "
-                     f"{r['mac_ratio']:.2f}x | {r['of_mac_ratio']:.0%} |")
+        cells.append([r["mode"], precision, r["batch"], f"{r['dense_ms']:.1f}", f"{r['pruned_ms']:.1f}",
+                      f"{r['dense_img_s']:,.0f}", f"{r['pruned_img_s']:,.0f}", f"{r['speedup']:.2f}x",
+                      f"{r['mac_ratio']:.2f}x", f"{r['of_mac_ratio']:.0%}"])
+    lines += table(["mode", "precision", "batch", "dense ms", "pruned ms", "dense img/s", "pruned img/s", "speedup",
+                    "MAC ratio", "of MAC ratio"], cells)
     if res.get("failed"):
         lines += ["", "Modes that failed: " + "; ".join(f"{m}: {why}" for m, why in res["failed"].items())]
     return "\n".join(lines)

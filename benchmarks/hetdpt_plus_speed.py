@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 from studylib.files import write
+from studylib.tables import table
 
 PAPER = {"isomorphic_2.6G_speedup": 4.24, "hetdpt_plus_speedup": 5.19}
 
@@ -57,6 +58,24 @@ def search_text(report: dict) -> str:
     if report.get("trim_ratio") is not None:
         text += f" then an MLP-only trim at ratio {report['trim_ratio']:.4f}"
     return text
+
+
+def over_isomorphic(result: dict, batches: list[int]) -> list[str]:
+    """The speedup tables of hetdpt-plus (and of its width-first variant, where it was timed) over isomorphic
+    per batch, from ``measure``'s result (the results JSON holds it: the page's tables re-render from it)."""
+    rows = {(r["model"], r["batch_size"]): r for r in result["results"]}
+
+    def over(model: str) -> list[list]:
+        pairs = [(b, rows.get(("isomorphic", b)), rows.get((model, b))) for b in batches]
+        return [[b, f"{i['speedup']:.2f}x", f"{h['speedup']:.2f}x", f"{h['speedup'] / i['speedup']:.2f}x"]
+                for b, i, h in pairs if i and h]
+
+    lines = table(["batch", "isomorphic speedup", "hetdpt-plus speedup", "hetdpt-plus / isomorphic"],
+                  over("hetdpt-plus"))
+    if any(m == "hetdpt-plus, width first" for m, _ in rows):
+        lines += ["", *table(["batch", "isomorphic speedup", "hetdpt-plus, width first, speedup",
+                              "width first / isomorphic"], over("hetdpt-plus, width first"))]
+    return lines
 
 
 def main(argv=None) -> int:
@@ -146,10 +165,9 @@ def main(argv=None) -> int:
     result = measure(models, (3, 224, 224), args.batch, device=args.device, dtype=args.dtype,
                      repeats=args.repeats, warmup=args.warmup, min_time_s=args.min_time, reference="dense",
                      threads=args.threads, log=log)
-    table = format_table(result, markdown=True)
+    speeds = format_table(result, markdown=True)
     print(format_table(result))
 
-    rows = {(r["model"], r["batch_size"]): r for r in result["results"]}
     env = result["environment"]
     command = "python benchmarks/hetdpt_plus_speed.py " + " ".join(sys.argv[1:] if argv is None else argv)
     lines = [
@@ -168,26 +186,11 @@ def main(argv=None) -> int:
         f"Pruning both took {prune_seconds:.0f}s. Timing: `hetprune.measure.bench.measure`, interleaved, median of "
         f"{args.repeats} repeats, batch {', '.join(map(str, args.batch))}. MACs: {CONVENTION}.",
         "",
-        table,
+        speeds,
         "",
         "## HetDPT+ over isomorphic at equal MACs",
         "",
-        "| batch | isomorphic speedup | hetdpt-plus speedup | hetdpt-plus / isomorphic |",
-        "|---|---|---|---|",
-    ]
-    for b in args.batch:
-        i, h = rows.get(("isomorphic", b)), rows.get(("hetdpt-plus", b))
-        if i and h:
-            lines.append(f"| {i['batch_size']} | {i['speedup']:.2f}x | {h['speedup']:.2f}x | "
-                         f"{h['speedup'] / i['speedup']:.2f}x |")
-    if first is not None:
-        lines += ["", "| batch | isomorphic speedup | hetdpt-plus, width first, speedup | width first / isomorphic |",
-                  "|---|---|---|---|"]
-        for b in args.batch:
-            i, h = rows.get(("isomorphic", b)), rows.get(("hetdpt-plus, width first", b))
-            if i and h:
-                lines.append(f"| {b} | {i['speedup']:.2f}x | {h['speedup']:.2f}x | {h['speedup'] / i['speedup']:.2f}x |")
-    lines += [
+        *over_isomorphic(result, args.batch),
         "",
         f"The paper (its own hardware and timing, trained weights) reports {PAPER['hetdpt_plus_speedup']}x for "
         f"HetDPT+ vs "

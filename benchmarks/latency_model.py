@@ -50,6 +50,7 @@ from pathlib import Path
 
 import torch
 from studylib.files import write
+from studylib.tables import table
 
 from hetprune import bench
 from hetprune.measure.latency_table import LatencyTable
@@ -196,16 +197,15 @@ def markdown(results: list[dict], command: str) -> str:
                 f"merged MLP, both, dropped, outside) took {res['depth_table_s']:.1f} s to time from an empty cache; "
                 f"with the width-pruned model's blocks and every prediction, "
                 f"{res['table_and_predictions_s']:.1f} s. Load average {e.get('load_start')} at start, "
-                f"{e.get('load_end')} at end." + _quiet_text(res) + _check_text(res), "",
-                "| model | predicted ms | measured ms (IQR) | predicted speedup | measured speedup | sessions' range "
-                "(off by) | error | MAC ratio | target met |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in res["rows"]:
-            out.append(f"| {r['model']} | {r['predicted_ms']:.2f} | {r['measured_ms']:.2f} "
-                       f"({r['measured_iqr_ms'][0]:.2f}-{r['measured_iqr_ms'][1]:.2f}) | "
-                       f"{r['predicted_speedup']:.3f} | {r['measured_speedup']:.3f} | "
-                       f"{min(r['session_speedups']):.3f}-{max(r['session_speedups']):.3f} "
-                       f"({r['session_spread']:.1%}) | {r['error']:+.1%} | "
-                       f"{r['mac_ratio']:.2f} | {'-' if r['target_met'] is None else 'yes' if r['target_met'] else 'NO'} |")
+                f"{e.get('load_end')} at end." + _quiet_text(res) + _check_text(res), ""]
+        out += table(["model", "predicted ms", "measured ms (IQR)", "predicted speedup", "measured speedup",
+                      "sessions' range (off by)", "error", "MAC ratio", "target met"],
+                     [[r["model"], f"{r['predicted_ms']:.2f}",
+                       f"{r['measured_ms']:.2f} ({r['measured_iqr_ms'][0]:.2f}-{r['measured_iqr_ms'][1]:.2f})",
+                       f"{r['predicted_speedup']:.3f}", f"{r['measured_speedup']:.3f}",
+                       f"{min(r['session_speedups']):.3f}-{max(r['session_speedups']):.3f} ({r['session_spread']:.1%})",
+                       f"{r['error']:+.1%}", f"{r['mac_ratio']:.2f}",
+                       "-" if r["target_met"] is None else "yes" if r["target_met"] else "NO"] for r in res["rows"]])
         judged = [r for r in res["rows"] if r["model"] not in ("dense", AA)]
         worst = max(abs(r["error"]) for r in judged)
         noise = next((abs(r["error"]) for r in res["rows"] if r["model"] == AA), None)

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from studylib.files import write
 from studylib.machine import load
+from studylib.tables import table
 
 from hetprune.core.errors import HetpruneError
 
@@ -373,12 +374,11 @@ def render(res: dict) -> str:
              "untimed batches. Images/s per worker: the rate over the workers (0 workers: the main process "
              "alone); images per CPU-second: over the CPU time the workers used (read from /proc), which other "
              "processes on the machine do not inflate.", "",
-             "| pipeline | augment | workers | images | seconds | images/s | images/s per worker | "
-             "images per CPU-second | rounds (images/s) |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in res["rows"]:
-        lines.append(f"| {r['pipeline']} | {r['augment']} | {r['workers']} | {r['images']} | {r['seconds']} | "
-                     f"{r['images_per_s']} | {r['images_per_s_per_worker']} | {r['images_per_cpu_s'] or '-'} | "
-                     f"{', '.join(map(str, r['rounds']))} |")
+             *table(["pipeline", "augment", "workers", "images", "seconds", "images/s", "images/s per worker",
+                     "images per CPU-second", "rounds (images/s)"],
+                    [[r["pipeline"], r["augment"], r["workers"], r["images"], r["seconds"], r["images_per_s"],
+                      r["images_per_s_per_worker"], r["images_per_cpu_s"] or "-", ", ".join(map(str, r["rounds"]))]
+                     for r in res["rows"]])]
     if res["pil_simd_versions"]:
         lines += ["", f"Rows marked (pil-simd): the same pipelines in a child process, each round, with PIL "
                   f"{res['pil_simd_versions']['PIL']} (Pillow-SIMD, built from its source package: "

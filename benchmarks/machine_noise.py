@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 from studylib.files import write
+from studylib.tables import table
 
 from hetprune import bench
 
@@ -72,15 +73,15 @@ def markdown(results: list[dict], env: dict, command: str, load: list) -> str:
     out = ["# Machine noise: how steady matmul and attention time on this machine", "", f"Command: `{command}`", "",
            f"Machine: {env['device_name']}, {env['cpu_count']} CPUs, torch {env['torch']}, fp32. Load average "
            f"{load[0]} at start, {load[1]} at end. Band: the 5th to the 95th percentile of the rounds, against "
-           "their median.", "",
-           "| threads | rounds | matmul µs (band) | attention µs (band) | attention / matmul (band) |",
-           "|---|---|---|---|---|"]
+           "their median.", ""]
+    rows = []
     for r in results:
-        cells = []
+        cells = [r["threads"], r["rounds"]]
         for key, scale in (("matmul_s", 1e6), ("attention_s", 1e6), ("attention_over_matmul", 1.0)):
             b = r[key]
             cells.append(f"{b['median'] * scale:.3g} ({b['low']:+.0%} to {b['high']:+.0%})")
-        out.append(f"| {r['threads']} | {r['rounds']} | " + " | ".join(cells) + " |")
+        rows.append(cells)
+    out += table(["threads", "rounds", "matmul µs (band)", "attention µs (band)", "attention / matmul (band)"], rows)
     return "\n".join(out) + "\n"
 
 

@@ -65,6 +65,7 @@ from hetprune.pruning.point_store import metric_of
 from studylib.files import write
 from studylib.machine import load, machine, machine_line
 from studylib.runs import budget_of, context, final_images, floors_of, oracle_rows, resolved_settings, truth_rows
+from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -620,12 +621,12 @@ def choose(rows: list[dict], floors: dict, shares: dict[str, float] | None = Non
     combos: dict = {}
     for r in rows:
         combos.setdefault((r["scheme"], r["predictor"]), []).append(r)
-    table = []
+    ranking = []
     for (scheme, predictor), rs in combos.items():
         ratio = max(r["images"] / base[(r["bench"], r["target"])] for r in rs if (r["bench"], r["target"]) in base)
         excess = {id(r): r["mean_regret"] - floors.get((r["bench"], r["target"]), 0.0) for r in rs}
         worst = max(rs, key=lambda r: excess[id(r)])
-        table.append({"scheme": scheme, "predictor": predictor, "worst_excess": excess[id(worst)],
+        ranking.append({"scheme": scheme, "predictor": predictor, "worst_excess": excess[id(worst)],
                       "worst_mean_regret": max(r["mean_regret"] for r in rs),
                       "worst_target": f"{worst['bench']} {worst['target']}", "cost_ratio": ratio,
                       "mean_regret": statistics.mean(r["mean_regret"] for r in rs),
@@ -634,8 +635,8 @@ def choose(rows: list[dict], floors: dict, shares: dict[str, float] | None = Non
                                      else ratio <= COST_CAP + 1e-9),
                       "all_within_goal": all(v <= GOAL + 1e-9 for v in excess.values()),
                       "targets": len(rs)})
-    table.sort(key=lambda c: (not c["affordable"], c["worst_excess"], c["mean_regret"], c["cost_ratio"]))
-    return {"ranking": table, "chosen": next((c for c in table if c["affordable"]), None)}
+    ranking.sort(key=lambda c: (not c["affordable"], c["worst_excess"], c["mean_regret"], c["cost_ratio"]))
+    return {"ranking": ranking, "chosen": next((c for c in ranking if c["affordable"]), None)}
 
 
 def target_words(target: str) -> str:
@@ -674,23 +675,25 @@ def markdown(result: dict) -> str:
     cols = studied_targets(result)
     lines += ["## Headline", "", "Mean regret per target (points, over the seeds), the worst target's excess over "
               "its seed-noise floor (the last row) and the points' and checks' cost against the one-shot points' "
-              "(the worst target's ratio of images):", "",
-              "| row | scheme / predictor | " + " | ".join(
-                  f"{b} {target_words(t)}{' (unstudied)' if (b, t) in UNSTUDIED else ''}" for b, t in cols)
-              + " | worst excess over the floor | cost |", "|---|---|" + "---|" * (len(cols) + 2)]
+              "(the worst target's ratio of images):", ""]
+    headline = []
     for label, scheme, predictor in highlights(result):
         c = ranked[(scheme, predictor)]
         cells = ["-" if (scheme, predictor, b, t) not in by else f"{by[(scheme, predictor, b, t)]['mean_regret']:.2f}"
                  for b, t in cols]
-        lines.append(f"| {label} | {scheme} / {predictor} | " + " | ".join(cells)
-                     + f" | {c['worst_excess']:.2f} | {c['cost_ratio']:.2f}x |")
+        headline.append([label, f"{scheme} / {predictor}", *cells, f"{c['worst_excess']:.2f}",
+                         f"{c['cost_ratio']:.2f}x"])
     oracle = floors_of(result["oracle"])
-    lines += ["| seed noise alone | each seed's own best split | "
-              + " | ".join(f"{oracle[k]:.2f}" if k in oracle else "-" for k in cols)
-              + f" | {max(oracle.values()):.2f} | (every split fine-tuned) |", ""]
-    lines += ["## The schemes", "", "| scheme | its points | settings |", "|---|---|---|"]
-    for name, sets in result["schemes"].items():
-        lines.append(f"| {name} | {WORDS.get(name, '')} | {' '.join(f'`--set {x}`' for x in sets)} |")
+    headline.append(["seed noise alone", "each seed's own best split",
+                     *(f"{oracle[k]:.2f}" if k in oracle else "-" for k in cols), f"{max(oracle.values()):.2f}",
+                     "(every split fine-tuned)"])
+    lines += table(["row", "scheme / predictor",
+                    *(f"{b} {target_words(t)}{' (unstudied)' if (b, t) in UNSTUDIED else ''}" for b, t in cols),
+                    "worst excess over the floor", "cost"], headline)
+    lines += ["", "## The schemes", "",
+              *table(["scheme", "its points", "settings"],
+                     [[name, WORDS.get(name, ""), " ".join(f"`--set {x}`" for x in sets)]
+                      for name, sets in result["schemes"].items()])]
     lines += ["", "Predictors: " + ", ".join(f"`{label}` ({name}{' ' + json.dumps(o) if o else ''})"
                                           for label, (name, o) in PREDICTORS.items()) + ".", ""]
     for scheme in result["schemes"]:   # what the pipeline checks' shared first removals saved
@@ -704,10 +707,8 @@ def markdown(result: dict) -> str:
     lines += choice_lines(result, cols)
     lines += ["", "## Every row", "",
               "Regret on its own seed: the best of that seed's truth rows minus that seed's row at the pick (the "
-              "model this very run would have made against the best it could have made).", "",
-              "| benchmark | target | best split (true %) | scheme | predictor | picks per seed (true %) | "
-              "mean regret | on its own seed | Kendall tau | points | images (x final FT) | seconds (x truth row) | "
-              "poly degree (CV RMSE) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "model this very run would have made against the best it could have made).", ""]
+    every = []
     for r in sorted(rows, key=lambda r: (list(TARGETS).index(r["bench"]), TARGETS[r["bench"]].index(r["target"]),
                                          list(SCHEMES).index(r["scheme"]) if r["scheme"] in SCHEMES else 99,
                                          list(PREDICTORS).index(r["predictor"]))):
@@ -717,26 +718,28 @@ def markdown(result: dict) -> str:
                            str(p.get("degree")) for p in r["seeds"]) if r["predictor"].startswith("poly") else "-"
         secs = f"{r['seconds']:.0f} ({r['seconds_share']:.1f}x)" if r["seconds_share"] else f"{r['seconds']:.0f}"
         own = "-" if r["mean_own_seed_regret"] is None else f"{r['mean_own_seed_regret']:.2f}"
-        lines.append(f"| {r['bench']} | {target_words(r['target'])} | {r['best']} ({r['best_true']:.1f}) | "
-                     f"{r['scheme']} | {r['predictor']} | {picks} | {r['mean_regret']:.2f} | {own} | {tau} | "
-                     f"{statistics.mean(p['points'] for p in r['seeds']):.0f} | {r['images']:.0f} "
-                     f"({r['images_share']:.1f}x) | {secs} | {degree} |")
+        every.append([r["bench"], target_words(r["target"]), f"{r['best']} ({r['best_true']:.1f})", r["scheme"],
+                      r["predictor"], picks, f"{r['mean_regret']:.2f}", own, tau,
+                      f"{statistics.mean(p['points'] for p in r['seeds']):.0f}",
+                      f"{r['images']:.0f} ({r['images_share']:.1f}x)", secs, degree])
+    lines += table(["benchmark", "target", "best split (true %)", "scheme", "predictor", "picks per seed (true %)",
+                    "mean regret", "on its own seed", "Kendall tau", "points", "images (x final FT)",
+                    "seconds (x truth row)", "poly degree (CV RMSE)"], every)
     lines += ["", "## What seed noise alone costs", "",
               "Each seed picks the best split of its own truth rows (the real pipeline, every split measured on "
               "that seed); regret against the mean over seeds, as above. No point scheme measured on one seed "
               "can expect to beat this by much.", "",
-              "| benchmark | target | best split (mean) | each seed's own best (true %) | mean regret |",
-              "|---|---|---|---|---|"]
-    for o in result["oracle"]:
-        lines.append(f"| {o['bench']} | {target_words(o['target'])} | {o['best']} ({o['best_true']:.1f}) | "
-                     + ", ".join(f"{p['pick']} ({p['true_of_pick']:.1f})" for p in o["seeds"])
-                     + f" | {o['mean_regret']:.2f} |")
-    lines += ["", "## The true landscapes", "", "| benchmark | target | splits (attn+act): true top-1 % (± std over "
-              "seeds) |", "|---|---|---|"]
+              *table(["benchmark", "target", "best split (mean)", "each seed's own best (true %)", "mean regret"],
+                     [[o["bench"], target_words(o["target"]), f"{o['best']} ({o['best_true']:.1f})",
+                       ", ".join(f"{p['pick']} ({p['true_of_pick']:.1f})" for p in o["seeds"]),
+                       f"{o['mean_regret']:.2f}"] for o in result["oracle"]])]
+    landscapes = []
     for key, t in result["truth"].items():
         b, target = key.split("|")
-        cells = ", ".join(f"{s}: {v['true']:.1f} ± {v['std']:.1f}" for s, v in t["splits"].items())
-        lines.append(f"| {b} | {target_words(target)} | {cells} |")
+        landscapes.append([b, target_words(target),
+                           ", ".join(f"{s}: {v['true']:.1f} ± {v['std']:.1f}" for s, v in t["splits"].items())])
+    lines += ["", "## The true landscapes", "",
+              *table(["benchmark", "target", "splits (attn+act): true top-1 % (± std over seeds)"], landscapes)]
     return "\n".join(lines) + "\n"
 
 
@@ -753,37 +756,35 @@ def choice_lines(result: dict, cols: list[tuple[str, str]]) -> list[str]:
                  "it. A scheme it does not count (-) cannot be shown to meet the line. The cost at toy scale is a "
                  "column, not the rule." if shares else
                  f"cost at most {COST_CAP}x the `{BASELINE}` points' images at every target (issue 43's cap: "
-                 "nothing here is counted at DeiT-B scale)."), "",
-              "| scheme | predictor | worst excess over the floor | at | worst mean regret | mean over targets | "
-              f"cost vs {BASELINE} (worst target) | "
-              + ("share of the DeiT-B run | " if shares else "")
-              + f"affordable | every target ≤ floor + {GOAL} |",
-              "|---|---|---|---|---|---|---|---|---|"
-              + ("---|" if shares else "")]
+                 "nothing here is counted at DeiT-B scale)."), ""]
+    ranking = []
     for c in result["choice"]["ranking"]:
         mark = "**" if pick and (c["scheme"], c["predictor"]) == (pick["scheme"], pick["predictor"]) else ""
-        lines.append(f"| {mark}{c['scheme']}{mark} | {mark}{c['predictor']}{mark} | {c['worst_excess']:.2f} | "
-                     f"{c['worst_target']} | {c['worst_mean_regret']:.2f} | {c['mean_regret']:.2f} | "
-                     f"{c['cost_ratio']:.2f}x | "
-                     + ((f"{c['deit_b_share']:.1%} | " if c["deit_b_share"] is not None else "- | ")
-                        if "deit_b_share" in c else "")
-                     + f"{'yes' if c['affordable'] else 'no'} | "
-                     f"{'yes' if c['all_within_goal'] else 'no'} |")
+        share = ([f"{c['deit_b_share']:.1%}" if c["deit_b_share"] is not None else "-"]
+                 if "deit_b_share" in c else [])
+        ranking.append([f"{mark}{c['scheme']}{mark}", f"{mark}{c['predictor']}{mark}", f"{c['worst_excess']:.2f}",
+                        c["worst_target"], f"{c['worst_mean_regret']:.2f}", f"{c['mean_regret']:.2f}",
+                        f"{c['cost_ratio']:.2f}x", *share, "yes" if c["affordable"] else "no",
+                        "yes" if c["all_within_goal"] else "no"])
+    lines += table(["scheme", "predictor", "worst excess over the floor", "at", "worst mean regret",
+                    "mean over targets", f"cost vs {BASELINE} (worst target)",
+                    *(["share of the DeiT-B run"] if shares else []), "affordable",
+                    f"every target ≤ floor + {GOAL}"], ranking)
     lines += ["", ("**Chosen: " + f"`{pick['scheme']}` points with `{pick['predictor']}`" + "**"
                    + (f" (worst-target excess over the seed-noise floor {pick['worst_excess']:.2f}; "
                       f"{'every' if pick['all_within_goal'] else 'not every'} target within {GOAL} point of "
                       "its floor).")
                    ) if pick else "**No scheme is affordable.**", ""]
-    lines += ["## Mean regret per target (points; mean over seeds)", "",
-              "| scheme | predictor | " + " | ".join(f"{b} {target_words(t)}" for b, t in cols)
-              + " |", "|---|---|" + "---|" * len(cols)]
     by = {(r["scheme"], r["predictor"], r["bench"], r["target"]): r for r in result["rows"]}
+    per_target = []
     for c in result["choice"]["ranking"]:
         cells = []
         for b, t in cols:
             r = by.get((c["scheme"], c["predictor"], b, t))
             cells.append("-" if r is None else f"{r['mean_regret']:.2f}")
-        lines.append(f"| {c['scheme']} | {c['predictor']} | " + " | ".join(cells) + " |")
+        per_target.append([c["scheme"], c["predictor"], *cells])
+    lines += ["## Mean regret per target (points; mean over seeds)", "",
+              *table(["scheme", "predictor", *(f"{b} {target_words(t)}" for b, t in cols)], per_target)]
     return lines
 
 

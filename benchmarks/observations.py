@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -35,6 +33,8 @@ from pathlib import Path
 import torch
 from hetprune_hetdpt import gates
 from studylib.files import write
+from studylib.machine import load, machine
+from studylib.tables import table
 
 from hetprune import Site, sites
 from hetprune.core.config import RunSettings, resolve
@@ -156,16 +156,17 @@ def markdown(r: dict) -> str:
                 f"before, {run_['load_after']} after; {run_['epochs']} epochs."
                 if run_.get("command") and run_["command"] != r["command"] else "")
         lines += [f"## {run_['data']} (seed {run_['seed']}; {run_['tokens']} tokens; dense top-1 "
-                  f"{run_['dense_top1']:.2f})", "", *([made, ""] if made else []),
-                  "| kind | sites | mean \\|dL/dm\\| | median | min | max | top-1 at once (mean) | drop (mean / largest) | "
-                  "won back after epoch 1 | top-1 by epoch (mean) |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  f"{run_['dense_top1']:.2f})", "", *([made, ""] if made else [])]
+        rows = []
         for kind in KINDS:
             x = k[kind]
             n = sum(1 for row in run_["recovery"] if row["site"].startswith(kind))
             won = "no drop of a point" if x["recovered_after_1"] is None else f"{x['recovered_after_1']:.0%}"
-            lines.append(f"| {kind} | {n} | {x['grad_mean']:.4g} | {x['grad_median']:.4g} | {x['grad_min']:.4g} | "
-                         f"{x['grad_max']:.4g} | {x['at_once_mean']:.2f} | {x['drop_mean']:.2f} / {x['drop_max']:.2f} | "
-                         f"{won} | " + " ".join(f"{c:.1f}" for c in x["curve_mean"]) + " |")
+            rows.append([kind, n, f"{x['grad_mean']:.4g}", f"{x['grad_median']:.4g}", f"{x['grad_min']:.4g}",
+                         f"{x['grad_max']:.4g}", f"{x['at_once_mean']:.2f}", f"{x['drop_mean']:.2f} / {x['drop_max']:.2f}",
+                         won, " ".join(f"{c:.1f}" for c in x["curve_mean"])])
+        lines += table(["kind", "sites", "mean \\|dL/dm\\|", "median", "min", "max", "top-1 at once (mean)",
+                        "drop (mean / largest)", "won back after epoch 1", "top-1 by epoch (mean)"], rows)
         lines += ["", f"Activation/attention gradient ratio (means): **{v['gradient_ratio']:.1f}x**.", "",
                   "Per site (top-1 at once, then by epoch): " + "; ".join(
                       f"{row['site']} {row['at_once']:.1f} -> {' '.join(f'{c:.1f}' for c in row['curve'])}"
@@ -194,19 +195,18 @@ def main() -> int:
             run_["verdict"] = verdict(run_["by_kind"])
         write(out.parent, out.stem, r, markdown(r))
         return 0
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load()
     t0 = time.time()
     runs = [run(name, int(seed), args.epochs, args.sites, args.batches)
             for name in args.data.split(",") for seed in args.seeds.split(",")]
     command = "python benchmarks/observations.py " + shlex.join(sys.argv[1:])
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
-    load_after = [round(x, 2) for x in os.getloadavg()]
+    load_after = load()
     for run_ in runs:
         run_["verdict"] = verdict(run_["by_kind"])
         # each run says how it was made (a file may hold runs of several commands: --add)
-        run_.update(command=command, machine=machine, load_before=load_before, load_after=load_after,
+        run_.update(command=command, machine=machine(), load_before=load_before, load_after=load_after,
                     epochs=args.epochs, batches=args.batches)
-    r = {"command": command, "machine": machine, "load_before": load_before, "load_after": load_after,
+    r = {"command": command, "machine": machine(), "load_before": load_before, "load_after": load_after,
          "wall_s": time.time() - t0, "epochs": args.epochs, "batches": args.batches, "runs": runs}
     if args.add and out.with_suffix(".json").is_file():
         old = json.loads(out.with_suffix(".json").read_text())

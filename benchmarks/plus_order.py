@@ -17,14 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from studylib.files import write
+from studylib.machine import load, machine
 from studylib.runs import resumable
+from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDERS = ("depth-width", "width-depth", "interleaved")
@@ -45,6 +46,24 @@ def summary(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
+def order_table(rows: list[dict]) -> list[str]:
+    """One row per data, target and strategy (the results JSON's ``rows``), each against isomorphic's."""
+    cells = []
+    for row in rows:
+        iso = next(r for r in rows if r["data"] == row["data"] and r["target_macs"] == row["target_macs"]
+                   and r["strategy"] == "isomorphic")
+        diff = statistics.mean(row["top1"]) - statistics.mean(iso["top1"])
+        wall = [w for w in row["wall_s"] if w is not None]
+        cells.append([row["data"], f"{row['target_macs']:g}", row["strategy"], summary(row["top1"]),
+                      ", ".join(f"{x:.1f}" for x in row["top1"]),
+                      ", ".join(row["splits"]) if row["strategy"] != "isomorphic" else "-",
+                      f"{statistics.mean(row['mac_ratio']):.3f}", "-" if row is iso else f"{diff:+.2f}",
+                      f"{statistics.mean(wall):.0f}" if wall else "-"])
+    return table(["data", "MACs target", "strategy", "top-1 % (mean ± std)", "per seed",
+                  "depth split per seed (attn+act)", "MAC ratio (mean)", "vs isomorphic (points)", "wall s (mean)"],
+                 cells)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="digits,digit-pairs")
@@ -60,9 +79,9 @@ def main() -> int:
     common = [a for item in args.set for a in ("--set", item)]
     # isomorphic refuses the settings of strategies it does not run (hetdpt.*, hetdpt_plus.*)
     width_only = [a for item in args.set if not item.startswith("hetdpt") for a in ("--set", item)]
-    started, load_start = time.time(), os.getloadavg()
+    started, load_start = time.time(), load()
     os.environ["OMP_NUM_THREADS"] = "1"
-    table = []
+    records = []
     for data in args.data.split(","):
         for target in args.targets.split(","):
             cells = {"isomorphic": compare(data, target, args.seeds, Path(args.out) / f"{data}-{target}-isomorphic",
@@ -72,15 +91,14 @@ def main() -> int:
                                        "hetdpt-plus", [*common, "--set", f"hetdpt_plus.order={order}"])
             for name, rows in cells.items():
                 rows = sorted(rows, key=lambda r: r["seed"])
-                table.append({"data": data, "target_macs": float(target), "strategy": name,
+                records.append({"data": data, "target_macs": float(target), "strategy": name,
                               "top1": [r["top1"] for r in rows], "seeds": [r["seed"] for r in rows],
                               "splits": [f"{r['n_attn']}+{r['n_act']}" for r in rows],
                               "mac_ratio": [r["macs"] / r["dense_macs"] for r in rows],
                               "wall_s": [r.get("wall_s") for r in rows]})
     command = "python benchmarks/plus_order.py " + " ".join(sys.argv[1:])
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
-    payload = {"command": command, "machine": machine, "load_start": load_start, "load_end": os.getloadavg(),
-               "minutes": round((time.time() - started) / 60, 1), "rows": table}
+    payload = {"command": command, "machine": machine(), "load_start": load_start, "load_end": load(),
+               "minutes": round((time.time() - started) / 60, 1), "rows": records}
     lines = [f"# HetDPT+ order: {args.orders.replace(',', ', ')}, against isomorphic at equal MACs", "",
              f"Produced by `{command}` ({payload['minutes']} min of runs not reused from an earlier "
              "invocation), which runs `hetprune compare --data DATA --target-macs T --seeds "
@@ -88,22 +106,8 @@ def main() -> int:
              "hetdpt-plus --set hetdpt_plus.order=ORDER` per order"
              + (f", each with {' '.join(f'`--set {x}`' for x in args.set)}" if args.set else "")
              + "; every other setting is the default.", "",
-             f"Machine: {machine}. Load average {', '.join(f'{x:.2f}' for x in load_start)} at the start "
-             "(accuracy does not depend on load).", "",
-             "| data | MACs target | strategy | top-1 % (mean ± std) | per seed | depth split per seed (attn+act) "
-             "| MAC ratio (mean) | vs isomorphic (points) | wall s (mean) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for row in table:
-        iso = next(r for r in table if r["data"] == row["data"] and r["target_macs"] == row["target_macs"]
-                   and r["strategy"] == "isomorphic")
-        diff = statistics.mean(row["top1"]) - statistics.mean(iso["top1"])
-        wall = [w for w in row["wall_s"] if w is not None]
-        wall_text = f"{statistics.mean(wall):.0f}" if wall else "-"
-        lines.append(f"| {row['data']} | {row['target_macs']:g} | {row['strategy']} | {summary(row['top1'])} | "
-                     f"{', '.join(f'{x:.1f}' for x in row['top1'])} | "
-                     f"{', '.join(row['splits']) if row['strategy'] != 'isomorphic' else '-'} | "
-                     f"{statistics.mean(row['mac_ratio']):.3f} | "
-                     f"{'-' if row is iso else f'{diff:+.2f}'} | {wall_text} |")
+             f"Machine: {payload['machine']}. Load average {', '.join(f'{x:.2f}' for x in load_start)} at the start "
+             "(accuracy does not depend on load).", "", *order_table(records)]
     write(args.results, args.name, payload, "\n".join(lines))
     return 0
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 from studylib.files import write
+from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,18 +68,17 @@ def markdown(results: list[dict], command: str) -> str:
              "one-shot MAP points (short fine-tune) with the true mean top-1, and for each seed the rank "
              "correlation, argmax and regret of the gradual values (gate-taylor's selection of that split, before "
              "the final fine-tune). Held-out regret: against the mean of the other seeds. No training: read "
-             "from the ablations' rows.", "",
-             "| ablation | budget | best split (true %) | one-shot points: Spearman (points) | gradual: Spearman per "
-             "seed | gradual picks | regret per seed | held-out regret per seed |", "|---|---|---|---|---|---|---|---|"]
+             "from the ablations' rows.", ""]
+    rows = []
     for r in results:
         g = r["gradual"]
         one = f"{r['oneshot_spearman']:.2f} ({r['oneshot_count']})" if r["oneshot_spearman"] is not None else "-"
-        lines.append(
-            f"| {Path(r['file']).name} | {r['budget']} | {r['best'][0]}+{r['best'][1]} ({r['best_true']:.2f}) | {one} | "
-            + ", ".join(f"{x['spearman']:.2f}" for x in g) + " | "
-            + ", ".join(f"{x['pick'][0]}+{x['pick'][1]}" for x in g) + " | "
-            + ", ".join(f"{x['regret']:.2f}" for x in g) + " | "
-            + ", ".join("-" if x["held_out_regret"] is None else f"{x['held_out_regret']:.2f}" for x in g) + " |")
+        rows.append([Path(r["file"]).name, r["budget"], f"{r['best'][0]}+{r['best'][1]} ({r['best_true']:.2f})", one,
+                     ", ".join(f"{x['spearman']:.2f}" for x in g), ", ".join(f"{x['pick'][0]}+{x['pick'][1]}" for x in g),
+                     ", ".join(f"{x['regret']:.2f}" for x in g),
+                     ", ".join("-" if x["held_out_regret"] is None else f"{x['held_out_regret']:.2f}" for x in g)])
+    lines += table(["ablation", "budget", "best split (true %)", "one-shot points: Spearman (points)",
+                    "gradual: Spearman per seed", "gradual picks", "regret per seed", "held-out regret per seed"], rows)
     return "\n".join(lines) + "\n"
 
 

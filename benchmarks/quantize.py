@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from studylib.tables import table
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results"
@@ -540,15 +541,15 @@ def render_speed(s: dict) -> list[str]:
     columns = [(key, batch) for key, c in s["configs"].items() for batch in c["runs"]]
     doc += ["Random weights (speed does not depend on them), random calibration images; in each column every "
             "model is timed in one interleaved ONNX Runtime session (`hetprune.measure.bench.measure`); speedup over the "
-            "fp32 dense model ± its spread (half the interquartile range of the per-round ratios, relative).", "",
-            "| model | " + " | ".join(f"{s['configs'][k]['model']} b{b}" for k, b in columns) + " |",
-            "|---|" + "---|" * len(columns)]
+            "fp32 dense model ± its spread (half the interquartile range of the per-round ratios, relative).", ""]
+    rows = []
     for name in _speed_columns(s):
-        cells = []
+        cells = [name]
         for key, batch in columns:
             r = next((r for r in s["configs"][key]["runs"][batch]["results"] if r["model"] == name), None)
             cells.append(f"{r['speedup']:.2f}x ±{r['speedup_spread']:.0%}" if r else "-")
-        doc.append(f"| {name} | " + " | ".join(cells) + " |")
+        rows.append(cells)
+    doc += table(["model", *(f"{s['configs'][k]['model']} b{b}" for k, b in columns)], rows)
     doc.append("")
     b = s["configs"].get("deit_b")
     if b and "32" in b["runs"]:
@@ -564,17 +565,18 @@ def render_speed(s: dict) -> list[str]:
         p = b["profile"]
         doc += [f"Where the INT8 pruned DeiT-B's time goes (static per-channel, batch {p['batch']}, ONNX Runtime's "
                 f"profiler, ops as ONNX Runtime runs them after its own fusions; {p['total_ms']:.0f} ms of kernel "
-                "time per run):", "", "| op | ms | share |", "|---|---|---|"]
-        doc += [f"| {o['op']} | {o['ms']:.1f} | {o['share']:.1%} |" for o in p["ops"][:12]]
+                "time per run):", "",
+                *table(["op", "ms", "share"], [[o["op"], f"{o['ms']:.1f}", f"{o['share']:.1%}"] for o in p["ops"][:12]])]
         doc.append("")
     doc += ["Files (the checks each passed; weights in 7 bits where ONNX Runtime's kernels need them, on x86 "
-            "without VNNI: `reduce_range`, by default when the exporting CPU lacks VNNI):", "",
-            "| model | INT8 products | weights | seconds to export | size MB |", "|---|---|---|---|---|"]
+            "without VNNI: `reduce_range`, by default when the exporting CPU lacks VNNI):", ""]
+    files = []
     for key, c in s["configs"].items():
         for name, f in c["files"].items():
             bits = {True: "7-bit", False: "8-bit"}.get(f.get("reduce_range"), "8-bit (not recorded then)")
-            doc.append(f"| {c['model']}: {name} | {f['census']['int8_products']} of {f['census']['products']} | "
-                       f"{bits} | {f['seconds']:.0f} | {f['size_mb']:.0f} |")
+            files.append([f"{c['model']}: {name}", f"{f['census']['int8_products']} of {f['census']['products']}",
+                          bits, f"{f['seconds']:.0f}", f"{f['size_mb']:.0f}"])
+    doc += table(["model", "INT8 products", "weights", "seconds to export", "size MB"], files)
     doc.append("")
     for key, c in s["configs"].items():
         for batch, run in c["runs"].items():
@@ -607,10 +609,9 @@ def render_memory(m: dict) -> list[str]:
     doc = ["## Calibration memory", ""] + _header(m)
     doc += [f"Peak resident memory of one INT8 export of {m['model']} (`export_int8`, static per-channel), each "
             "in a fresh process: the fp32 export first, then the calibration in runs of the given batch.", "",
-            "| calibration batch | images | peak after the fp32 export GiB | peak of the whole export GiB | s |",
-            "|---|---|---|---|---|"]
-    doc += [f"| {r['batch']} | {r['images']} | {r['peak_before_calibration_gib']:.2f} | {r['peak_total_gib']:.2f} | "
-            f"{r['seconds']:.0f} |" for r in m["rows"]]
+            *table(["calibration batch", "images", "peak after the fp32 export GiB", "peak of the whole export GiB", "s"],
+                   [[r["batch"], r["images"], f"{r['peak_before_calibration_gib']:.2f}", f"{r['peak_total_gib']:.2f}",
+                     f"{r['seconds']:.0f}"] for r in m["rows"]])]
     rows = m["rows"]
     if len(rows) > 1:
         xs, ys = [r["batch"] for r in rows], [r["peak_total_gib"] for r in rows]
@@ -632,34 +633,32 @@ def render_accuracy(a: dict) -> list[str]:
             "twins (the same weights before the merge).", ""]
     doc += accuracy_answers(a)
     for data, d in a["data"].items():
-        doc += [f"### {data}", "", f"Compare: `{d['compare']['command']}`", "",
-                "| model | merged | variant | fp32 top-1 | INT8 top-1 | drop (mean ± std) | worst drop | "
-                "same top-1 as fp32 % | logit error % |", "|---|---|---|---|---|---|---|---|---|"]
         groups: dict = {}
         for r in d["rows"]:
             groups.setdefault((r["strategy"], r["merged"], r["variant"]), []).append(r)
-        for (strategy, merged, variant), rs in groups.items():
-            tag = "-" if merged is None else ("merged" if merged else "unmerged")
-            doc.append(f"| {strategy} | {tag} | {variant} | {_pm([r['fp32'] for r in rs])} | "
-                       f"{_pm([r['int8'] for r in rs])} | {_pm([r['drop'] for r in rs])} | "
-                       f"{max(r['drop'] for r in rs):.2f} | {_pm([100 * r['val_agreement'] for r in rs])} | "
-                       f"{_pm([100 * r['logit_error'] for r in rs])} |")
-        doc.append("")
+        rows = [[strategy, "-" if merged is None else ("merged" if merged else "unmerged"), variant,
+                 _pm([r["fp32"] for r in rs]), _pm([r["int8"] for r in rs]), _pm([r["drop"] for r in rs]),
+                 f"{max(r['drop'] for r in rs):.2f}", _pm([100 * r["val_agreement"] for r in rs]),
+                 _pm([100 * r["logit_error"] for r in rs])] for (strategy, merged, variant), rs in groups.items()]
+        doc += [f"### {data}", "", f"Compare: `{d['compare']['command']}`", "",
+                *table(["model", "merged", "variant", "fp32 top-1", "INT8 top-1", "drop (mean ± std)", "worst drop",
+                        "same top-1 as fp32 %", "logit error %"], rows), ""]
         if d["layers"]:
             doc += ["Per merged layer (every model and seed): the weight's range (largest magnitude over the median "
                     "of its output channels' largest magnitudes: how much of the INT8 range a per-tensor scale "
                     "leaves a typical channel), and the relative RMS error of the MLP branch's output in INT8 "
-                    "against fp32 (the branch alone, fed the same fp32 inputs).", "",
-                    "| model | block | range merged W | range W1 | range W2 | max abs merged / W1 / W2 | "
-                    "error merged per-channel | unmerged per-channel | merged per-tensor | unmerged per-tensor |",
-                    "|---|---|---|---|---|---|---|---|---|---|"]
+                    "against fp32 (the branch alone, fed the same fp32 inputs).", ""]
+            layers = []
             for r in d["layers"]:
                 w, e = r["weights"], r["error"]
-                doc.append(f"| {r['model']} | {r['block']} | {w['merged']['ratio']:.1f} | {w['fc1']['ratio']:.1f} | "
-                           f"{w['fc2']['ratio']:.1f} | {w['merged']['max']:.2f} / {w['fc1']['max']:.2f} / "
-                           f"{w['fc2']['max']:.2f} | {e['merged per-channel']:.4f} | "
-                           f"{e['unmerged per-channel']:.4f} | {e['merged per-tensor']:.4f} | "
-                           f"{e['unmerged per-tensor']:.4f} |")
+                layers.append([r["model"], r["block"], f"{w['merged']['ratio']:.1f}", f"{w['fc1']['ratio']:.1f}",
+                               f"{w['fc2']['ratio']:.1f}",
+                               f"{w['merged']['max']:.2f} / {w['fc1']['max']:.2f} / {w['fc2']['max']:.2f}",
+                               *(f"{e[k]:.4f}" for k in ("merged per-channel", "unmerged per-channel",
+                                                        "merged per-tensor", "unmerged per-tensor"))])
+            doc += table(["model", "block", "range merged W", "range W1", "range W2", "max abs merged / W1 / W2",
+                          "error merged per-channel", "unmerged per-channel", "merged per-tensor",
+                          "unmerged per-tensor"], layers)
             doc.append("")
     return doc
 
@@ -674,8 +673,8 @@ def accuracy_answers(a: dict) -> list[str]:
     default = "int8 per-channel"
     doc = ["### The answers", "",
            f"**INT8 pruned models against their fp32 versions** (the default: static QDQ, per-channel; target: at "
-           f"most {DROP_TARGET} points of top-1 lost, every model):", "",
-           "| data | model | fp32 top-1 | INT8 top-1 | drop (mean ± std) | worst drop | target |", "|---|---|---|---|---|---|---|"]
+           f"most {DROP_TARGET} points of top-1 lost, every model):", ""]
+    drops = []
     for data, d in a["data"].items():
         for strategy in ["dense", *a["strategies"]]:
             rs = _rows(d, strategy, None if strategy == "dense" else True, default)
@@ -683,14 +682,14 @@ def accuracy_answers(a: dict) -> list[str]:
                 continue
             worst = max(r["drop"] for r in rs)
             target = "-" if strategy == "dense" else ("met" if worst <= DROP_TARGET else "MISSED")
-            doc.append(f"| {data} | {strategy}{'' if strategy == 'dense' else ' (merged)'} | "
-                       f"{_pm([r['fp32'] for r in rs])} | {_pm([r['int8'] for r in rs])} | "
-                       f"{_pm([r['drop'] for r in rs])} | {worst:.2f} | {target} |")
+            drops.append([data, f"{strategy}{'' if strategy == 'dense' else ' (merged)'}",
+                          _pm([r["fp32"] for r in rs]), _pm([r["int8"] for r in rs]), _pm([r["drop"] for r in rs]),
+                          f"{worst:.2f}", target])
+    doc += table(["data", "model", "fp32 top-1", "INT8 top-1", "drop (mean ± std)", "worst drop", "target"], drops)
     doc += ["", "**Merged against unmerged** (the same pruned models, quantized alike): per merged MLP, the INT8 "
             "error of the MLP branch's output, merged over unmerged (mean over every merged layer of every model "
-            "and seed; above 1: merging makes INT8 worse), and the model's logit error (mean over models).", "",
-            "| data | weights | branch error, merged / unmerged | layers where merged is worse | weight range "
-            "merged W / W1 / W2 | logit error merged % | logit error unmerged % |", "|---|---|---|---|---|---|---|"]
+            "and seed; above 1: merging makes INT8 worse), and the model's logit error (mean over models).", ""]
+    versus = []
     for data, d in a["data"].items():
         layers = d["layers"]
         if not layers:
@@ -703,9 +702,11 @@ def accuracy_answers(a: dict) -> list[str]:
             label = f"int8 {scheme}"
             merged = [r["logit_error"] for st in a["strategies"] for r in _rows(d, st, True, label)]
             unmerged = [r["logit_error"] for st in a["strategies"] for r in _rows(d, st, False, label)]
-            doc.append(f"| {data} | {scheme} | {statistics.mean(ratios):.2f} (range {min(ratios):.2f}-"
-                       f"{max(ratios):.2f}) | {worse} of {len(ratios)} | {ranges} | "
-                       f"{100 * statistics.mean(merged):.2f} | {100 * statistics.mean(unmerged):.2f} |")
+            versus.append([data, scheme, f"{statistics.mean(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})",
+                           f"{worse} of {len(ratios)}", ranges, f"{100 * statistics.mean(merged):.2f}",
+                           f"{100 * statistics.mean(unmerged):.2f}"])
+    doc += table(["data", "weights", "branch error, merged / unmerged", "layers where merged is worse",
+                  "weight range merged W / W1 / W2", "logit error merged %", "logit error unmerged %"], versus)
     return [*doc, ""]
 
 

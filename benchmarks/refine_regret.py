@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import statistics
@@ -31,8 +30,27 @@ import time
 from pathlib import Path
 
 from studylib.files import write
+from studylib.machine import load
+from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def regret_table(runs: list[dict]) -> list[str]:
+    """One row per predictor and refinement rounds, over their seeds, in the order they ran (the results JSON's
+    ``runs``)."""
+    rows = []
+    for predictor, refine in dict.fromkeys((r["predictor"], r["refine"]) for r in runs):
+        rs = [r for r in runs if r["predictor"] == predictor and r["refine"] == refine]
+        held = (f"{statistics.mean(r['held_out_regret'] for r in rs):.2f}"
+                if all(r["held_out_regret"] is not None for r in rs) else "-")
+        rows.append([predictor, refine, ", ".join(f"{a}+{m}" for a, m in (r["pick"] for r in rs)),
+                     ", ".join(format(r["true_of_pick"], ".2f") for r in rs),
+                     f"{statistics.mean(r['regret'] for r in rs):.2f}", held,
+                     f"{statistics.mean(r['refinement_points'] for r in rs):.1f}",
+                     f"{statistics.mean(r['point_seconds'] for r in rs):.0f}"])
+    return table(["predictor", "refine", "picks (seeds)", "true top-1 of the picks %", "mean regret (points)",
+                  "held-out regret", "extra cheap points", "MAP points' time (s)"], rows)
 
 
 def main() -> int:
@@ -72,7 +90,7 @@ def main() -> int:
     best = max(true, key=lambda k: true[k])
     out = Path(args.out or f"runs/{args.data}-refine-b{budget}" + (f"-{args.tag}" if args.tag else ""))
     command = "python benchmarks/refine_regret.py " + shlex.join(sys.argv[1:])
-    load_before = os.getloadavg()
+    load_before = load()
     runs = []
     for predictor in args.predictors.split(","):
         for refine in [int(r) for r in args.refine.split(",")]:
@@ -105,7 +123,7 @@ def main() -> int:
                              "seconds": round(time.time() - start, 1), "command": "hetprune " + shlex.join(argv)})
                 print(f"{predictor} refine={refine} seed={seed}: pick {pick[0]}+{pick[1]}, "
                       f"true {true[pick]:.2f}, regret {true[best] - true[pick]:.2f}", flush=True)
-    load_after = os.getloadavg()
+    load_after = load()
     lines = [f"# Allocation regret on the embedded {args.data} ViT, budget {budget}", "",
              f"Produced by `{command}`: one `hetprune prune --strategy hetdpt` per predictor, refinement rounds "
              f"and seed (gate phase and final fine-tune skipped: they do not change the split), each pick looked "
@@ -114,18 +132,7 @@ def main() -> int:
              f"Load average (1, 5, 15 min) {' '.join(f'{x:.2f}' for x in load_before)} at the start, "
              f"{' '.join(f'{x:.2f}' for x in load_after)} at the end.", "",
              "Held-out regret: against the mean of the truth's other seeds (the run's own seed left out).", "",
-             "| predictor | refine | picks (seeds) | true top-1 of the picks % | mean regret (points) | "
-             "held-out regret | extra cheap points | MAP points' time (s) |", "|---|---|---|---|---|---|---|---|"]
-    for predictor in args.predictors.split(","):
-        for refine in [int(r) for r in args.refine.split(",")]:
-            rs = [r for r in runs if r["predictor"] == predictor and r["refine"] == refine]
-            lines.append(f"| {predictor} | {refine} | {', '.join(f'{a}+{m}' for a, m in (r['pick'] for r in rs))} | "
-                         f"{', '.join(format(r['true_of_pick'], '.2f') for r in rs)} | "
-                         f"{statistics.mean(r['regret'] for r in rs):.2f} | "
-                         + (f"{statistics.mean(r['held_out_regret'] for r in rs):.2f}"
-                            if all(r["held_out_regret"] is not None for r in rs) else "-")
-                         + f" | {statistics.mean(r['refinement_points'] for r in rs):.1f} | "
-                         f"{statistics.mean(r['point_seconds'] for r in rs):.0f} |")
+             *regret_table(runs)]
     name = f"{args.data}-refine-b{budget}" + (f"-{args.tag}" if args.tag else "")
     results = write(args.results, name, {"command": command, "budget": budget, "best": list(best),
                                          "true": {f"{a}+{m}": v for (a, m), v in true.items()}, "runs": runs,

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 
 from studylib.files import write
+from studylib.machine import load, machine
+from studylib.tables import table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -225,7 +227,7 @@ def main() -> int:
     student, teacher = make_models(WORK)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HETPRUNE_NO_PROGRESS": "1", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(WORK), str(ROOT), str(ROOT / "plugins"), os.environ.get("PYTHONPATH", "")])}
-    load_before = os.getloadavg()
+    load_before = load()
     started = time.time()
     runs = {}
     for name in ("uninterrupted", "interrupted", "plan"):
@@ -269,9 +271,9 @@ def main() -> int:
     result = {
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "prune_command": "torchrun --standalone --nproc-per-node 2 -m hetprune " + shlex.join(cli),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-        "python": platform.python_version(), "load_before": [round(x, 2) for x in load_before],
-        "load_after": [round(x, 2) for x in os.getloadavg()], "wall_s": round(time.time() - started, 1),
+        "machine": machine(),
+        "python": platform.python_version(), "load_before": load_before,
+        "load_after": load(), "wall_s": round(time.time() - started, 1),
         "settings": {k: getattr(args, k) for k in ("images", "epochs", "batch", "point_images", "budget", "probe")},
         "runs": runs, "reports": reports, "plan_exit": rc_plan, "plan_s": round(seconds_plan, 1), "plan": plan,
     }
@@ -302,10 +304,10 @@ def markdown(r: dict) -> str:
              f"* the resumed model against the uninterrupted one: **{'bit-identical' if i['identical'] else 'DIFFERENT'}** "
              f"(largest difference {i['max_abs_difference']:.3g})", ""]
     if r.get("reports"):
-        lines += ["| run | split | sites | top-1 before fine-tune | top-1 | reported epoch |", "|---|---|---|---|---|---|"]
-        for name, rep in r["reports"].items():
-            lines.append(f"| {name} | {rep['n_attn']}+{rep['n_act']} | {' '.join(rep['sites'] or [])} | "
-                         f"{rep['metric_before_finetune']} | {rep['metric']} | {rep.get('finetune_reported')} |")
+        lines += table(["run", "split", "sites", "top-1 before fine-tune", "top-1", "reported epoch"],
+                       [[name, f"{rep['n_attn']}+{rep['n_act']}", " ".join(rep["sites"] or []),
+                         rep["metric_before_finetune"], rep["metric"], rep.get("finetune_reported")]
+                        for name, rep in r["reports"].items()])
         lines += ["", "(Random weights on random images: the top-1 is chance; what is checked is that the run "
                       "completes, resumes exactly, and what it costs.)", ""]
     lines += ["## The plan against the run", ""]
@@ -315,12 +317,11 @@ def markdown(r: dict) -> str:
         lines += [f"Probe: {probe.get('train_ips')} images/s training (student + teacher, batch {probe.get('batch')} "
                   f"over {probe.get('world')} ranks), {probe.get('eval_ips')} images/s evaluating, load average "
                   f"{probe.get('load')}. Peak memory (resident, the largest process): {u['peak_rss_gb_per_rank']} GiB.", "",
-                  "| stage | fine-tunes | train images | eval images | planned s | measured s (stage events) |",
-                  "|---|---|---|---|---|---|"]
-        for s in r["plan"]["steps"]:
-            planned = "-" if s["hours"] is None else f"{s['hours'] * 3600:.0f}"
-            lines.append(f"| {s['stage']} | {s['fine_tunes']} | {s['train_images']:,} | {s['eval_images']:,} | "
-                         f"{planned} | {measured_for(s['stage'], measured)} |")
+                  *table(["stage", "fine-tunes", "train images", "eval images", "planned s",
+                          "measured s (stage events)"],
+                         [[s["stage"], s["fine_tunes"], f"{s['train_images']:,}", f"{s['eval_images']:,}",
+                           "-" if s["hours"] is None else f"{s['hours'] * 3600:.0f}", measured_for(s["stage"], measured)]
+                          for s in r["plan"]["steps"]])]
         lines += ["", "Measured stage times: " + ", ".join(f"{k} {v:.0f} s" for k, v in measured.items()), ""]
     else:
         lines += [f"The plan failed (exit {r['plan_exit']}): see runs/rehearsal/plan.log", ""]

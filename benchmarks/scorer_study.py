@@ -37,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from studylib.files import write
+from studylib.machine import load, machine as studylib_machine
+from studylib.tables import table
 
 HERE = Path(__file__).resolve().parent
 
@@ -85,6 +87,20 @@ def summary(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
+def scorer_table(rows: list[dict]) -> list[str]:
+    """One row per variant (the results JSON's ``rows``), against the random scorer's mean where it ran."""
+    rand = next((r for r in rows if r["variant"] == "random"), None)
+    cells = []
+    for r in rows:
+        secs = [s for s in r["seconds"] if s is not None]
+        cells.append([r["variant"], summary(r["top1"]), ", ".join(f"{x:.1f}" for x in r["top1"]),
+                      f"{statistics.mean(r['top1_before_finetune']):.1f}",
+                      f"{r['mean'] - rand['mean']:+.2f}" if rand else "-",
+                      f"{statistics.mean(secs):.0f}" if secs else "-"])
+    return table(["variant", "top-1 % after fine-tune (mean ± std)", "per seed", "top-1 % before fine-tune (mean)",
+                  "vs random (points)", "prune s (mean, report)"], cells)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="digit-pairs")
@@ -110,7 +126,7 @@ def main() -> None:
     base = [sys.executable, "-m", "hetprune", "prune", "--data", args.data, "--strategy", "mix",
             "--set", f"mix.ratio={n_attn / args.budget!r}",
             "--budget", str(args.budget)]
-    load_start = os.getloadavg()
+    load_start = load()
     started = time.time()
 
     def job(variant, seed):
@@ -141,7 +157,7 @@ def main() -> None:
         todo = [(v, s) for v in variants if v in GRADUAL for s in seeds]
         for name, seed, report in pool.map(lambda vs: control(*vs), todo):
             results.setdefault(name, {})[seed] = report
-    load_end = os.getloadavg()
+    load_end = load()
 
     rows = []
     for variant, per_seed in results.items():
@@ -152,8 +168,7 @@ def main() -> None:
                      "seconds": [per_seed[s].get("seconds") for s in seeds],
                      "sites": {s: per_seed[s]["sites"] for s in seeds}})
     command = "OMP_NUM_THREADS=1 python benchmarks/scorer_study.py " + shlex.join(sys.argv[1:])
-    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-               f"{platform.python_version()}, {platform.platform()}")
+    machine = f"{studylib_machine()}, Python {platform.python_version()}"
     payload = {"command": command, "data": args.data, "budget": args.budget, "split": [n_attn, n_act],
                "seeds": seeds, "machine": machine, "load_start": load_start, "load_end": load_end,
                "minutes": round((time.time() - started) / 60, 1),
@@ -167,16 +182,7 @@ def main() -> None:
              f"tests).", "",
              f"Machine: {machine}. Load average (1, 5, 15 min) {', '.join(f'{x:.2f}' for x in load_start)} at the "
              f"start, {', '.join(f'{x:.2f}' for x in load_end)} at the end (accuracy does not depend on load).", "",
-             "| variant | top-1 % after fine-tune (mean ± std) | per seed | top-1 % before fine-tune (mean) "
-             "| vs random (points) | prune s (mean, report) |",
-             "|---|---|---|---|---|---|"]
-    rand = next((r for r in rows if r["variant"] == "random"), None)
-    for r in rows:
-        diff = f"{r['mean'] - rand['mean']:+.2f}" if rand else "-"
-        secs = [s for s in r["seconds"] if s is not None]
-        mean_secs = f"{statistics.mean(secs):.0f}" if secs else "-"
-        lines.append(f"| {r['variant']} | {summary(r['top1'])} | {', '.join(f'{x:.1f}' for x in r['top1'])} | "
-                     f"{statistics.mean(r['top1_before_finetune']):.1f} | {diff} | {mean_secs} |")
+             *scorer_table(rows)]
     lines += ["", "Sites (per seed):", ""]
     for r in rows:
         for s in seeds:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from studylib.tables import table
 
 from hetprune.measure.bench import environment_line, format_table, measure
 from hetprune.core.io import read_json, write_json_atomic, write_text_atomic
@@ -162,9 +163,8 @@ def render(payload: dict) -> str:
     if payload["paper"]:
         doc += ["## The paper's configurations", "",
                 f"Dense timm model vs the same model with the sites of `{PAPER_RECIPE}` removed and its linear MLPs "
-                "merged (random weights).", "",
-                "| model | backend | batch | dense ms | pruned ms | measured speedup | MAC ratio | speedup / MAC ratio "
-                "| target (>= 95 %) | export + verify s |", "|---|---|---|---|---|---|---|---|---|---|"]
+                "merged (random weights).", ""]
+        rows = []
         for key, entry in payload["paper"].items():
             for backend, result in entry["runs"].items():
                 d, p = _row(result, "dense"), _row(result, "hetdpt-paper")
@@ -173,10 +173,11 @@ def render(payload: dict) -> str:
                 export = entry["export"]["seconds"]
                 export_cell = (f"{export:.1f} ({'met' if export <= EXPORT_TARGET_S else 'MISSED'}: < 60)"
                                if key == "deit_b" else f"{export:.1f}")
-                doc.append(f"| {entry['model']} | {backend} | {p['batch_size']} | "
-                           f"{d['latency_s']['median'] * 1e3:.0f} | {p['latency_s']['median'] * 1e3:.0f} | "
-                           f"{p['speedup']:.2f}x | {p['mac_ratio']:.2f}x | {p['speedup_over_mac_ratio']:.0%} | "
-                           f"{target} | {export_cell} |")
+                rows.append([entry["model"], backend, p["batch_size"], f"{d['latency_s']['median'] * 1e3:.0f}",
+                             f"{p['latency_s']['median'] * 1e3:.0f}", f"{p['speedup']:.2f}x", f"{p['mac_ratio']:.2f}x",
+                             f"{p['speedup_over_mac_ratio']:.0%}", target, export_cell])
+        doc += table(["model", "backend", "batch", "dense ms", "pruned ms", "measured speedup", "MAC ratio",
+                      "speedup / MAC ratio", "target (>= 95 %)", "export + verify s"], rows)
         doc.append("")
         for key, entry in payload["paper"].items():
             for backend, result in entry["runs"].items():

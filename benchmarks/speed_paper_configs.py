@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from studylib.tables import table
 
 from hetprune.measure.bench import environment_line, format_table, measure, resolve_device
 from hetprune.core.io import write_json_atomic, write_text_atomic
@@ -162,21 +163,18 @@ def profile_section(label: str, dense_ops: dict, pruned_ops: dict, mac_ratio: fl
     lines = [f"#### Profile: {label} (one forward each, batch {batch}, self time per op)", "",
              f"Profiled total: dense {total_d:.0f} ms, pruned {total_p:.0f} ms ({total_d / total_p:.2f}x; "
              f"MAC ratio {mac_ratio:.2f}x). If every group scaled with MACs the pruned model would take "
-             f"{total_d / mac_ratio:.0f} ms; the 'excess' column is pruned minus dense/MAC-ratio per group.", "",
-             "| group | dense ms | pruned ms | dense/pruned | share of dense | excess ms |",
-             "|---|---|---|---|---|---|"]
+             f"{total_d / mac_ratio:.0f} ms; the 'excess' column is pruned minus dense/MAC-ratio per group.", ""]
     groups: dict[str, list[float]] = {}
     for ops, col in ((dense_ops, 0), (pruned_ops, 1)):
         for op, ms in ops.items():
             groups.setdefault(group_of(op), [0.0, 0.0])[col] += ms
-    for g, (d, p) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
-        ratio = f"{d / p:.2f}x" if p > 0 else "gone"
-        lines.append(f"| {g} | {d:.1f} | {p:.1f} | {ratio} | {d / total_d:.1%} | {p - d / mac_ratio:+.1f} |")
-    lines += ["", "| op | dense ms | pruned ms | dense/pruned |", "|---|---|---|---|"]
+    lines += table(["group", "dense ms", "pruned ms", "dense/pruned", "share of dense", "excess ms"],
+                   [[g, f"{d:.1f}", f"{p:.1f}", f"{d / p:.2f}x" if p > 0 else "gone", f"{d / total_d:.1%}",
+                     f"{p - d / mac_ratio:+.1f}"] for g, (d, p) in sorted(groups.items(), key=lambda kv: -kv[1][0])])
     biggest = sorted(set(dense_ops) | set(pruned_ops), key=lambda k: -max(dense_ops.get(k, 0), pruned_ops.get(k, 0)))
-    for op in biggest[:12]:
-        d, p = dense_ops.get(op, 0.0), pruned_ops.get(op, 0.0)
-        lines.append(f"| `{op}` | {d:.1f} | {p:.1f} | {f'{d / p:.2f}x' if p else 'gone'} |")
+    ops = [(op, dense_ops.get(op, 0.0), pruned_ops.get(op, 0.0)) for op in biggest[:12]]
+    lines += ["", *table(["op", "dense ms", "pruned ms", "dense/pruned"],
+                         [[f"`{op}`", f"{d:.1f}", f"{p:.1f}", f"{d / p:.2f}x" if p else "gone"] for op, d, p in ops])]
     return "\n".join(lines)
 
 
@@ -209,16 +207,16 @@ def render(payload: dict) -> str:
     runs = payload["runs"]
     first = next(iter(runs.values()))
     env, settings = first["environment"], first["settings"]
-    summary = ["| config | batch | dense ms | pruned ms | measured speedup | per-round median | MAC ratio | "
-               "speedup / MAC ratio | target |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for result in runs.values():
         d = next(r for r in result["results"] if r["model"] == "dense")
         p = _pruned_row(result)
         paired = f"{p['paired_speedup']['median']:.2f}x" if "paired_speedup" in p else "-"
-        summary.append(f"| {result['model']} | {p['batch_size']} | {d['latency_s']['median'] * 1e3:.0f} | "
-                       f"{p['latency_s']['median'] * 1e3:.0f} | {p['speedup']:.2f}x | {paired} | "
-                       f"{p['mac_ratio']:.2f}x | {p['speedup_over_mac_ratio']:.0%} | "
-                       f"{_verdict(result['target_met'])} |")
+        rows.append([result["model"], p["batch_size"], f"{d['latency_s']['median'] * 1e3:.0f}",
+                     f"{p['latency_s']['median'] * 1e3:.0f}", f"{p['speedup']:.2f}x", paired, f"{p['mac_ratio']:.2f}x",
+                     f"{p['speedup_over_mac_ratio']:.0%}", _verdict(result["target_met"])])
+    summary = table(["config", "batch", "dense ms", "pruned ms", "measured speedup", "per-round median", "MAC ratio",
+                     "speedup / MAC ratio", "target"], rows)
     loads = [r["environment"].get(k) for r in runs.values() for k in ("load_start", "load_end")]
     busy = max([load[0] for load in loads if load], default=0) > (env["cpu_count"] or 1)
     warning = ([f"**Note: the 1-minute load average exceeded the {env['cpu_count']} cores during the run: other "
