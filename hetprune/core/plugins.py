@@ -276,8 +276,9 @@ def builtin_homes() -> list[str]:
 def _new_manager() -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]], dict[str, str]]:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    declared_elsewhere = {k.hook_name: k.hook for k in kinds.RECORDS.values() if k.hook_name not in _hook_names()}
-    if declared_elsewhere:   # a kind added outside hetprune brings its own hook
+    here = set(_hook_names())
+    declared_elsewhere = {k.hook_name: k.hook for k in kinds.RECORDS.values() if k.hook_name not in here}
+    if declared_elsewhere:   # a kind added outside hetprune brings its own hookspec in its record
         pm.add_hookspecs(types.SimpleNamespace(**declared_elsewhere))
     versions: dict[str, tuple[str, str]] = {}
     dists: dict[str, str] = {}
