@@ -14,7 +14,9 @@ import nothing else), ``hetprune.harness.testing`` (the conformance kit) and ``h
 rules every call into a component is checked against).
 
 The code is one subpackage per layer, bottom to top: ``core``, ``model``, ``training``, ``pruning``,
-``measure``, ``harness``, ``cli``; a module imports only from its layer and those below. The paths from
+``measure``, ``harness``, ``cli``; a module imports only from its layer and those below. This package sits
+above them all: importing it registers the component kinds (`hetprune.harness.kinds`) with core's registry,
+which names no module above core. The paths from
 before that layout (``hetprune.task``, ``hetprune.pipeline``, ...) still import, as the same module objects
 (`hetprune.core.aliases`).
 
@@ -29,6 +31,7 @@ import sys
 import types
 
 from .core import aliases
+from .harness import kinds as _kinds  # noqa: F401 - registers the component kinds with core's registry
 
 aliases.install()   # the import paths from before one subpackage per layer
 

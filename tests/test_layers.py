@@ -1,9 +1,12 @@
 """The layers of hetprune/: each module imports only modules of its own layer or below (imports inside
-functions count too), so the architecture README's Layout describes is the one the code has."""
+functions count too, and so do imports by name: ``importlib.import_module``, ``__import__`` and strings that
+name a hetprune module, the way core once loaded the component protocols and rules above it, issue 72), so the
+architecture README's Layout describes is the one the code has."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -60,7 +63,92 @@ def imports(name: str, path: Path, known: dict) -> set[str]:
             found |= {t for t in [target] + [f"{target}.{a.name}".strip(".") for a in node.names] if t in known}
         elif isinstance(node, ast.Import):
             found |= {a.name[len("hetprune."):] for a in node.names if a.name[len("hetprune."):] in known}
-    return found - {name, ""}
+    return (found | named_imports(name, tree, package, known)) - {name, ""}
+
+
+MODULE_PATH = re.compile(r"hetprune(\.[A-Za-z_]\w*)+(:\w+)?")   # "hetprune.pruning.protocols", "...:PROTOCOLS"
+IMPORT_CALLS = {"import_module", "__import__"}
+
+# tables of module names that are names, not imports: (module, the name it assigns them to) -> why
+NAMES_NOT_IMPORTS = {
+    ("core.keys", "MOVED"): "the modules' names before the layout of issue 41, which version-1 keys hold",
+    ("core.keys", "SPLIT_FROM"): "the module a moved class is keyed by, for version-1 keys",
+}
+# modules that import by a name computed at run time, which this test cannot read -> what they import
+COMPUTED_IMPORTS = {
+    "core.plugins": "a user's --plugin module (never hetprune's own)",
+    "core.aliases": "an old import path's new module, when the user imports the old path",
+    "measure.export.common": "an optional dependency of an export format (onnx, onnxruntime, ...)",
+}
+
+
+def named_imports(name: str, tree: ast.AST, package: list[str], known: dict) -> set[str]:
+    """The hetprune modules ``name`` reaches by name: ``importlib.import_module("hetprune.x")`` (or relative, from
+    ``__name__``), ``__import__``, and any string that is a hetprune module's path (a table of modules loaded
+    later), docstrings aside. An import by a name computed at run time is an error unless `COMPUTED_IMPORTS`
+    says what it imports."""
+    skip = {id(n) for n in ast.walk(tree) for body in [getattr(n, "body", None)]
+            if isinstance(body, list) and body and _is_docstring(body[0]) for n in [body[0].value]}
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
+                isinstance(t, ast.Name) and (name, t.id) in NAMES_NOT_IMPORTS for t in targets):
+            skip |= {id(n) for n in ast.walk(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _called(node) in IMPORT_CALLS and node.args:
+            path = _import_path(node, name, package)
+            if path is None:
+                assert name in COMPUTED_IMPORTS, (f"{name} imports by a name computed at run time (line "
+                                                  f"{node.lineno}); import by statement, or say in "
+                                                  "COMPUTED_IMPORTS what it imports")
+                continue
+            found |= {m for m in [_module_of(path, known)] if m}
+            skip |= {id(n) for n in ast.walk(node.args[0])}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip \
+                and MODULE_PATH.fullmatch(node.value):
+            found |= {m for m in [_module_of(node.value.split(":")[0], known)] if m}
+    return found
+
+
+def _is_docstring(node: ast.AST) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def _called(call: ast.Call) -> str | None:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _import_path(call: ast.Call, name: str, package: list[str]) -> str | None:
+    """The dotted path an import call names (an f-string: up to its first placeholder), or None if computed.
+    A relative path counts from the package argument, ``__name__`` or ``__package__``, as importlib does."""
+    arg = call.args[0]
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        text = arg.values[0].value.rpartition(".")[0]
+    elif isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        text = arg.value
+    else:
+        return None
+    if text.startswith("."):
+        given = call.args[1] if len(call.args) > 1 else None
+        base = {"__name__": name.split("."), "__package__": package}.get(getattr(given, "id", None))
+        if base is None:
+            return None
+        level = len(text) - len(text.lstrip("."))
+        text = ".".join(["hetprune", *base[: len(base) - level + 1], text.lstrip(".")]).rstrip(".")
+    return text
+
+
+def _module_of(path: str, known: dict) -> str | None:
+    """The hetprune module a dotted path names (its longest prefix that is one), or None if none."""
+    parts = path.split(".")
+    if parts[0] != "hetprune":
+        return None
+    for i in range(len(parts), 1, -1):
+        if ".".join(parts[1:i]) in known:
+            return ".".join(parts[1:i])
+    return None
 
 
 def test_every_module_has_a_layer():
@@ -103,3 +191,30 @@ def test_a_type_checking_import_counts(tmp_path):
     code = tmp_path / "x.py"
     code.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .rows import CompareSpec\n")
     assert imports("compare.report", code, {"compare.rows": None, "compare.report": None}) == {"compare.rows"}
+
+
+@pytest.mark.parametrize("code, reached", [
+    ("import importlib\ndef f():\n    importlib.import_module('hetprune.pruning.protocols')\n", {"pruning.protocols"}),
+    ("from importlib import import_module\nimport_module('..harness.testing', __package__)\n", {"harness.testing"}),
+    ("from importlib import import_module\nimport_module('...harness.api', __name__)\n", {"harness.api"}),
+    ("__import__('hetprune.model.checks')\n", {"model.checks"}),
+    ("HOMES = {'scorer': 'hetprune.model.checks', 'x': 'hetprune.pruning.protocols:PROTOCOLS'}\n",
+     {"model.checks", "pruning.protocols"}),
+    ("import importlib\nimportlib.import_module(f'hetprune.cli.commands.{1}_cmd')\n", {"cli.commands"}),
+    ('"""Rules live in hetprune.model.checks."""\ndef f():\n    "hetprune.model.checks"\n', set()),
+    ("X = 'see hetprune.model.checks'\n", set()),
+])
+def test_the_check_sees_an_import_by_name(tmp_path, code, reached):
+    """Core once loaded pruning.protocols, model.checks and pruning.result_checks by name (issue 72): imports by
+    name count like statements; a docstring or a sentence that mentions a module does not."""
+    path = tmp_path / "m.py"
+    path.write_text(code)
+    assert imports("core.plugins", path, modules()) == reached
+
+
+def test_an_import_by_a_computed_name_must_say_what_it_imports(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import importlib\ndef f(name):\n    return importlib.import_module(name)\n")
+    with pytest.raises(AssertionError, match="computed at run time"):
+        imports("core.contract", path, modules())
+    assert imports("core.plugins", path, modules()) == set()   # said: a user's --plugin module

@@ -4,14 +4,12 @@ and turns a broken promise or an exception from plugin code into a
 [`PluginError`][hetprune.core.errors.PluginError] naming the plugin, the component, the
 stage and what was wrong.
 
-The rules live once, as functions per kind and method in `RULES`: here
-those that need no model surgery (predictors, cost models, adapters), in
-`hetprune.model.checks` those that run a model (scorers, removers,
-mergers, width pruners) and in `hetprune.pruning.result_checks` the strategy's.
-Those two sit above the modules they need, so this module names them in
-`RULE_HOMES` and `rules_for` loads a kind's rules the first time the
-registry builds a component of that kind: the wiring is this one table,
-no component runs unchecked, and a kind without rules is an error.
+Each kind's rules are a table of functions, one per method, held by the kind's record
+(`hetprune.core.kinds.ComponentKind`): here those that need no model surgery (predictors, cost
+models, adapters); those that run a model (scorers, removers, mergers, width pruners) and check a
+strategy's result live above the modules they need and come in through their kinds' records, which
+load them the first time the registry builds a component of the kind (`rules_for`). So this module
+names no module above it, no component runs unchecked, and a kind without rules is an error.
 ``hetprune.harness.testing`` runs the same rules, plus deeper ones, on tiny models.
 Exceptions raised by hetprune's own code (the core, or a built-in plugin) are
 hetprune's bugs and pass through unchanged, traceback and all.
@@ -32,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from . import kinds
 from .config import ATTN_MODES
 from .errors import HetpruneError, PluginError, ValReadWhileChoosing
 
@@ -367,44 +366,29 @@ def architecture_arch(component, call, model, *args, **kwargs):
     return facts
 
 
-# kind -> method -> rule. The rules that run a model (scorers, removers, mergers, width pruners) and check a
-# strategy's result live above the modules they need (hetprune.model.checks, hetprune.pruning.result_checks) and
-# add themselves here with `add_rules`, so this module, and the registry on top of it, import nothing
-# of hetprune's but errors and config.
-RULES: dict[str, dict[str, Callable]] = {
-    "predictor": {"fit": predictor_fit, "predict": predictor_predict, "fit_report": predictor_fit_report},
-    "cost_model": {"cost": cost_model_cost, "measure": cost_model_measure},
-    "architecture": {"matches": architecture_matches, "specificity": architecture_specificity,
-                     "blocks": architecture_blocks, "block_slots": architecture_block_slots,
-                     "max_removals": architecture_max_removals, "removed": architecture_removed,
-                     "attn_mode": architecture_attn_mode, "arch": architecture_arch},
-}
-
-
-# the modules holding the rules of the kinds whose checks run a model or a whole strategy; each calls
-# `add_rules` for its kinds when imported (by `rules_for`, the first time a component of the kind is built)
-RULE_HOMES: dict[str, str] = {
-    "scorer": "hetprune.model.checks", "remover": "hetprune.model.checks", "merger": "hetprune.model.checks",
-    "width_pruner": "hetprune.model.checks", "strategy": "hetprune.pruning.result_checks",
-}
-
-
-def add_rules(kind: str, rules: dict[str, Callable]) -> None:
-    """Check ``kind``'s methods with ``rules`` (method name -> rule) from now on."""
-    RULES.setdefault(kind, {}).update(rules)
+# method -> rule, for the kinds whose rules need no model (their records, `hetprune.harness.kinds`, hold them)
+PREDICTOR_RULES: dict[str, Callable] = {"fit": predictor_fit, "predict": predictor_predict,
+                                        "fit_report": predictor_fit_report}
+COST_MODEL_RULES: dict[str, Callable] = {"cost": cost_model_cost, "measure": cost_model_measure}
+ARCHITECTURE_RULES: dict[str, Callable] = {
+    "matches": architecture_matches, "specificity": architecture_specificity, "blocks": architecture_blocks,
+    "block_slots": architecture_block_slots, "max_removals": architecture_max_removals,
+    "removed": architecture_removed, "attn_mode": architecture_attn_mode, "arch": architecture_arch}
 
 
 def rules_for(kind: str) -> dict[str, Callable]:
-    """The rules of ``kind``, loaded from its home (`RULE_HOMES`) the first time; a kind without rules is an
-    error, so no component is ever built unchecked."""
-    if kind not in RULES and kind in RULE_HOMES:
-        import importlib
-
-        importlib.import_module(RULE_HOMES[kind])
-    if not RULES.get(kind):
+    """The rules of ``kind``, from its record (loaded the first time); a kind without rules is an error, so no
+    component is ever built unchecked."""
+    record = kinds.RECORDS.get(kind)
+    if record is None or not record.loaded_rules:
+        with_rules = ", ".join(sorted(name for name, r in kinds.RECORDS.items() if r is not record))
         raise HetpruneError(f"the plugin contract has no rules for components of kind {kind!r}; kinds with "
-                            f"rules: {', '.join(sorted(set(RULES) | set(RULE_HOMES)))}")
-    return RULES[kind]
+                            f"rules: {with_rules}")
+    return record.loaded_rules
+
+
+# kind -> method -> rule, for every kind registered (each kind's rules load when first read)
+RULES = kinds.ByKind(lambda record: rules_for(record.name))
 
 
 # -- the proxy ----------------------------------------------------------------------------------------

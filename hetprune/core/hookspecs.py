@@ -6,6 +6,11 @@ whose names match the hooks below. Registration hooks hand the plugin a
 any callable returning an object) with a ``name`` attribute; hetprune builds
 it with keyword options when a run asks for it by name.
 
+Each registration hook belongs to one kind of component, whose record
+(`hetprune.harness.kinds`) names it beside the kind's protocol, rules and
+conformance check; a kind added outside hetprune brings its own hookspec in
+its record (`hetprune.core.plugins.register_kind`).
+
 Every call hetprune makes into a component is checked against the contract
 below (`hetprune.core.contract`): a broken promise, or an exception from plugin
 code, is one error naming the plugin, the component and the stage.

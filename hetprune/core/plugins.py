@@ -7,6 +7,9 @@ Plugins come from three places, and from nowhere else:
   (a comma-separated allow-list of entry-point names);
 * ``--plugin pkg.module`` on the command line (`load_module`);
 * objects registered in code with [`register_plugin`][hetprune.core.plugins.register_plugin] (tests, notebooks).
+
+The kinds of component come from their records (`hetprune.core.kinds`), handed in with `register_kind` by the
+layer that defines them (`hetprune.harness.kinds` for the built-in ones): this module names none.
 """
 
 from __future__ import annotations
@@ -21,20 +24,13 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import hookspecs, kinds
 from .contract import Checked, Origin, code_home, plugin_fault, rules_for
 from .errors import HetpruneError, PluginError
+from .kinds import ComponentKind, describe
 
-KINDS = {
-    "predictor": "register_predictors",
-    "scorer": "register_scorers",
-    "remover": "register_removers",
-    "merger": "register_mergers",
-    "strategy": "register_strategies",
-    "width_pruner": "register_width_pruners",
-    "architecture": "register_architectures",
-    "cost_model": "register_cost_models",
-}
+# kind -> the hook that registers its components ("scorer" -> "register_scorers"), read from the records
+KINDS = kinds.ByKind(lambda record: record.hook_name)
 
 
 @dataclass
@@ -66,9 +62,6 @@ class Component:
         return self.factory(**options)
 
 
-PROTOCOL_HOME = "hetprune.pruning.protocols"   # the kinds' Protocol classes (above this layer: loaded by name)
-
-
 class Gaps(list):
     """What a component lacks of its kind's protocol, and a sentence naming what the kind has."""
 
@@ -76,17 +69,37 @@ class Gaps(list):
 
 
 def protocol_gaps(kind: str, obj: Any) -> Gaps:
-    """What ``obj`` lacks of the `typing.Protocol` of ``kind`` (`hetprune.plugin_api`'s, e.g. ``Scorer``), empty
-    when it has every member."""
-    protocols = importlib.import_module(PROTOCOL_HOME)
-    protocol = protocols.PROTOCOLS.get(kind)
-    gaps = Gaps(protocols.lacks(obj, protocol) if protocol is not None else [])
-    if any(not protocols.lacks(obj, other) for other in protocols.INSTEAD.get(kind, ())):
-        gaps = Gaps()   # it meets what it may be instead (a scorer that only selects)
+    """What ``obj`` lacks of the `typing.Protocol` of ``kind`` (its record's, e.g. ``Scorer``), empty when it
+    has every member or meets what it may be instead (a scorer that only selects)."""
+    record = kinds.get(kind)
+    gaps = Gaps(record.gaps(obj))
     if gaps:
-        gaps.needs = (f"a {kind.replace('_', ' ')} has {protocols.describe(protocol)} "
-                      f"(hetprune.plugin_api.{protocol.__name__})")
+        gaps.needs = (f"a {kind.replace('_', ' ')} has {describe(record.protocol)} "
+                      f"(hetprune.plugin_api.{record.protocol.__name__})")
     return gaps
+
+
+def register_kind(kind: ComponentKind) -> None:
+    """Add a kind of component: plugins register components of it through its hook, the registry builds and
+    checks them (its protocol, its rules) and the conformance kit runs its check. Registering the same
+    record again does nothing; another record under a taken name or hook is an error."""
+    for known in kinds.RECORDS.values():
+        if known is kind:
+            return
+        if kind.name == known.name or kind.hook_name == known.hook_name:
+            raise HetpruneError(f"component kind {kind.name!r} (hook {kind.hook_name}) clashes with the kind "
+                                f"{known.name!r} (hook {known.hook_name}) already registered")
+    if getattr(kind.hook, f"{hookspecs.PROJECT}_spec", None) is None:
+        raise HetpruneError(f"the hook of component kind {kind.name!r}, {kind.hook_name}, is not a hookspec; "
+                            "decorate it with hetprune.hookspec")
+    kinds.RECORDS[kind.name] = kind
+    reset()
+
+
+def unregister_kind(name: str) -> None:
+    """Take a kind away again (tests)."""
+    kinds.RECORDS.pop(name, None)
+    reset()
 
 
 @dataclass
@@ -263,6 +276,10 @@ def builtin_homes() -> list[str]:
 def _new_manager() -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]], dict[str, str]]:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
+    here = set(_hook_names())
+    declared_elsewhere = {k.hook_name: k.hook for k in kinds.RECORDS.values() if k.hook_name not in here}
+    if declared_elsewhere:   # a kind added outside hetprune brings its own hookspec in its record
+        pm.add_hookspecs(types.SimpleNamespace(**declared_elsewhere))
     versions: dict[str, tuple[str, str]] = {}
     dists: dict[str, str] = {}
     allow = _allow_list()
@@ -308,7 +325,7 @@ def _new_manager() -> tuple[pluggy.PluginManager, dict[str, tuple[str, str]], di
     except pluggy.PluginValidationError as exc:
         raise HetpruneError(
             f"plugin {pm.get_name(exc.plugin)!r} implements a hook hetprune does not define: {exc}; "
-            f"the hooks are: {', '.join(sorted(_hook_names()))}"
+            f"the hooks are: {', '.join(sorted({*_hook_names(), *KINDS.values()}))}"
         ) from exc
     return pm, versions, dists
 

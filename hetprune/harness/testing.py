@@ -12,12 +12,12 @@ pytest shows it as a failure) saying which rule was broken::
 
 The rules are those hetprune enforces at run time (`hetprune.core.contract`)
 plus deeper ones only a test can afford (the model is left as it was, exact in
-float64, the result reloads, the budget is kept). `CHECKS` maps each
-component kind to its check; `check` dispatches on it, and
-``hetprune plugins --check`` runs it on installed components. A new kind of
-component adds its check function to that table. Each check first holds the
-component to its kind's protocol (`hetprune.pruning.protocols.PROTOCOLS`, which
-``hetprune.plugin_api`` exports): a missing method is named there.
+float64, the result reloads, the budget is kept). Each kind's record
+(`hetprune.harness.kinds`) names its check; `check` dispatches on it (`CHECKS`
+reads them by kind), and ``hetprune plugins --check`` runs it on installed
+components. Each check first holds the component to its kind's protocol (the
+record's, which ``hetprune.plugin_api`` exports): a missing method is named
+there. A new kind's check does the same with `UnderTest`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..core import contract
+from ..core import contract, kinds
 from ..model import checks as model_checks, surgery
 from ..pruning import protocols, result_checks
 from ..pruning.budget import Budget
@@ -113,8 +113,9 @@ def scoring_context(model: nn.Module, workdir: str | Path, settings: dict | None
 
 # -- running a component under the rules -----------------------------------------------------------
 
-class _UnderTest:
-    """A component built from ``cls``, called through the contract's rules; any breach is a ConformanceError."""
+class UnderTest:
+    """A component built from ``cls``, held to its kind's protocol and called through the kind's rules; any
+    breach is a ConformanceError. Every check builds its component with it (a new kind's check too)."""
 
     def __init__(self, kind: str, cls: Any, options: dict):
         self.kind = kind
@@ -132,23 +133,24 @@ class _UnderTest:
         self.conforms()
 
     def conforms(self) -> None:
-        """The component has every member of its kind's protocol (`hetprune.pruning.protocols.PROTOCOLS`, what
-        ``hetprune.plugin_api`` exports), or a ConformanceError names the first it lacks."""
-        protocol = protocols.PROTOCOLS.get(self.kind)
-        if protocol is None or isinstance(self.obj, protocol) and not protocols.lacks(self.obj, protocol):
+        """The component has every member of its kind's protocol (its record's, what ``hetprune.plugin_api``
+        exports), or a ConformanceError names the first it lacks."""
+        record = kinds.get(self.kind)
+        protocol = record.protocol
+        if isinstance(self.obj, protocol) and not kinds.lacks(self.obj, protocol):
             return
-        if any(self.offers(other) for other in protocols.INSTEAD.get(self.kind, ())):
+        if any(self.offers(other) for other in record.instead):
             return   # what the kind may be instead (a scorer that only selects), as the registry takes it
-        gaps = protocols.lacks(self.obj, protocol) or [f"what isinstance(obj, {protocol.__name__}) requires"]
-        self.fail(f"it has no {gaps[0]}; a {self.kind} has {protocols.describe(protocol)} "
+        gaps = kinds.lacks(self.obj, protocol) or [f"what isinstance(obj, {protocol.__name__}) requires"]
+        self.fail(f"it has no {gaps[0]}; a {self.kind} has {kinds.describe(protocol)} "
                   f"(hetprune.plugin_api.{protocol.__name__})")
 
     def fail(self, what: str, cause: BaseException | None = None):
         raise ConformanceError(f"{self.kind} {self.name!r} breaks the plugin contract: {what}") from cause
 
     def offers(self, protocol: type) -> bool:
-        """Whether the component has what an optional protocol of its kind names (`protocols.OPTIONAL`)."""
-        return isinstance(self.obj, protocol) and not protocols.lacks(self.obj, protocol)
+        """Whether the component has what an optional protocol of its kind names (its record's ``optional``)."""
+        return isinstance(self.obj, protocol) and not kinds.lacks(self.obj, protocol)
 
     def call(self, method: str, *args, refusal_ok: bool = False, **kwargs):
         """Call ``method`` through its rule; a HetpruneError passes only when ``refusal_ok``."""
@@ -196,7 +198,7 @@ def check_predictor(cls, **options) -> None:
     def truth(a, m):
         return 95.0 - 2.0 * a - 0.5 * m - 0.2 * a * a + 0.1 * a * m
 
-    c = _UnderTest("predictor", cls, options)
+    c = UnderTest("predictor", cls, options)
     try:
         c.obj.fit([])
     except HetpruneError:
@@ -224,7 +226,7 @@ def check_scorer(cls, **options) -> None:
     With ``select``: choose 1 attention and 2 activation sites; every site stays present and the model runs. A
     scorer that only selects (``select`` without ``score``, the registry takes it so) is checked by ``select``.
     """
-    c = _UnderTest("scorer", cls, options)
+    c = UnderTest("scorer", cls, options)
     with tempfile.TemporaryDirectory(prefix="hetprune-check-") as tmp:
         for pruned in (False, True):
             model = tiny_model()
@@ -254,7 +256,7 @@ def check_remover(cls, **options) -> None:
     """
     from ..model.recipe import arch_of, recipe_from_model
 
-    c = _UnderTest("remover", cls, options)
+    c = UnderTest("remover", cls, options)
     kind = getattr(c.obj, "kind", None)
     if kind not in ("attn", "act"):
         c.fail(f"its kind is {kind!r}; a remover has kind 'attn' or 'act'")
@@ -293,7 +295,7 @@ def check_merger(cls, **options) -> None:
     """Merge a tiny model with linear MLPs: exact within the declared ``tolerance`` (float32) and within
     1e-9 in float64 (exact up to rounding, not merely close); sites unchanged; a second merge and a
     merge of a dense model are exact too."""
-    c = _UnderTest("merger", cls, options)
+    c = UnderTest("merger", cls, options)
     c.rule(lambda: model_checks.tolerance_of(c.obj))
     model = _linear_model()
     changed = c.call("merge", model)
@@ -318,7 +320,7 @@ def check_width_pruner(cls, **options) -> None:
     from ..model.recipe import arch_of, recipe_from_model
     from ..model.widths import read_widths
 
-    c = _UnderTest("width_pruner", cls, options)
+    c = UnderTest("width_pruner", cls, options)
     base = tiny_model()
     model = copy.deepcopy(base)
     x = model_checks.example_input(model)
@@ -337,7 +339,7 @@ def check_cost_model(cls, **options) -> None:
     removing every activation site and merging (fewer MACs, fewer layers) must not raise the cost by more
     than half (a cost that grows when work is removed cannot steer a budget); ``measure``, where present,
     gives each model a positive cost."""
-    c = _UnderTest("cost_model", cls, options)
+    c = UnderTest("cost_model", cls, options)
     if not isinstance(getattr(c.obj, "unit", None), str) or not c.obj.unit:
         c.fail("it has no 'unit': a cost model needs a non-empty string attribute 'unit' (e.g. 'MACs', 's')")
     model = tiny_model()
@@ -369,7 +371,7 @@ def check_strategy(cls, *, budgets: tuple[Budget, ...] | None = None, settings: 
     reload from its recipe and weights to the same outputs, and keep the budget.
     ``settings`` changes the tiny settings (e.g. ``{"mix": {"ratio": 0.25}}``).
     """
-    c = _UnderTest("strategy", cls, options)
+    c = UnderTest("strategy", cls, options)
     refusals = []
     for budget in budgets or (Budget(sites=2), Budget(target_macs=0.5)):
         with tempfile.TemporaryDirectory(prefix="hetprune-check-") as tmp:
@@ -410,7 +412,7 @@ def check_architecture(cls, make_model: Callable[[], nn.Module] | None = None, e
     from ..model.adapters import adapter_for, serving
     from ..core.hookspecs import hookimpl
 
-    c = _UnderTest("architecture", cls, options)
+    c = UnderTest("architecture", cls, options)
     spec = getattr(c.obj, "example_spec", None)
     rebuild = make_model   # a fresh base for the reload check; None: hetprune.load builds example_spec
     if make_model is None:
@@ -520,23 +522,12 @@ def _architecture_rules(base: nn.Module, spec: ModelSpec | None, rebuild: Callab
                             "attention_macs (or a layer applied without its module) is off")
 
 
-# the check of each component kind (a new kind of component adds its check here)
-CHECKS: dict[str, Callable[..., None]] = {
-    "architecture": check_architecture,
-    "predictor": check_predictor,
-    "scorer": check_scorer,
-    "remover": check_remover,
-    "merger": check_merger,
-    "strategy": check_strategy,
-    "width_pruner": check_width_pruner,
-    "cost_model": check_cost_model,
-}
+# kind -> its check, for every kind whose record names one (`hetprune.harness.kinds`)
+CHECKS = kinds.ByKind(lambda record: record.check, when=lambda record: record.check is not None)
 
 
 def check(kind: str, cls, **options) -> None:
-    """Run the check of component kind ``kind`` on ``cls`` (see `CHECKS`)."""
-    try:
-        run = CHECKS[kind]
-    except KeyError:
-        raise HetpruneError(f"no conformance check for component kind {kind!r}; kinds: {', '.join(CHECKS)}") from None
-    run(cls, **options)
+    """Run the check of component kind ``kind`` (its record's) on ``cls``."""
+    if kind not in CHECKS:
+        raise HetpruneError(f"no conformance check for component kind {kind!r}; kinds: {', '.join(CHECKS)}")
+    CHECKS[kind](cls, **options)

@@ -1,7 +1,8 @@
 """The plugin contract's rules for components that change or read a model: scorers, removers, mergers and
 width pruners (each call is checked: the sites it may touch, that the model still runs, that a merge keeps
-the function). They sit above the model-reading modules they need and add themselves to
-`hetprune.core.contract.RULES`; the proxy and the rules that need no model stay in `hetprune.core.contract`.
+the function). They sit above the model-reading modules they need; each kind's record
+(`hetprune.harness.kinds`) loads its table below when its first component is built. The proxy and the rules
+that need no model stay in `hetprune.core.contract`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..core import tensors
-from ..core.contract import Violation, add_rules, is_number, jsonable, type_name
+from ..core.contract import Violation, is_number, jsonable, type_name
 from .macs import count_macs
 from ..core.errors import HetpruneError
 from .spec import input_shape_of
@@ -217,7 +218,8 @@ def tolerance_of(merger) -> float:
     return float(tol)
 
 
-add_rules("scorer", {"score": scorer_score, "select": scorer_select})
-add_rules("remover", {"remove": remover_remove})
-add_rules("merger", {"merge": merger_merge})
-add_rules("width_pruner", {"prune": width_pruner_prune})
+# method -> rule, for each kind whose rules run a model (`hetprune.core.contract` describes rules)
+SCORER_RULES = {"score": scorer_score, "select": scorer_select}
+REMOVER_RULES = {"remove": remover_remove}
+MERGER_RULES = {"merge": merger_merge}
+WIDTH_PRUNER_RULES = {"prune": width_pruner_prune}

@@ -1,12 +1,13 @@
 """The component kinds as `typing.Protocol` classes: what a plugin's component has, in a form a type checker
 (and ``isinstance``) can see.
 
-One protocol per kind the registry builds (`hetprune.core.plugins.KINDS`), with the methods and signatures the
-hooks describe (`hetprune.core.hookspecs`) and the rules check at run time (`hetprune.core.contract.RULES`:
+One protocol per kind the registry builds, with the methods and signatures the hooks describe
+(`hetprune.core.hookspecs`) and the rules check at run time (`hetprune.core.contract.RULES`:
 `hetprune.core.contract` for predictors, cost models and adapters, `hetprune.model.checks` for scorers,
 removers, mergers and width pruners, `hetprune.pruning.result_checks` for strategies). What a kind may have
-but need not is a protocol of its own (`ReportsFit`, `SelectingScorer`, `MeasuresCost`, ...); `PROTOCOLS`
-and `OPTIONAL` map each kind to them. `Job` is the read-only view of a
+but need not is a protocol of its own (`ReportsFit`, `SelectingScorer`, `MeasuresCost`, ...). Each kind's
+record (`hetprune.harness.kinds`) names its protocols; `PROTOCOLS` and `OPTIONAL` read them from the records
+by kind. `Job` is the read-only view of a
 [`PruneJob`][hetprune.pruning.job.PruneJob] that strategies and point schemes use (for type checkers).
 Authors import all of it from ``hetprune.plugin_api``; the conformance kit (``hetprune.harness.testing``)
 checks a component against its kind's protocol first.
@@ -19,7 +20,10 @@ members an object is missing.
 from __future__ import annotations
 
 from pathlib import Path
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, runtime_checkable
+
+from ..core.kinds import ByKind, describe, lacks, members  # noqa: F401 - members, lacks, describe: read protocols
 
 if TYPE_CHECKING:
     import torch
@@ -224,54 +228,15 @@ class PreparesCost(Protocol):
         """Called with a dense model and its variants before they are costed; returns nothing."""
 
 
-# kind (hetprune.core.plugins.KINDS) -> the protocol every component of the kind meets
-PROTOCOLS: dict[str, type] = {
-    "predictor": Predictor, "scorer": Scorer, "remover": Remover, "merger": Merger, "strategy": Strategy,
-    "width_pruner": WidthPruner, "architecture": Architecture, "cost_model": CostModel,
-}
+# kind -> the protocol every component of the kind meets (read from the kinds' records)
+PROTOCOLS = ByKind(attrgetter("protocol"))
 
 # kind -> what a component of the kind may have besides (each an optional protocol)
-OPTIONAL: dict[str, tuple[type, ...]] = {
-    "predictor": (ReportsFit, ReportsUncertainty), "scorer": (SelectingScorer,),
-    "cost_model": (MeasuresCost, DescribesCost, PreparesCost),
-}
-
+OPTIONAL = ByKind(attrgetter("optional"), when=attrgetter("optional"))
 
 # kind -> protocols a component may meet in place of its kind's own: a scorer that only selects (the run's
 # scorer; it cannot be a point scorer, refused when a run asks it to be one)
-INSTEAD: dict[str, tuple[type, ...]] = {"scorer": (SelectingScorer,)}
-
-
-def members(protocol: type) -> dict[str, bool]:
-    """A protocol's members, in the order it declares them: name -> whether it is a method (else an
-    attribute)."""
-    out: dict[str, bool] = {}
-    for cls in reversed(protocol.__mro__):
-        if cls in (object, Protocol) or not getattr(cls, "_is_protocol", False):
-            continue
-        for name in getattr(cls, "__annotations__", {}):
-            out.setdefault(name, False)
-        for name, value in vars(cls).items():
-            if not name.startswith("_") and (callable(value) or isinstance(value, property)):
-                out[name] = callable(value)
-    return out
-
-
-def lacks(obj: Any, protocol: type) -> list[str]:
-    """What ``obj`` lacks of ``protocol``, as ``"score() method"`` or ``"'unit'"`` (empty: nothing)."""
-    gaps = []
-    for name, method in members(protocol).items():
-        value = getattr(obj, name, None)
-        if method and not callable(value):
-            gaps.append(f"{name}() method")
-        elif not method and not hasattr(obj, name):
-            gaps.append(repr(name))
-    return gaps
-
-
-def describe(protocol: type) -> str:
-    """``name, score()``: a protocol's members as a sentence lists them."""
-    return ", ".join(f"{n}()" if method else n for n, method in members(protocol).items())
+INSTEAD = ByKind(attrgetter("instead"), when=attrgetter("instead"))
 
 
 # -- what strategies read of a job -----------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The plugin contract's rule for strategies: what ``run`` returns is a complete PruneResult whose model
 runs, whose report is JSON, which left the dense model alone, and which reloads from its recipe. It needs the
-pipeline and the recipe, so it sits above them and adds itself to `hetprune.core.contract.RULES`; the
-harnesses that run strategies (``hetprune.prune``, compare, ablate, the conformance kit) import it.
+pipeline and the recipe, so it sits above them; the strategy kind's record (`hetprune.harness.kinds`) loads
+it when the first strategy is built.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core import distributed as dist
-from ..core.contract import Violation, add_rules, type_name
+from ..core.contract import Violation, type_name
 from ..core.errors import HetpruneError
 from ..model.checks import outputs, relative_error, runs
 from ..model.spec import model_hash
@@ -94,4 +94,4 @@ def check_reloads(model: nn.Module, recipe, example: torch.Tensor, tol: float = 
                         "the recipe does not describe the model")
 
 
-add_rules("strategy", {"run": strategy_run})
+STRATEGY_RULES = {"run": strategy_run}   # method -> rule (`hetprune.core.contract` describes rules)
