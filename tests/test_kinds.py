@@ -105,6 +105,8 @@ def test_the_registry_builds_a_new_kind_checked_and_refuses_protocol_gaps(sprock
     with pytest.raises(PluginError, match=r"sprocket 'toothless' lacks ratio\(\) method; a sprocket has name, "
                                           r"ratio\(\)") as info:
         sprockets.build("sprocket", "toothless")
+    # the Protocol named where its author defined it: hetprune.plugin_api holds only hetprune's own kinds'
+    assert f"({__name__}.Sprocket)" in str(info.value) and "plugin_api" not in str(info.value)
     assert (info.value.plugin, info.value.kind, info.value.stage) == ("sprocket-works", "sprocket", "build")
 
 

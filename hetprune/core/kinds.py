@@ -114,6 +114,14 @@ def lacks(obj: Any, protocol: type) -> list[str]:
     return gaps
 
 
+def home(protocol: type) -> str:
+    """Where a plugin author imports ``protocol`` from: ``hetprune.plugin_api`` for hetprune's own kinds (it
+    exports their Protocols), the defining module for a kind added from outside."""
+    if protocol.__module__.split(".")[0] == "hetprune":
+        return f"hetprune.plugin_api.{protocol.__name__}"
+    return f"{protocol.__module__}.{protocol.__qualname__}"
+
+
 def describe(protocol: type) -> str:
     """``name, score()``: a protocol's members as a sentence lists them."""
     return ", ".join(f"{n}()" if method else n for n, method in members(protocol).items())

@@ -75,7 +75,7 @@ def protocol_gaps(kind: str, obj: Any) -> Gaps:
     gaps = Gaps(record.gaps(obj))
     if gaps:
         gaps.needs = (f"a {kind.replace('_', ' ')} has {describe(record.protocol)} "
-                      f"(hetprune.plugin_api.{record.protocol.__name__})")
+                      f"({kinds.home(record.protocol)})")
     return gaps
 
 

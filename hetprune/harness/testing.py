@@ -143,7 +143,7 @@ class UnderTest:
             return   # what the kind may be instead (a scorer that only selects), as the registry takes it
         gaps = kinds.lacks(self.obj, protocol) or [f"what isinstance(obj, {protocol.__name__}) requires"]
         self.fail(f"it has no {gaps[0]}; a {self.kind} has {kinds.describe(protocol)} "
-                  f"(hetprune.plugin_api.{protocol.__name__})")
+                  f"({kinds.home(protocol)})")
 
     def fail(self, what: str, cause: BaseException | None = None):
         raise ConformanceError(f"{self.kind} {self.name!r} breaks the plugin contract: {what}") from cause
