@@ -40,6 +40,12 @@ def tiny_model(tiny_spec):
     return build(tiny_spec)
 
 
+def seeded_tiny(seed: int = 0):
+    """The tiny ViT with its weights drawn from ``seed``: a student and a teacher that differ."""
+    torch.manual_seed(seed)
+    return build(TINY_SPEC)
+
+
 @pytest.fixture(scope="session")
 def digits_data():
     from hetprune.training.embedded_data import digits

@@ -19,7 +19,7 @@ import torch
 
 import hetprune
 from hetprune.cli import main
-from conftest import TINY_SPEC, CountedStats, PluginOf, tiny_example
+from conftest import TINY_SPEC, CountedStats, PluginOf, seeded_tiny as tiny, tiny_example
 
 FT = ["--set", "finetune.epochs=2", "--set", "finetune.subset=65", "--set", "finetune.batch_size=16",
       "--set", "short_finetune.epochs=1", "--set", "short_finetune.subset=32", "--set", "short_finetune.batch_size=16",
@@ -62,11 +62,6 @@ def run_workers(scenario: str, nproc: int, out: Path) -> list[dict]:
 
 # -- the training and evaluation scenario -----------------------------------------------------------------------
 
-def tiny(seed: int):
-    from hetprune.model.spec import build
-
-    torch.manual_seed(seed)
-    return build(TINY_SPEC)
 
 
 def train_case(data, n: int, batch_size: int) -> tuple[torch.nn.Module, list[dict]]:

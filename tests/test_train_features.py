@@ -13,23 +13,15 @@ import torch
 from hetprune import HetpruneError
 from hetprune.core import config
 from hetprune.training.bundle import DataBundle
-from hetprune.training.embedded_data import digits
 from hetprune.training.samplers import GlobalBatchSampler
 from hetprune.training.train import ClassificationSource, TrainConfig, train, training_loss
 
-from conftest import TINY_SPEC
+from conftest import TINY_SPEC, seeded_tiny as tiny
 
 
-@pytest.fixture(scope="module")
-def data():
-    return digits()
-
-
-def tiny(seed: int = 0):
-    from hetprune.model.spec import build
-
-    torch.manual_seed(seed)
-    return build(TINY_SPEC)
+@pytest.fixture
+def data(digits_data):
+    return digits_data
 
 
 def same_weights(a, b, atol: float = 0.0) -> bool:

@@ -11,25 +11,17 @@ import torch
 from hetprune import HetpruneError
 from hetprune.core import config
 from hetprune.training import train as train_mod
-from hetprune.training.embedded_data import digits
 from hetprune.training.train import ClassificationSource, StepPlan, TrainConfig, step_plan, train
 
-from conftest import TINY_SPEC
+from conftest import seeded_tiny as tiny
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 PLAIN = StepPlan(compile=False, fused=False, bf16_teacher=False)   # the CPU's step, as it always was
 
 
-@pytest.fixture(scope="module")
-def data():
-    return digits()
-
-
-def tiny(seed: int = 0):
-    from hetprune.model.spec import build
-
-    torch.manual_seed(seed)
-    return build(TINY_SPEC)
+@pytest.fixture
+def data(digits_data):
+    return digits_data
 
 
 def cuda_plan(cfg, device, amp):
