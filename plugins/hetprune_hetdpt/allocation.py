@@ -36,6 +36,7 @@ class Allocation:
         self.opts = job.options(HetDPTOptions)
         self.pairs: list[Split] = job.feasible_pairs()   # rank 0's: each rank measures its share of one plan
         self.sign = 1 if job.task.higher_is_better else -1   # the best split: the highest metric, or the lowest loss
+        self.fallback: dict | None = None   # where `predictor` fitted a plane in the configured one's place
 
     # -- what is known before stage 1 ---------------------------------------------------------------------
     @property
@@ -74,6 +75,7 @@ class Allocation:
         job = self.job
         predictor = self.strategy.predictor(job)
         need = getattr(predictor, "min_points", None)
+        self.fallback = None
         if need is None or len(plan) >= need:
             return predictor
         fallback = job.registry.build("predictor", FALLBACK[0], **FALLBACK[1])
@@ -83,6 +85,7 @@ class Allocation:
             if say:
                 job.log(f"[hetdpt] predictor {predictor.name} needs at least {need} distinct points and {what} "
                         f"give {len(plan)}{more}: fitting a plane (poly of degree 1) through them instead")
+            self.fallback = {"configured": predictor.name, "plan_points": len(plan)}
             return fallback
         plane = self.plan_could_give(fallback.min_points)   # what would give the plane its points
         helps = [plane] if plane else []
@@ -211,8 +214,6 @@ class Allocation:
             return self.run_covered()
         plan = self.point_plan()
         predictor = self.predictor(plan)
-        configured = opts.predictor if predictor.name != opts.predictor or getattr(
-            self.strategy.predictor(job), "min_points", 0) > len(plan) else None   # a plane in its place
         points = self.points(plan)
         predicted = self.fit(predictor, points)
         rounds = []
@@ -251,8 +252,7 @@ class Allocation:
         halved = found["halved"]
         return pick, {"predictor": predictor.name, "points": points, "fit": fit_report, "surface": surface,
                       "refinement": rounds, "verified": found["checked"], "point_selection": self.scheme.name,
-                      **({"predictor_fallback": {"configured": configured, "plan_points": len(plan)}}
-                         if configured else {}),
+                      **({"predictor_fallback": self.fallback} if self.fallback else {}),
                       "points_cost": points_cost(points + found["checked"]),
                       **({"pipeline_checks": halved.to_dict()} if halved is not None else {}),
                       **({"unsure": unsure} if unsure is not None else {}),

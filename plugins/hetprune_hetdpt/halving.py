@@ -178,7 +178,7 @@ def halving(candidates: list[Split], run: Callable[[Split, float], float], budge
         out.spent += (cost(fraction) if cost else fraction) * len(alive)
         keep = 1 if i == len(schedule) - 1 else max(1, len(alive) // 2)
         ranked = sorted(alive, key=lambda s: (-sign * values[s], alive.index(s)))
-        out.rounds.append({"fraction": round(fraction, 6), "measured": [
+        out.rounds.append({"fraction": fraction, "measured": [
             {"n_attn": s[0], "n_act": s[1], "metric": values[s]} for s in alive],
             "kept": [list(s) for s in ranked[:keep]]})
         alive = ranked[:keep]
@@ -376,7 +376,6 @@ class PipelineChecks:
         stores: dict[float, tuple[PointStore, dict]] = {}
 
         def measure(split: Split, fraction: float) -> float:
-            fraction = round(fraction, FRACTION_DIGITS)
             if fraction not in stores:   # one store key per fraction: a point is (split, fraction)
                 store = self.store().at(fraction=fraction)
                 stores[fraction] = (store, dist.on_main(store.load))
