@@ -1,6 +1,6 @@
 """How far can checks take MAP's pick, at best (issue 58)? No training: it reads the committed map-points studies.
 
-A checked scheme picks among K candidate splits (the K best predicted, or with ``verify_among: spread`` the
+A checked scheme picks among K candidate splits (the K best predicted, ``hetdpt.checks: best``, or with ``spread`` the
 best predicted of each K-th of the budget line) by what its checks measure. Real checks are short (a point's
 fine-tune, each candidate selected on 15 % of the scoring subset) and noisy. This asks what the pick would be
 worth if every check were as good as the final run itself: each candidate measured by that seed's own truth
@@ -27,8 +27,7 @@ from studylib.files import add_study_arguments, read_studies, write
 from studylib.runs import floors_of
 from studylib.tables import table
 
-from hetprune_hetdpt.options import HetDPTOptions
-from hetprune_hetdpt.allocation import to_check
+from hetprune_hetdpt import checks as policies
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # each target is read from the first study that has it (the spread studies measured the one-shot points of
@@ -72,8 +71,8 @@ def bounds(studies: dict[str, dict]) -> tuple[list[dict], dict]:
                     predicted = {split(k): v for k, v in fit["predicted"].items()}
                     for rule in RULES:
                         for k in KS:
-                            opts = HetDPTOptions(verify_among=rule)   # K=1 (no run checks one) included
-                            checked, _ = to_check(opts, sorted(true), predicted, None, k=k)
+                            # the policies' own rules (checks.py), K=1 included (no run checks one)
+                            checked = getattr(policies, rule)(sorted(true), predicted, k)
                             pick = max(checked, key=lambda p: (own[p], -p[0]))   # ties: fewer attention
                             rows.append({"bench": u["bench"], "target": target, "predictor": label, "rule": rule,
                                          "k": k, "seed": u["seed"], "checked": [name(p) for p in checked],
@@ -103,7 +102,7 @@ def markdown(summ: list[dict], floors: dict, command: str, studies: list[str]) -
              f"Produced by `{command}` from the committed studies {', '.join(studies)} (no training; their "
              "commands, machines and seeds are in their files).", "",
              "Candidates as a run chooses them from the one-shot points' fit (the K best predicted, or the best "
-             "predicted of each K-th of the line: `verify_among spread`), each measured by that seed's own truth "
+             "predicted of each K-th of the line: `hetdpt.checks spread`), each measured by that seed's own truth "
              "row (the run's own selection, the final fine-tune, the test split) instead of a short check: the "
              "most any checks of those candidates can give. Per target: the mean over seeds of the best split's "
              "true top-1 minus the pick's, minus the target's seed-noise floor (points). K = 1 is the "

@@ -88,7 +88,9 @@ REUSED = {("digit-pairs", f"macs{t:g}"): ("default-target.json", (0, 1)) for t i
 # the checks' settings whose defaults moved after a scheme was studied, spelled out so that the scheme keeps
 # meaning what it measured (a rerun resolves them to the settings its page reports): the floor and the spread checks
 # became the default with issue 58's study, after issue 43's checks were sized in final fine-tunes (verify_images
-# null) on the K best predicted
+# null) on the K best predicted. The schemes keep the old hetdpt.verify_* names their committed results were run
+# and keyed with (a saved unit is found by its --set list); the loader reads them as the checks policy they spell
+# (hetdpt.checks, issue 71) for one release, with a deprecation line: rename them with the next study.
 NO_FLOOR = "hetdpt.verify_selection_at_least=null"
 BEST_NO_FLOOR = ["hetdpt.verify_among=best", NO_FLOOR]
 ISSUE43_CHECKS = ["hetdpt.verify_images=null", *BEST_NO_FLOOR]
@@ -413,11 +415,9 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extr
             plan = alloc.point_plan() or alloc.scheme.plan(alloc.pairs)
             points = alloc.points(plan)
             fits = fit_all(points, pairs, ctx.registry)
-            opts = alloc.opts
-            verify = opts.verify
-            if verify and opts.verify_by == "pipeline":
+            if alloc.most and alloc.policy.measure == "pipeline":
                 pipeline_checks(alloc, fits, None)
-            elif verify:   # each predictor's splits to check (hetdpt.verify) measured, as allocate does
+            elif alloc.most:   # each predictor's splits to check (hetdpt.checks points) measured, as allocate does
                 for fit in fits.values():
                     if "predicted" not in fit:
                         continue
@@ -443,7 +443,7 @@ def unit(bench: str, seed: int, scheme: str, targets: list[str], out: Path, extr
 
 def splits_to_check(alloc, fit: dict) -> list | None:
     """The splits a run checks after this predictor's fit (`Allocation.candidates`), or None where it checks
-    none (verify_when unsure and a clear pick: taken without checks, at no cost, the fit saying so in
+    none (near-ties checks and a clear pick: taken without checks, at no cost, the fit saying so in
     ``unsure``), as the run's allocation does."""
     predicted = {tuple(map(int, k.split("+"))): v for k, v in fit["predicted"].items()}
     best, unsure = alloc.candidates(predicted, fit.get("fit", {}).get("loo_mae"))
@@ -455,11 +455,11 @@ def splits_to_check(alloc, fit: dict) -> list | None:
 
 
 def pipeline_checks(alloc, fits: dict, budget) -> None:
-    """``hetdpt.verify_by pipeline`` for each predictor's splits to check, chosen as the run chooses them
-    (`Allocation.candidates`: the K best predicted or, with verify_among spread, the best of each K-th of the
-    line; with verify_when unsure only the near ties, none where the best stands out, the fit saying which in
+    """Pipeline checks (a pipeline ``hetdpt.checks`` policy) for each predictor's splits to check, chosen as the
+    run chooses them (`Allocation.candidates`: the K best predicted or, spread, the best of each K-th of the
+    line; near-ties only the near ties, none where the best stands out, the fit saying which in
     ``unsure``): the winner, the halving's rounds and its
-    cost (images: the units spent x one unit's images, a final fine-tune's or with verify_images a point's;
+    cost (images: the units spent x one unit's images, a final fine-tune's or in images a point's;
     seconds: each candidate's selection, timed once and counted for every predictor that checks it, plus the stored
     check fine-tunes)."""
     job = alloc.job

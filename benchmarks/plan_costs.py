@@ -56,7 +56,8 @@ def image_checks(**changes) -> dict:
                        **changes}}
 
 
-# (label, settings): the MAP study's schemes that matter for the cost line
+# (label, settings): the MAP study's schemes that matter for the cost line, in the old hetdpt.verify_* names the
+# study and its committed page use (read as the checks policy they spell for one release: issue 71)
 SCHEMES = [
     ("one-shot points, no checks", {"hetdpt": {"point_selection": "oneshot", "verify": 0}}),
     ("progressive points (the paper's), no checks", {"hetdpt": {"point_selection": "progressive", "verify": 0}}),

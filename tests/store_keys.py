@@ -54,7 +54,7 @@ def keys_now() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for scheme_name in ("oneshot", "gradual", "progressive"):
-            job = job_for(folder, f"hetdpt.point_selection={scheme_name}", "hetdpt.verify=2")
+            job = job_for(folder, f"hetdpt.point_selection={scheme_name}", "hetdpt.checks_options.spread.count=2")
             scheme = HetDPT().scheme(job)
             out["points"][scheme_name] = scheme.key
             if scheme_name == "progressive":
@@ -62,11 +62,11 @@ def keys_now() -> dict:
                 out["points"]["progressive paths"] = {p.name: scheme.path_key(p) for p in scheme._paths}
                 out["points"]["progressive checks"] = scheme.verify_key
         # the checks' settings before issue 58 made them the defaults (their own selection, in final fine-tunes)
-        job = job_for(folder, "hetdpt.verify=2", "hetdpt.verify_by=pipeline", "hetdpt.verify_selection=1",
-                      "hetdpt.verify_images=null")
+        job = job_for(folder, "hetdpt.checks=spread",
+                      "hetdpt.checks_options={spread: {count: 2, selection: 1, selection_at_least: null, "
+                      "unit: finetunes}}")
         out["pipeline checks"] = PipelineChecks(job).key
-        job = job_for(folder, "hetdpt.verify=2", "hetdpt.verify_by=pipeline", "hetdpt.verify_images=auto",
-                      "hetdpt.verify_selection=0.5", "amp=none")
+        job = job_for(folder, "hetdpt.checks_options={spread: {count: 2, budget: auto, selection: 0.5}}", "amp=none")
         out["pipeline checks in images"] = PipelineChecks(job).key
         job = job_for(folder)
         out["share points"] = points_key(job, HetDPT(), 1e6, WidthOptions.of(job.settings))

@@ -197,8 +197,8 @@ def test_the_users_training_loop_runs_every_fine_tune_hetprune_plans(digits_data
         return [{"loss": 0.0}]
 
     settings = {**TINY_SETTINGS, "scorer": "gate-taylor",
-                "hetdpt": {"axis_points": 2, "mixed_points": 1, "point_selection": "progressive", "verify": 3,
-                           "verify_by": "points"}}
+                "hetdpt": {"axis_points": 2, "mixed_points": 1, "point_selection": "progressive", "checks": "points",
+                           "checks_options": {"points": {"count": 3}}}}
     result = hetprune.prune(Wrapped(), user_task(digits_data, finetune=finetune), strategy="hetdpt", budget=2,
                             settings=settings, out=tmp_path / "out", progress=False, log=lambda m: None)
     s = result.report["settings"]
@@ -208,7 +208,7 @@ def test_the_users_training_loop_runs_every_fine_tune_hetprune_plans(digits_data
         return ("point", s[section]["epochs"], s[section]["subset"], s[section]["lr"])
 
     # progressive points (the paper's): one fine-tune per path step (the dense point has none), then each check's
-    # extra steps and its check fine-tune (hetdpt.verify)
+    # extra steps and its check fine-tune (hetdpt.checks points)
     step = planned(next(p["point_finetune"] for p in points if "point_finetune" in p))
     n_steps = sum(p.get("fine_tunes", 0) for p in points) + sum(c["extra_steps"] for c in checks)
     assert len(checks) == 3 and n_steps >= len(points) - 1
@@ -236,7 +236,7 @@ def test_a_lower_is_better_metric_is_minimised_by_the_predictors_pick(digits_dat
         {"n_attn": a, "n_act": m, "metric": truth(a, m)} for a, m in plan])
     val_loss = lambda model, val: float(sum(ce(model, b) for b in val) / len(val))   # noqa: E731
     task = user_task(digits_data, metric=val_loss, higher_is_better=False, metric_name="val loss")
-    settings = hetprune.harness.testing.tiny_settings(HetDPT.defaults, {"hetdpt": {"predictor": "poly", "verify": 0}})
+    settings = hetprune.harness.testing.tiny_settings(HetDPT.defaults, {"hetdpt": {"predictor": "poly", "checks": "none"}})
     job = PruneJob(dense=Wrapped(), spec=None, data=None, task=task, budget=Budget(sites=3), settings=settings,
                    registry=get_registry(), workdir=tmp_path, progress=False, log=lambda m: None)
     (a, m), info = HetDPT().allocate(job)

@@ -27,8 +27,8 @@ PINS = Path(__file__).parent / "data" / "behaviours"
 PINNING = os.environ.get("HETPRUNE_PIN_BEHAVIOURS") == "1"
 # each strategy at a budget it can meet on the tiny depth-4 model, with its stage 1 cut short
 RUNS = {
-    "hetdpt": ({"budget": 2}, {"hetdpt": {"axis_points": 2, "mixed_points": 1, "verify": 2}}),
-    "hetdpt-plus": ({"target_macs": 0.6}, {"hetdpt": {"axis_points": 2, "mixed_points": 1, "verify": 0}}),
+    "hetdpt": ({"budget": 2}, {"hetdpt": {"axis_points": 2, "mixed_points": 1, "checks_options": {"spread": {"count": 2}}}}),
+    "hetdpt-plus": ({"target_macs": 0.6}, {"hetdpt": {"axis_points": 2, "mixed_points": 1, "checks": "none"}}),
     "attn-only": ({"budget": 2}, {}), "act-only": ({"budget": 2}, {}), "mix50": ({"budget": 2}, {}),
     "mix": ({"budget": 2}, {}), "block-drop": ({"budget": 1}, {}), "isomorphic": ({"target_macs": 0.6}, {}),
 }

@@ -1,4 +1,5 @@
-"""Issue 58, item 2: pipeline checks sized in training images (``hetdpt.verify_images``), like the MAP points,
+"""Issue 58, item 2: pipeline checks sized in training images (a checks policy's ``budget`` with ``unit:
+images``, the default), like the MAP points,
 instead of in final fine-tunes: each check fine-tunes on the points' schedule cut to its share, and what they
 spend is what the setting says, whatever the final schedule."""
 
@@ -14,16 +15,23 @@ from hetprune_hetdpt.halving import PipelineChecks, checks_run, most_spent
 from hetprune_hetdpt.options import HetDPTOptions
 from hetprune_hetdpt.strategy import HetDPT
 
-CHECKS = {"verify": 4, "verify_by": "pipeline", "point_selection": "oneshot", "point_finetune": "short_finetune",
-          "verify_selection": 1.0}   # the candidates selected as the final run selects (the default: 0.15 of it)
+POINTS = {"point_selection": "oneshot", "point_finetune": "short_finetune"}
+
+
+def spread_checks(budget="auto", count: int = 4, **options) -> dict:
+    """``count`` spread checks within ``budget`` images, the candidates selected as the final run selects (the
+    default: 7 % of it, at least 300 images)."""
+    return {**POINTS, "checks": "spread",
+            "checks_options": {"spread": {"count": count, "selection": 1.0, "budget": budget, **options}}}
+
+
 # tiny schedules: the final fine-tune 1 epoch x 48 images, the points' (short_finetune) 1 epoch x 32, batch 16
 SHORT_LR = 3e-4
 
 
-def sized(tmp_path, images: int, scorer: str = "taylor", **hetdpt):
+def sized(tmp_path, images: int, scorer: str = "taylor", **options):
     return tiny_job(hetprune.Budget(sites=4), tmp_path, HetDPT,
-                    {"scorer": scorer, "short_finetune": {"lr": SHORT_LR},
-                     "hetdpt": {**CHECKS, "verify_images": images, **hetdpt}})
+                    {"scorer": scorer, "short_finetune": {"lr": SHORT_LR}, "hetdpt": spread_checks(images, **options)})
 
 
 def test_checks_sized_in_images_fine_tune_on_the_points_schedule_and_spend_what_they_say(tmp_path, monkeypatch):
@@ -65,28 +73,25 @@ def test_a_learning_selectors_phase_is_counted_in_images(tmp_path):
 
 
 def test_the_candidates_can_be_selected_on_a_number_of_images_per_gate_epoch(tmp_path):
-    checks = PipelineChecks(sized(tmp_path, 10_000, scorer="gate-taylor", verify_selection=8))
+    checks = PipelineChecks(sized(tmp_path, 10_000, scorer="gate-taylor", selection=8))
     assert checks.select_job.config.scoring_batches.subset == 8 and not checks.own_selection
     assert checks.job.config.scoring_batches.subset == 16   # the final run's own selection keeps its subset
     assert checks.selection_cost((2, 2)) * checks.unit.images == pytest.approx(5 * 8)
-    with pytest.raises(HetpruneError, match=r"verify_selection 16 images per gate epoch is not fewer than the 16 "):
-        PipelineChecks(sized(tmp_path / "b", 10_000, scorer="gate-taylor", verify_selection=16))
+    with pytest.raises(HetpruneError, match=r"spread.selection 16 images per gate epoch is not fewer than the 16 "):
+        PipelineChecks(sized(tmp_path / "b", 10_000, scorer="gate-taylor", selection=16))
 
 
 def test_a_floor_under_the_share_raises_a_selection_to_that_many_images_or_to_the_runs_own(tmp_path):
     # the scoring subset is 16 images: a quarter is 4, the floor 8 lifts it; three quarters (12) stay above it
-    floored = PipelineChecks(sized(tmp_path, 10_000, scorer="gate-taylor", verify_selection=0.25,
-                                   verify_selection_at_least=8))
+    floored = PipelineChecks(sized(tmp_path, 10_000, scorer="gate-taylor", selection=0.25, selection_at_least=8))
     assert floored.select_job.config.scoring_batches.subset == 8 and not floored.own_selection
     assert floored.selection_cost((2, 2)) * floored.unit.images == pytest.approx(5 * 8)
-    above = PipelineChecks(sized(tmp_path / "b", 10_000, scorer="gate-taylor", verify_selection=0.75,
-                                 verify_selection_at_least=8))
+    above = PipelineChecks(sized(tmp_path / "b", 10_000, scorer="gate-taylor", selection=0.75, selection_at_least=8))
     assert above.select_job.config.scoring_batches.subset == 12
     # a floor of the whole subset or more is the final run's own selection: the winner's reused, its key too
-    own = PipelineChecks(sized(tmp_path / "c", 10_000, scorer="gate-taylor", verify_selection=0.25,
-                               verify_selection_at_least=16))
+    own = PipelineChecks(sized(tmp_path / "c", 10_000, scorer="gate-taylor", selection=0.25, selection_at_least=16))
     assert own.select_job is own.job and own.own_selection
-    assert own.key == PipelineChecks(sized(tmp_path / "d", 10_000, scorer="gate-taylor")).key   # verify_selection 1
+    assert own.key == PipelineChecks(sized(tmp_path / "d", 10_000, scorer="gate-taylor")).key   # selection 1
     assert floored.key != own.key != above.key
     # --plan says what each candidate's gate phase sees, and says nothing where it is the run's own
     [step] = [s for s in HetDPT().plan_allocation(floored.job) if "pipeline checks" in s.stage]
@@ -118,34 +123,34 @@ def test_plan_counts_the_images_the_setting_gives(tmp_path):
 def test_checks_sized_in_images_are_stored_apart_from_checks_of_the_final_schedule(tmp_path):
     final = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "a", HetDPT,
                                     {"scorer": "taylor", "short_finetune": {"lr": SHORT_LR},
-                                     "hetdpt": {**CHECKS, "verify_budget": 4.0}}))
+                                     "hetdpt": spread_checks(4.0, unit="finetunes")}))
     assert final.unit.section == "finetune" and final.key != PipelineChecks(sized(tmp_path / "b", 128)).key
 
 
 def test_bad_image_budgets_are_refused_before_anything_trains(tmp_path, monkeypatch):
-    for changes, words in (
-            ({"verify_images": 0}, "verify_images must be a whole number of training images >= 1, auto .*, or null"),
-            ({"verify_images": 100, "verify_budget": 2.0}, "verify_budget .* and hetdpt.verify_images .* both size"),
-            ({"verify_selection": 2.5}, r"verify_selection must be a share of scoring.subset within \(0, 1\] .*, or "
-                                        "a whole number of images per gate epoch above 1")):
+    # (a budget in images and one in final fine-tunes together, once refused by hand, has no spelling: one
+    # budget, one unit)
+    for images, changes, words in (
+            (0, {}, r"spread.budget must be auto \(the selections and one whole point's fine-tune per check\) or a "
+                    "whole number of training images >= 1"),
+            (128, {"selection": 2.5}, r"spread.selection must be a share of scoring.subset within \(0, 1\] .*, or "
+                                      "a whole number of images per gate epoch above 1")):
         with pytest.raises(HetpruneError, match=words):
-            sized(tmp_path, 128, **changes).options(HetDPTOptions)
-    with pytest.raises(HetpruneError, match="hetdpt.verify_images shapes the checks of hetdpt.verify, which is 0"):
-        tiny_job(hetprune.Budget(sites=4), tmp_path, HetDPT, {"hetdpt": {"verify": 0, "verify_images": 100}}).options(HetDPTOptions)
+            sized(tmp_path, images, **changes).options(HetDPTOptions)
     # too few images for the candidates' gate phases: refused by the run's checks, before any point trains
     job = sized(tmp_path, 100, scorer="gate-taylor")
     monkeypatch.setattr(job.task, "fit", lambda *a, **k: pytest.fail("a point trained before the refusal"))
     # (4 checks of the 4 feasible splits: the candidates are known, and their selections' cost exactly)
-    words = (r"hetdpt.verify_images 100 does not pay for the 4 candidates' selections \([\d,]+ images\): "
-             "raise it, lower hetdpt.verify, or select the candidates on fewer images")
+    words = (r"hetdpt.checks_options.spread.budget 100 does not pay for the 4 candidates' selections "
+             r"\([\d,]+ images\): raise it, lower hetdpt.checks_options.spread.count, or select the candidates on "
+             r"fewer images \(hetdpt.checks_options.spread.selection\)")
     with pytest.raises(HetpruneError, match=words):
         HetDPT().check_settings(job)
 
 
 def test_a_run_with_checks_sized_in_images_reports_them_in_images(tmp_path):
     job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
-                   {"scorer": "taylor", "hetdpt": {**CHECKS, "axis_points": 2, "mixed_points": 1, "verify": 2,
-                                                   "verify_images": 48}})
+                   {"scorer": "taylor", "hetdpt": {**spread_checks(48, count=2), "axis_points": 2, "mixed_points": 1}})
     logs = []
     job.log = logs.append
     result = HetDPT().run(job)
@@ -175,7 +180,7 @@ def test_plan_of_a_generous_image_budget_counts_the_most_the_checks_can_spend(tm
 
 
 def test_auto_gives_every_check_one_whole_points_fine_tune_at_any_scale(tmp_path, monkeypatch):
-    job = sized(tmp_path, "auto", scorer="gate-taylor", verify_selection=8)
+    job = sized(tmp_path, "auto", scorer="gate-taylor", selection=8)
     seen = []
     monkeypatch.setattr(job.task, "fit", lambda model, teacher, cfg, *a, **k: seen.append(cfg))
     checks = PipelineChecks(job)
@@ -196,8 +201,9 @@ def test_auto_gives_every_check_one_whole_points_fine_tune_at_any_scale(tmp_path
     HetDPT().check_settings(job)   # auto pays for the selections by design: nothing to refuse
 
 
-def test_auto_is_the_only_word_verify_images_takes(tmp_path):
-    with pytest.raises(HetpruneError, match="verify_images must be a whole number of training images >= 1, auto"):
+def test_auto_is_the_only_word_a_budget_takes(tmp_path):
+    with pytest.raises(HetpruneError, match=r"spread.budget must be auto \(.*\) or a whole number of training "
+                                            "images >= 1 .*, got 'lots'"):
         sized(tmp_path, "lots").options(HetDPTOptions)
 
 
@@ -215,8 +221,8 @@ def test_the_default_checks_on_a_task_of_unknown_size_are_refused_before_trainin
     trained = []
     task.fit = lambda *a, **k: trained.append(1)   # nothing may train before the refusal
     settings = {"finetune": {"epochs": 1, "subset": None}, "short_finetune": {"epochs": 1, "subset": None}}
-    with pytest.raises(HetpruneError, match=r"set finetune\.subset, use hetdpt\.verify_budget, or pick without "
-                                            r"checks with hetdpt\.verify=0"):
+    with pytest.raises(HetpruneError, match=r"set finetune\.subset, use hetdpt\.checks_options\.spread\.unit "
+                                            r"finetunes, or pick without checks with hetdpt\.checks none"):
         hetprune.prune(tiny_model, task, strategy="hetdpt", budget=2, out=tmp_path / "out", settings=settings)
     assert not trained
 
@@ -227,14 +233,14 @@ def test_a_budget_that_cannot_pay_for_known_candidates_is_refused_before_stage_1
     pre-flight and was refused after stage 1."""
     probe = sized(tmp_path / "probe", 10_000, scorer="gate-taylor")
     pairs = sorted(probe.feasible_pairs())
-    assert len(pairs) == 4 and HetDPT.checks_cover(probe.options(HetDPTOptions), pairs)
+    assert len(pairs) == 4 and HetDPT().allocation(probe).covered
     checks = PipelineChecks(probe)
     floor, exact = checks.least_selections_cost(pairs, 4), checks.selections_cost(pairs)
     assert floor < exact   # a budget between them passed the floor's check
     images = round((floor + exact) / 2 * checks.unit.images)
     job = sized(tmp_path / "run", images, scorer="gate-taylor")
     monkeypatch.setattr(job.task, "fit", lambda *a, **k: pytest.fail("something trained before the refusal"))
-    words = (rf"hetdpt.verify_images {images:,} does not pay for the 4 candidates' selections "
+    words = (rf"hetdpt.checks_options.spread.budget {images:,} does not pay for the 4 candidates' selections "
              rf"\({round(exact * checks.unit.images):,} images\)")
     with pytest.raises(HetpruneError, match=words):
         HetDPT().check_settings(job)

@@ -505,8 +505,8 @@ def cli_model(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_prune_with_a_nan_predictor_fails_by_name_and_saves_nothing(cli_model, tmp_path, capsys):
     out = tmp_path / "pruned"
-    # verify 0: the predictor's argmax (checks of every split of this small budget would need no predictor)
-    rc = main(["prune", *cli_model, "--predictor", "nan-pred", "--budget", "2", "--set", "hetdpt.verify=0",
+    # checks none: the predictor's argmax (checks of every split of this small budget would need no predictor)
+    rc = main(["prune", *cli_model, "--predictor", "nan-pred", "--budget", "2", "--set", "hetdpt.checks=none",
                "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
@@ -519,7 +519,7 @@ def test_prune_with_a_nan_predictor_fails_by_name_and_saves_nothing(cli_model, t
 @pytest.mark.slow
 def test_prune_with_a_raising_predictor_names_it_and_debug_shows_the_traceback(cli_model, tmp_path, capsys,
                                                                                monkeypatch):
-    args = ["prune", *cli_model, "--predictor", "raise-fit", "--budget", "2", "--set", "hetdpt.verify=0",
+    args = ["prune", *cli_model, "--predictor", "raise-fit", "--budget", "2", "--set", "hetdpt.checks=none",
             "--out", str(tmp_path / "p")]
     assert main(args) == 2
     err = capsys.readouterr().err

@@ -125,7 +125,7 @@ class RankSkewed:
 PLAN_SETS = ["finetune.epochs=1", "finetune.subset=33", "finetune.batch_size=16", "short_finetune.epochs=1",
              "short_finetune.subset=16", "short_finetune.batch_size=8", "scoring.subset=16", "scoring.batches=1",
              "scorer=magnitude", "hetdpt.point_scorer=magnitude", "hetdpt.point_finetune=short_finetune",
-             "hetdpt.point_selection=oneshot", "hetdpt.verify=0",   # refinement measures any split: one-shot
+             "hetdpt.point_selection=oneshot", "hetdpt.checks=none",   # refinement measures any split: one-shot
              "hetdpt.axis_points=2", "hetdpt.mixed_points=1", "hetdpt.refine=1"]
 PLAN_BUDGET = dict(target_speedup=1.3, cost_model=RankSkewed.name)
 
@@ -555,8 +555,8 @@ def test_torchrun_prune_with_uneven_data_matches_single_process(trained_tiny, tm
 
 def test_torchrun_spreads_map_points_and_keeps_points_file_whole(trained_tiny, tmp_path):
     args = ["prune", *model_args(trained_tiny), "--strategy", "hetdpt", "--scorer", "magnitude", "--budget", "2",
-            *FT, "--set", "hetdpt.axis_points=2", "--set", "hetdpt.mixed_points=1", "--set", "hetdpt.verify=0",
-            "--out", str(tmp_path / "out")]   # verify 0: checks of all 3 splits would need no point
+            *FT, "--set", "hetdpt.axis_points=2", "--set", "hetdpt.mixed_points=1", "--set", "hetdpt.checks=none",
+            "--out", str(tmp_path / "out")]   # checks none: checks of all 3 splits would need no point
     torchrun(args, tmp_path)
     lines = [json.loads(l) for l in (tmp_path / "out.work" / "map-points.jsonl").read_text().splitlines()]
     pairs = [(p["n_attn"], p["n_act"]) for p in lines]

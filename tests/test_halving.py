@@ -1,5 +1,6 @@
-"""hetdpt.verify_by pipeline (issue 43, item 2): the K best predicted splits through the final run's own
-selection and fine-tune, by successive halving within a budget in final-fine-tune units."""
+"""Pipeline checks (issue 43, item 2; since issue 71 any pipeline checks policy of ``hetdpt.checks``): the
+candidate splits through the final run's own selection and fine-tune, by successive halving within a budget in
+final-fine-tune units (``unit: finetunes``)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,20 @@ import pytest
 import hetprune
 from hetprune import HetpruneError
 from hetprune.harness.testing import tiny_job
+from hetprune_hetdpt.checks import SpreadChecks
 from hetprune_hetdpt.halving import checks_run, fractions, halving
 from hetprune_hetdpt.options import HetDPTOptions
 from hetprune_hetdpt.strategy import HetDPT
 
 # checks in final fine-tunes on the final run's own selection (the defaults before checks were sized in images;
 # test_check_images.py tests those)
-IN_FINAL_FINETUNES = {"scorer": "gate-taylor", "hetdpt": {"verify_selection": 1.0, "verify_images": None}}
+IN_FINAL_FINETUNES = {"scorer": "gate-taylor", "hetdpt": {"checks_options": {"spread": {"selection": 1.0,
+                                                                                     "unit": "finetunes"}}}}
+
+
+def spread(**options) -> dict:
+    """Spread checks in final fine-tunes, with ``options``."""
+    return {"checks": "spread", "checks_options": {"spread": {"unit": "finetunes", **options}}}
 
 
 def test_each_round_splits_its_share_of_the_budget_among_fewer_candidates():
@@ -31,7 +39,7 @@ def test_each_round_splits_its_share_of_the_budget_among_fewer_candidates():
     lasts = halving([(0, 2), (1, 1), (2, 0)], lambda s, f: float(s[0]), budget=9.0)
     assert [len(r["measured"]) for r in lasts.rounds] == [3] and lasts.winner == (2, 0) and lasts.spent == 3.0
     assert fractions(1, 1.0, 0.0) == []
-    with pytest.raises(HetpruneError, match=r"verify_budget 1 .* does not pay for the 3 candidates' selections"):
+    with pytest.raises(HetpruneError, match=r"budget 1 .* does not pay for the 3 candidates' selections"):
         fractions(3, 1.0, 1.2)
 
 
@@ -62,8 +70,8 @@ def test_successive_halving_keeps_the_better_half_and_spends_at_most_its_budget(
 
 
 def test_the_checks_run_the_final_pipeline_on_the_selection_split_and_go_into_the_report(tmp_path):
-    settings = {"hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1, "verify": 2,
-                           "verify_by": "pipeline", "verify_budget": 6.0, "verify_selection": 1.0},
+    settings = {"hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1,
+                           **spread(count=2, budget=6.0, selection=1.0)},
                 "scorer": "taylor"}
     job = tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, settings)
     result = HetDPT().run(job)
@@ -83,9 +91,10 @@ def test_the_checks_run_the_final_pipeline_on_the_selection_split_and_go_into_th
     assert len((tmp_path / "map-pipeline-checks.jsonl").read_text().splitlines()) == 2
 
 
-def test_bad_verify_settings_are_refused_with_what_is_allowed(tmp_path):
-    for changes, words in (({"verify_by": "grid"}, "verify_by must be one of points, pipeline"),
-                           ({"verify_budget": 0}, "verify_budget must be a number of final fine-tunes > 0, or null")):
+def test_bad_budgets_are_refused_with_what_is_allowed(tmp_path):
+    for changes, words in ((spread(unit="grid"), "spread.unit must be images .* or finetunes"),
+                           (spread(budget=0), r"spread.budget must be auto \(the selections and 2 final fine-tunes\) "
+                                              "or a number of final fine-tunes > 0")):
         with pytest.raises(HetpruneError, match=words):
             tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT, {"hetdpt": changes}).options(HetDPTOptions)
 
@@ -129,7 +138,7 @@ def test_the_default_budget_pays_for_the_selections_and_two_final_finetunes(tmp_
     assert said in logs, logs
     checks.run([(1, 1), (2, 0)], budget=5.0)
     assert seen["budget"] == 5.0
-    assert HetDPTOptions.defaults()["verify_budget"] is None
+    assert SpreadChecks().finetunes is None   # the default is sized in images (test_check_images.py)
 
 
 def test_gate_taylor_says_which_first_removals_two_selections_share():
@@ -207,8 +216,8 @@ def test_shared_removals_are_counted_once_against_the_budget(tmp_path):
 
 
 def test_the_final_select_stage_continues_from_the_winners_kept_selection(tmp_path):
-    settings = {"hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1, "verify": 2,
-                           "verify_by": "pipeline", "verify_budget": 12.0, "verify_selection": 1.0},
+    settings = {"hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1,
+                           **spread(count=2, budget=12.0, selection=1.0)},
                 "scorer": "gate-taylor"}
     job = tiny_job(hetprune.Budget(sites=3), tmp_path, HetDPT, settings)
     logs = []
@@ -225,10 +234,8 @@ def test_cheaper_checks_select_on_a_share_of_the_scoring_subset_and_cost_that_sh
 
     full = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "a", HetDPT, IN_FINAL_FINETUNES))
     half = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "b", HetDPT,
-                                   {"scorer": "gate-taylor", "hetdpt": {"verify": 2, "verify_by": "pipeline",
-                                                                        "verify_selection": 0.5,
-                                                                        "verify_selection_at_least": None,
-                                                                        "verify_images": None}}))
+                                   {"scorer": "gate-taylor", "hetdpt": spread(count=2, selection=0.5,
+                                                                              selection_at_least=None)}))
     assert full.select_job is full.job and half.select_job.config.scoring_batches.subset == 8   # of 16
     assert half.job.config.scoring_batches.subset == 16   # the run's own selection keeps its subset
     assert half.selection_cost((2, 2)) == pytest.approx((1 + 4) * 8 / 48)
@@ -237,23 +244,21 @@ def test_cheaper_checks_select_on_a_share_of_the_scoring_subset_and_cost_that_sh
     # no subset: the share is of the training set
     whole = PipelineChecks(tiny_job(hetprune.Budget(sites=4), tmp_path / "c", HetDPT,
                                     {"scorer": "gate-taylor", "scoring": {"subset": None},
-                                     "hetdpt": {"verify": 2, "verify_by": "pipeline", "verify_selection": 0.25,
-                                                "verify_selection_at_least": None, "verify_images": None}}))
+                                     "hetdpt": spread(count=2, selection=0.25, selection_at_least=None)}))
     assert whole.select_job.config.scoring_batches.subset == round(whole.job.task.train_size / 4)
 
 
-def test_a_bad_verify_selection_is_refused_with_what_is_allowed(tmp_path):
-    share = r"verify_selection must be a share of scoring.subset within \(0, 1\]"
-    for bad, words in ((0, share), (1.5, share), (-0.5, share), ("half", "verify_selection = 'half' is not a number")):
-        with pytest.raises(HetpruneError, match=words):
+def test_a_bad_selection_is_refused_with_what_is_allowed(tmp_path):
+    share = r"hetdpt.checks_options.spread.selection must be a share of scoring.subset within \(0, 1\]"
+    for bad in (0, 1.5, -0.5, "half"):
+        with pytest.raises(HetpruneError, match=share + f".*got {bad!r}"):
             tiny_job(hetprune.Budget(sites=2), tmp_path, HetDPT,
-                     {"hetdpt": {"verify_selection": bad}}).options(HetDPTOptions)
+                     {"hetdpt": spread(selection=bad)}).options(HetDPTOptions)
 
 
 def test_after_cheaper_checks_the_final_select_stage_selects_the_winner_on_the_whole_subset(tmp_path):
-    settings = {"hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1, "verify": 2,
-                           "verify_by": "pipeline", "verify_budget": 12.0, "verify_selection": 0.5,
-                           "verify_selection_at_least": None},
+    settings = {"hetdpt": {"point_selection": "oneshot", "axis_points": 2, "mixed_points": 1,
+                           **spread(count=2, budget=12.0, selection=0.5, selection_at_least=None)},
                 "scorer": "gate-taylor"}
     job = tiny_job(hetprune.Budget(sites=3), tmp_path, HetDPT, settings)
     logs = []

@@ -31,7 +31,7 @@ from hetprune.pruning.point_store import PointStore
 
 # the one-shot machinery these tests check, pinned (the defaults are one-shot points with local and no checks
 # too, but poly's degree is pinned and a later default may differ; progressive points: tests/test_point_schemes.py)
-ONESHOT = {"hetdpt.point_selection": "oneshot", "hetdpt.verify": 0, "hetdpt.predictor": "local",
+ONESHOT = {"hetdpt.point_selection": "oneshot", "hetdpt.checks": "none", "hetdpt.predictor": "local",
            "hetdpt.predictor_options": "{poly: {degree: 2}}"}
 
 
@@ -551,15 +551,15 @@ def test_prune_cli_end_to_end_with_outside_predictor_name_check(trained_tiny, tm
     out = tmp_path / "pruned"
     rc = main(["prune", *common, "--strategy", "hetdpt", "--budget", "3", "--out", str(out),
                "--set", "finetune.epochs=1", "--set", "short_finetune.epochs=1", "--set", "scoring.subset=64",
-               "--set", "finetune.subset=64", "--set", "short_finetune.subset=64", "--set", "hetdpt.verify=3",
-               "--set", "hetdpt.verify_by=points", "--set", "hetdpt.verify_among=best"])
+               "--set", "finetune.subset=64", "--set", "short_finetune.subset=64", "--set", "hetdpt.checks=points",
+               "--set", "hetdpt.checks_options={points: {count: 3, among: best}}"])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
     assert report["n_attn"] + report["n_act"] == 3
     assert {"points", "fit", "surface", "pick"} <= set(report["allocation"])
     alloc = report["allocation"]
     # the reported fit is the predictor's fit of the reported points; the pick is the best of the checks of the
-    # 3 best predicted splits, each measured as a point (hetdpt.verify=3, verify_by points)
+    # 3 best predicted splits, each measured as a point (hetdpt.checks points, count 3)
     name = alloc["predictor"]
     assert name == report["settings"]["hetdpt"]["predictor"] == "poly"    # the default
     refit = get_registry().build("predictor", name,
@@ -612,11 +612,11 @@ def test_a_point_plan_too_small_for_the_predictor_falls_back_to_a_plane_or_is_re
                                             "budget and model give a plan of 2") as info:
         HetDPT().allocate(job)
     said = str(info.value)
-    assert "Setting hetdpt.dense_point true" in said and "hetdpt.verify 2" in said and "axis_points" not in said
+    assert "Setting hetdpt.dense_point true" in said and "hetdpt.checks all" in said and "axis_points" not in said
     # where more axis points would give the predictor its points, the line says so
     wide = make_job(tiny_model, digits_data, tmp_path / "wide", budget=Budget(sites=3),
                     **{"hetdpt.axis_points": 1, "hetdpt.mixed_points": 0, "hetdpt.predictor": "poly",
-                       "hetdpt.verify": 0})
+                       "hetdpt.checks": "none"})
     assert HetDPT().allocation(wide).plan_could_give(5) == "raising hetdpt.axis_points / hetdpt.mixed_points"
 
 
@@ -819,15 +819,20 @@ def test_gradual_points_have_their_own_key_and_a_bad_choice_is_refused(tiny_mode
 
 def test_one_check_is_refused_as_it_would_change_nothing():
     """Issue 71: hetdpt.verify=1 was accepted and checked nothing (the pick stayed the predictor's) while the log
-    said images were spent."""
+    said images were spent. A count of 1 is refused as the settings are read, in either spelling."""
     from hetprune.core import config
     from hetprune.core.plugins import get_registry
 
     hetdpt = get_registry().build("strategy", "hetdpt")
+    for policy in ("spread", "best", "near-ties", "points"):
+        with pytest.raises(HetpruneError, match=rf"hetdpt.checks_options.{policy}.count must be a count of splits "
+                                                ">= 2"):
+            config.resolve(hetdpt, sets=[f"hetdpt.checks={policy}", f"hetdpt.checks_options.{policy}.count=1"])
     with pytest.raises(HetpruneError, match=r"hetdpt.verify must be 0 \(no checks\) or a count of splits >= 2"):
         config.resolve(hetdpt, sets=["hetdpt.verify=1"])
-    for verify in (0, 2, 6):
-        assert config.resolve(hetdpt, sets=[f"hetdpt.verify={verify}"])["hetdpt"]["verify"] == verify
+    for count in (2, 6):
+        s = config.resolve(hetdpt, sets=[f"hetdpt.checks_options.spread.count={count}"])
+        assert config.keyed(s)["hetdpt"]["verify"] == count
 
 
 def test_one_recorder_keeps_every_point_the_map_points_share_points_and_checks(tmp_path):

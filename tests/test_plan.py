@@ -35,7 +35,7 @@ def test_plan_prints_every_stage_and_trains_nothing(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(Task, "fit", never)   # every fine-tune goes through a task's fit
     out = tmp_path / "out"
     assert main(["prune", *tiny_cli(tmp_path), "--strategy", "hetdpt", "--budget", "4", *FAST,
-                 "--set", "hetdpt.verify=0", "--plan",
+                 "--set", "hetdpt.checks=none", "--plan",
                  "--plan-probe", "0", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     for stage in ("stage 1: MAP points", "select: gate phase", "stage 2: fine-tune", "evaluations", "total"):
@@ -105,7 +105,7 @@ def test_the_paper_recipe_planned_on_deit_b_at_imagenet_size_has_the_releases_im
     assert steps["select: gate phase"].train_images == (3 + 8 * 10) * 1_281_167   # the search: all of ImageNet
     points = steps["stage 1: MAP points"]
     assert points.train_images == points.fine_tunes * 10 * 106_764       # 10 epochs on 1/12 of ImageNet each
-    assert "stage 1: checks" not in steps                                # verify 0: the paper's argmax
+    assert "stage 1: checks" not in steps                                # checks none: the paper's argmax
     assert "400 epochs, batch 4096" in steps["stage 2: fine-tune"].what
     # the cost line (issue 58): choosing the split as a share of the run, counted by hand from the recipe
     chosen = points.fine_tunes * 10 * 106_764
@@ -122,8 +122,8 @@ def test_the_paper_recipe_planned_on_deit_b_at_imagenet_size_has_the_releases_im
     for share, gates in ((1, 2 * gate), (0.33, 3 * 83 * round(0.33 * 1_281_167))):
         checked = hetprune.prune(model, task, "hetdpt", 10, config="deit-b-paper", amp="none", plan=True,
                                  plan_probe=0, progress=False, log=lambda m: None,
-                                 settings={"hetdpt": {"verify": 3, "verify_by": "pipeline", "verify_selection": share,
-                                                     "verify_images": None}})
+                                 settings={"hetdpt": {"checks": "spread", "checks_options": {"spread": {
+                                     "count": 3, "selection": share, "unit": "finetunes"}}}})
         checks = next(s for s in checked.steps if s.stage == "stage 1: pipeline checks")
         # (the fraction 2/3 as the checks store it, to 6 digits: what the run's schedule is cut by)
         assert checks.train_images == gates + 3 * 400 * round(round(2 / 3, 6) * 1_281_167), (share, checks.train_images)
@@ -142,7 +142,7 @@ def test_compare_and_ablate_plan_their_rows_and_train_nothing(tmp_path, capsys, 
 
     monkeypatch.setattr(Task, "fit", never)
     out = tmp_path / "out"
-    assert main([*command, *tiny_cli(tmp_path), "--data", "digits", *FAST, "--set", "hetdpt.verify=0",
+    assert main([*command, *tiny_cli(tmp_path), "--data", "digits", *FAST, "--set", "hetdpt.checks=none",
                  "--plan", "--plan-probe", "0", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     written = json.loads((out / "work" / "plan.json").read_text())

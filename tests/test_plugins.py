@@ -176,7 +176,7 @@ def test_unknown_component_name_lists_the_registered_names_of_that_kind():
         registry.component("strategy", "nope")
     for known in ("hetdpt", "mix50", "attn-only"):
         assert known in str(err.value)
-    with pytest.raises(HetpruneError, match="unknown component kind 'gizmo'; kinds are: predictor, scorer"):
+    with pytest.raises(HetpruneError, match="unknown component kind 'gizmo'; kinds are: predictor, checks, scorer"):
         registry.component("gizmo", "x")
 
 

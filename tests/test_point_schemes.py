@@ -106,7 +106,8 @@ def test_verify_checks_the_best_predicted_splits_from_the_nearest_path_point_the
     stub = MarkingFinetune(tiny_model)
     monkeypatch.setattr(hetprune.training.task, "train", stub)
     job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=3), **PROGRESSIVE,
-                   **{"hetdpt.verify": 2, "hetdpt.verify_by": "points", "hetdpt.predictor": "gp"})
+                   **{"hetdpt.checks": "points", "hetdpt.checks_options": {"points": {"count": 2}},
+                      "hetdpt.predictor": "gp"})
     pick, info = HetDPT().allocate(job)
     points = {(p["n_attn"], p["n_act"]): p for p in info["points"]}
     checked = info["verified"]
@@ -125,7 +126,8 @@ def test_verify_checks_the_best_predicted_splits_from_the_nearest_path_point_the
     assert len(stub.seen) == 3 + 3 + 3 + sum(c["extra_steps"] + 1 for c in checked)
     # one-shot points: a check is a point of that split, reused where the plan measured it
     oneshot = make_job(tiny_model, digits_data, tmp_path / "oneshot", budget=Budget(sites=3),
-                       **{"hetdpt.verify": 2, "hetdpt.verify_by": "points", "hetdpt.point_selection": "oneshot", "hetdpt.predictor": "gp"})
+                       **{"hetdpt.checks": "points", "hetdpt.checks_options": {"points": {"count": 2}},
+                          "hetdpt.point_selection": "oneshot", "hetdpt.predictor": "gp"})
     stub.seen.clear()
     pick, info = HetDPT().allocate(oneshot)
     plan = {(p["n_attn"], p["n_act"]) for p in info["points"]}
@@ -236,7 +238,7 @@ def test_a_points_trip_reads_its_device_and_removers_from_the_job(tiny_model, di
 
     job = make_job(tiny_model, digits_data, tmp_path, budget=Budget(sites=2),
                    **{**PROGRESSIVE, "short_finetune.epochs": 1, "short_finetune.subset": 16,
-                      "short_finetune.batch_size": 8, "hetdpt.verify": 0})
+                      "short_finetune.batch_size": 8, "hetdpt.checks": "none"})
     resolved, built = [], []
     real_canonical, real_build = devices.canonical, job.registry.build
     monkeypatch.setattr(devices, "canonical", lambda name: resolved.append(name) or real_canonical(name))

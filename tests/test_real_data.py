@@ -50,7 +50,7 @@ def test_prune_end_to_end_on_image_folder(image_folder, tmp_path):
     out = tmp_path / "out"
     rc = main(["prune", *rgb_args(), "--data", str(image_folder), "--strategy", "hetdpt", "--budget", "2",
                "--scorer", "taylor", "--subset", "6", "--workers", "0", "--out", str(out), *FAST,
-               "--set", "hetdpt.axis_points=2", "--set", "hetdpt.mixed_points=1", "--set", "hetdpt.verify=0",
+               "--set", "hetdpt.axis_points=2", "--set", "hetdpt.mixed_points=1", "--set", "hetdpt.checks=none",
                "--predictor", "poly", "--set", "hetdpt.predictor_options={poly: {degree: 1}}"])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())

@@ -214,7 +214,7 @@ def test_every_typed_setting_says_what_it_does():
               for f in dataclasses.fields(cls) if f.name not in skip and not f.metadata.get("help")]
     assert not silent, f"give these settings a help line (hetprune.core.config.setting(default, help)): {silent}"
     page = settings_reference.render()
-    assert "`hetdpt.verify`" in page and "`scorer_options.gate-taylor.score_decay`" in page
+    assert "`hetdpt.checks`" in page and "`scorer_options.gate-taylor.score_decay`" in page
     assert "`hetdpt_plus.depth_share`" in page and "`mix.ratio`" in page
 
 
@@ -241,8 +241,8 @@ def test_a_strategys_section_is_checked_when_settings_are_resolved():
         config.resolve(hetdpt, sets=["hetdpt.path_stride=0"])
     with pytest.raises(HetpruneError, match=r"unknown key 'hetdpt.stride'.*allowed here: .*path_stride"):
         config.resolve(hetdpt, sets=["hetdpt.stride=2"])
-    s = config.resolve(hetdpt, sets=["hetdpt.verify=0"])
-    assert s["hetdpt"]["verify"] == 0 and s["hetdpt"]["point_selection"] == "oneshot"
+    s = config.resolve(hetdpt, sets=["hetdpt.checks=none"])
+    assert s["hetdpt"]["checks"] == "none" and s["hetdpt"]["point_selection"] == "oneshot"
 
 
 def test_component_options_refuse_unknown_keys_naming_the_allowed_ones():
@@ -297,7 +297,9 @@ def test_hetdpts_defaults_are_what_the_committed_map_points_study_chose():
     predictor, options = study["predictors"][chosen["predictor"]]
     defaults = HetDPTOptions()
     assert defaults.predictor == predictor and defaults.predictor_options_for(predictor) == options
-    assert {key: str(getattr(defaults, key.split(".", 1)[1])) for key in scheme} == scheme
+    # the study spelt the checks in the old verify_* names: the defaults' checks policy is what they spell
+    spelt = HetDPTOptions.key_form(defaults.to_dict())
+    assert {key: str(spelt[key.split(".", 1)[1]]) for key in scheme} == scheme
     assert {"hetdpt.verify", "hetdpt.verify_among", "hetdpt.verify_selection_at_least"} <= set(scheme)
 
 
@@ -386,10 +388,10 @@ def test_a_jobs_settings_are_one_object_parsed_once(tiny_model, digits_data, tmp
                    log=lambda s: None)
     assert isinstance(job.settings, Settings)
     assert job.config is job.config and job.options(HetDPTOptions) is job.options(HetDPTOptions)   # parsed once
-    assert job.seed == 2 and job.options(HetDPTOptions).verify == HetDPTOptions().verify
-    sub = dataclasses.replace(job, settings=job.settings.replace(seed=5).replace_in("hetdpt", verify=0))
-    assert sub.seed == 5 and sub.options(HetDPTOptions).verify == 0
-    assert job.seed == 2 and job.options(HetDPTOptions).verify == HetDPTOptions().verify   # the parent unchanged
+    assert job.seed == 2 and job.options(HetDPTOptions).checks == HetDPTOptions().checks
+    sub = dataclasses.replace(job, settings=job.settings.replace(seed=5).replace_in("hetdpt", checks="none"))
+    assert sub.seed == 5 and sub.options(HetDPTOptions).checks == "none"
+    assert job.seed == 2 and job.options(HetDPTOptions).checks == HetDPTOptions().checks   # the parent unchanged
 
 
 def test_a_change_to_the_settings_object_is_checked_as_the_loader_checks():
@@ -432,7 +434,7 @@ def test_reading_the_settings_object_like_a_dict_warns_until_1_0():
     with pytest.warns(DeprecationWarning, match=r"job.config .* until hetprune 1.0"):
         assert s["seed"] == 4
     with pytest.warns(DeprecationWarning):
-        assert s.get("hetdpt")["verify"] == s.section(HetDPTOptions).verify
+        assert s.get("hetdpt")["checks"] == s.section(HetDPTOptions).checks
     with pytest.warns(DeprecationWarning):
         assert "finetune" in s
     with pytest.warns(DeprecationWarning):

@@ -234,18 +234,19 @@ def test_plan_probe_without_plan_is_refused_in_python_too(monkeypatch):
             run()
 
 
-# -- defect 5: a verify_budget too small for its candidates is refused before any point trains -----------------
+# -- defect 5: a checks budget too small for its candidates is refused before any point trains --------------------
 
-PIPELINE_CHECKS = {"scorer": "gate-taylor", "hetdpt": {"verify": 3, "verify_by": "pipeline", "verify_budget": 0.01}}
+PIPELINE_CHECKS = {"scorer": "gate-taylor",
+                   "hetdpt": {"checks_options": {"spread": {"count": 3, "unit": "finetunes", "budget": 0.01}}}}
 
 
-def test_a_verify_budget_that_cannot_pay_for_its_candidates_is_refused_before_any_point_trains(monkeypatch,
+def test_a_checks_budget_that_cannot_pay_for_its_candidates_is_refused_before_any_point_trains(monkeypatch,
                                                                                               tmp_path):
     import hetprune
     from hetprune.harness.testing import TINY_SETTINGS, tiny_data, tiny_model
 
     no_training(monkeypatch)
-    words = r"hetdpt.verify_budget 0.01 .* does not pay for the 3 candidates' selections \(at least "
+    words = r"hetdpt.checks_options.spread.budget 0.01 .* does not pay for the 3 candidates' selections \(at least "
     for plan in (False, True):
         with pytest.raises(HetpruneError, match=words):
             hetprune.prune(tiny_model(), tiny_data(), "hetdpt", 4, settings={**TINY_SETTINGS, **PIPELINE_CHECKS},
@@ -289,50 +290,47 @@ def test_kd_token_on_a_model_without_a_distillation_token_is_refused_before_stag
                            plan_probe=0 if plan else None, progress=False, log=lambda m: None)
 
 
-# -- suspect 2: the checks' settings at verify 0 (or verify_by points) are refused, not silently inert ------------
+# -- suspect 2: a checks option where it would do nothing is refused, not silently inert -------------------------
+# (issue 71: the old flags were refused one by one by hand; a policy's options now exist only where they act)
 
-@pytest.mark.parametrize("hetdpt_settings, words", [
-    ({"verify": 0, "verify_by": "points"}, "hetdpt.verify_by shapes the checks of hetdpt.verify, which is 0"),
-    ({"verify": 0, "verify_budget": 4.0}, "hetdpt.verify_budget shapes the checks of hetdpt.verify, which is 0"),
-    ({"verify": 0, "verify_selection": 0.5}, "hetdpt.verify_selection shapes the checks of hetdpt.verify, which is 0"),
-    ({"verify_by": "points", "verify_budget": 4.0}, "hetdpt.verify_budget applies to the checks of verify_by "
-                                                    "pipeline, and this run's are verify_by points"),
-    ({"verify_by": "points", "verify_selection": 0.5}, "hetdpt.verify_selection applies to the checks of verify_by "
-                                                       "pipeline"),
-    ({"verify": 0, "verify_selection_at_least": 500}, "hetdpt.verify_selection_at_least shapes the checks of "
-                                                      "hetdpt.verify, which is 0"),
-    ({"verify_by": "points", "verify_selection_at_least": 500}, "hetdpt.verify_selection_at_least applies to the "
-                                                               "checks of verify_by pipeline")])
-def test_the_checks_settings_are_refused_where_there_are_no_such_checks(hetdpt_settings, words):
+@pytest.mark.parametrize("policy, option, words", [
+    ("none", {"budget": 4000}, "hetdpt.checks_options gives options of spread, and hetdpt.checks is none"),
+    ("points", {"budget": 4000}, r"hetdpt.checks_options.points has no option\(s\) budget"),
+    ("points", {"selection": 0.5}, r"hetdpt.checks_options.points has no option\(s\) selection"),
+    ("points", {"selection_at_least": 500}, r"hetdpt.checks_options.points has no option\(s\) selection_at_least"),
+    ("all", {"count": 3}, r"hetdpt.checks_options.all has no option\(s\) count")])
+def test_the_checks_options_are_refused_where_they_would_do_nothing(policy, option, words):
     from hetprune.core import config
 
+    given = {policy: option} if policy != "none" else {"spread": option}
     with pytest.raises(HetpruneError, match=words):
-        config.resolve(hetdpt(), overrides={"hetdpt": hetdpt_settings})
-    config.resolve(hetdpt(), overrides={"hetdpt": {**hetdpt_settings, "verify": 2, "verify_by": "pipeline"}})
-    # the default checks' own settings at their defaults are no error when the checks are turned off
-    config.resolve(hetdpt(), overrides={"hetdpt": {"verify": 0}})
+        config.resolve(hetdpt(), overrides={"hetdpt": {"checks": policy, "checks_options": given}})
+    if "count" not in option:   # taken by the policy they act on
+        config.resolve(hetdpt(), overrides={"hetdpt": {"checks": "spread", "checks_options": {"spread": option}}})
+    config.resolve(hetdpt(), overrides={"hetdpt": {"checks": policy}})   # the policy alone: no error
 
 
 def test_a_selection_floor_that_cannot_act_or_is_no_number_of_images_is_refused():
     from hetprune.core import config
 
-    for bad, words in (({"verify_selection": 1, "verify_selection_at_least": 500},
-                        r"hetdpt.verify_selection_at_least \(500\) is a floor under a share of the scoring subset "
-                        r"\(hetdpt.verify_selection below 1\), and hetdpt.verify_selection is 1"),
-                       ({"verify_selection": 120, "verify_selection_at_least": 500},
-                        "hetdpt.verify_selection is 120 images per gate epoch, a number the floor leaves as it is"),
-                       ({"verify_selection_at_least": 0}, "hetdpt.verify_selection_at_least must be a whole number "
-                                                          "of images per gate epoch >= 1, or null"),
-                       ({"verify_selection_at_least": 2.5}, "hetdpt.verify_selection_at_least = 2.5 is not a whole "
-                                                            "number or null"),
-                       ({"verify_selection_at_least": "many"}, "hetdpt.verify_selection_at_least = 'many' is not")):
+    def spread(**options):
+        return {"hetdpt": {"checks_options": {"spread": options}}}
+
+    floor = "hetdpt.checks_options.spread.selection_at_least must be a whole number of images per gate epoch >= 1, or null"
+    for bad, words in (({"selection": 1, "selection_at_least": 500},
+                        r"hetdpt.checks_options.spread.selection_at_least \(500\) is a floor under a share of the "
+                        r"scoring subset \(selection below 1\), and selection is 1"),
+                       ({"selection": 120, "selection_at_least": 500},
+                        "selection is 120 images per gate epoch, a number the floor leaves as it is"),
+                       ({"selection_at_least": 0}, floor), ({"selection_at_least": 2.5}, floor),
+                       ({"selection_at_least": "many"}, floor)):
         with pytest.raises(HetpruneError, match=words):
-            config.resolve(hetdpt(), overrides={"hetdpt": bad})
-    config.resolve(hetdpt(), overrides={"hetdpt": {"verify_selection_at_least": 500}})   # under the 0.07 default
+            config.resolve(hetdpt(), overrides=spread(**bad))
+    config.resolve(hetdpt(), overrides=spread(selection_at_least=500))   # under the 0.07 default
     # the default floor (300) beside a selection it leaves alone is no conflict: only a floor the user set is
     for given in (1, 120):
-        assert config.resolve(hetdpt(), overrides={"hetdpt": {"verify_selection": given}})["hetdpt"][
-            "verify_selection"] == given
+        assert config.resolve(hetdpt(), overrides=spread(selection=given))["hetdpt"]["checks_options"] == {
+            "spread": {"selection": given}}
 
 
 # -- suspect 3: a strategy's section without that strategy in the run says so -----------------------------------
@@ -340,7 +338,7 @@ def test_a_selection_floor_that_cannot_act_or_is_no_number_of_images_is_refused(
 def test_a_section_of_a_strategy_not_in_the_run_is_refused_naming_that_strategy(capsys):
     from hetprune.cli import main
 
-    assert main(["compare", "--strategies", "act-only,mix50", "--set", "hetdpt.verify=2", "--plan"]) == 2
+    assert main(["compare", "--strategies", "act-only,mix50", "--set", "hetdpt.checks=best", "--plan"]) == 2
     err = capsys.readouterr().err
     assert "error: settings section 'hetdpt' in --set options belongs to strategies hetdpt, hetdpt-plus, none of " \
            "which is among this run's strategies (act-only, mix50)" in err
@@ -447,7 +445,7 @@ def test_a_run_scorer_that_breaks_its_protocol_is_refused_before_any_point_as_pl
 
     name = hetprune.register_plugin(PluginOf("register_scorers", Hollow), "hollow-scorer")
     no_training(monkeypatch)
-    settings = {**TINY_SETTINGS, "scorer": "hollow", "hetdpt": {"verify": 2, "verify_images": "auto"}}
+    settings = {**TINY_SETTINGS, "scorer": "hollow", "hetdpt": {"checks_options": {"spread": {"count": 2}}}}
     try:
         for plan in (True, False):
             with pytest.raises(PluginError, match=r"scorer 'hollow' lacks .*score\(\)"):

@@ -23,8 +23,7 @@ OTHER = {
     "teacher_kwargs": {"depth": 1}, "teacher_checkpoint": "teacher.safetensors", "clip_grad": 1.0,
     "clip_mode": "value", "lr_scale": "linear", "warmup_lr": 1e-6, "min_lr": 1e-6, "keep": "best",
     "predictor": "local", "point_selection": "progressive", "point_finetune": "finetune", "interleave_first": "attn",
-    "point_scorer": "magnitude", "verify_by": "points", "verify_budget": 3.0, "verify_images": 20_000, "verify_when": "unsure",
-    "verify_among": "best", "verify_selection_at_least": 200, "order": "depth-width",
+    "point_scorer": "magnitude", "checks": "best", "checks_options": {"spread": {"count": 3}}, "order": "depth-width",
     "depth_strategy": "another-depth-strategy", "depth_sites": 2, "intermediate_finetune": "finetune",
     "pruner": "another-width-pruner",   # names are checked when a run starts (start_run), not when settings are read
     "scorer_options": {"gate-taylor": {"score_lr": 0.5}}, "cost_model_options": {"latency": {"batch_size": 8}},
@@ -32,13 +31,10 @@ OTHER = {
     "compile": False,
 }
 # the settings a changed value of a leaf needs beside it to be used at all, the words it is refused with where it
-# would be ignored, and where that is (for the checks' settings: at verify 0; the defaults check 6 splits, spread
-# along the line, so verify_when unsure needs verify_among best beside it)
-CHECKS_OFF = {"hetdpt": {"verify": 0}}
-WITH = {**{f"hetdpt.{name}": ({"hetdpt": {"verify_among": "best"}} if name == "verify_when" else {},
-                              f"hetdpt.{name} shapes the checks of hetdpt.verify", CHECKS_OFF)
-           for name in ("verify_by", "verify_budget", "verify_when", "verify_among", "verify_images",
-                        "verify_selection", "verify_selection_at_least")},
+# would be ignored, and where that is (a checks policy's options: where hetdpt.checks names another policy)
+CHECKS_OFF = {"hetdpt": {"checks": "none"}}
+WITH = {"hetdpt.checks_options": ({}, "hetdpt.checks_options gives options of spread, and hetdpt.checks is none",
+                                  CHECKS_OFF),
         **{f"{section}.{name}": ({section: {"teacher": "vit_tiny_patch16_224"}},
                                  "teacher_checkpoint, teacher_pretrained and teacher_kwargs describe a separate", {})
            for section in config.TRAIN_SECTIONS
@@ -159,7 +155,8 @@ OPTIONS_BY_NAME = list(_options_by_name(schema()))
 
 
 def test_the_walk_finds_every_options_block_keyed_by_a_component_name():
-    assert {"scorer_options", "cost_model_options", "hetdpt.predictor_options"} <= {k for k, _ in OPTIONS_BY_NAME}
+    assert {"scorer_options", "cost_model_options", "hetdpt.predictor_options", "hetdpt.checks_options"} <= {
+        k for k, _ in OPTIONS_BY_NAME}
 
 
 @pytest.mark.parametrize("key, kind", OPTIONS_BY_NAME, ids=[k for k, _ in OPTIONS_BY_NAME])
@@ -172,9 +169,13 @@ def test_options_for_a_name_nobody_registers_are_refused_naming_the_registered_o
     owner = key.split(".")[0] if "." in key else None
     strategy = {"hetdpt": "hetdpt", "hetdpt_plus": "hetdpt-plus", "width": "isomorphic"}.get(owner, "hetdpt")
     real = registry.names(kind)[0]
+
+    def options_of(name):   # a checks policy's options are only those of the policy the run uses
+        return merged(nested(key, {name: {}}), {"hetdpt": {"checks": name}} if kind == "checks" else {})
+
     with pytest.raises(HetpruneError, match=rf"setting {key}\.{real}x: .*{real}"):
-        start_run([strategy], [Budget(sites=2)], settings=nested(key, {f"{real}x": {}}), registry=registry)
-    start_run([strategy], [Budget(sites=2)], settings=nested(key, {real: {}}), registry=registry)
+        start_run([strategy], [Budget(sites=2)], settings=options_of(f"{real}x"), registry=registry)
+    start_run([strategy], [Budget(sites=2)], settings=options_of(real), registry=registry)
 
 
 def test_settings_replace_takes_every_setting_the_loader_takes():

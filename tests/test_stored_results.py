@@ -21,7 +21,7 @@ from hetprune.harness.testing import TINY_SETTINGS
 from conftest import TINY_KWARGS, TINY_SPEC
 
 # hetdpt on a tiny model, as fast as it goes: the default (one-shot) points on 1-epoch fine-tunes, no checks
-HETDPT = {**TINY_SETTINGS, "scorer": "magnitude", "hetdpt": {"verify": 0, "point_scorer": "magnitude"}}
+HETDPT = {**TINY_SETTINGS, "scorer": "magnitude", "hetdpt": {"checks": "none", "point_scorer": "magnitude"}}
 # the keying tests run with both kinds of points that fine-tune: the default and the paper's progressive paths
 SCHEMES = pytest.mark.parametrize("scheme", ["oneshot", "progressive"])
 
@@ -190,7 +190,7 @@ def test_a_progressive_step_is_never_continued_from_weights_of_another_removal_o
     from hetprune_hetdpt.strategy import HetDPT
 
     job = tiny_job(Budget(sites=3), tmp_path, strategy_defaults=HetDPT.defaults,
-                   settings={"hetdpt": {"verify": 0, "point_scorer": "magnitude"}})
+                   settings={"hetdpt": {"checks": "none", "point_scorer": "magnitude"}})
     scheme = ProgressivePoints(job, HetDPT())
     a, b = PointPath("interleaved-act-first"), PointPath("interleaved-act-first")
     for kinds in (["act"], ["attn"], ["act"]):

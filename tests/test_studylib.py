@@ -49,8 +49,8 @@ def test_a_studys_context_and_its_jobs_take_the_settings_as_a_dict_they_can_spli
     the context gives the checked settings as the loader's dict, and a job made from them runs on them."""
     from map_points import job_for
 
-    ctx = runs.context("digits", ["hetdpt.verify=0"])
-    assert isinstance(ctx.settings, dict) and ctx.settings["hetdpt"]["verify"] == 0
+    ctx = runs.context("digits", ["hetdpt.checks=none"])
+    assert isinstance(ctx.settings, dict) and ctx.settings["hetdpt"]["checks"] == "none"
     job = job_for(ctx, "b4", 3, tmp_path / "work", tmp_path / "shared")
     assert job.seed == 3 and job.config.seed == 3 and len(job.feasible_pairs()) == 5
 

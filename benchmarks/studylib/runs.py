@@ -28,16 +28,18 @@ def budget_of(target: str):
 # -- the base model, its task and settings, as the CLI builds them -------------------------------------------
 
 def resolved_settings(sets: list[str] | None = None) -> dict:
-    """Every setting a hetdpt run with ``sets`` on top of today's defaults has, as plain JSON: what a study's
-    saved work is found by, so that a default moved since it was saved is not taken for the settings it ran
-    with (its ``--set`` list alone would match)."""
+    """Every setting a hetdpt run with ``sets`` on top of today's defaults has, as plain JSON and as keys see
+    them (a renamed setting under its old name: `hetprune.core.config.in_key_form`): what a study's saved work
+    is found by, so that a default moved since it was saved is not taken for the settings it ran with (its
+    ``--set`` list alone would match), and a rename alone does not make it again."""
     import json
 
+    from hetprune.core.config import in_key_form
     from hetprune.pruning.budget import Budget
     from hetprune.pruning.run_start import start_run
 
     settings = start_run(["hetdpt"], [Budget(sites=0)], sets=list(sets or [])).settings.as_settings()
-    return json.loads(json.dumps(settings))
+    return json.loads(json.dumps(in_key_form(settings)))
 
 
 def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:

@@ -80,9 +80,23 @@ class Section:
 
     @classmethod
     def from_dict(cls, d: dict | None, where: str | None = None):
-        d = dict(d or {})
-        refuse_unknown_keys(cls, d, where or (f"settings section {cls.section!r}" if cls.section else "settings"))
+        where = where or (f"settings section {cls.section!r}" if cls.section else "settings")
+        d = dict(cls.upgrade(dict(d or {}), {}, where))
+        refuse_unknown_keys(cls, d, where)
         return cls(**d)
+
+    @classmethod
+    def upgrade(cls, given: dict, held: dict, where: str) -> dict:
+        """``given`` (what a layer of settings, or a stored section, gives this section) with settings renamed
+        since read in their new form; ``held``: the section so far. A section that renamed settings says so
+        here (with a deprecation line); this one renamed none."""
+        return given
+
+    @classmethod
+    def key_form(cls, d: dict) -> dict:
+        """The section ``d`` as a key made from whole settings hashes it (`keyed`): a section that renamed
+        settings keys them by their old names, so results stored before keep their keys; this one, as it is."""
+        return d
 
     @classmethod
     def of(cls, settings: dict):
@@ -629,8 +643,15 @@ def unkeyed_settings() -> dict[str, str]:
 def keyed(settings: dict) -> dict:
     """``settings`` without what shapes no result (the fields declared ``keyed=False``: the collective timeout,
     at the top level or in a section), for a key made from the whole settings (a compare row's): a row keeps
-    its key whatever such a setting is, as before it existed."""
-    return by_section_class(settings, keyed_settings)
+    its key whatever such a setting is, as before it existed; renamed settings under their old names
+    (`in_key_form`)."""
+    return in_key_form(by_section_class(settings, keyed_settings))
+
+
+def in_key_form(settings: dict) -> dict:
+    """``settings`` with each section as keys hash it (`Section.key_form`: a setting renamed since keys were
+    made from it, under its old name), so results stored before the rename keep their keys."""
+    return by_section_class(settings, lambda d, cls: getattr(cls, "key_form", lambda x: x)(d))
 
 
 def by_section_class(settings: dict, change) -> dict:
@@ -881,11 +902,27 @@ def resolve(strategies=None, config_file: str | None = None, overrides: dict | N
     if sets:
         layers.append((parse_set(sets), "--set options"))
     for given, where in layers:
+        given = upgraded(given, settings, where)
         settings = epochs_over_passes(_merge(settings, given, where, schema=schema, declared=declared,
                                              foreign=foreign), given, where)
     settings = without_later_defaults(settings)
     validate(settings, strategies)
     return settings
+
+
+def upgraded(given: dict, settings: dict, where: str) -> dict:
+    """A layer of settings (``given``) with what a section renamed read in its new form (`Section.upgrade`),
+    over the ``settings`` so far."""
+    out = given
+    for name, value in given.items():
+        if isinstance(value, dict):
+            for cls in _section_classes(name):
+                upgrade = getattr(cls, "upgrade", None)
+                if upgrade is not None:
+                    value = upgrade(value, settings.get(name) or {}, where)
+            if value is not given[name]:
+                out = {**out, name: value}
+    return out
 
 
 def epochs_over_passes(settings: dict, given: dict, where: str) -> dict:

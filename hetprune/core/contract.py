@@ -366,9 +366,49 @@ def architecture_arch(component, call, model, *args, **kwargs):
     return facts
 
 
+# -- checks policies -----------------------------------------------------------------------------------------
+
+def _splits_of(result, pairs, what: str) -> list[tuple[int, int]]:
+    """``result`` as distinct feasible splits (tuples), or a Violation saying what it was."""
+    if not isinstance(result, (list, tuple)):
+        raise Violation(f"{what} returned a {type_name(result)}; it must return a list of (n_attn, n_act) splits")
+    feasible = {tuple(p) for p in pairs}
+    out = []
+    for split in result:
+        split = tuple(split) if isinstance(split, (list, tuple)) else split
+        if split not in feasible:
+            raise Violation(f"{what} returned {split!r}, which is not one of the feasible splits it was given")
+        if split in out:
+            raise Violation(f"{what} returned {split!r} twice; each split is checked once")
+        out.append(split)
+    return out
+
+
+def checks_most(component, call, pairs, *args, **kwargs):
+    value = call(pairs, *args, **kwargs)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+        raise Violation(f"most() returned {value!r}; it must return a whole number of splits >= 0")
+    return int(value)
+
+
+def checks_known(component, call, pairs, *args, **kwargs):
+    value = call(pairs, *args, **kwargs)
+    return None if value is None else _splits_of(value, pairs, "known()")
+
+
+def checks_candidates(component, call, pairs, value, *args, **kwargs):
+    result = _splits_of(call(pairs, value, *args, **kwargs), pairs, "candidates()")
+    most = checks_most(component, _other(call, component, "most"), pairs)
+    if len(result) > max(most, 1):
+        raise Violation(f"candidates() returned {len(result)} splits and most() says {most}: --plan counts "
+                        "most(), so a run must not check more")
+    return result
+
+
 # method -> rule, for the kinds whose rules need no model (their records, `hetprune.harness.kinds`, hold them)
 PREDICTOR_RULES: dict[str, Callable] = {"fit": predictor_fit, "predict": predictor_predict,
                                         "fit_report": predictor_fit_report}
+CHECKS_RULES: dict[str, Callable] = {"most": checks_most, "known": checks_known, "candidates": checks_candidates}
 COST_MODEL_RULES: dict[str, Callable] = {"cost": cost_model_cost, "measure": cost_model_measure}
 ARCHITECTURE_RULES: dict[str, Callable] = {
     "matches": architecture_matches, "specificity": architecture_specificity, "blocks": architecture_blocks,

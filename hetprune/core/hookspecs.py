@@ -53,6 +53,28 @@ def register_predictors(register: Register) -> None:
 
 
 @hookspec
+def register_checks(register: Register) -> None:
+    """Register checks policies (stage 1 of HetDPT, past the paper: which splits are checked after the
+    predictor's fit, and how; ``hetdpt.checks`` names one, ``hetdpt.checks_options`` gives its options).
+
+    A policy class has a ``name``, a ``measure`` (``"pipeline"``: each candidate through the final run's own
+    selection and fine-tune, by successive halving; ``"points"``: a point of the run's point scheme) and,
+    once built, three methods:
+
+    * ``most(pairs) -> int`` — the most splits it checks of the feasible ``pairs`` (0: none; what ``--plan``
+      counts).
+    * ``known(pairs)`` — the splits it checks where they are known before any point (then no point is
+      measured and no predictor fitted: the pick is the best checked), else None.
+    * ``candidates(pairs, value, loo_mae, sign)`` — the splits to check, best first, chosen by ``value``
+      (split -> the predicted or refined metric; ``sign`` -1: lower is better) and the predictor's
+      leave-one-out error (None where it cannot say).
+
+    A pipeline policy may size its checks with ``budget``, ``unit``, ``selection`` and
+    ``selection_at_least`` (as the built-in ones do; the defaults where it has none).
+    """
+
+
+@hookspec
 def register_scorers(register: Register) -> None:
     """Register importance scorers (stage 2: which sites of one kind to remove).
 

@@ -40,6 +40,8 @@ KINDS = (
     ComponentKind("predictor", hookspecs.register_predictors, p.Predictor, rules=contract.PREDICTOR_RULES,
                   check=lambda cls, **options: _kit().check_predictor(cls, **options),
                   optional=(p.ReportsFit, p.ReportsUncertainty)),
+    ComponentKind("checks", hookspecs.register_checks, p.ChecksPolicy, rules=contract.CHECKS_RULES,
+                  check=lambda cls, **options: _kit().check_checks(cls, **options), optional=(p.SizesChecks,)),
     ComponentKind("scorer", hookspecs.register_scorers, p.Scorer, rules=lambda: _model_checks().SCORER_RULES,
                   check=lambda cls, **options: _kit().check_scorer(cls, **options),
                   optional=(p.SelectingScorer,), instead=(p.SelectingScorer,)),

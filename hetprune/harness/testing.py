@@ -189,6 +189,32 @@ def _same_state(a: dict, b: dict) -> bool:
 
 # -- one check per kind ----------------------------------------------------------------------------
 
+def check_checks(cls, **options) -> None:
+    """A checks policy on budget lines of 1 to 7 feasible splits with known values: ``measure`` is pipeline
+    or points; ``most``, ``known`` and ``candidates`` return what their rules allow (feasible, distinct, no
+    more than ``most``) and the same each time; where the splits are ``known``, ``candidates`` gives no
+    other; a pipeline policy's sizing, where it has one, is one the checks can use."""
+    c = UnderTest("checks", cls, options)
+    if c.obj.measure not in ("pipeline", "points"):
+        c.fail(f"measure is {c.obj.measure!r}; it must be 'pipeline' or 'points'")
+    if c.offers(protocols.SizesChecks):
+        if c.obj.unit not in ("images", "finetunes"):
+            c.fail(f"unit is {c.obj.unit!r}; it must be 'images' or 'finetunes'")
+    for n in range(1, 8):
+        pairs = [(a, n - 1 - a) for a in range(n)]
+        for sign in (1, -1):
+            value = {p: 90.0 - (p[0] - 2) ** 2 - 0.3 * p[1] for p in pairs}
+            for loo in (None, 0.5):
+                got = c.call("candidates", pairs, value, loo, sign)
+                if c.call("candidates", pairs, value, loo, sign) != got:
+                    c.fail(f"candidates() gave two answers for one budget line of {n} split(s); a policy is a "
+                           "function of what it is given")
+        known = c.call("known", pairs)
+        if known is not None and sorted(known) != sorted(c.call("candidates", pairs, value, None, 1) or known):
+            c.fail(f"known({pairs}) is {known} and candidates() chose others: the splits known before stage 1 "
+                   "are the ones checked")
+
+
 def check_predictor(cls, **options) -> None:
     """Fit on points of a known smooth surface; predictions finite numbers everywhere, fit report a dict.
 

@@ -58,9 +58,10 @@ from ..pruning.pipeline import (DepthStrategy, FixedSplit, PruneJob, PruneResult
                                select_sites)
 from ..pruning.plan import PlanStep, epoch_images, finetune_step, val_size
 from ..pruning.point_store import PointStore, metric_of
-from ..pruning.protocols import (OPTIONAL, PROTOCOLS, Architecture, CostModel, DescribesCost, Job, MeasuresCost,
-                                Merger, Predictor, PreparesCost, Remover, ReportsFit, ReportsUncertainty, Scorer,
-                                SelectingScorer, Strategy, WidthPruner, lacks)
+from ..pruning.protocols import (OPTIONAL, PROTOCOLS, Architecture, ChecksPolicy, CostModel, DescribesCost, Job,
+                                MeasuresCost, Merger, Predictor, PreparesCost, Remover, ReportsFit,
+                                ReportsUncertainty, Scorer, SelectingScorer, SizesChecks, Strategy, WidthPruner,
+                                lacks)
 from ..training.resume import reusable, weights_key
 from ..training.task import Schedule, Task
 from ..training import train as training
@@ -70,7 +71,7 @@ __all__ = [
     # components: the protocols
     "PROTOCOLS", "OPTIONAL", "lacks", "Predictor", "ReportsFit", "ReportsUncertainty", "Scorer", "SelectingScorer",
     "Remover", "Merger", "Strategy", "WidthPruner", "Architecture", "CostModel", "MeasuresCost", "DescribesCost",
-    "PreparesCost",
+    "PreparesCost", "ChecksPolicy", "SizesChecks",
     # hooks, registry, errors
     "hookimpl", "hookspec", "get_registry", "HetpruneError", "PluginError", "BudgetUnreachable",
     # the job and what it holds

@@ -14,7 +14,7 @@ def check_job(strategy, job: PruneJob) -> list | None:
     """Refuse now what would fail or be ignored after hours of work: every schedule's training modes on the
     dense model (``kd_token`` without a distillation token, a ``drop_path`` its adapter cannot place) and its
     options against the task's batches (mixup or ``accum_steps`` on a Task's own loader: `check_source`), then
-    the strategy's own ``check_settings(job)`` where it has one (HetDPT: a ``verify_budget`` too small for its
+    the strategy's own ``check_settings(job)`` where it has one (HetDPT: a checks budget too small for its
     candidates' selections, too few points for its predictor), then the strategy's plan of the run, which
     builds every component the run will (a plugin that breaks its Protocol is refused by name here, as
     ``--plan`` refuses it, not after stage 1). Returns the plan's steps (None: a strategy that plans nothing)."""

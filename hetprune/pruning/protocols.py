@@ -60,6 +60,40 @@ class Predictor(Protocol):
 
 
 @runtime_checkable
+class ChecksPolicy(Protocol):
+    """A checks policy (hook ``register_checks``; stage 1 of HetDPT, past the paper): which splits are checked
+    after the predictor's fit, and how they are measured. The pick is the best checked."""
+
+    name: str
+    measure: str   # "pipeline" (the final run's selection and fine-tune, by successive halving) or "points"
+
+    def most(self, pairs: list[tuple[int, int]]) -> int:
+        """The most splits checked of the feasible ``pairs`` (0: none, the predictor's pick): what ``--plan``
+        counts and the pre-flight sizes."""
+
+    def known(self, pairs: list[tuple[int, int]]) -> list[tuple[int, int]] | None:
+        """The splits checked where they are known before any point (then no MAP point is measured and no
+        predictor fitted: none could change the pick), else None."""
+
+    def candidates(self, pairs: list[tuple[int, int]], value: dict[tuple[int, int], float],
+                   loo_mae: float | None, sign: int) -> list[tuple[int, int]]:
+        """The splits to check, best first: distinct splits of ``pairs``, at most ``most(pairs)`` (fewer than
+        two: none checked, the best by ``value`` taken). ``value``: the predicted (or refined) metric at every
+        split; ``loo_mae``: the predictor's leave-one-out error (None where it cannot say); ``sign`` -1: the
+        metric is better lower."""
+
+
+@runtime_checkable
+class SizesChecks(Protocol):
+    """Optional for a pipeline checks policy: how its checks are sized (the built-in defaults where absent)."""
+
+    budget: Any               # "auto", or a number in ``unit``
+    unit: str                 # "images" (a point's schedule cut to each check's share) or "finetunes" (final ones)
+    selection: float          # what each candidate's selection trains on: a share of scoring.subset, or images
+    selection_at_least: Any   # the fewest images per gate epoch under a share (None: no floor)
+
+
+@runtime_checkable
 class ReportsFit(Protocol):
     """Optional for a predictor: how well it fits."""
 

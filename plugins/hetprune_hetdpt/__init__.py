@@ -1,8 +1,9 @@
-"""HetDPT as a hetprune plugin: the MAP predictor, the scorers, removers and
-mergers, and the ``hetdpt`` strategy. Uses only the public plugin API."""
+"""HetDPT as a hetprune plugin: the MAP predictor, the checks policies, the scorers,
+removers and mergers, and the ``hetdpt`` strategy. Uses only the public plugin API."""
 
 import hetprune
 
+from .checks import POLICIES
 from .mergers import LayerNormFold, LinearMerge
 from .predictors import GPPredictor, LocalPredictor, PolyPredictor
 from .removers import ActIdentity, AttnIdentity, AttnLnResidual
@@ -18,6 +19,12 @@ def register_predictors(register):
     register(PolyPredictor)
     register(LocalPredictor)
     register(GPPredictor)
+
+
+@hetprune.hookimpl
+def register_checks(register):
+    for policy in POLICIES:
+        register(policy)
 
 
 @hetprune.hookimpl

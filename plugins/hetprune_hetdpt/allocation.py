@@ -7,8 +7,9 @@ calls, not from code of their own. Each step of the run takes and returns plain 
 split, point records), so the MAP study (benchmarks/map_points.py) drives the same steps with several
 predictors on one set of points.
 
-The rules the steps apply (which splits the checks take, the refinement's next splits) are functions below:
-one rule for a run and for a study.
+Which splits the checks take, and how they are measured, is the job's checks policy (``hetdpt.checks``, a
+component of the ``checks`` kind: checks.py holds the built-in ones); the refinement's next splits are a
+function below: one rule for a run and for a study.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Allocation:
         self.pairs: list[Split] = job.feasible_pairs()   # rank 0's: each rank measures its share of one plan
         self.sign = 1 if job.task.higher_is_better else -1   # the best split: the highest metric, or the lowest loss
         self.fallback: dict | None = None   # where `predictor` fitted a plane in the configured one's place
+        self.policy = strategy.checks_policy(job)   # hetdpt.checks: which splits are checked, and how
 
     # -- what is known before stage 1 ---------------------------------------------------------------------
     @property
@@ -45,9 +47,16 @@ class Allocation:
 
     @property
     def covered(self) -> bool:
-        """Whether the pipeline checks measure every feasible split (`checks_cover`): then no point is
-        measured and no predictor fitted, since none could change the pick."""
-        return checks_cover(self.opts, self.pairs)
+        """Whether the pipeline checks' candidates are known before any point (the policy's ``known``: every
+        feasible split, for checks of all of them): then no point is measured and no predictor fitted, since
+        none could change the pick."""
+        return self.known_candidates() is not None
+
+    @property
+    def most(self) -> int:
+        """The most splits the checks take (0: none; fewer than 2 check nothing)."""
+        most = self.policy.most(self.pairs) if len(self.pairs) > 1 else 0
+        return most if most > 1 else 0
 
     def point_plan(self) -> list[Split]:
         """The points stage 1 measures: none where there is nothing to choose or the checks cover every
@@ -57,14 +66,16 @@ class Allocation:
         return dist.on_main(lambda: self.scheme.plan(self.pairs))
 
     def known_candidates(self) -> list[Split] | None:
-        """The splits the checks take where that is known before any point (every split, fewer attention
-        removals first), else None."""
-        return sorted(self.pairs) if len(self.pairs) > 1 and self.covered else None
+        """The splits the pipeline checks take where the policy knows them before any point (checks of every
+        split: fewer attention removals first), else None."""
+        if len(self.pairs) <= 1 or self.policy.measure != "pipeline" or not self.most:
+            return None
+        return self.policy.known(self.pairs)
 
     def checks(self) -> PipelineChecks | None:
         """The pipeline checks of this job (None where there are none)."""
-        if self.opts.verify and self.opts.verify_by == "pipeline":
-            return PipelineChecks(self.job)
+        if self.most and self.policy.measure == "pipeline":
+            return PipelineChecks(self.job, self.policy)
         return None
 
     def predictor(self, plan: list[Split], what: str = "this budget and model", say: bool = True):
@@ -89,8 +100,7 @@ class Allocation:
             return fallback
         plane = self.plan_could_give(fallback.min_points)   # what would give the plane its points
         helps = [plane] if plane else []
-        helps.append(f"check every split instead of predicting (hetdpt.verify {len(self.pairs)}, "
-                     "verify_by pipeline)")
+        helps.append("check every split instead of predicting (hetdpt.checks all)")
         raise HetpruneError(
             f"predictor {predictor.name!r} needs at least {need} distinct points, and a plane (the fewest any "
             f"predictor needs) {fallback.min_points}, but {what} give a plan of {len(plan)}: {plan}. "
@@ -132,27 +142,25 @@ class Allocation:
         if scheme.orders_by_point_scorer:
             scheme.scorer()   # a point scorer without a one-shot score is refused as it is built
         checks = self.checks()
-        if checks is not None:   # a verify_selection share of nothing known is refused as it is made
-            checks.check_budget(None, self.pairs, min(opts.verify, len(self.pairs)), self.known_candidates())
+        if checks is not None:   # a selection share of nothing known is refused as it is made
+            checks.check_budget(None, self.pairs, self.most, self.known_candidates())
 
     def plan_steps(self) -> list[PlanStep]:
         """Stage 1 counted (``--plan``): the scheme's points and, past the paper, the checks (the checks alone
         where they cover every feasible split), by the code the run counts them with."""
-        opts, pairs = self.opts, self.pairs
+        pairs = self.pairs
         if len(pairs) <= 1:
             return []
         plan = self.point_plan()
         steps = [] if self.covered else self.scheme.plan_steps(plan, pairs)   # covered: the checks alone
         checks = self.checks()
         if checks is not None:
-            steps += checks.plan_steps(min(opts.verify, len(pairs)), None, self.strategy.plan_sites(self.job),
-                                       self.known_candidates())
-        # which splits the checks measure (spread and unsure are never together); a near-tie's checks are
-        # counted as if they run: the most they cost
+            steps += checks.plan_steps(self.most, None, self.strategy.plan_sites(self.job), self.known_candidates())
+        # which splits the checks measure (the policy's note); a near-tie's checks are counted as if they run:
+        # the most they cost
         which = (f", every one of the {len(pairs)} feasible splits: no MAP point measured" if self.covered else
-                 ", one in each part of the line" if opts.verify_among == "spread" else
-                 ", only on a near-tie" if opts.verify_when == "unsure" else "")
-        if opts.verify and which:
+                 getattr(self.policy, "plan_note", ""))
+        if self.most and which:
             steps = [dataclasses.replace(s, what=s.what + which) if "checks" in s.stage else s for s in steps]
         return steps
 
@@ -179,9 +187,13 @@ class Allocation:
         return max(self.pairs, key=lambda p: (self.sign * value[p], -p[0]))
 
     def candidates(self, value: dict, loo_mae: float | None) -> tuple[list[Split], dict | None]:
-        """The splits the checks take (`to_check`) and, with ``verify_when: unsure``, what the predictor was
-        unsure of."""
-        return to_check(self.opts, self.pairs, value, loo_mae, self.sign)
+        """The splits the checks take (the policy's ``candidates``, best first) and, for a policy that checks
+        only near ties, what the predictor was unsure of (else None)."""
+        pairs = self.pairs
+        chosen = self.policy.candidates(pairs, value, loo_mae, self.sign) if self.most else []
+        unsure = getattr(self.policy, "unsure", None)
+        said = unsure(pairs, value, loo_mae, self.sign) if unsure and self.most else None
+        return list(chosen), said
 
     def check_candidates(self, best: list[Split]) -> dict:
         """The candidates measured, by the pipeline (successive halving) or as points of the scheme's kind:
@@ -232,8 +244,8 @@ class Allocation:
         pick = self.best(value)
         fit_report = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
         best, unsure = self.candidates(value, fit_report.get("loo_mae"))
-        verify = opts.verify
-        if verify and opts.verify_among == "spread":
+        verify = self.most
+        if verify and "each part of the line" in getattr(self.policy, "plan_note", ""):
             job.log(f"[hetdpt] checking the best predicted split of each part of the line: "
                     f"{', '.join(f'{a}+{m}' for a, m in best)}")
         if verify and unsure is not None:   # a clear pick is trusted, a near-tie checked
@@ -241,7 +253,7 @@ class Allocation:
             job.log(f"[hetdpt] the predictor's leave-one-out error is {error}: " + (
                 f"{', '.join(f'{a}+{m}' for a, m in best)} within it of the best, checked" if len(best) > 1 else
                 f"{pick[0]}+{pick[1]} stands out, taken without checks"))
-        checked = verify and (unsure is None or unsure["checked"])
+        checked = verify and len(best) > 1 and (unsure is None or unsure["checked"])
         found = self.check_candidates(best) if checked else {"checked": [], "halved": None}
         pick = found.get("pick", pick)
         surface = [{"n_attn": a, "n_act": m, "predicted": predicted[(a, m)],
@@ -263,7 +275,7 @@ class Allocation:
     def run_covered(self) -> tuple[Split, dict]:
         """Stage 1 where the pipeline checks cover every feasible split: each is checked and the best is the
         pick; no MAP point is measured and no predictor fitted, since none could change it."""
-        self.job.log(f"[hetdpt] the {self.opts.verify} checks cover all {len(self.pairs)} feasible splits: each "
+        self.job.log(f"[hetdpt] the checks ({self.policy.name}) cover all {len(self.pairs)} feasible splits: each "
                      "is checked, no MAP point measured (none could change the pick)")
         found = self.check_candidates(self.known_candidates())
         pick = found["pick"]
@@ -274,57 +286,11 @@ class Allocation:
 
 
 # -- the rules ------------------------------------------------------------------------------------------------
-def checks_cover(opts: HetDPTOptions, pairs: list[Split]) -> bool:
-    """Whether the pipeline checks measure every feasible split (``hetdpt.verify`` at least their number,
-    checked always). (Checks of the points' kind, ``verify_by: points``, are points of the scheme: a
-    progressive path's checks extend its measured steps, so they keep their points.)"""
-    return (opts.verify_by == "pipeline" and opts.verify >= len(pairs) and opts.verify_when == "always"
-            and bool(opts.verify))
-
-
 def fit(predictor, points: list[dict], pairs: list[Split]) -> dict[Split, float]:
     """``predictor`` fitted on ``points`` and its prediction at every split of ``pairs``; ``fit()``'s return
     value is ignored (the contract's rule): the object is the fitted one."""
     predictor.fit([(p["n_attn"], p["n_act"], metric_of(p)) for p in points])
     return {pair: predictor.predict(*pair) for pair in pairs}
-
-
-def to_check(opts: HetDPTOptions, pairs: list[Split], value: dict, loo_mae: float | None, sign: int = 1,
-             k: int | None = None) -> tuple[list[Split], dict | None]:
-    """The splits ``hetdpt.verify`` checks, best predicted first: the K best by ``value``, or with
-    ``verify_among: spread`` the best of each K-th of the line; with ``verify_when: unsure`` only the near
-    ties, and what the predictor was unsure of (else None). The one rule, for a run and for the MAP study
-    (``k``: a count other than ``opts.verify``, as the study's bound asks of any K, one among them)."""
-    k = opts.verify if k is None else k
-    if opts.verify_among == "spread":
-        best = spread(pairs, value, k, sign)
-    else:
-        best = sorted(pairs, key=lambda p: (-sign * value[p], p[0]))[:k]
-    if k and opts.verify_when == "unsure":
-        return near_ties(best, value, loo_mae, sign)
-    return best, None
-
-
-def spread(pairs: list[Split], value: dict, k: int, sign: int = 1) -> list[Split]:
-    """``hetdpt.verify_among: spread``: the feasible splits ordered by attention removals, cut into ``k``
-    runs of near-equal length (the first runs the shorter), and the best by ``value`` of each run; the
-    result best first. The predicted best is always among them, since it is the best of its run."""
-    line = sorted(pairs)
-    k = min(k, len(line))
-    runs = [line[i * len(line) // k:(i + 1) * len(line) // k] for i in range(k)]
-    picks = [max(run, key=lambda p: (sign * value[p], -p[0])) for run in runs]
-    return sorted(picks, key=lambda p: (-sign * value[p], p[0]))
-
-
-def near_ties(best: list[Split], value: dict, loo_mae: float | None, sign: int = 1) -> tuple[list[Split], dict]:
-    """``hetdpt.verify_when: unsure``: of ``best`` (the K best by ``value``, best first), the splits whose
-    value is within the predictor's leave-one-out error (``loo_mae``) of the first: the ones it cannot
-    tell apart. A predictor that cannot say its error (too few points) is unsure of all K."""
-    if loo_mae is None:
-        near = list(best)
-    else:
-        near = [p for p in best if sign * (value[best[0]] - value[p]) <= loo_mae]
-    return near, {"loo_mae": loo_mae, "near": [list(p) for p in near], "checked": len(near) > 1}
 
 
 def refinement_pairs(pairs: list[Split], predicted: dict, measured: set, sign: int = 1) -> list[Split]:

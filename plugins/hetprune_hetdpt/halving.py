@@ -1,8 +1,8 @@
-"""Checks the final pipeline would make (``hetdpt.verify_by: pipeline``): the K best predicted splits, each
+"""Checks the final pipeline would make (a pipeline checks policy: checks.py): the candidate splits, each
 through the final run's own selection and fine-tune, measured on the selection split, kept by successive
-halving within a cost budget in final-fine-tune units.
+halving within a cost budget.
 
-The checks of the points' own kind (``verify_by: points``) fine-tune the path's model of a split, not what
+The checks of the points' own kind (``hetdpt.checks: points``) fine-tune the path's model of a split, not what
 the final run makes of it (the run's selector from the dense model, then its KD fine-tune); they undervalued
 attention-heavy splits in the study (benchmarks/results/map-points.md). Here each candidate is what the final
 run would be, at a fraction of its fine-tune:
@@ -12,18 +12,18 @@ run would be, at a fraction of its fine-tune:
   A learning scorer that can say which first removals two selections share (gate-taylor: ``shared_removals``,
   the common beginning of their removal schedules) trains those once: a later candidate continues from an
   earlier one's state kept there, and the final select stage from the winner's, with identical results;
-  only the removals trained are counted against the budget. ``hetdpt.verify_selection`` below 1 selects the
+  only the removals trained are counted against the budget. The policy's ``selection`` below 1 selects the
   candidates on that share of the scoring subset instead (cheaper checks whose sites may differ from the final
   run's; the final select stage then selects the winner again on the whole subset);
 * round 1 fine-tunes all K candidates on a short fraction of the final schedule, measures each on the
   selection split and keeps the better half (at least one); each later round gives the survivors a longer
   fraction (the round's equal share of the budget over fewer candidates), until one is left.
 
-Sized in final fine-tunes (``verify_budget``), the checks grow with the final schedule: at DeiT-B's 400 epochs
-three of them cost more than the rest of the run. ``hetdpt.verify_images`` sizes them in training images
-instead, like the MAP points: the budget is a number of images, and each check fine-tunes on the points'
-schedule (``point_finetune``) cut to its share, so what they cost is bounded by design whatever the final
-schedule (`Unit`). ``verify_selection`` may then also be a number of images per gate epoch.
+Sized in final fine-tunes (``unit: finetunes``), the checks grow with the final schedule: at DeiT-B's 400
+epochs three of them cost more than the rest of the run. ``unit: images`` (the default) sizes them in training
+images instead, like the MAP points: the budget is a number of images, and each check fine-tunes on the
+points' schedule (``point_finetune``) cut to its share, so what they cost is bounded by design whatever the
+final schedule (`Unit`). ``selection`` may then also be a number of images per gate epoch.
 
 `halving` is the schedule and the bookkeeping alone (tested with stub fine-tunes of known values);
 `PipelineChecks` runs it on a job.
@@ -42,6 +42,7 @@ from hetprune.plugin_api import (PlanStep, PointStore, PruneJob, epoch_images, f
                                  scoring_context, select_sites)
 from hetprune.plugin_api import distributed as dist
 
+from .checks import Sized
 from .options import HetDPTOptions
 from .point_schemes import resolve_finetune
 
@@ -53,16 +54,13 @@ FRACTION_DIGITS = 6   # a check is (split, fraction), the fraction stored to thi
 @dataclass(frozen=True)
 class Unit:
     """What the checks' budget counts, and the schedule a check fine-tunes on a fraction of: one final
-    fine-tune (``verify_budget``), or, sized in images (``verify_images``), one fine-tune on the points'
+    fine-tune (``unit: finetunes``), or, sized in images (``unit: images``), one fine-tune on the points'
     schedule, whose ``images`` turn a number of images into units."""
 
-    setting: str = "verify_budget"   # the setting that states the budget
-    section: str = "finetune"        # the schedule one unit is
-    images: int = 0                  # the images one unit sees (0: unknown)
-
-    @property
-    def in_images(self) -> bool:
-        return self.setting == "verify_images"
+    setting: str = "budget"      # the setting that states the budget (hetdpt.checks_options.<policy>.budget)
+    section: str = "finetune"    # the schedule one unit is
+    images: int = 0              # the images one unit sees (0: unknown)
+    in_images: bool = False      # the budget is a number of images (else of final fine-tunes)
 
     def said(self, units: float) -> str:
         """``units`` as the setting states them: final fine-tunes, or images."""
@@ -75,7 +73,7 @@ FINAL = Unit()
 @dataclass
 class Halving:
     """What successive halving did: each round's candidates, fraction and measured values, and its cost in
-    units of the budget (final fine-tunes, or with ``verify_images`` one points'-schedule fine-tune of
+    units of the budget (final fine-tunes, or in images one points'-schedule fine-tune of
     ``unit_images`` images; ``spent`` <= ``budget``)."""
 
     budget: float
@@ -153,8 +151,9 @@ def check_pays(budget: float, k: int, selection_cost: float, at_least: bool = Fa
         else:
             stated = (f"{budget:g} (final-fine-tune units) does not pay for the {k} candidates' selections "
                       f"({least}{selection_cost:.3g} units)")
-        raise HetpruneError(f"hetdpt.{unit.setting} {stated}: raise it, lower hetdpt.verify"
-                            + (", or select the candidates on fewer images (hetdpt.verify_selection)"
+        where = unit.setting.rsplit(".", 1)[0]   # hetdpt.checks_options.<policy>
+        raise HetpruneError(f"{unit.setting} {stated}: raise it, lower {where}.count"
+                            + (f", or select the candidates on fewer images ({where}.selection)"
                                if unit.in_images else ""))
 
 
@@ -186,12 +185,14 @@ def halving(candidates: list[Split], run: Callable[[Split, float], float], budge
     return out
 
 
-def selection_job(job: PruneJob, share: float, at_least: int | None = None) -> PruneJob:
+def selection_job(job: PruneJob, share: float, at_least: int | None = None, where: str = "hetdpt.checks_options.spread"
+                  ) -> PruneJob:
     """The job the candidates' selections run in: the run's own (``share`` 1), or the same with ``share`` of
-    its scoring subset (``hetdpt.verify_selection`` below 1), or with that many images per gate epoch (a
+    its scoring subset (the policy's ``selection`` below 1), or with that many images per gate epoch (a
     whole number above 1): a cheaper gate phase for the checks alone. ``at_least`` images per gate epoch
-    (``verify_selection_at_least``) are a floor under a share (a number of images is taken as given); where
-    the floor reaches the whole subset, the selection is the run's own."""
+    (``selection_at_least``) are a floor under a share (a number of images is taken as given); where the
+    floor reaches the whole subset, the selection is the run's own. ``where``: the policy's options, as
+    errors name them."""
     if share == 1:
         return job
     run = job.config
@@ -200,13 +201,13 @@ def selection_job(job: PruneJob, share: float, at_least: int | None = None) -> P
     if share > 1:
         n = int(share)
         if whole is not None and n >= whole:
-            raise HetpruneError(f"hetdpt.verify_selection {n:,} images per gate epoch is not fewer than the "
+            raise HetpruneError(f"{where}.selection {n:,} images per gate epoch is not fewer than the "
                                 f"{whole:,} the run's own selection trains on (scoring.subset): use 1 (the run's "
                                 "own selection), or fewer images")
     elif whole is None:
-        raise HetpruneError("hetdpt.verify_selection below 1 is a share of scoring.subset, and this run has neither "
-                            "a scoring.subset nor a training set of known size: set scoring.subset, or "
-                            "hetdpt.verify_selection 1, or a number of images per gate epoch")
+        raise HetpruneError(f"{where}.selection below 1 is a share of scoring.subset, and this run has neither "
+                            f"a scoring.subset nor a training set of known size: set scoring.subset, or "
+                            f"{where}.selection 1, or a number of images per gate epoch")
     else:
         n = max(1, round(share * whole))
     if at_least is not None and share < 1 and n < at_least:
@@ -216,31 +217,42 @@ def selection_job(job: PruneJob, share: float, at_least: int | None = None) -> P
     return dataclasses.replace(job, settings=job.settings.replace_in("scoring", subset=n))
 
 
+def checks_policy(job: PruneJob):
+    """The job's checks policy (``hetdpt.checks`` with its options; checks.py holds the built-in ones), built
+    once per job: a policy a plugin breaks is refused as it is built, before stage 1."""
+    opts = job.options(HetDPTOptions)
+    return job.once("checks policy", lambda: job.registry.build("checks", opts.checks, **opts.checks_policy_options))
+
+
 class PipelineChecks:
     """`halving` on a job: each candidate's sites chosen once by the run's scorer (the final select stage
     chooses the winner's again), then fine-tuned on a fraction of a unit's schedule (the final one, or with
-    ``verify_images`` the points') and measured on the selection split. Each measured (split, fraction) is
+    a budget in images the points') and measured on the selection split. Each measured (split, fraction) is
     stored in ``map-pipeline-checks.jsonl`` and reused like a point."""
 
-    def __init__(self, job: PruneJob):
-        self.job = job
+    def __init__(self, job: PruneJob, policy=None):
+        policy = checks_policy(job) if policy is None else policy   # the job's own (hetdpt.checks) by default
+        self.job, self.policy = job, policy
         opts = job.options(HetDPTOptions)
-        self.select_job = selection_job(job, opts.verify_selection, opts.verify_selection_at_least)
+        size = {f.name: getattr(policy, f.name, f.default) for f in dataclasses.fields(Sized)}   # the policy's
+        self.where = f"hetdpt.checks_options.{policy.name}"   # its options, as errors name them
+        self.select_job = selection_job(job, size["selection"], size["selection_at_least"], self.where)
         self.own_selection = self.select_job is job   # the final run's own selection: the winner's reused
-        self.images_budget = opts.images_budget
+        self.images_budget = size["budget"] if size["unit"] == "images" else None
+        self.finetunes = None if size["unit"] == "images" or size["budget"] == "auto" else float(size["budget"])
         run = job.config
         section = (resolve_finetune(opts.point_finetune, run, job.task.train_size, opts.point_selection)
                    if self.images_budget is not None else "finetune")
         self.cfg = job.train_config(section)
         per_epoch = epoch_images(self.cfg, job.task.train_size)
         images = (per_epoch or 0) * self.cfg.epochs
-        self.unit = Unit("verify_images" if self.images_budget is not None else "verify_budget", section, images)
+        self.unit = Unit(f"{self.where}.budget", section, images, in_images=self.images_budget is not None)
         # a schedule of 0 epochs (HetDPT+'s depth part without an intermediate fine-tune) checks without one
         if self.unit.in_images and per_epoch is None and self.cfg.epochs:
-            raise HetpruneError(f"hetdpt.verify_images sizes each check as a share of the points' schedule "
+            raise HetpruneError(f"{self.where}.unit images sizes each check as a share of the points' schedule "
                                 f"({section}), whose images are unknown here (no {section}.subset, and a "
-                                f"training set of unknown size): set {section}.subset, use "
-                                "hetdpt.verify_budget, or pick without checks with hetdpt.verify=0")
+                                f"training set of unknown size): set {section}.subset, use {self.where}.unit "
+                                "finetunes, or pick without checks with hetdpt.checks none")
         self.key = PointStore.key_for(job, {
             "seed": job.seed, "scorer": run.scorer, "scorer_options": run.options_for("scorer", run.scorer),
             "scoring": self.select_job.config.scoring, "short": run.short_finetune, "finetune": run.finetune,
@@ -258,15 +270,15 @@ class PipelineChecks:
         return PointStore(self.job.shared_dir / "map-pipeline-checks.jsonl", self.key, run=self.job.reuse_tag)
 
     def configured_budget(self, k: int = 0, selection_cost: float = 0.0) -> float | None:
-        """The budget the settings give, in units: ``verify_images`` over a unit's images (``auto``: the ``k``
-        candidates' selections, ``selection_cost`` units, and one whole point's fine-tune for every check
-        the rounds make: what the checks cost at most, at any scale), or ``verify_budget`` (None: the
-        default, the selections plus `FINETUNES_BEYOND_SELECTION`)."""
+        """The budget the policy gives, in units: images over a unit's images (``auto``: the ``k`` candidates'
+        selections, ``selection_cost`` units, and one whole point's fine-tune for every check the rounds
+        make: what the checks cost at most, at any scale), or final fine-tunes (None: auto, the selections
+        plus `FINETUNES_BEYOND_SELECTION`)."""
         if self.images_budget == "auto":   # every round's equal share pays each of its checks a whole one
             return selection_cost + len(round_sizes(k)) * k
         if self.unit.in_images:   # (a check that fine-tunes nothing costs nothing: only the selections count)
             return self.images_budget / self.unit.images if self.unit.images else None
-        return self.job.options(HetDPTOptions).verify_budget
+        return self.finetunes
 
     def shared(self, a: Split, b: Split) -> int:
         """The first removals the selections of ``a`` and ``b`` share (0 for a scorer that cannot say; all of
@@ -326,7 +338,7 @@ class PipelineChecks:
         while len(kept) > 1 and budget - self.selections_cost(kept) <= 0:
             kept.pop()
         if len(kept) < len(candidates):
-            self.job.log(f"[hetdpt] hetdpt.{self.unit.setting} pays for the selections of {len(kept)} of the "
+            self.job.log(f"[hetdpt] {self.unit.setting} pays for the selections of {len(kept)} of the "
                          f"{len(candidates)} candidates ({', '.join(f'{a}+{m}' for a, m in candidates)}, "
                          f"{self.unit.said(self.selections_cost(candidates))}): checking the "
                          f"{'best predicted alone, which is the pick' if len(kept) == 1 else f'{len(kept)} best predicted'}")
@@ -456,7 +468,7 @@ class PipelineChecks:
                                                           "phase, counted there)" if reused else ")")
         if most < budget - 1e-9:
             what += f"; each check at most one whole {self.unit.section}: {self.unit.said(most)} at most"
-        if not self.own_selection:   # verify_selection (and its floor): what each candidate's gate phase sees
+        if not self.own_selection:   # the policy's selection (and its floor): what each candidate's gate phase sees
             n = self.select_job.config.scoring_batches.subset
             what += f"; each candidate selected on {n:,} images a gate epoch"
         evals = finetune_step(self.job, self.unit.section, "", "", runs, runs).eval_images

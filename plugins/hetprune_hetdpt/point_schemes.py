@@ -109,27 +109,30 @@ class PointScheme:
         raise NotImplementedError
 
     def verify(self, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
-        """Past the paper (``hetdpt.verify``): each split of ``pairs`` measured. Here: as this scheme measures
+        """Past the paper (``hetdpt.checks: points``): each split of ``pairs`` measured. Here: as this scheme measures
         any split, a point of it (reused where measured); progressive points override it."""
         return {(p["n_attn"], p["n_act"]): p for p in self.collect(list(pairs))}
 
     def plan_steps(self, plan: list[tuple[int, int]], pairs: list[tuple[int, int]]) -> list:
         """What measuring ``plan`` costs (``--plan``): here one fine-tune and one evaluation per point, and the
-        checks (``hetdpt.verify``); schemes that measure otherwise override it."""
+        checks of the points' kind (``hetdpt.checks: points``); schemes that measure otherwise override it."""
         steps = [finetune_step(self.job, self.finetune_section(), "stage 1: MAP points",
                                f"{len(plan)} points, one fine-tune each", len(plan), len(plan))]
-        return steps + self.plan_checks()
+        return steps + self.plan_checks(pairs)
 
     def finetune_section(self) -> str:
         """The schedule a point is fine-tuned on."""
         return resolve_finetune(self.options.point_finetune, self.job.config, self.job.task.train_size, self.name)
 
-    def plan_checks(self) -> list:
-        verify = self.options.verify
-        if not verify or self.options.verify_by != "points":   # pipeline checks: the strategy counts them
+    def plan_checks(self, pairs: list[tuple[int, int]]) -> list:
+        """The checks of the points' kind (``hetdpt.checks: points``), one point each; pipeline checks are
+        the strategy's to count."""
+        policy = self.strategy.checks_policy(self.job)
+        k = policy.most(pairs) if policy.measure == "points" else 0
+        if k < 2:
             return []
         return [finetune_step(self.job, resolve_finetune("auto", self.job.config, self.job.task.train_size, "oneshot"),
-            "stage 1: checks", f"the {verify} best predicted splits, past the paper", verify, verify)]
+            "stage 1: checks", f"{k} predicted splits as points, past the paper", k, k)]
 
     # -- shared ------------------------------------------------------------------------------------
     def store(self, key: str | None = None, name: str = "map-points.jsonl") -> PointStore:
@@ -325,7 +328,7 @@ class GradualPoints(PointScheme):
                      for a, m in plan)
         return [PlanStep("stage 1: MAP points", f"{len(plan)} points, each the selector's own phase", len(plan),
                          images, len(plan) * (val_size(self.job.task, self.job.choice_split) or 0)),
-                *self.plan_checks()]
+                *self.plan_checks(pairs)]
 
     def images(self, removals: int) -> int | None:
         """Images the selector trains on for ``removals`` removals, where it says (gate-taylor's epochs)."""

@@ -1,11 +1,12 @@
 """Progressive MAP points, the paper's: paths from the dense model, one more site off per step, each step
 fine-tuned from the previous step's weights (`paths` says which steps), and, past the paper, a check of
-the best predicted splits (``hetdpt.verify``): each reached from the nearest step its removals contain and
+the checked splits (``hetdpt.checks: points``): each reached from the nearest step its removals contain and
 fine-tuned once more (on the final schedule where that is affordable)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import time
 
@@ -34,11 +35,11 @@ class ProgressivePoints(PointScheme):
         self.first, self.stride = self.options.interleave_first, self.options.path_stride   # checked by the options
         run = job.config
         self.step_images = images_of(getattr(run, self.section), job.task.train_size)
-        # a check's fine-tune (hetdpt.verify): the final schedule where it costs at most 4 short ones (the
+        # a check's fine-tune (hetdpt.checks points): the final schedule where it costs at most 4 short ones (the
         # embedded benchmarks), else short_finetune (a real run's final fine-tune is far too long to repeat)
         self.check_section = resolve_finetune("auto", job.config, job.task.train_size, "oneshot")
         self.final_images = images_of(getattr(run, self.check_section), job.task.train_size)
-        self.keep_steps = bool(self.options.verify)   # verification branches off any step
+        self.keep_steps = strategy.checks_policy(job).measure == "points"   # checks branch off any step
         self._paths: list[PointPath] = []
 
     def path_key(self, path: PointPath) -> str:
@@ -76,7 +77,31 @@ class ProgressivePoints(PointScheme):
         points = len(plan)
         return [finetune_step(self.job, self.section, "stage 1: MAP points",
                               f"{len(self._paths)} paths, {steps} steps, {points} points", steps, points),
-                *self.plan_checks()]
+                *self.plan_checks(pairs)]
+
+    def plan_checks(self, pairs: list[tuple[int, int]]) -> list:
+        """The checks of the points' kind (``hetdpt.checks: points``) counted at the most they cost: which
+        splits they take is known only after the fit, so the costliest ``count`` feasible splits, each its extra
+        path steps from the nearest step it contains (one short fine-tune each) and one check fine-tune."""
+        policy = self.strategy.checks_policy(self.job)
+        k = policy.most(pairs) if policy.measure == "points" else 0
+        if k < 2:
+            return []
+        self.plan(pairs)
+        extra = sorted((self.check_steps(p) for p in pairs), reverse=True)[:k]
+        steps = finetune_step(self.job, self.section, "", "", sum(extra), 0)
+        checks = finetune_step(self.job, self.check_section, "", "", k, k)
+        return [dataclasses.replace(
+            checks, stage="stage 1: checks",
+            what=f"at most {k} predicted splits as points, past the paper, each from the nearest path step "
+                 f"({sum(extra)} extra steps at most)",
+            fine_tunes=checks.fine_tunes + steps.fine_tunes, train_images=checks.train_images + steps.train_images)]
+
+    def check_steps(self, pair: tuple[int, int]) -> int:
+        """The path steps a check of ``pair`` adds to the nearest path step it contains (`verify`)."""
+        path, step = self.base_for(pair)
+        base = path.steps[step - 1] if step else (0, 0)
+        return -(-(pair[0] - base[0] + pair[1] - base[1]) // self.stride)
 
     def collect(self, plan):
         # rank 0's paths on every rank (under torchrun only rank 0 may have made the plan); a plan made

@@ -7,7 +7,9 @@ from __future__ import annotations
 from hetprune import Site
 from hetprune.plugin_api import DepthStrategy, PruneJob, RunSettings
 
-from .allocation import Allocation, checks_cover, fit, near_ties, refinement_pairs, spread, to_check
+from .allocation import Allocation, fit, refinement_pairs
+from .checks import near_ties, spread
+from .halving import checks_policy
 from .options import HetDPTOptions
 from .point_schemes import OneShotPoints, grid_plan, resolve_finetune
 from .point_selection import SCHEMES, scheme_for
@@ -84,6 +86,8 @@ class HetDPT(DepthStrategy):
         name = name or opts.predictor
         return job.registry.build("predictor", name, **opts.predictor_options_for(name))
 
+    checks_policy = staticmethod(checks_policy)   # hetdpt.checks, built once per job (halving.py)
+
     # -- stage 1: allocation (allocation.py: one object for the run, --plan, the pre-flight and the study) --
     def allocation(self, job: PruneJob) -> Allocation:
         """Stage 1 of ``job`` as one object (`Allocation`)."""
@@ -106,10 +110,8 @@ class HetDPT(DepthStrategy):
         """The predictor that fits ``plan`` (`Allocation.predictor`): HetDPT+'s share search asks it too."""
         return self.allocation(job).predictor(plan, what, say)
 
-    # the rules, as the MAP study and the tests name them (allocation.py holds them)
-    checks_cover = staticmethod(checks_cover)
+    # the rules, as the MAP study and the tests name them (allocation.py and checks.py hold them)
     fit = staticmethod(fit)
-    to_check = staticmethod(to_check)
     spread = staticmethod(spread)
     near_ties = staticmethod(near_ties)
     refinement_pairs = staticmethod(refinement_pairs)
