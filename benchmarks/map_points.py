@@ -239,11 +239,12 @@ GOAL = 0.5             # mean regret above the seed-noise floor (points) issue 4
 
 # -- a prune job on the study's base model (studylib.runs.context) -------------------------------------------
 
-def job_for(ctx, target: str, seed: int, workdir: Path, shared: Path, settings: dict | None = None):
+def job_for(ctx, target: str, seed: int, workdir: Path, shared: Path, settings=None):
+    """A hetdpt job of the study at ``target`` and ``seed`` (``settings``: a `Settings` other than the
+    context's)."""
     from hetprune.pruning.pipeline import PruneJob
 
-    s = json.loads(json.dumps(settings or ctx.settings))
-    s["seed"] = seed
+    s = (settings or ctx.settings).replace(seed=seed)
     return PruneJob(dense=ctx.dense, spec=ctx.spec, data=None, task=ctx.task, budget=budget_of(target), settings=s,
                     registry=ctx.registry, workdir=workdir, shared_dir=shared, base_info=dict(ctx.info),
                     progress=False, log=lambda m: None, strategy_name="hetdpt")

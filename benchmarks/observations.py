@@ -37,7 +37,7 @@ from studylib.machine import load, machine
 from studylib.tables import table
 
 from hetprune import Site, sites
-from hetprune.core.config import RunSettings, resolve
+from hetprune.core.loader import resolve
 from hetprune.model import surgery
 from hetprune.training.embedded import benchmark, embedded_model
 from hetprune.training.task import classification
@@ -70,7 +70,7 @@ def recovery(dense, task, site: Site, epochs: int, seed: int) -> dict:
     model = copy.deepcopy(dense)
     (surgery.remove_attention if site.kind == "attn" else surgery.remove_activation)(model, site.block)
     at_once = task.evaluate(model)
-    cfg = RunSettings.of(resolve()).schedule("short_finetune", epochs=epochs, eval_every=1, seed=seed)
+    cfg = resolve().run.schedule("short_finetune", epochs=epochs, eval_every=1, seed=seed)
     history = task.fit(model, dense, cfg, "observe", progress=False, log=lambda m: None)
     curve = [h.get("metric") for h in history]
     return {"site": str(site), "at_once": at_once, "curve": curve}

@@ -17,7 +17,7 @@ import torch
 
 
 def keys_now() -> dict:
-    from hetprune.core import config
+    from hetprune.core import loader
     from hetprune.harness.compare.spec import CompareSpec, row_key
     from hetprune.model import surgery
     from hetprune.model.spec import DIGIT_PAIRS_SPEC, DIGITS_SPEC, model_hash
@@ -43,7 +43,7 @@ def keys_now() -> dict:
     batches = [(torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.long))]
     user = Task(batches, batches, loss=_cross_entropy, metric=_top1, metric_name="top1")
     out["tasks"] = {"embedded": task.key, "user": user.key}
-    settings = config.resolve(["hetdpt", "mix50"])
+    settings = loader.resolve(["hetdpt", "mix50"])
     spec = CompareSpec(["hetdpt", "mix50"], [Budget(sites=4)], [0], settings)
     out["compare_row"] = row_key(spec, "hetdpt", Budget(sites=4), 0, out["digits"]["base"], task.key)
     return out

@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def job_for(folder: Path, *sets: str):
-    from hetprune.core.config import resolve
+    from hetprune.core.loader import resolve
     from hetprune.core.plugins import get_registry
     from hetprune.model.spec import build
     from hetprune.pruning.budget import Budget
@@ -70,7 +70,7 @@ def keys_now() -> dict:
         out["pipeline checks in images"] = PipelineChecks(job).key
         job = job_for(folder)
         out["share points"] = points_key(job, HetDPT(), 1e6, WidthOptions.of(job.settings))
-        plans = split_plans([(1, 1)], [0], job.settings.as_settings(), 2, job.base_key, job.task.key, unused=("hetdpt",))
+        plans = split_plans([(1, 1)], [0], job.settings, 2, job.base_key, job.task.key, unused=("hetdpt",))
         out["truth row"] = plans[0].key
     return out
 

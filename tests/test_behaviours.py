@@ -18,7 +18,7 @@ import torch
 
 import hetprune
 from hetprune.cli import main
-from hetprune.core import config
+from hetprune.core import loader
 from hetprune.core.plugins import get_registry
 from hetprune.harness.testing import TINY_SETTINGS
 from hetprune.pruning.behaviours import behaviours, changed
@@ -53,7 +53,7 @@ def pinned_run(trained_tiny, strategy: str, scorer: str = "gate-taylor") -> tupl
     made = {"attn": sorted(recipe.attn_removed), "act": sorted(recipe.act_removed),
             "dropped": sorted(getattr(recipe, "dropped", []) or []), "widths": json.loads(json.dumps(recipe.widths)),
             "metric": round(float(result.report["metric"]), 6)}
-    return made, behaviours(get_registry(), config.resolve(get_registry().build("strategy", strategy),
+    return made, behaviours(get_registry(), loader.resolve(get_registry().build("strategy", strategy),
                                                            overrides=settings), strategy)
 
 

@@ -17,6 +17,7 @@ from hetprune_hetdpt.checks import NearTieChecks, near_ties
 from hetprune_hetdpt.options import HetDPTOptions
 from hetprune_hetdpt.predictors import LocalPredictor
 from hetprune_hetdpt.strategy import HetDPT
+from hetprune.core import loader
 
 
 def test_near_ties_are_the_splits_within_the_leave_one_out_error_of_the_best():
@@ -225,12 +226,13 @@ def test_each_old_spelling_is_read_as_its_policy_said_once_and_keyed_as_before(o
     """The old names are read as the policy they spell, with one deprecation line giving the new spelling, and
     a compare row's key (which holds the whole settings) is the one the old names made: stored rows are found."""
     from hetprune.core import config
+    from hetprune.core import loader
     from hetprune_hetdpt.verify_names import LEGACY
 
     hetdpt = hetprune.get_registry().build("strategy", "hetdpt")
     sets = [f"hetdpt.{k}={'null' if v is None else v}" for k, v in old.items()]
     with pytest.warns(FutureWarning) as said:
-        s = config.resolve(hetdpt, sets=sets or ["hetdpt.verify=6"])
+        s = loader.resolve(hetdpt, sets=sets or ["hetdpt.verify=6"]).as_settings()
     [line] = [str(w.message) for w in said]
     assert "deprecated (read for one release): write hetdpt.checks: " + name in line
     assert (s["hetdpt"]["checks"], s["hetdpt"]["checks_options"]) == (name, {name: options} if options else {})
@@ -242,24 +244,23 @@ def test_each_old_spelling_is_read_as_its_policy_said_once_and_keyed_as_before(o
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        new = config.resolve(hetdpt, overrides={"hetdpt": {"checks": name,
-                                                           "checks_options": s["hetdpt"]["checks_options"]}})
+        new = loader.resolve(hetdpt, overrides={"hetdpt": {"checks": name,
+                                                           "checks_options": s["hetdpt"]["checks_options"]}}).as_settings()
     assert new == s
 
 
 def test_the_old_names_are_read_over_earlier_layers_and_not_beside_the_new_ones(tmp_path):
-    from hetprune.core import config
 
     hetdpt = hetprune.get_registry().build("strategy", "hetdpt")
     path = tmp_path / "run.yaml"
     path.write_text("hetdpt:\n  checks: best\n  checks_options: {best: {count: 3}}\n")
     with pytest.warns(FutureWarning, match="write hetdpt.checks: near-ties"):
-        s = config.resolve(hetdpt, config_file=str(path), sets=["hetdpt.verify_when=unsure"])
+        s = loader.resolve(hetdpt, config_file=str(path), sets=["hetdpt.verify_when=unsure"]).as_settings()
     assert (s["hetdpt"]["checks"], s["hetdpt"]["checks_options"]) == ("near-ties", {"near-ties": {"count": 3}})
     with pytest.raises(HetpruneError, match="gives hetdpt.checks and the old hetdpt.verify: write the checks policy"):
-        config.resolve(hetdpt, sets=["hetdpt.checks=best", "hetdpt.verify=3"])
+        loader.resolve(hetdpt, sets=["hetdpt.checks=best", "hetdpt.verify=3"])
     with pytest.raises(HetpruneError, match="write hetdpt.checks near-ties"):
-        config.resolve(hetdpt, sets=["hetdpt.verify_when=unsure"])   # spread beside unsure: no such policy
+        loader.resolve(hetdpt, sets=["hetdpt.verify_when=unsure"])   # spread beside unsure: no such policy
     # a stored section in the old names (a compare row's settings from the last release) is read too
     with pytest.warns(FutureWarning):
         assert HetDPTOptions.from_dict({"verify": 0}).checks == "none"
@@ -269,10 +270,10 @@ def test_a_policy_the_old_names_cannot_spell_is_keyed_by_its_own():
     from hetprune.core import config
 
     hetdpt = hetprune.get_registry().build("strategy", "hetdpt")
-    s = config.resolve(hetdpt, sets=["hetdpt.checks=all"])
+    s = loader.resolve(hetdpt, sets=["hetdpt.checks=all"])
     keyed = config.keyed(s)["hetdpt"]
     assert keyed["checks"] == "all" and "verify" not in keyed
-    spread4 = config.keyed(config.resolve(hetdpt, sets=["hetdpt.checks_options.spread.count=4"]))["hetdpt"]
+    spread4 = config.keyed(loader.resolve(hetdpt, sets=["hetdpt.checks_options.spread.count=4"]))["hetdpt"]
     assert spread4["verify"] == 4 and keyed != spread4
 
 

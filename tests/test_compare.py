@@ -29,7 +29,7 @@ def model_args(trained_tiny):
 
 
 def job_for(model, data, tmp_path, budget, **sets):
-    settings = hetprune.core.config.resolve(Mix.defaults, sets=[f"{k}={v}" for k, v in sets.items()])
+    settings = hetprune.core.loader.resolve(Mix.defaults, sets=[f"{k}={v}" for k, v in sets.items()])
     return PruneJob(dense=model, spec=None, data=data, budget=budget, settings=settings, registry=get_registry(),
                     workdir=tmp_path, base_info={"hash": "t"}, progress=False, log=lambda s: None)
 

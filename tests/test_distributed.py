@@ -20,6 +20,7 @@ import torch
 import hetprune
 from hetprune.cli import main
 from conftest import TINY_SPEC, CountedStats, PluginOf, seeded_tiny as tiny, tiny_example
+from hetprune.core import loader
 
 FT = ["--set", "finetune.epochs=2", "--set", "finetune.subset=65", "--set", "finetune.batch_size=16",
       "--set", "short_finetune.epochs=1", "--set", "short_finetune.subset=32", "--set", "short_finetune.batch_size=16",
@@ -140,7 +141,7 @@ def planning_worker(out: Path) -> dict:
     hetprune.register_plugin(PluginOf("register_cost_models", RankSkewed), "test-rank-skewed")
     registry = get_registry()
     strategy = registry.build("strategy", "hetdpt")
-    settings = hetprune.core.config.resolve(strategy.defaults, overrides=None, sets=PLAN_SETS)
+    settings = hetprune.core.loader.resolve(strategy.defaults, overrides=None, sets=PLAN_SETS)
     job = PruneJob(dense=tiny(0), spec=TINY_SPEC, data=digits(), budget=Budget(**PLAN_BUDGET), settings=settings,
                    registry=registry, workdir=out / "work", progress=False, strategy_name="hetdpt",
                    measure_cost=False)
@@ -249,7 +250,7 @@ def stage1(out: Path, log=lambda msg: None) -> dict:
     try:
         registry = get_registry()
         strategy = registry.build("strategy", "hetdpt")
-        settings = hetprune.core.config.resolve(strategy.defaults, overrides=None, sets=STAGE1_SETS)
+        settings = hetprune.core.loader.resolve(strategy.defaults, overrides=None, sets=STAGE1_SETS)
         dense = tiny(0)
         dense.load_state_dict(load_weights(out / "dense.safetensors"))
         job = PruneJob(dense=dense, spec=TINY_SPEC, data=digits(), budget=Budget(sites=2), settings=settings,
@@ -684,6 +685,8 @@ def test_the_collective_timeout_is_a_setting_the_process_group_is_made_with(monk
     import datetime
 
     from hetprune.core import config, distributed as dist
+
+    from hetprune.core import loader
     from hetprune.pruning import run_start
 
     made, registered = [], []
@@ -691,17 +694,17 @@ def test_the_collective_timeout_is_a_setting_the_process_group_is_made_with(monk
     monkeypatch.delenv("HETPRUNE_DIST_TIMEOUT_MIN", raising=False)
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kwargs: made.append(kwargs))
     monkeypatch.setattr(atexit, "register", registered.append)
-    run_start.run_device(config.resolve(sets=["dist_timeout_min=7"]))
-    run_start.run_device(config.resolve())
+    run_start.run_device(loader.resolve(sets=["dist_timeout_min=7"]))
+    run_start.run_device(loader.resolve())
     assert [m["timeout"] for m in made] == [datetime.timedelta(minutes=7), datetime.timedelta(minutes=30)]
     assert registered == [dist.shutdown, dist.shutdown]     # the group is destroyed at exit
     monkeypatch.setenv("HETPRUNE_DIST_TIMEOUT_MIN", "1")    # the environment overrides it (test harnesses)
-    run_start.run_device(config.resolve(sets=["dist_timeout_min=7"]))
+    run_start.run_device(loader.resolve(sets=["dist_timeout_min=7"]))
     assert made[-1]["timeout"] == datetime.timedelta(minutes=1)
     with pytest.raises(hetprune.HetpruneError, match="dist_timeout_min must be minutes > 0"):
-        config.resolve(sets=["dist_timeout_min=0"])
+        loader.resolve(sets=["dist_timeout_min=0"])
     # it shapes no result: a compare row keeps its key whatever the timeout
-    assert config.keyed(config.resolve(sets=["dist_timeout_min=7"])) == config.keyed(config.resolve())
+    assert config.keyed(loader.resolve(sets=["dist_timeout_min=7"])) == config.keyed(loader.resolve())
 
 
 def test_a_per_gpu_batch_becomes_the_global_batch_the_lr_rule_scales_by():
@@ -712,13 +715,13 @@ def test_a_per_gpu_batch_becomes_the_global_batch_the_lr_rule_scales_by():
     assert cfg.global_batch(8).batch_size == 1024 and not cfg.global_batch(8).batch_per_gpu
     assert scaled_lr(cfg.global_batch(8)) == pytest.approx(1e-3)
     assert TrainConfig(batch_size=128).global_batch(8).batch_size == 128          # the default: global already
-    settings = config.resolve(sets=["finetune.batch_size=128", "finetune.batch_per_gpu=true"])
-    resolved = config.per_gpu_resolved(settings, 8)
+    settings = loader.resolve(sets=["finetune.batch_size=128", "finetune.batch_per_gpu=true"])
+    resolved = settings.per_gpu_resolved(8).as_settings()
     assert resolved["finetune"]["batch_size"] == 1024 and "batch_per_gpu" not in resolved["finetune"]
-    assert resolved["finetune"] == config.resolve(sets=["finetune.batch_size=1024"])["finetune"]   # one key
-    assert "batch_per_gpu" not in config.resolve()["finetune"]                    # off: absent, keys unchanged
-    plain = config.resolve()
-    assert config.per_gpu_resolved(plain, 8) is plain
+    assert resolved["finetune"] == loader.resolve(sets=["finetune.batch_size=1024"]).as_settings()["finetune"]
+    assert "batch_per_gpu" not in loader.resolve().as_settings()["finetune"]     # off: absent, keys unchanged
+    plain = loader.resolve()
+    assert plain.per_gpu_resolved(8) is plain and config.per_gpu_resolved(plain.as_settings(), 1) is not None
 
 
 def test_a_job_made_in_code_keys_its_points_by_the_global_batch(tmp_path):
@@ -732,7 +735,7 @@ def test_a_job_made_in_code_keys_its_points_by_the_global_batch(tmp_path):
 
     def key(*sets):
         points = ["hetdpt.point_selection=oneshot", "hetdpt.point_finetune=short_finetune"]   # keyed by the schedule
-        settings = hetprune.core.config.resolve(strategy.defaults, sets=[*points, *sets])
+        settings = hetprune.core.loader.resolve(strategy.defaults, sets=[*points, *sets])
         job = PruneJob(dense=tiny(0), spec=TINY_SPEC, data=digits(), budget=Budget(sites=2), settings=settings,
                        registry=registry, workdir=tmp_path, progress=False)
         return strategy.points_key(job), job.config.short_finetune.batch_size

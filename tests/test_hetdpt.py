@@ -38,7 +38,7 @@ ONESHOT = {"hetdpt.point_selection": "oneshot", "hetdpt.checks": "none", "hetdpt
 def make_job(model, data, tmp_path, budget=Budget(sites=3), **settings_changes):
     strategy = HetDPT()
     changes = {**ONESHOT, **settings_changes}
-    settings = hetprune.core.config.resolve(strategy.defaults, overrides=None, sets=[f"{k}={v}" for k, v in changes.items()])
+    settings = hetprune.core.loader.resolve(strategy.defaults, overrides=None, sets=[f"{k}={v}" for k, v in changes.items()])
     return PruneJob(dense=model, spec=None, data=data, budget=budget, settings=settings, registry=get_registry(),
                     workdir=tmp_path / "work", base_info={"hash": "test"}, progress=False, log=lambda s: None,
                     strategy_name="hetdpt")
@@ -528,12 +528,12 @@ def test_unknown_config_key_names_key_and_file(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text("finetune:\n  epochs: 2\n  epochz: 3\n")
     with pytest.raises(HetpruneError, match=r"'finetune.epochz' in config file .*cfg.yaml"):
-        hetprune.core.config.resolve(HetDPT.defaults, str(path))
+        hetprune.core.loader.resolve(HetDPT.defaults, str(path))
     path.write_text("hetdpt:\n  degree: 3\n")
     with pytest.raises(HetpruneError, match="hetdpt.degree"):
-        hetprune.core.config.resolve(HetDPT.defaults, str(path))
+        hetprune.core.loader.resolve(HetDPT.defaults, str(path))
     path.write_text("hetdpt:\n  predictor_options: {poly: {degree: 3}}\nfinetune: {epochs: 7}\n")
-    s = hetprune.core.config.resolve(HetDPT.defaults, str(path), sets=["short_finetune.lr=0.01"])
+    s = hetprune.core.loader.resolve(HetDPT.defaults, str(path), sets=["short_finetune.lr=0.01"])
     assert s["hetdpt"]["predictor_options"] == {"poly": {"degree": 3}}
     assert s["finetune"]["epochs"] == 7 and s["short_finetune"]["lr"] == 0.01
 
@@ -821,17 +821,18 @@ def test_one_check_is_refused_as_it_would_change_nothing():
     """Issue 71: hetdpt.verify=1 was accepted and checked nothing (the pick stayed the predictor's) while the log
     said images were spent. A count of 1 is refused as the settings are read, in either spelling."""
     from hetprune.core import config
+    from hetprune.core import loader
     from hetprune.core.plugins import get_registry
 
     hetdpt = get_registry().build("strategy", "hetdpt")
     for policy in ("spread", "best", "near-ties", "points"):
         with pytest.raises(HetpruneError, match=rf"hetdpt.checks_options.{policy}.count must be a count of splits "
                                                 ">= 2"):
-            config.resolve(hetdpt, sets=[f"hetdpt.checks={policy}", f"hetdpt.checks_options.{policy}.count=1"])
+            loader.resolve(hetdpt, sets=[f"hetdpt.checks={policy}", f"hetdpt.checks_options.{policy}.count=1"])
     with pytest.raises(HetpruneError, match=r"hetdpt.verify must be 0 \(no checks\) or a count of splits >= 2"):
-        config.resolve(hetdpt, sets=["hetdpt.verify=1"])
+        loader.resolve(hetdpt, sets=["hetdpt.verify=1"])
     for count in (2, 6):
-        s = config.resolve(hetdpt, sets=[f"hetdpt.checks_options.spread.count={count}"])
+        s = loader.resolve(hetdpt, sets=[f"hetdpt.checks_options.spread.count={count}"])
         assert config.keyed(s)["hetdpt"]["verify"] == count
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from hetprune import HetpruneError
 from hetprune.core import config, keys
+from hetprune.core import loader
 from hetprune.core.config import Section, setting
 from hetprune.harness.compare.spec import CompareSpec, row_key
 from hetprune.pruning.budget import Budget
@@ -51,7 +52,7 @@ def declared():
 
 
 def resolved(*sets: str) -> dict:
-    return config.resolve([ExtraStrategy()], sets=list(sets))
+    return loader.resolve([ExtraStrategy()], sets=list(sets))
 
 
 def row(settings: dict) -> str:

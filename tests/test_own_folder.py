@@ -15,6 +15,7 @@ import torch
 from hetprune import HetpruneError
 from hetprune.cli import main
 from hetprune.core import config
+from hetprune.core import loader
 from hetprune.core.io import cache_dir, load_weights
 from hetprune.model.spec import ModelSpec, build, build_with_weights
 from hetprune.training.data import load_data
@@ -290,25 +291,26 @@ def test_an_rgb_model_on_a_grayscale_folder_says_so_in_a_line(gray_folder, tmp_p
 # -- the small-folder config and schedules sized by the folder ---------------------------------------------------
 
 def test_image_passes_size_the_epochs_from_the_folder_and_a_later_epochs_replaces_them():
-    settings = config.resolve(config_file="small-folder")
+    settings = loader.resolve(config_file="small-folder").as_settings()
     assert settings["finetune"]["image_passes"] == 50_000 and settings["augment"] == "crop"
+    typed = loader.resolve(config_file="small-folder")
     for n in (900, 5_000, 60_000):
-        sized = config.RunSettings.of(config.sized(settings, n))
+        sized = typed.sized(n).run
         assert sized.finetune.epochs == max(1, math.ceil(50_000 / n))
         assert sized.base_scratch.epochs == max(1, math.ceil(100_000 / n))
     # a subset is what an epoch sees
-    subset = config.resolve(sets=["finetune.image_passes=1000", "finetune.subset=300"])
-    assert config.RunSettings.of(config.sized(subset, 5_000)).finetune.epochs == 4
+    subset = loader.resolve(sets=["finetune.image_passes=1000", "finetune.subset=300"])
+    assert subset.sized(5_000).run.finetune.epochs == 4
     # an epochs given after the passes replaces them; both in one layer are refused
-    later = config.resolve(config_file="small-folder", sets=["finetune.epochs=20"])
-    assert later["finetune"]["epochs"] == 20 and "image_passes" not in later["finetune"]
-    assert config.sized(later, 5_000)["finetune"]["epochs"] == 20
+    later = loader.resolve(config_file="small-folder", sets=["finetune.epochs=20"])
+    assert later.run.finetune.epochs == 20 and "image_passes" not in later.as_settings()["finetune"]
+    assert later.sized(5_000).run.finetune.epochs == 20
     with pytest.raises(HetpruneError, match="gives finetune.epochs and finetune.image_passes"):
-        config.resolve(sets=["finetune.epochs=2", "finetune.image_passes=100"])
+        loader.resolve(sets=["finetune.epochs=2", "finetune.image_passes=100"])
     with pytest.raises(HetpruneError, match="finetune.image_passes sizes the epochs from the training set's size"):
-        config.sized(config.resolve(sets=["finetune.image_passes=100"]), None)
+        loader.resolve(sets=["finetune.image_passes=100"]).sized(None)
     # the small-folder config has no teacher from the hub and no flips
-    run = config.RunSettings.of(settings)
+    run = typed.run
     assert all(not run.schedule(s).teacher and not run.schedule(s).teacher_pretrained
                for s in ("finetune", "short_finetune"))
     assert config.AUGMENTATIONS["crop"].hflip == 0 and config.AUGMENTATIONS["light"].hflip > 0
@@ -352,7 +354,7 @@ def test_a_large_training_set_without_schedules_is_stopped_naming_the_imagenet_r
                          loss=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
                          metric=lambda m, v: 50.0)
     with pytest.raises(HetpruneError) as caught:
-        check_schedules_fit(task, config.RunSettings.of(config.resolve()))
+        check_schedules_fit(task, config.RunSettings.of(loader.resolve()))
     said = str(caught.value)
     assert "config=deit-b-paper | config=deit-s-paper | config=quick" in said and "small-folder" not in said
 

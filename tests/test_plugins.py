@@ -471,7 +471,7 @@ from hetprune import get_registry
 from hetprune.cli import build_parser
 from hetprune.core.contract import unwrap
 from hetprune.cli.commands.prune_cmd import settings_options
-from hetprune.core.config import resolve
+from hetprune.core.loader import resolve
 
 registry = get_registry()
 points = [(0, 0, 98.0), (4, 0, 90.0), (0, 4, 96.0), (2, 2, 94.0)]

@@ -25,7 +25,7 @@ GRADUAL = {"hetdpt.point_selection": "gradual"}
 
 
 def make_job(model, data, folder, budget=Budget(sites=4), **changes):
-    settings = hetprune.core.config.resolve(HetDPT.defaults, overrides=None, sets=[f"{k}={v}" for k, v in changes.items()])
+    settings = hetprune.core.loader.resolve(HetDPT.defaults, overrides=None, sets=[f"{k}={v}" for k, v in changes.items()])
     return PruneJob(dense=model, spec=None, data=data, budget=budget, settings=settings, registry=get_registry(),
                     workdir=folder / "work", shared_dir=folder / "shared", base_info={"hash": "test"},
                     progress=False, log=lambda s: None, strategy_name="hetdpt")

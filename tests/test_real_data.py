@@ -410,10 +410,11 @@ def test_the_scoring_subset_stop_spares_tasks_at_most_ten_times_the_subset():
 
 def test_the_shipped_configs_resolve_and_say_where_each_value_came_from():
     from hetprune.core import config
+    from hetprune.core import loader
     from hetprune.core.plugins import get_registry
 
     hetdpt = get_registry().build("strategy", "hetdpt")
-    paper = config.resolve(hetdpt, "deit-b-paper")
+    paper = loader.resolve(hetdpt, "deit-b-paper")
     ft = config.RunSettings.of(paper).schedule("finetune")
     assert (ft.epochs, ft.batch_size, ft.lr, ft.lr_scale, ft.weight_decay, ft.warmup_epochs) == \
         (400, 4096, 5e-5, "linear", 0.08, 10)
@@ -422,11 +423,11 @@ def test_the_shipped_configs_resolve_and_say_where_each_value_came_from():
     assert (ft.mixup, ft.cutmix, ft.label_smoothing, ft.drop_path, ft.ema_decay, ft.repeats, ft.keep) == \
         (0.8, 1.0, 0.1, 0.1, 0.99996, 3, "best")
     assert paper["augment"] == "paper" and paper["hetdpt"]["predictor"] == "poly"
-    for name in config.shipped_configs():   # every value line of a shipped config says where it came from
-        text = (config.SHIPPED_CONFIGS / f"{name}.yaml").read_text().splitlines()
+    for name in loader.shipped_configs():   # every value line of a shipped config says where it came from
+        text = (loader.SHIPPED_CONFIGS / f"{name}.yaml").read_text().splitlines()
         assert text[0].startswith("#"), name
-    for line in (config.SHIPPED_CONFIGS / "deit-b-paper.yaml").read_text().splitlines():
+    for line in (loader.SHIPPED_CONFIGS / "deit-b-paper.yaml").read_text().splitlines():
         if ":" in line and not line.lstrip().startswith("#") and not line.rstrip().endswith(":"):
             assert "#" in line, f"deit-b-paper.yaml: say where this value came from: {line}"
     # a shipped config's hetdpt section does not stop a strategy without one
-    assert "hetdpt" not in config.resolve(get_registry().build("strategy", "mix50"), "quick")
+    assert "hetdpt" not in loader.resolve(get_registry().build("strategy", "mix50"), "quick")

@@ -12,6 +12,7 @@ import pytest
 
 from hetprune import HetpruneError
 from hetprune.core import config
+from hetprune.core import loader
 from hetprune.pruning.budget import Budget, parse_macs
 from hetprune.cli import main
 
@@ -24,7 +25,7 @@ def one_error_line(capsys) -> str:
 
 def test_numbers_given_as_text_are_converted_to_the_defaults_type(tmp_path):
     # YAML reads 1e-5 (no dot) as text; the default 0.0005 says it is a number
-    s = config.resolve({}, sets=["finetune.lr=1e-5", "finetune.epochs='4'", "finetune.weight_decay=0",
+    s = loader.resolve({}, sets=["finetune.lr=1e-5", "finetune.epochs='4'", "finetune.weight_decay=0",
                                  "scoring.batches=2.0", "short_finetune.subset=null", "seed=+3"])
     assert s["finetune"]["lr"] == 1e-5 and isinstance(s["finetune"]["lr"], float)
     assert s["finetune"]["epochs"] == 4 and isinstance(s["finetune"]["epochs"], int)
@@ -33,7 +34,7 @@ def test_numbers_given_as_text_are_converted_to_the_defaults_type(tmp_path):
     assert s["short_finetune"]["subset"] is None and s["seed"] == 3
     cfg = tmp_path / "c.yaml"
     cfg.write_text("finetune: {lr: 3e-4, kd_temperature: 1}\n")
-    s = config.resolve({}, str(cfg))
+    s = loader.resolve({}, str(cfg))
     assert s["finetune"]["lr"] == 3e-4 and s["finetune"]["kd_temperature"] == 1.0
 
 
@@ -54,26 +55,26 @@ def test_wrong_types_name_key_value_and_expected_type(item, message):
     from hetprune_hetdpt.strategy import HetDPT
 
     with pytest.raises(HetpruneError) as exc:
-        config.resolve(HetDPT.defaults, sets=[item])
+        loader.resolve(HetDPT.defaults, sets=[item])
     assert message in str(exc.value)
 
 
 def test_declared_types_cover_null_defaults():
     defaults = {"extra": {"depth_sites": None, "note": None}}
-    s = config.resolve(defaults, sets=["extra.depth_sites='3'", "extra.note=anything"],
+    s = loader.resolve(defaults, sets=["extra.depth_sites='3'", "extra.note=anything"],
                        types={"extra.depth_sites": (int, None)})
     assert s["extra"] == {"depth_sites": 3, "note": "anything"}
     with pytest.raises(HetpruneError, match="extra.depth_sites = 'three' is not a whole number or null"):
-        config.resolve(defaults, sets=["extra.depth_sites=three"], types={"extra.depth_sites": (int, None)})
+        loader.resolve(defaults, sets=["extra.depth_sites=three"], types={"extra.depth_sites": (int, None)})
     with pytest.raises(HetpruneError, match="extra.note = inf is not a finite number"):
-        config.resolve(defaults, sets=["extra.note=.inf"])
+        loader.resolve(defaults, sets=["extra.note=.inf"])
 
 
 def test_a_type_is_the_defaults_even_after_a_file_set_it_to_null(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("finetune: {subset: null}\n")
     with pytest.raises(HetpruneError, match="finetune.subset = 'x' is not a whole number or null"):
-        config.resolve({}, str(cfg), sets=["finetune.subset=x"])
+        loader.resolve({}, str(cfg), sets=["finetune.subset=x"])
 
 
 def test_train_config_refuses_non_finite_and_mistyped_numbers():
@@ -238,10 +239,10 @@ def test_a_strategys_section_is_checked_when_settings_are_resolved():
 
     hetdpt = get_registry().build("strategy", "hetdpt")
     with pytest.raises(HetpruneError, match=r"hetdpt.path_stride must be a whole number >= 1 .*got 0"):
-        config.resolve(hetdpt, sets=["hetdpt.path_stride=0"])
+        loader.resolve(hetdpt, sets=["hetdpt.path_stride=0"])
     with pytest.raises(HetpruneError, match=r"unknown key 'hetdpt.stride'.*allowed here: .*path_stride"):
-        config.resolve(hetdpt, sets=["hetdpt.stride=2"])
-    s = config.resolve(hetdpt, sets=["hetdpt.checks=none"])
+        loader.resolve(hetdpt, sets=["hetdpt.stride=2"])
+    s = loader.resolve(hetdpt, sets=["hetdpt.checks=none"])
     assert s["hetdpt"]["checks"] == "none" and s["hetdpt"]["point_selection"] == "oneshot"
 
 
@@ -306,7 +307,7 @@ def test_hetdpts_defaults_are_what_the_committed_map_points_study_chose():
 def test_a_schedule_changed_after_resolve_is_checked_as_set_would_check_it():
     """The CLI's --subset/--workers land in the schedules once the data's size is known
     (`config.changed_schedules`): a copy, each change checked, unknown fields refused by name."""
-    settings = config.resolve()
+    settings = loader.resolve().as_settings()
     out = config.changed_schedules(settings, ["finetune", "short_finetune"], workers=3)
     assert out["finetune"]["workers"] == out["short_finetune"]["workers"] == 3
     assert settings["finetune"]["workers"] == 0   # the input is left as it was
@@ -354,13 +355,13 @@ def test_flags_that_set_a_section_reach_it_as_typed_values_and_set_still_wins():
     args = argparse.Namespace(scorer=None, device=None, amp=None, cost_model=None, seed=None, config=None,
                               predictor="gp", round_to=16, latency_batch=4, set=[])
     given = settings_options(args, strategies)
-    settings = config.resolve(strategies, overrides=given["overrides"], sets=given["sets"])
+    settings = loader.resolve(strategies, overrides=given["overrides"], sets=given["sets"])
     assert settings["hetdpt"]["predictor"] == "gp"
     assert settings["width"]["pruner_options"] == {"round_to": 16}
     assert settings["cost_model_options"] == {"latency": {"batch_size": 4}}
     args.set = ["hetdpt.predictor=poly", "width.pruner_options={round_to: 8}"]
     given = settings_options(args, strategies)
-    settings = config.resolve(strategies, overrides=given["overrides"], sets=given["sets"])
+    settings = loader.resolve(strategies, overrides=given["overrides"], sets=given["sets"])
     assert settings["hetdpt"]["predictor"] == "poly" and settings["width"]["pruner_options"] == {"round_to": 8}
     args.round_to = 0
     with pytest.raises(HetpruneError, match="--round-to must be a whole number >= 1, got 0"):
@@ -372,7 +373,7 @@ def test_flags_that_set_a_section_reach_it_as_typed_values_and_set_still_wins():
 def _hetdpt_settings(*sets):
     from hetprune.core.plugins import get_registry
 
-    return config.resolve(get_registry().build("strategy", "hetdpt"), sets=list(sets))
+    return loader.resolve(get_registry().build("strategy", "hetdpt"), sets=list(sets)).as_settings()   # the dict
 
 
 def test_a_jobs_settings_are_one_object_parsed_once(tiny_model, digits_data, tmp_path):

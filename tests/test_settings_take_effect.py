@@ -12,6 +12,7 @@ from hetprune.harness.testing import tiny_job
 from hetprune.pruning.budget import Budget
 from hetprune.pruning.pipeline import select_sites
 from hetprune.training import train as train_mod
+from hetprune.core import loader
 
 # a separate teacher small enough for a test: a timm ViT of depth 1 for the tiny digits
 TEACHER = {"teacher": "vit_tiny_patch16_224",
@@ -300,18 +301,17 @@ def test_kd_token_on_a_model_without_a_distillation_token_is_refused_before_stag
     ("points", {"selection_at_least": 500}, r"hetdpt.checks_options.points has no option\(s\) selection_at_least"),
     ("all", {"count": 3}, r"hetdpt.checks_options.all has no option\(s\) count")])
 def test_the_checks_options_are_refused_where_they_would_do_nothing(policy, option, words):
-    from hetprune.core import config
+    from hetprune.core import loader
 
     given = {policy: option} if policy != "none" else {"spread": option}
     with pytest.raises(HetpruneError, match=words):
-        config.resolve(hetdpt(), overrides={"hetdpt": {"checks": policy, "checks_options": given}})
+        loader.resolve(hetdpt(), overrides={"hetdpt": {"checks": policy, "checks_options": given}})
     if "count" not in option:   # taken by the policy they act on
-        config.resolve(hetdpt(), overrides={"hetdpt": {"checks": "spread", "checks_options": {"spread": option}}})
-    config.resolve(hetdpt(), overrides={"hetdpt": {"checks": policy}})   # the policy alone: no error
+        loader.resolve(hetdpt(), overrides={"hetdpt": {"checks": "spread", "checks_options": {"spread": option}}})
+    loader.resolve(hetdpt(), overrides={"hetdpt": {"checks": policy}})   # the policy alone: no error
 
 
 def test_a_selection_floor_that_cannot_act_or_is_no_number_of_images_is_refused():
-    from hetprune.core import config
 
     def spread(**options):
         return {"hetdpt": {"checks_options": {"spread": options}}}
@@ -325,11 +325,11 @@ def test_a_selection_floor_that_cannot_act_or_is_no_number_of_images_is_refused(
                        ({"selection_at_least": 0}, floor), ({"selection_at_least": 2.5}, floor),
                        ({"selection_at_least": "many"}, floor)):
         with pytest.raises(HetpruneError, match=words):
-            config.resolve(hetdpt(), overrides=spread(**bad))
-    config.resolve(hetdpt(), overrides=spread(selection_at_least=500))   # under the 0.07 default
+            loader.resolve(hetdpt(), overrides=spread(**bad))
+    loader.resolve(hetdpt(), overrides=spread(selection_at_least=500))   # under the 0.07 default
     # the default floor (300) beside a selection it leaves alone is no conflict: only a floor the user set is
     for given in (1, 120):
-        assert config.resolve(hetdpt(), overrides=spread(selection=given))["hetdpt"]["checks_options"] == {
+        assert loader.resolve(hetdpt(), overrides=spread(selection=given))["hetdpt"]["checks_options"] == {
             "spread": {"selection": given}}
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from hetprune import HetpruneError, get_registry
 from hetprune.core import config
+from hetprune.core import loader
 from hetprune.harness.compare.spec import CompareSpec, row_key
 from hetprune.pruning.budget import Budget
 
@@ -66,8 +67,8 @@ def leaves(tree: dict, prefix: str = ""):
 
 def schema() -> dict:
     """Every setting a run of any installed strategy may name, at its default."""
-    defaults, _ = config.sections_of(strategies())
-    return config.with_later_settings(config.defaults_for(defaults))
+    defaults, _ = loader.sections_of(strategies())
+    return config.with_later_settings(loader.defaults_for(defaults))
 
 
 def other_value(key: str, value):
@@ -124,11 +125,11 @@ def test_every_setting_is_keyed_refused_or_declared_unkeyed(key, default):
     change = nested(key, other_value(key, default))
     if refused is not None:   # where it would be ignored: refused, naming it
         with pytest.raises(HetpruneError, match=refused):
-            config.resolve(run, overrides=merged(ignored_in, change))
+            loader.resolve(run, overrides=merged(ignored_in, change))
     if needs is None:   # refused whatever else is set
         return
-    reference = config.resolve(run, overrides=needs)
-    changed = config.resolve(run, overrides=merged(needs, change))   # used: accepted ...
+    reference = loader.resolve(run, overrides=needs)
+    changed = loader.resolve(run, overrides=merged(needs, change))   # used: accepted ...
     if key in config.unkeyed_settings():   # ... and keyed, or declared unkeyed with its reason
         assert compare_key(changed) == compare_key(reference), f"{key} is declared unkeyed, but moves a row's key"
     else:
@@ -183,7 +184,7 @@ def test_settings_replace_takes_every_setting_the_loader_takes():
     left out of the settings at their defaults), so a strategy could not make a sub-job with tf32 off."""
     from hetprune.core.settings import Settings
 
-    settings = Settings(config.resolve())
+    settings = Settings(loader.resolve())
     for key, value in (("tf32", False), ("selection", 0), ("augment", "crop")):
         changed = settings.replace(**{key: value})
         assert getattr(changed.run, key) == value and changed.as_settings()[key] == value

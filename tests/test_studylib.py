@@ -44,13 +44,15 @@ def test_a_rerun_resumes_where_rows_are_already(tmp_path):
     assert runs.resumable(argv, tmp_path) == [*argv, "--resume"] and argv[-1] == str(tmp_path)
 
 
-def test_a_studys_context_and_its_jobs_take_the_settings_as_a_dict_they_can_splice(tmp_path):
-    """The MAP studies copy and change the run's settings (map_points.job_for: a JSON round trip, a seed set):
-    the context gives the checked settings as the loader's dict, and a job made from them runs on them."""
+def test_a_studys_context_and_its_jobs_carry_the_settings_typed(tmp_path):
+    """The MAP studies change the run's settings (map_points.job_for: a seed set) through the typed object the
+    loader made, not as a dict they splice: the context carries it, and a job made from it runs on it."""
     from map_points import job_for
 
+    from hetprune_hetdpt.options import HetDPTOptions
+
     ctx = runs.context("digits", ["hetdpt.checks=none"])
-    assert isinstance(ctx.settings, dict) and ctx.settings["hetdpt"]["checks"] == "none"
+    assert ctx.settings.section(HetDPTOptions).checks == "none" and ctx.settings.run.seed == 0
     job = job_for(ctx, "b4", 3, tmp_path / "work", tmp_path / "shared")
     assert job.seed == 3 and job.config.seed == 3 and len(job.feasible_pairs()) == 5
 

@@ -12,6 +12,7 @@ import torch
 
 from hetprune import HetpruneError
 from hetprune.core import config
+from hetprune.core import loader
 from hetprune.training.bundle import DataBundle
 from hetprune.training.samplers import GlobalBatchSampler
 from hetprune.training.train import ClassificationSource, TrainConfig, train, training_loss
@@ -118,12 +119,12 @@ def test_label_smoothing_without_mixup_is_timms_and_reaches_training(data):
 # -- the settings: off by default, out of the keys, one clear error each -----------------------------------
 
 def test_the_new_options_are_off_and_absent_by_default():
-    s = config.resolve({})
+    s = loader.resolve({})
     assert s["finetune"] == config.CORE_DEFAULTS["finetune"]
     assert set(TrainConfig().to_dict()) == {"epochs", "lr", "batch_size", "weight_decay", "warmup_epochs", "kd",
                                             "kd_temperature", "kd_alpha", "subset", "seed", "device", "workers",
                                             "amp"}
-    s = config.resolve({}, sets=["finetune.mixup=0.8", "finetune.ema_decay=0.99996", "finetune.drop_path=0.1"])
+    s = loader.resolve({}, sets=["finetune.mixup=0.8", "finetune.ema_decay=0.99996", "finetune.drop_path=0.1"])
     assert s["finetune"]["mixup"] == 0.8 and s["finetune"]["drop_path"] == 0.1
     assert "mixup" not in s["short_finetune"]
 
@@ -148,7 +149,7 @@ def test_the_new_options_are_off_and_absent_by_default():
 def test_each_new_option_has_one_clear_error(item, message):
     sets = [item] + (["finetune.kd=none"] if "kd_token" in item else [])
     with pytest.raises(HetpruneError) as exc:
-        config.resolve({}, sets=sets)
+        loader.resolve({}, sets=sets)
     assert message in str(exc.value)
 
 
@@ -613,7 +614,7 @@ def test_the_documented_deit_b_recipe_is_valid_settings():
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "real-data.md").read_text(encoding="utf-8")
     assert "--config deit-b-paper" in text
-    settings = config.resolve(HetDPT(), "deit-b-paper", overrides={"device": "cpu"})
+    settings = loader.resolve(HetDPT(), "deit-b-paper", overrides={"device": "cpu"})
     cfg = config.train_config(settings, "finetune")
     from hetprune.training.train import scaled_lr
 

@@ -10,6 +10,7 @@ import torch
 
 from hetprune import HetpruneError
 from hetprune.core import config
+from hetprune.core import loader
 from hetprune.training import train as train_mod
 from hetprune.training.train import ClassificationSource, StepPlan, TrainConfig, step_plan, train
 
@@ -84,11 +85,11 @@ def test_compile_reads_auto_true_false_and_their_words_and_keys_as_before():
     # at auto it is absent from the settings (every key made before it stays); given, it is keyed as true was
     assert "compile" not in TrainConfig().as_settings()
     assert TrainConfig(compile=True).as_settings()["compile"] is True
-    settings = config.resolve([], overrides={"finetune": {"compile": False}})   # YAML's true/false (and on/off)
+    settings = loader.resolve([], overrides={"finetune": {"compile": False}})   # YAML's true/false (and on/off)
     assert settings["finetune"]["compile"] is False
     assert config.train_config(settings, "finetune").compile is False
     with pytest.raises(HetpruneError, match="compile"):
-        config.resolve([], overrides={"finetune": {"compile": 3}})
+        loader.resolve([], overrides={"finetune": {"compile": 3}})
 
 
 # -- the teacher -------------------------------------------------------------------------------------------------

@@ -56,8 +56,8 @@ def context(bench: str, sets: list[str] | None = None) -> SimpleNamespace:
     dense, spec, info = base_model(args, log=lambda m: None)
     attached = start.attach(dense, classification(data_for(args, dense)), spec, info, log=lambda m: None)
     return SimpleNamespace(bench=bench, sets=list(sets or []), registry=start.registry, strategy=start.strategy,
-                           settings=start.settings.as_settings(), dense=dense, spec=spec, info=attached.info,
-                           task=attached.task, base_key=attached.key)   # a study splices the settings as a dict
+                           settings=start.settings, dense=dense, spec=spec, info=attached.info,
+                           task=attached.task, base_key=attached.key)
 
 
 def truth_rows(ctx, target: str, pairs, seeds, out: Path, jobs: int, log) -> list[dict]:
@@ -74,9 +74,7 @@ def truth_rows(ctx, target: str, pairs, seeds, out: Path, jobs: int, log) -> lis
 
 def final_images(ctx) -> int:
     """Images through one final fine-tune: epochs x the subset (or the whole training set)."""
-    from hetprune.core.config import RunSettings
-
-    ft = RunSettings.of(ctx.settings).schedule("finetune")
+    ft = ctx.settings.run.schedule("finetune")
     n = ctx.task.train_size
     return int(ft.epochs * (min(ft.subset, n) if ft.subset else n))
 

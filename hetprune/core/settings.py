@@ -1,7 +1,7 @@
 """A run's settings as one typed object: [`Settings`][hetprune.core.settings.Settings], what a job carries.
 
-The loader (`hetprune.core.config.resolve`: defaults, a YAML file, ``--set``) is the one place settings are dicts;
-it checks them whole, and `Settings.of` turns the result into this object once. Below it, code reads the parsed
+The loader (`hetprune.core.loader.resolve`: defaults, a YAML file, ``--set``) is the one place settings are dicts;
+it checks them whole and returns this object. Below it, code reads the parsed
 parts (``settings.run``: the core's `RunSettings`; ``settings.section(HetDPTOptions)``: a strategy's own), each
 parsed once per object, not again on every read; a change is a new object (`replace`, `replace_in`),
 checked as the loader checks. A key hashes the object as the dict it was made from (`as_settings`), so no
@@ -29,7 +29,9 @@ class Settings(ReadsLikeItsDict):
 
     __slots__ = ("_values", "_parsed")
 
-    def __init__(self, values: dict):
+    def __init__(self, values: "dict | Settings"):
+        if isinstance(values, Settings):   # a copy of another: its checked values
+            values = values._values
         if not isinstance(values, dict):
             raise HetpruneError(f"settings must be a mapping of setting names to values, got {type(values).__name__}")
         self._values = copy.deepcopy(values)
@@ -69,6 +71,18 @@ class Settings(ReadsLikeItsDict):
         for cls in Section.declared.get(section, []):
             out.section(cls)
         return out
+
+    def per_gpu_resolved(self, world: int) -> "Settings":
+        """These settings with every schedule's ``batch_per_gpu`` made its global batch for ``world`` ranks
+        (`hetprune.core.config.per_gpu_resolved`); itself where no schedule has one."""
+        resolved = config.per_gpu_resolved(self._values, world)
+        return self if resolved is self._values else Settings(resolved)
+
+    def sized(self, train_size: int | None) -> "Settings":
+        """These settings with the schedules that give ``image_passes`` sized by the training set
+        (`hetprune.core.config.sized`); itself where none gives them."""
+        resolved = config.sized(self._values, train_size)
+        return self if resolved is self._values else Settings(resolved)
 
     def with_sections(self, defaults: dict) -> "Settings":
         """A copy that also holds each section of ``defaults`` these settings lack (a sub-strategy's own

@@ -15,6 +15,7 @@ from scipy import stats
 
 from ..core import config as config_mod
 from ..core.keys import fingerprint
+from ..core.settings import Settings
 from .compare import ROWS_FILE, RowPlan, distinct, mean_std, whole_number
 from ..core.errors import HetpruneError, option
 from ..core.io import ResultFolder, no_empty_folder_on_error, write_json_atomic, write_text_atomic
@@ -69,7 +70,7 @@ def budget_words(budget) -> str:
     return f"{budget} sites" if isinstance(budget, int) else str(budget)
 
 
-def split_plans(pairs: list[Pair], seeds: list[int], settings: dict, budget, base_hash: str, data_fp: str,
+def split_plans(pairs: list[Pair], seeds: list[int], settings: Settings, budget, base_hash: str, data_fp: str,
                 scorer: str | None = None, kind: str = "truth", unused: tuple[str, ...] = ()) -> list[RowPlan]:
     """Rows that fine-tune each split fully (ground truth), or one split per scorer. ``unused``: settings
     sections a fixed split never reads (the allocating strategy's own), left out of the rows' keys so that
@@ -77,7 +78,7 @@ def split_plans(pairs: list[Pair], seeds: list[int], settings: dict, budget, bas
     plans = []
     for seed in seeds:
         for a, m in pairs:
-            s = config_mod.changed(settings, seed=seed, **({"scorer": scorer} if scorer else {}))
+            s = settings.replace(seed=seed, **({"scorer": scorer} if scorer else {}))
             tag = f"{kind}-a{a}-m{m}" + (f"-{scorer}" if scorer else "") + f"__seed{seed}"
             keyed = {k: v for k, v in config_mod.keyed(s).items() if k not in unused}
             key = fingerprint({"kind": kind, "split": [a, m], "seed": seed, "settings": keyed, "base": base_hash,
@@ -261,7 +262,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
                           config_file=config, overrides={"device": device, "amp": amp}, registry=registry, plan=plan,
                           reuse_older=reuse_older)
     registry, strat, the_budget = start.registry, start.strategy, start.budget
-    run_settings = start.settings.as_settings()   # the rows' records are dicts
+    run_settings = start.settings
     if not all(hasattr(strat, m) for m in ("point_plan", "collect_points", "predictor", "predictor_name")):
         raise HetpruneError(f"strategy {strat.name!r} has no cheap predictor points (point_plan, collect_points, "
                             "predictor, predictor_name); use hetdpt or a strategy built like it")
@@ -277,7 +278,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
         out = start.prepare_out()
         dense = start.attach(model, task, spec, base_info, adapter, log, measure=not plan)
         task, adapter, info = dense.task, dense.adapter, dense.info
-        run_settings = start.settings.as_settings()   # schedules sized by the data (image_passes) once attached
+        run_settings = start.settings   # schedules sized by the data (image_passes) once attached
         sign = 1 if task.higher_is_better else -1
         log = log if dist.is_main() else (lambda msg: None)
 
@@ -285,7 +286,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
         points, pairs, cheap = [], None, []
         for seed in seeds:
             job = PruneJob(dense=model, spec=spec, data=None, task=task, budget=the_budget,
-                           settings=config_mod.changed(run_settings, seed=seed), registry=registry,
+                           settings=run_settings.replace(seed=seed), registry=registry,
                            workdir=out / "work" / f"points-seed{seed}", shared_dir=out / "work" / "shared",
                            base_info=dict(info), resume=start.resume, log=log, strategy_name=strat.name,
                            adapter=adapter, progress=progress)
@@ -359,7 +360,7 @@ def ablate(model, task, strategy: str = "hetdpt", budget=12, seeds=(0,), *, pred
             result["scorers"] = {}
             for name in scorers:
                 mine = [r for r, p in zip(rows, plans)
-                        if p.id.startswith("scorer-") and config_mod.RunSettings.of(p.settings).scorer == name]
+                        if p.id.startswith("scorer-") and p.settings.run.scorer == name]
                 mean, std = mean_std([r["metric"] for r in mine])
                 result["scorers"][name] = {"metric": mean, "metric_std": std,
                                            **({"top1": mean, "top1_std": std} if task.metric_name == "top1" else {}),

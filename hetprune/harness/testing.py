@@ -39,6 +39,7 @@ from ..pruning.budget import Budget
 from ..core.contract import Violation
 from ..model.checks import outputs, relative_error
 from ..core.errors import HetpruneError
+from ..core.settings import Settings
 from ..model.spec import ModelSpec, build
 from ..model.sites import Site, sites
 
@@ -75,10 +76,10 @@ def tiny_data():
     return digits()
 
 
-def tiny_settings(strategy_defaults: dict | None = None, changes: dict | None = None) -> dict:
+def tiny_settings(strategy_defaults: dict | None = None, changes: dict | None = None) -> Settings:
     """Full settings (core defaults + a strategy's own sections: give the strategy, or a mapping of its
     sections' defaults) with tiny fine-tunes, then ``changes`` on top, checked as a run's are."""
-    from ..core.config import resolve
+    from ..core.loader import resolve
 
     return resolve(strategy_defaults, overrides=_merged(TINY_SETTINGS, changes or {}))
 

@@ -12,22 +12,22 @@ moves.
 
 from __future__ import annotations
 
-from ..core import config as config_mod
 from ..core.plugins import Registry
+from ..core.settings import Settings
 
 # the shared machinery every strategy runs through: the trainer (fine-tunes, the gate phase's steps) and the
 # pipeline's steps (removal, merge, evaluation); bump one where it changes what any result is
 CORE = {"trainer": 1, "pipeline": 1}
 
 
-def named_components(settings: dict) -> list[tuple[str, str, str]]:
+def named_components(settings: Settings) -> list[tuple[str, str, str]]:
     """Every component a run's settings name, as ``(where, kind, name)``: the scorer, removers and mergers, and in
     every section a ``predictor``/``..._predictor``, ``scorer``/``..._scorer``, ``..._strategy`` (HetDPT+'s depth
     part) or ``pruner`` (the width pruner)."""
-    run = config_mod.RunSettings.of(settings)
+    run = settings.run
     named = [("scorer", "scorer", run.scorer), ("attn_remover", "remover", run.attn_remover),
              ("act_remover", "remover", run.act_remover), *(("mergers", "merger", m) for m in run.mergers)]
-    for section, values in (settings if isinstance(settings, dict) else settings.as_settings()).items():
+    for section, values in settings.as_settings().items():
         if isinstance(values, dict):
             for key, value in values.items():
                 kind = ("predictor" if key == "predictor" or key.endswith("_predictor") else
@@ -44,7 +44,7 @@ def behaviour_of(registry: Registry, kind: str, name: str) -> int:
     return int(getattr(registry.component(kind, name).factory, "behaviour", 1))
 
 
-def behaviours(registry: Registry, settings: dict, strategy: str | None) -> dict[str, int]:
+def behaviours(registry: Registry, settings: Settings, strategy: str | None) -> dict[str, int]:
     """The behaviour numbers of everything a result of ``strategy`` under ``settings`` is made by: the core's
     (`CORE`), the strategy's and every component the settings name (a fixed split, ``strategy`` None, has no
     strategy of its own)."""

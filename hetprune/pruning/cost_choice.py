@@ -14,7 +14,7 @@ import dataclasses
 
 from ..core import devices
 from .budget import Budget
-from ..core.config import RunSettings
+from ..core.settings import Settings
 from ..core.errors import HetpruneError, option
 
 AUTO = "auto"
@@ -27,9 +27,9 @@ def resolve_name(name: str, device) -> str:
     return "latency" if devices.resolve(device).type == "cuda" else "macs"
 
 
-def bind(budget: Budget | None, settings: dict, registry) -> Budget | None:
+def bind(budget: Budget | None, settings: Settings, registry) -> Budget | None:
     """The budget with the run's cost model named in it (speedup and latency targets), checked."""
-    run = RunSettings.of(settings)
+    run = settings.run
     chosen = run.cost_model
     if not isinstance(chosen, str) or not chosen:
         raise HetpruneError(f"cost_model must be a name (auto, macs, latency or a plugin's), got {chosen!r}")
@@ -51,13 +51,13 @@ def bind(budget: Budget | None, settings: dict, registry) -> Budget | None:
     return dataclasses.replace(budget, cost_model=name)
 
 
-def build(registry, name: str, settings: dict):
+def build(registry, name: str, settings: Settings):
     """The cost model ``name`` with its options from ``cost_model_options``; an unknown name, or options it does
     not take, is one error listing what is known (commands call this before any base model is trained)."""
-    return registry.build("cost_model", name, **RunSettings.of(settings).options_for("cost_model", name))
+    return registry.build("cost_model", name, **settings.run.options_for("cost_model", name))
 
 
-def refuse_parallel(jobs: int, budgets: list[Budget], settings: dict) -> set[str]:
+def refuse_parallel(jobs: int, budgets: list[Budget], settings: Settings) -> set[str]:
     """The time cost models the budgets count in; an error when ``jobs`` > 1 would run rows at once, each
     timing the others' noise."""
     timed = {run_model_name(b, settings) for b in budgets} - {"macs"}
@@ -67,7 +67,7 @@ def refuse_parallel(jobs: int, budgets: list[Budget], settings: dict) -> set[str
     return timed
 
 
-def run_model_name(budget: Budget, settings: dict) -> str:
+def run_model_name(budget: Budget, settings: Settings) -> str:
     """The cost model a run reports in: its budget's, else the settings' (auto resolved by device)."""
-    run = RunSettings.of(settings)
+    run = settings.run
     return budget.model_name or resolve_name(run.cost_model, run.device)

@@ -19,7 +19,7 @@ from ..model import checks as model_checks
 from ..core import distributed as dist
 from ..model.adapters import Adapter, adapter_for, serving
 from .budget import Budget, feasible_pairs
-from ..core.config import RunSettings, Section, per_gpu_resolved
+from ..core.config import RunSettings, Section
 from ..core.settings import Settings
 from .cost_choice import build as build_cost_model, run_model_name
 from .plan import val_size
@@ -106,8 +106,7 @@ class PruneJob:
         self.spec = self.spec or ModelSpec.user_built(self.dense)
         # a per-GPU batch as the global batch it is on this many ranks (a run's start has done it already):
         # every key made from a schedule sees the global batch
-        values = self.settings.as_settings() if isinstance(self.settings, Settings) else self.settings
-        self.settings = Settings.of(per_gpu_resolved(values, dist.world()))
+        self.settings = Settings.of(self.settings).per_gpu_resolved(dist.world())
         run = self.config
         self._device = devices.resolve(run.device)
         self._amp = devices.resolve_amp(run.amp, self._device)

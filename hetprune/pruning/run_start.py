@@ -2,7 +2,7 @@
 from Python and from the command line alike.
 
 A run resolves, once and in this order: the registry, the strategies, the
-budgets, the settings (one [`hetprune.core.config.resolve`][hetprune.core.config.resolve]),
+budgets, the settings (one [`hetprune.core.loader.resolve`][hetprune.core.loader.resolve]),
 the device and precision (joining the process group under torchrun), the cost
 model each budget counts in, the component names the settings give, and the
 output folder. All of that fails before any model exists, so a command can
@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..core import config as config_mod
+from ..core import config as config_mod, loader
 from . import cost_choice as cost_model
 from ..core import devices
 from ..core import distributed as dist
@@ -139,11 +139,10 @@ class RunStart:
     def size_schedules(self, train_size: int | None, log: Callable[[str], None] = print) -> None:
         """The schedules that give ``image_passes`` get their epochs from the training set's size, once it is
         known (`hetprune.core.config.sized`), with one line each saying what they became."""
-        before = self.settings.as_settings()
-        after = config_mod.sized(before, train_size)
-        if after is before:
+        after = self.settings.sized(train_size)
+        if after is self.settings:
             return
-        self.settings = Settings(after)
+        self.settings = after
         for section in config_mod.SCHEDULES:
             cfg = self.config.schedule(section)
             if cfg.image_passes is not None and dist.is_main():
@@ -199,11 +198,11 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
     registry = registry or get_registry()
     built = [registry.build("strategy", s) if isinstance(s, str) else s for s in strategies]
     given = {**(settings or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
-    run_settings = config_mod.resolve(built, config_file, given, sets, elsewhere=sections_elsewhere(registry, built))
+    run_settings = loader.resolve(built, config_file, given, sets, elsewhere=sections_elsewhere(registry, built))
     elsewhere = unavailable_here(run_settings) if plan else None
     if elsewhere is not None:   # the counts need no device: plan them here, on the CPU
-        run_settings.update(config_mod.changed(run_settings, device="cpu", amp="none"))
-    device = run_device(run_settings)
+        run_settings = run_settings.replace(device="cpu", amp="none")
+    run_settings, device = run_device(run_settings)
     bound = [cost_model.bind(b, run_settings, registry) for b in budgets]
     check_names(registry, run_settings)
     where = None
@@ -216,8 +215,8 @@ def start_run(strategies, budgets, *, folder: ResultFolder | None = None, out: s
     chosen = bool(config_file) or any(k in config_mod.SCHEDULES for k in given) or any(
         n in config_mod.SCHEDULES for n in named)
     scoring = "scoring" in given or "scoring" in named or (
-        config_mod.RunSettings.of(run_settings).scoring_batches.subset != config_mod.ScoringConfig().subset)
-    return RunStart(registry, built, bound, Settings(run_settings), device, where, resume, overwrite, folder, chosen,
+        run_settings.run.scoring_batches.subset != config_mod.ScoringConfig().subset)
+    return RunStart(registry, built, bound, run_settings, device, where, resume, overwrite, folder, chosen,
                     scoring, elsewhere, reuse_older=reuse_older)
 
 
@@ -228,7 +227,7 @@ def sections_elsewhere(registry: Registry, strategies: list) -> dict[str, list[s
     out: dict[str, list[str]] = {}
     for name in registry.names("strategy"):
         if name not in running:
-            for section in config_mod.sections_of(registry.component("strategy", name).factory)[0]:
+            for section in loader.sections_of(registry.component("strategy", name).factory)[0]:
                 out.setdefault(section, []).append(name)
     return out
 
@@ -322,15 +321,15 @@ def _configs_for(n: int) -> str:
     if n <= SMALL_FOLDER:
         return (f"the shipped config for small folders ({option('config', 'small-folder')}: schedules sized by the "
                 f"folder's image count, no teacher from the hub, no flips)")
-    shipped = " | ".join(option("config", name) for name in IMAGENET_CONFIGS if name in config_mod.shipped_configs())
+    shipped = " | ".join(option("config", name) for name in IMAGENET_CONFIGS if name in loader.shipped_configs())
     return (f"a shipped ImageNet recipe ({shipped}: a distilled DeiT student, a teacher from timm's hub, "
             f"ImageNet-sized schedules)")
 
 
-def unavailable_here(settings: dict) -> str | None:
+def unavailable_here(settings: Settings) -> str | None:
     """Why the run's device or precision cannot run on this machine (the message a run would stop with), or
     None where it can."""
-    run = config_mod.RunSettings.of(settings)
+    run = settings.run
     try:
         devices.resolve_amp(run.amp, devices.resolve(devices.canonical(run.device)))
     except HetpruneError as exc:
@@ -338,27 +337,24 @@ def unavailable_here(settings: dict) -> str | None:
     return None
 
 
-def run_device(settings: dict) -> torch.device:
+def run_device(settings: Settings) -> tuple[Settings, torch.device]:
     """Resolve the run's device and mixed precision once, at the start.
 
-    ``settings["device"]`` becomes the checked, rank-independent name (``auto``
-    resolved) and ``settings["amp"]`` the precision that will run; under
-    torchrun this process joins the process group (nccl on CUDA, gloo on CPU;
-    collectives wait ``dist_timeout_min`` for a missing rank), and a
-    schedule's per-GPU batch (``batch_per_gpu``) becomes its global batch.
-    Returns this process's ``torch.device``.
+    Returns the settings whose ``device`` is the checked, rank-independent name (``auto`` resolved) and whose
+    ``amp`` is the precision that will run, each schedule's per-GPU batch (``batch_per_gpu``) its global batch,
+    and this process's ``torch.device``; under torchrun this process joins the process group (nccl on CUDA,
+    gloo on CPU; collectives wait ``dist_timeout_min`` for a missing rank).
     """
-    run = config_mod.RunSettings.of(settings)
+    run = settings.run
     name = devices.canonical(run.device)
     device = devices.resolve(name)
-    settings.update(config_mod.changed(settings, device=name, amp=devices.resolve_amp(run.amp, device)))
+    settings = settings.replace(device=name, amp=devices.resolve_amp(run.amp, device))
     devices.set_tf32(device, run.tf32)
     dist.init_from_env(device, run.dist_timeout_min)
-    settings.update(config_mod.per_gpu_resolved(settings, dist.world()))   # batch_per_gpu: the global batch from now on
-    return device
+    return settings.per_gpu_resolved(dist.world()), device   # batch_per_gpu: the global batch from now on
 
 
-def check_names(registry: Registry, settings: dict) -> None:
+def check_names(registry: Registry, settings: Settings) -> None:
     """Unknown component names fail now, not after an hour of work: every component the settings name (the
     run's scorer, removers and mergers, and in every section a predictor, a ``..._scorer``, a ``..._strategy``
     or a width ``pruner``: `hetprune.pruning.behaviours.named_components`) and every name an options mapping
@@ -370,7 +366,7 @@ def check_names(registry: Registry, settings: dict) -> None:
             raise HetpruneError(f"setting {where}: {exc}") from None
 
 
-def options_named(registry: Registry, settings: dict) -> list[tuple[str, str, str]]:
+def options_named(registry: Registry, settings: Settings) -> list[tuple[str, str, str]]:
     """Every component name an options mapping gives options to (``scorer_options: {gate-taylr: {...}}``,
     ``hetdpt.predictor_options: {polly: {...}}``): ``(where, kind, name)``. Options for a name nobody registers
     would be read by nothing, and the run would use the defaults without a word: `check_names` refuses them."""
@@ -385,18 +381,18 @@ def options_named(registry: Registry, settings: dict) -> list[tuple[str, str, st
             elif isinstance(value, dict) and kind is None:
                 walk(value, f"{prefix}{key}.")
 
-    walk(settings if isinstance(settings, dict) else settings.as_settings(), "")
+    walk(settings.as_settings(), "")
     return found
 
 
-def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: dict | None, settings: dict,
+def dense_info(model: nn.Module, task: Task, spec: ModelSpec | None, base_info: dict | None, settings: Settings,
                measure: bool = True) -> dict:
     """The dense model's provenance for a run: where it came from, its hash, and its metric on the task
     (measured on the run's device, as every pruned model will be; ``top1`` too for a classification task)."""
     info = dict(base_info or {})
     info.setdefault("source", "user model" if spec is None else spec.name)
     info.setdefault("hash", model_hash(model))
-    run = config_mod.RunSettings.of(settings)
+    run = settings.run
     device = devices.resolve(run.device)
     devices.place(model, device)
     if "metric" not in info and measure:

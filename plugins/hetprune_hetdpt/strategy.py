@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 from hetprune import Site
-from hetprune.plugin_api import DepthStrategy, PruneJob, RunSettings
+from hetprune.plugin_api import DepthStrategy, PruneJob, Settings
 
 from .allocation import Allocation, fit, refinement_pairs
 from .checks import near_ties, spread
@@ -58,21 +58,22 @@ class HetDPT(DepthStrategy):
     POINT_SELECTIONS = tuple(SCHEMES)
 
     @staticmethod
-    def point_finetune(settings: dict, train_size: int | None = None) -> str:
-        """The settings section whose schedule fine-tunes a one-shot point, ``auto`` resolved."""
-        return resolve_finetune(HetDPTOptions.of(settings).point_finetune, RunSettings.of(settings), train_size,
-                                "oneshot")
+    def point_finetune(settings: Settings | dict, train_size: int | None = None) -> str:
+        """The settings section whose schedule fine-tunes a one-shot point, ``auto`` resolved (``settings``: a
+        run's, or a mapping of the settings that say, as a caller gives them)."""
+        settings = Settings.of(settings)
+        return resolve_finetune(settings.section(HetDPTOptions).point_finetune, settings.run, train_size, "oneshot")
 
     # -- what ``hetprune ablate`` asks of a strategy with cheap points --------------
     @staticmethod
-    def predictor_name(settings: dict) -> str:
+    def predictor_name(settings: Settings) -> str:
         """The predictor the settings name (``hetdpt.predictor``)."""
-        return HetDPTOptions.of(settings).predictor
+        return settings.section(HetDPTOptions).predictor
 
     @staticmethod
-    def point_selection(settings: dict) -> str:
+    def point_selection(settings: Settings) -> str:
         """The point scheme the settings name (``hetdpt.point_selection``)."""
-        return HetDPTOptions.of(settings).point_selection
+        return settings.section(HetDPTOptions).point_selection
 
     @staticmethod
     def point_scorer(job: PruneJob) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...core import config as config_mod
+from ...core import loader
 from ...core.errors import HetpruneError
 from ...core.plugins import get_registry
 from .common import add_model_arguments, base_and_data, command_line, print_plan
@@ -144,7 +144,7 @@ def settings_options(args, strategies: list) -> dict:
     overrides = {"scorer": args.scorer, "device": args.device, "amp": args.amp, "cost_model": args.cost_model}
     if getattr(args, "seed", None) is not None:
         overrides["seed"] = args.seed
-    defaults, _ = config_mod.sections_of(strategies)
+    defaults, _ = loader.sections_of(strategies)
     what = ",".join(s.name for s in strategies)
     overrides.update({**predictor_flag(defaults, getattr(args, "predictor", None), what),
                       **round_to_flag(defaults, getattr(args, "round_to", None), what),

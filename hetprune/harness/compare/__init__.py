@@ -128,7 +128,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
         start = start_run(names, the_budgets, folder=COMPARE_FOLDER, out=out, resume=resume, overwrite=overwrite,
                           settings=settings, overrides={"device": device, "amp": amp}, registry=registry, plan=plan,
                           reuse_older=reuse_older)
-    registry, run_settings, the_budgets = start.registry, start.settings.as_settings(), start.budgets   # rows' records
+    registry, run_settings, the_budgets = start.registry, start.settings, start.budgets
     for name in sorted(cost_model.refuse_parallel(jobs, the_budgets, run_settings)):
         cm = cost_model.build(registry, name, run_settings)   # time the models where it predicts, too
         if isinstance(getattr(cm, "batch_size", None), int) and cm.batch_size not in batch_sizes:
@@ -137,7 +137,7 @@ def compare(model: nn.Module, task, strategies=DEFAULT_STRATEGIES, budgets=(12,)
         out = start.prepare_out()
         dense = start.attach(model, task, spec, base_info, adapter, log, measure=not plan)
         task, adapter, info = dense.task, dense.adapter, dense.info
-        run_settings = start.settings.as_settings()   # schedules sized by the data (image_passes) once attached
+        run_settings = start.settings   # schedules sized by the data (image_passes) once attached
         spec_ = CompareSpec(names, the_budgets, seeds, run_settings, batch_sizes=batch_sizes,
                             device=start.config.device, speed_budget_s=float(speed_budget_s))
         plans = plan_rows(spec_, dense.key, task.key)

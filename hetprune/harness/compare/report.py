@@ -235,7 +235,7 @@ def write_outputs(out: Path, spec: CompareSpec, dense_row: dict, rows: list[dict
     write_text_atomic(out / "results.csv", rows_csv(rows, metric, sizes))
     data = {"meta": meta, "dense": dense_row, "rows": rows, "aggregates": aggregates, "timing": timing,
             "untrusted_timing": untrusted_timing(timing, rows),
-            "settings": spec.settings}
+            "settings": spec.settings.as_settings()}
     write_json_atomic(out / "results.json", data)
     pareto_plot(out / "pareto.png", dense_row, aggregates, title, metric)
     return {"markdown": warnings_ + md, "aggregates": aggregates}

@@ -11,7 +11,6 @@ from typing import Callable
 
 from torch import nn
 
-from ...core import config
 from ...core import distributed as dist
 from ...core.errors import BudgetUnreachable, HetpruneError
 from ...core.keys import before
@@ -101,7 +100,7 @@ def plan_rows(spec: CompareSpec, base_hash: str, data_fp: str) -> list[RowPlan]:
     for budget in spec.budgets:
         for seed in spec.seeds:
             for name in spec.strategies:
-                settings = config.changed(spec.settings, seed=seed)
+                settings = spec.settings.replace(seed=seed)
                 plans.append(RowPlan(row_id(name, budget, seed), name, budget, seed, settings,
                                      row_key(spec, name, budget, seed, base_hash, data_fp)))
     return plans
@@ -138,7 +137,7 @@ def run_one(plan: RowPlan, registry: Registry, dense: nn.Module, model_spec, tas
         "finished_at": now(),
     }
     if plan.split:
-        row["scorer"] = config.RunSettings.of(plan.settings).scorer
+        row["scorer"] = plan.settings.run.scorer
     alloc = r.get("allocation")
     if isinstance(alloc, dict) and isinstance(alloc.get("pick"), dict):
         row["predicted_metric"] = alloc["pick"].get("predicted")
@@ -228,7 +227,7 @@ def row_workers(plans: list[RowPlan], task) -> int:
     """The loader workers each row's fine-tunes read with: the schedule's, else the data's own default."""
     if not plans:
         return 0
-    own = config.RunSettings.of(plans[0].settings).schedule("finetune").workers
+    own = plans[0].settings.run.schedule("finetune").workers
     return own or int(getattr(getattr(task, "data", None), "workers", None) or 0)
 
 
@@ -236,7 +235,7 @@ def row_device(plans: list[RowPlan]):
     """Where the rows train (their settings' resolved device)."""
     import torch
 
-    return torch.device(config.RunSettings.of(plans[0].settings).device if plans else "cpu")
+    return torch.device(plans[0].settings.run.device if plans else "cpu")
 
 
 def _worker(payload: dict) -> dict:

@@ -1,11 +1,12 @@
 """What a comparison is made of, below its rows and its report: the spec (strategies, budgets, seeds, one
-settings dict, the timer), one row's plan and key, and the checks of the lists a caller passes."""
+settings object, the timer), one row's plan and key, and the checks of the lists a caller passes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ...core import config
+from ...core.settings import Settings
 from ...pruning.budget import Budget
 from ...core.keys import fingerprint
 from ...core.errors import HetpruneError
@@ -16,12 +17,15 @@ class CompareSpec:
     strategies: list[str]
     budgets: list[Budget]
     seeds: list[int]
-    settings: dict                      # one settings dict for every strategy (all sections merged)
+    settings: Settings                  # one settings object for every strategy (all sections merged)
     batch_sizes: list[int] = field(default_factory=lambda: [1, 256])
     device: str = "cpu"
     speed_repeats: int = 7
     speed_spread: float = 0.02          # time until every speedup is known within ±2 % ...
     speed_budget_s: float = 15.0        # ... or this many more seconds per batch size have passed
+
+    def __post_init__(self):
+        self.settings = Settings.of(self.settings)   # a caller's mapping is checked and carried typed
 
 
 def row_id(strategy: str, budget: Budget, seed: int) -> str:
@@ -49,18 +53,22 @@ class RowPlan:
     strategy: str
     budget: Budget
     seed: int
-    settings: dict
+    settings: Settings
     key: str
     split: tuple[int, int] | None = None   # run hetprune.pruning.pipeline.FixedSplit instead of a named strategy
     label: str | None = None               # what the row is called in tables (default: the strategy)
 
+    def __post_init__(self):
+        self.settings = Settings.of(self.settings)
+
     def to_payload(self) -> dict:
         return {"id": self.id, "strategy": self.strategy, "budget": self.budget.to_dict(), "seed": self.seed,
-                "settings": self.settings, "key": self.key, "split": self.split, "label": self.label}
+                "settings": self.settings.as_settings(), "key": self.key, "split": self.split, "label": self.label}
 
     @classmethod
     def from_payload(cls, d: dict) -> "RowPlan":
-        return cls(**{**d, "budget": Budget(**d["budget"]), "split": tuple(d["split"]) if d["split"] else None})
+        return cls(**{**d, "budget": Budget(**d["budget"]), "settings": Settings.of(d["settings"]),
+                      "split": tuple(d["split"]) if d["split"] else None})
 
 
 def budget_text(budget: dict) -> str:
