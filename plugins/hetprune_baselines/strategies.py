@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hetprune import BudgetUnreachable, Site, sites
-from hetprune.plugin_api import (DepthStrategy, PruneJob, Section, number, scoring_context, select_sites, setting,
-                                 surgery)
+from hetprune.plugin_api import DepthStrategy, PruneJob, Section, number, pipeline, setting, surgery
 
 
 def closest_pair(pairs: list[tuple[int, int]], attn_share: float) -> tuple[int, int]:
@@ -143,11 +142,11 @@ class BlockDrop(DepthStrategy):
         n = counts["attn"]
         if n == 0:
             return []
-        picked = select_sites(job, model, {"attn": n, "act": n})
+        picked = pipeline.select_sites(job, model, {"attn": n, "act": n})
         votes = Counter(s.block for s in picked)
         run = job.config
         scorer = job.registry.build("scorer", run.scorer, **run.options_for("scorer", run.scorer))
-        ctx = scoring_context(job)
+        ctx = pipeline.scoring_context(job)
         rank = {}
         for kind in ("attn", "act"):
             scores = scorer.score(model, sites(model, kind), ctx)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import PlanStep, PruneJob, metric_of
+from hetprune.plugin_api import PruneJob, storage
+from hetprune.plugin_api import plan as planning
 from hetprune.plugin_api import distributed as dist
 
 from .halving import Halving, PipelineChecks
@@ -145,7 +146,7 @@ class Allocation:
         if checks is not None:   # a selection share of nothing known is refused as it is made
             checks.check_budget(None, self.pairs, self.most, self.known_candidates())
 
-    def plan_steps(self) -> list[PlanStep]:
+    def plan_steps(self) -> list[planning.PlanStep]:
         """Stage 1 counted (``--plan``): the scheme's points and, past the paper, the checks (the checks alone
         where they cover every feasible split), by the code the run counts them with."""
         pairs = self.pairs
@@ -179,7 +180,7 @@ class Allocation:
         refined, the measured value where a split was measured."""
         if not self.opts.refine:
             return dict(predicted)
-        measured = {(p["n_attn"], p["n_act"]): metric_of(p) for p in points}
+        measured = {(p["n_attn"], p["n_act"]): storage.metric_of(p) for p in points}
         return {pair: measured.get(pair, predicted[pair]) for pair in self.pairs}
 
     def best(self, value: dict) -> Split:
@@ -207,10 +208,10 @@ class Allocation:
                     f"{halved.unit.said(halved.spent)} of {halved.unit.said(halved.budget)} spent")
             return {"pick": pick, "verified": halved_value(halved, pick), "halved": halved, "checked": []}
         found = self.scheme.verify(best)
-        pick = max(best, key=lambda p: (sign * metric_of(found[p]), -p[0]))
-        job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(metric_of(found[(a, m)]))}"
+        pick = max(best, key=lambda p: (sign * storage.metric_of(found[p]), -p[0]))
+        job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(storage.metric_of(found[(a, m)]))}"
                                                    for a, m in best))
-        return {"pick": pick, "verified": metric_of(found[pick]), "halved": None,
+        return {"pick": pick, "verified": storage.metric_of(found[pick]), "halved": None,
                 "checked": [found[p] for p in best]}
 
     # -- the stage ----------------------------------------------------------------------------------------
@@ -239,7 +240,7 @@ class Allocation:
             points = self.points(plan)
             predicted = self.fit(predictor, points)
             rounds.append({"measured": [list(p) for p in new]})
-        measured = {(p["n_attn"], p["n_act"]): metric_of(p) for p in points}
+        measured = {(p["n_attn"], p["n_act"]): storage.metric_of(p) for p in points}
         value = self.values(predicted, points)
         pick = self.best(value)
         fit_report = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
@@ -289,7 +290,7 @@ class Allocation:
 def fit(predictor, points: list[dict], pairs: list[Split]) -> dict[Split, float]:
     """``predictor`` fitted on ``points`` and its prediction at every split of ``pairs``; ``fit()``'s return
     value is ignored (the contract's rule): the object is the fitted one."""
-    predictor.fit([(p["n_attn"], p["n_act"], metric_of(p)) for p in points])
+    predictor.fit([(p["n_attn"], p["n_act"], storage.metric_of(p)) for p in points])
     return {pair: predictor.predict(*pair) for pair in pairs}
 
 
