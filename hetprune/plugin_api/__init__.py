@@ -47,7 +47,7 @@ from functools import reduce
 from ..core import devices, distributed
 from ..core.config import RunSettings, Section, TrainConfig, number, setting, whole
 from ..core.errors import BudgetUnreachable, HetpruneError, PluginError
-from ..core.hookspecs import hookimpl, hookspec
+from ..core.hookspecs import Register, hookimpl, hookspec
 from ..core.plugins import get_registry
 from ..core.settings import Settings
 from ..measure import latency_table
@@ -69,7 +69,7 @@ from . import storage
 
 __all__ = [
     # components: the protocols
-    "PROTOCOLS", "OPTIONAL", "lacks", "Predictor", "ReportsFit", "ReportsUncertainty", "ChecksPolicy",
+    "PROTOCOLS", "OPTIONAL", "lacks", "Register", "Predictor", "ReportsFit", "ReportsUncertainty", "ChecksPolicy",
     "SizesChecks", "Scorer", "SelectingScorer", "Remover", "Merger", "Strategy", "WidthPruner", "Architecture",
     "CostModel", "MeasuresCost", "DescribesCost", "PreparesCost",
     # hooks, registry, errors
