@@ -123,6 +123,7 @@ class BlockDrop(DepthStrategy):
             dense = job.cost(job.dense, example)
             per_block = dense - job.cost(one, example)
             limit = job.budget.limit(dense)
+            assert limit is not None   # a budget that is not a site count has a limit
             n = math.ceil(max(0.0, dense - limit) / per_block) if per_block > 0 else most + 1
             note = {}
         if n > most:
@@ -147,7 +148,7 @@ class BlockDrop(DepthStrategy):
         run = job.config
         scorer = job.registry.build("scorer", run.scorer, **run.options_for("scorer", run.scorer))
         ctx = pipeline.scoring_context(job)
-        rank = {}
+        rank: dict[int, list[float]] = {}
         for kind in ("attn", "act"):
             scores = scorer.score(model, sites(model, kind), ctx)
             ordered = sorted(scores, key=lambda s: (scores[s], s.block))

@@ -62,7 +62,7 @@ class LatencyCost:
 
     Options = LatencyOptions
 
-    def __init__(self, **options):
+    def __init__(self, **options) -> None:
         o = LatencyOptions.from_dict(options)
         self.batch_size, self.dtype, self.repeats = o.batch_size, o.dtype, o.repeats
         self.min_time_s, self.cache, self.verify_repeats = float(o.min_time_s), bool(o.cache), o.verify_repeats

@@ -116,7 +116,7 @@ class Allocation:
             return ("setting hetdpt.dense_point true"
                     if not opts.dense_point and need <= len(scheme.plan(pairs)) + 1 else None)
         grid = {"axis_points": max(max(p) for p in pairs), "mixed_points": len(pairs)}
-        changes = [("raising hetdpt.axis_points / hetdpt.mixed_points", grid)]
+        changes: list[tuple[str, dict]] = [("raising hetdpt.axis_points / hetdpt.mixed_points", grid)]
         if not opts.dense_point:
             changes = [("setting hetdpt.dense_point true", {"dense_point": True}), *changes,
                        ("raising hetdpt.axis_points / hetdpt.mixed_points and setting hetdpt.dense_point true",
@@ -204,6 +204,7 @@ class Allocation:
         if checks is not None:   # the final run's selection and fine-tune, within the settings' budget
             halved = checks.run(best)
             pick = halved.winner
+            assert pick is not None   # halving names a winner of any candidates, and best has one at least
             job.log(f"[hetdpt] pipeline checks: {pick[0]}+{pick[1]} kept after {len(halved.rounds)} round(s), "
                     f"{halved.unit.said(halved.spent)} of {halved.unit.said(halved.budget)} spent")
             return {"pick": pick, "verified": halved_value(halved, pick), "halved": halved, "checked": []}
@@ -278,7 +279,9 @@ class Allocation:
         pick; no MAP point is measured and no predictor fitted, since none could change it."""
         self.job.log(f"[hetdpt] the checks ({self.policy.name}) cover all {len(self.pairs)} feasible splits: each "
                      "is checked, no MAP point measured (none could change the pick)")
-        found = self.check_candidates(self.known_candidates())
+        known = self.known_candidates()
+        assert known is not None   # covered: the policy knows them
+        found = self.check_candidates(known)
         pick = found["pick"]
         return pick, {"predictor": None, "points": [], "fit": {}, "surface": [], "refinement": [], "verified": [],
                       "checked_every_split": True, "point_selection": self.scheme.name,

@@ -35,7 +35,7 @@ import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from hetprune import HetpruneError
 from hetprune.plugin_api import PruneJob, pipeline, storage
@@ -235,7 +235,7 @@ class PipelineChecks:
         policy = checks_policy(job) if policy is None else policy   # the job's own (hetdpt.checks) by default
         self.job, self.policy = job, policy
         opts = job.options(HetDPTOptions)
-        size = {f.name: getattr(policy, f.name, f.default) for f in dataclasses.fields(Sized)}   # the policy's
+        size: dict[str, Any] = {f.name: getattr(policy, f.name, f.default) for f in dataclasses.fields(Sized)}
         self.where = f"hetdpt.checks_options.{policy.name}"   # its options, as errors name them
         self.select_job = selection_job(job, size["selection"], size["selection_at_least"], self.where)
         self.own_selection = self.select_job is job   # the final run's own selection: the winner's reused
@@ -277,7 +277,8 @@ class PipelineChecks:
         plus `FINETUNES_BEYOND_SELECTION`)."""
         if self.images_budget == "auto":   # every round's equal share pays each of its checks a whole one
             return selection_cost + len(round_sizes(k)) * k
-        if self.unit.in_images:   # (a check that fine-tunes nothing costs nothing: only the selections count)
+        if self.images_budget is not None:   # in images (unit.in_images)
+            # (a check that fine-tunes nothing costs nothing: only the selections count)
             return self.images_budget / self.unit.images if self.unit.images else None
         return self.finetunes
 

@@ -284,7 +284,7 @@ class OneShotPoints(PointScheme):
 
     def measure(self, todo, store, have) -> None:
         job = self.job
-        orders = None
+        orders: dict[str, list[Site]] = {}
         if todo:   # scored on rank 0 (scores may differ between ranks), used by every rank
             limits = {"attn": max(p[0] for p in todo), "act": max(p[1] for p in todo)}
             orders = dist.on_main(lambda: self.orders(limits))

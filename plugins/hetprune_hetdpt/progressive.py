@@ -42,7 +42,7 @@ class ProgressivePoints(PointScheme):
         self.keep_steps = strategy.checks_policy(job).measure == "points"   # checks branch off any step
         self._paths: list[PointPath] = []
 
-    def path_key(self, path: PointPath) -> str:
+    def path_key(self, path: PointPath) -> storage.Key:
         """What shapes the points of one path: the scheme, the path (the interleaved path's order), the
         schedule, the point scorer and its data, and the common fields; not its length (a longer path
         extends a shorter one with the same key)."""

@@ -267,7 +267,7 @@ def read_widths(model: nn.Module) -> dict:
     problems = attention_problems(model)
     if problems:
         raise HetpruneError("cannot record widths: " + "; ".join(problems))
-    blocks = []
+    blocks: list[dict | str] = []
     for i, block in enumerate(model.blocks):
         if isinstance(block, surgery.DroppedBlock):
             blocks.append("dropped")
@@ -496,14 +496,15 @@ def apply_widths(model: nn.Module, widths: dict, compute: bool = False, merge_pe
 # -- which channels were kept -------------------------------------------------------
 def _match_rows(old: torch.Tensor, new: torch.Tensor, what: str) -> list[int]:
     """Indices ``i_j`` with ``new[j] == old[i_j]`` exactly (pruning selects rows, it does not change them)."""
-    index = {}
+    index: dict[bytes, int] = {}
     for i, row in enumerate(old.detach().flatten(1).cpu()):
         index.setdefault(row.numpy().tobytes(), i)
     found = [index.get(row.numpy().tobytes()) for row in new.detach().flatten(1).cpu()]
-    if None in found:
+    kept = [i for i in found if i is not None]
+    if len(kept) < len(found):
         raise HetpruneError(f"cannot tell which {what} width pruning kept: a pruned row matches no row of the model "
                             "before pruning (were the weights changed in between?)")
-    return found
+    return kept
 
 
 def kept_channels(before: nn.Module, after: nn.Module) -> dict:
@@ -511,7 +512,7 @@ def kept_channels(before: nn.Module, after: nn.Module) -> dict:
     pe0, pe1 = before.patch_embed.proj, after.patch_embed.proj
     embed = _match_rows(pe0.weight, pe1.weight, "embedding channels")
     e_idx = torch.tensor(embed)
-    blocks = []
+    blocks: list[dict | str] = []
     for i, (b0, b1) in enumerate(zip(before.blocks, after.blocks)):
         if isinstance(b1, surgery.DroppedBlock):
             blocks.append("dropped")
@@ -538,7 +539,7 @@ def compose_kept(first: dict, then: dict) -> dict:
     def pick(outer, inner):  # None: that stage did not prune this layer (or it was gone or merged by then)
         return outer if inner is None else inner if outer is None else [outer[j] for j in inner]
 
-    blocks = []
+    blocks: list[dict | str] = []
     for b0, b1 in zip(first["blocks"], then["blocks"]):
         if b1 == "dropped" or b0 == "dropped":
             blocks.append("dropped")

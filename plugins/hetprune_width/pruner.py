@@ -132,7 +132,7 @@ class IsomorphicWidthPruner:
     description = ("Torch-Pruning isomorphic global width pruning (heads, head dims, MLP hidden, embedding) "
                    "to a MAC target")
 
-    def __init__(self, **options):
+    def __init__(self, **options) -> None:
         o = IsomorphicOptions.from_dict(options, where="the isomorphic width pruner's options (width.pruner_options)")
         self.importance, self.round_to, self.prune_heads = o.importance, o.round_to, o.prune_heads
         self.head_share, self.head_dim_share, self.prune_embed = o.head_share, o.head_dim_share, o.prune_embed

@@ -117,8 +117,8 @@ def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tupl
     predicted = depth_strategy.fit(predictor, points, cands)
     rounds = []
     for _ in range(refine):
-        measured = {(p["n_attn"], p["n_act"]) for p in points}
-        best = max((c for c in cands if c not in measured), key=lambda c: (sign * predicted[c], -c[0]), default=None)
+        done = {(p["n_attn"], p["n_act"]) for p in points}
+        best = max((c for c in cands if c not in done), key=lambda c: (sign * predicted[c], -c[0]), default=None)
         if best is None:
             break
         job.log(f"[{job.strategy_name}] share refinement: measuring {best[0]}+{best[1]}")

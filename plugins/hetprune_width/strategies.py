@@ -32,7 +32,7 @@ class WidthContext:
     """What a width pruner may use: training batches (Taylor), the cost to meet, a log."""
 
     batches: Callable | None = None
-    macs_fn: Callable[[nn.Module], int] | None = None
+    macs_fn: Callable[[nn.Module], float] | None = None
     log: Callable[[str], None] = print
 
 
@@ -78,6 +78,7 @@ def width_prune_to_time(job: PruneJob, model: nn.Module, stage: str = "width") -
     cost = merged_cost(job, example, cost=job.cost)
     macs_of = merged_cost(job, example)
     limit = job.budget.limit(job.cost(job.dense, example))
+    assert limit is not None   # a budget in time (in_time) has a limit
     have, macs = cost(model), macs_of(model)
     tol = tolerance_of(job)
     aim = limit * (1 - tol / 2)
@@ -125,13 +126,14 @@ def width_prune(job: PruneJob, model: nn.Module, target: float, stage: str = "wi
     opts = job.options(WidthOptions)
     pruner = job.registry.build("width_pruner", opts.pruner, **opts.pruner_options)
     example = example_for(job, model)
-    ctx = WidthContext(batches=pipeline.scoring_context(job).batches, macs_fn=merged_cost(job, example), log=job.log)
+    macs_of = merged_cost(job, example)
+    ctx = WidthContext(batches=pipeline.scoring_context(job).batches, macs_fn=macs_of, log=job.log)
     t = job.stage_start(stage, target_macs=int(target), pruner=opts.pruner)
     before = copy.deepcopy(model)
     info = pruner.prune(model, target, example, ctx) or getattr(pruner, "last_report", {}) or {}
     widths.track_kept(before, model)  # the recipe records which channels were kept, so it applies to other weights
     del before
-    macs = ctx.macs_fn(model)
+    macs = macs_of(model)
     if macs > target:
         raise HetpruneError(f"width pruner {opts.pruner!r} left {mac.human(macs)} MACs, above its target "
                             f"{mac.human(target)}")
@@ -258,6 +260,7 @@ class HetDPTPlus:
         depth_rounds, widths_info = [], []
         for r in range(1, rounds + 1):
             if depth_fraction is None:   # sites spread as evenly as they go, the earlier rounds take the rest
+                assert o.depth_sites is not None   # no share of the MAC cut: a site count
                 n = o.depth_sites // rounds + (1 if r <= o.depth_sites % rounds else 0)
                 budget = Budget(sites=n)
             else:
@@ -304,7 +307,9 @@ class HetDPTPlus:
                                     f"hetdpt_plus.order depth-width; use --target-macs for {o.order}")
             dense_cost = job.cost(job.dense, example)
             target = dense_macs   # no MAC target: the time limit rules
-            keep = 1 - o.depth_share * (1 - job.budget.limit(dense_cost) / dense_cost)
+            limit = job.budget.limit(dense_cost)
+            assert limit is not None   # a budget in time has a limit
+            keep = 1 - float(o.depth_share) * (1 - limit / dense_cost)   # a number: search was refused above
             depth_budget = (Budget(sites=o.depth_sites) if o.depth_sites is not None else
                             Budget(target_speedup=1 / keep, cost_model=job.budget.model_name))
         else:
@@ -365,14 +370,15 @@ class HetDPTPlus:
         t = job.stage_start("merge")
         merged_now = pipeline.merge(job, model) if mergers else []
         job.stage_end("merge", t, merged=merged_now)
-        merged = sorted(set(merged_now).union(*((r.report.get("merged") or []) for r, _ in depth_rounds or [(depth, None)])))
+        results = [r for r, _ in depth_rounds] or [depth]   # every depth result: the rounds', or the one
+        merged = sorted(set(merged_now).union(*((r.report.get("merged") or []) for r in results)))
         dropped = surgery.dropped_blocks(model)
         linear = [i for i in range(depth_of(model)) if i not in dropped
                   and surgery.site_removed(model, hetprune.Site(i, "act")) and not surgery.mergeable(model, i)
                   and i not in merged]
         macs = mac.count_macs(model, example_for(job, model))
         dr = depth.report
-        removal = {k: v for r, _ in depth_rounds or [(depth, None)] for k, v in (r.report.get("removal") or {}).items()}
+        removal = {k: v for r in results for k, v in (r.report.get("removal") or {}).items()}
         report = {
             "allocation": {
                 "order": o.order,
