@@ -11,8 +11,9 @@ documented in docs/plugins.md ("The plugin API"):
   of a kind (`ReportsFit`, `SelectingScorer`, `MeasuresCost`, ...), `PROTOCOLS` and `OPTIONAL` by kind,
   and `lacks`. The conformance kit (``hetprune.harness.testing``) checks a component against the same
   protocols.
-* **Hooks and errors**: `hookimpl`, `hookspec`, `get_registry`, `HetpruneError`, `PluginError`,
-  `BudgetUnreachable`.
+* **Hooks and errors**: `hookimpl`, `hookspec`, `Register` (the registration callback, typed by the kind it
+  registers: with ``register: Register[Scorer]`` a type checker holds each registered class to `Scorer`),
+  `get_registry`, `HetpruneError`, `PluginError`, `BudgetUnreachable`.
 * **The job**: `Job`, the read-only view of a `PruneJob` a strategy uses; `ScoringContext`, a scorer's;
   `Budget`, `Site`, `sites`, `depth`, `Task`, `ModelSpec`.
 * **Settings**: `Settings`, the typed object a job carries (``job.settings.replace(...)`` for a sub-job's),
