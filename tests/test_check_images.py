@@ -10,7 +10,7 @@ import pytest
 import hetprune
 from hetprune import HetpruneError
 from hetprune.harness.testing import tiny_job
-from hetprune.plugin_api import val_size
+from hetprune.pruning.plan import val_size
 from hetprune_hetdpt.halving import PipelineChecks, checks_run, most_spent
 from hetprune_hetdpt.options import HetDPTOptions
 from hetprune_hetdpt.strategy import HetDPT

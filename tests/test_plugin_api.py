@@ -5,6 +5,7 @@ decides a resume, everyone follows" written once (`hetprune.core.distributed.fol
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -151,7 +152,44 @@ def test_the_plugin_api_exports_every_name_it_lists():
     assert len(set(api.__all__)) == len(api.__all__)
     assert [n for n in api.__all__ if not hasattr(api, n)] == []
     assert api.Scorer is __import__("hetprune.pruning.protocols", fromlist=["Scorer"]).Scorer
-    assert api.follow_saved is dist.follow_saved and api.distributed is dist
+    assert api.distributed.follow_saved is dist.follow_saved and api.distributed is dist
+
+
+# -- a narrow surface (issue 72, item 3) ------------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
+
+
+def test_the_plugin_api_is_at_most_sixty_names():
+    import hetprune.plugin_api as api
+
+    assert len(api.__all__) <= 60, len(api.__all__)
+
+
+def test_every_plugin_api_name_is_documented_in_its_section_of_the_plugin_reference():
+    import hetprune.plugin_api as api
+
+    section = DOCS.read_text().split("\n## The plugin API\n", 1)[1].split("\n## ", 1)[0]
+    assert [n for n in api.__all__ if f"`{n}`" not in section] == []
+
+
+def test_a_name_that_left_the_surface_still_imports_for_a_release_saying_where_it_is_now():
+    import hetprune.plugin_api as api
+
+    assert {"select_sites", "PointStore", "count_macs", "follow_saved", "Schedule"} <= set(api.MOVED)
+    assert not set(api.MOVED) & set(api.__all__)
+    for name, now in api.MOVED.items():
+        with pytest.warns(DeprecationWarning, match=rf"hetprune\.plugin_api\.{name} is no longer part of the "
+                                                    rf"plugin API; use {re.escape(now)} \(it goes .* in "
+                                                    rf"hetprune {api.REMOVED_IN}\)"):
+            value = getattr(api, name)
+        assert value is api.resolve(now), name
+    with pytest.warns(DeprecationWarning, match="use hetprune.plugin_api.pipeline.select_sites"):
+        from hetprune.plugin_api import select_sites
+    assert select_sites is api.pipeline.select_sites is __import__(
+        "hetprune.pruning.steps", fromlist=["select_sites"]).select_sites
+    with pytest.raises(ImportError, match="cannot import name 'no_such_name'"):
+        from hetprune.plugin_api import no_such_name  # noqa: F401
 
 
 # -- the built-in plugins import only the plugin API and the top-level package --------------------------------
@@ -162,8 +200,9 @@ PUBLIC = {"hetprune", "hetprune.plugin_api"}
 
 def foreign_imports(path: Path) -> list[str]:
     """``file:line: what`` for each import in ``path`` (anywhere: inside functions and under TYPE_CHECKING too)
-    of hetprune other than ``hetprune.plugin_api`` and names of the top-level ``hetprune`` package."""
+    of hetprune other than the names of ``hetprune.plugin_api`` and of the top-level ``hetprune`` package."""
     import hetprune
+    import hetprune.plugin_api as plugin_api
 
     tree = ast.parse(path.read_text(), str(path))
     found = []
@@ -173,6 +212,8 @@ def foreign_imports(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "hetprune":
             if node.module == "hetprune":   # from hetprune import X: X must be a public name of the package
                 bad = [f"hetprune.{a.name}" for a in node.names if a.name not in hetprune.__all__]
+            elif node.module == "hetprune.plugin_api":   # and of the plugin API, its surface (not a deprecated name)
+                bad = [f"hetprune.plugin_api.{a.name}" for a in node.names if a.name not in plugin_api.__all__]
             else:
                 bad = [] if node.module in PUBLIC else [node.module]
         else:
@@ -185,8 +226,9 @@ def test_builtin_plugins_import_only_the_plugin_api_and_the_top_level_package():
     files = sorted(PLUGINS.rglob("*.py"))
     assert len(files) > 20
     found = [line for path in files for line in foreign_imports(path)]
-    assert not found, ("built-in plugins import only hetprune.plugin_api and hetprune's top-level names; add what "
-                       "they need to hetprune/plugin_api/__init__.py:\n" + "\n".join(found))
+    assert not found, ("built-in plugins import only the names of hetprune.plugin_api's __all__ and hetprune's "
+                       "top-level names; promote what they need there (documented) or keep it in the plugin:\n"
+                       + "\n".join(found))
 
 
 def test_the_import_rule_sees_every_kind_of_import(tmp_path, monkeypatch):
@@ -194,11 +236,12 @@ def test_the_import_rule_sees_every_kind_of_import(tmp_path, monkeypatch):
     code = tmp_path / "plugins" / "p" / "m.py"
     code.parent.mkdir(parents=True)
     code.write_text("import hetprune\nfrom hetprune import Site, not_public\n"
-                    "from hetprune.plugin_api import PointStore\n"
+                    "from hetprune.plugin_api import storage, PointStore\n"
                     "def f():\n    from hetprune.core import distributed\n    import hetprune.model.surgery as s\n"
                     "from typing import TYPE_CHECKING\n"
                     "if TYPE_CHECKING:\n    from hetprune.pruning.job import PruneJob\n")
     assert sorted(foreign_imports(code)) == ["plugins/p/m.py:2: hetprune.not_public",
+                                             "plugins/p/m.py:3: hetprune.plugin_api.PointStore",
                                              "plugins/p/m.py:5: hetprune.core",
                                              "plugins/p/m.py:6: hetprune.model.surgery",
                                              "plugins/p/m.py:9: hetprune.pruning.job"]

@@ -8,7 +8,7 @@ import pytest
 
 import hetprune
 from hetprune.harness.testing import tiny_job
-from hetprune.plugin_api import epoch_images, val_size
+from hetprune.pruning.plan import epoch_images, val_size
 from hetprune_hetdpt.halving import PipelineChecks
 from hetprune_hetdpt.predictors import LocalPredictor
 from hetprune_hetdpt.strategy import HetDPT

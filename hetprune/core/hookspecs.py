@@ -21,7 +21,7 @@ Built-in components are plugins like yours: see ``plugins/`` in the repository.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable, Protocol, TypeVar
 
 import pluggy
 
@@ -30,7 +30,16 @@ PROJECT = "hetprune"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-Register = Callable[[Any], None]
+_Built = TypeVar("_Built", contravariant=True)
+
+
+class Register(Protocol[_Built]):
+    """The ``register`` callback a registration hook receives: call it once per component, with a class (or any
+    callable) that builds one. Annotated with the kind's protocol (``register: Register[Scorer]``), it lets a
+    type checker hold every class a plugin registers to that protocol; hetprune checks what it builds at run
+    time either way."""
+
+    def __call__(self, component: Callable[..., _Built], /) -> None: ...
 
 
 @hookspec
@@ -130,9 +139,10 @@ def register_width_pruners(register: Register) -> None:
     """Register width pruners (heads, head dimension, MLP hidden, embedding).
 
     A width pruner class has a ``name`` and
-    ``prune(model, target_macs, example_inputs, ctx) -> None`` which shrinks
-    the model in place until its MACs are at most ``target_macs``. The
-    pipeline records the resulting widths in the recipe.
+    ``prune(model, target_macs, example_inputs, ctx) -> dict | None`` which
+    shrinks the model in place until its MACs are at most ``target_macs`` and
+    may return what it did, for the run report. The pipeline records the
+    resulting widths in the recipe.
     """
 
 

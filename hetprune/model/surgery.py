@@ -25,8 +25,9 @@ from ..core import tensors
 from ..core.devices import full_fp32
 from .adapters import adapter_for
 from ..core.errors import HetpruneError
-from .block_modules import ATTN_MODES, DroppedBlock, merge_pays
-from .block_modules import BlockLayout, HetBlock, LinearMlp, MergedMlp, RemovedActivation  # noqa: F401  (public names)
+from .block_modules import ATTN_MODES, merge_pays
+from .block_modules import (BlockLayout, DroppedBlock, HetBlock, LinearMlp, MergedMlp,  # noqa: F401  (public names)
+                            RemovedActivation)
 from .sites import Site, check_site, depth
 
 

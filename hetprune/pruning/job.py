@@ -89,9 +89,11 @@ class PruneJob:
     progress: bool = True
     log: Callable[[str], None] = print
     strategy_name: str = ""
-    shared_dir: Path | None = None   # state reusable across runs of the same settings (MAP points)
+    # shared_dir and task are typed as __post_init__ leaves them, which every reader sees: None asks it to resolve
+    # them (the ignores: a None default for a field that is never None after it)
+    shared_dir: Path = None  # type: ignore[assignment]  # state reusable across runs of these settings (MAP points)
     measure_cost: bool = True        # time the result against the dense model when the cost model can
-    task: Task | None = None         # what the model is pruned for (default: classification of ``data``)
+    task: Task = None  # type: ignore[assignment]  # what the model is pruned for (default: classification of data)
     adapter: Adapter | None = None   # the dense model's adapter (default: the registry's choice)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)   # one per run: a sub-job (replace) keeps it
     _built: dict = field(default_factory=dict, init=False, repr=False, compare=False)

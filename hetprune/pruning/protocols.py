@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..model.spec import ModelSpec
     from ..training.task import Task
     from .budget import Budget
-    from .job import ScoringContext
+    from .job import PruneJob, ScoringContext
     from .report import PruneResult
 
 
@@ -64,8 +64,14 @@ class ChecksPolicy(Protocol):
     """A checks policy (hook ``register_checks``; stage 1 of HetDPT, past the paper): which splits are checked
     after the predictor's fit, and how they are measured. The pick is the best checked."""
 
-    name: str
-    measure: str   # "pipeline" (the final run's selection and fine-tune, by successive halving) or "points"
+    # read-only: a policy is a frozen dataclass, whose name and measure are class variables
+    @property
+    def name(self) -> str:
+        """What ``hetdpt.checks`` names it by."""
+
+    @property
+    def measure(self) -> str:
+        """``"pipeline"`` (the final run's selection and fine-tune, by successive halving) or ``"points"``."""
 
     def most(self, pairs: list[tuple[int, int]]) -> int:
         """The most splits checked of the feasible ``pairs`` (0: none, the predictor's pick): what ``--plan``
@@ -163,7 +169,7 @@ class Strategy(Protocol):
 
     name: str
 
-    def run(self, job: Job) -> PruneResult:
+    def run(self, job: PruneJob) -> PruneResult:
         """Prune a copy of ``job.dense`` (never the dense model itself) to ``job.budget``; returns a
         PruneResult whose model runs, whose report is complete and JSON-serialisable, and which reloads from
         its recipe (`hetprune.pruning.steps.finish` makes one)."""
@@ -176,10 +182,10 @@ class WidthPruner(Protocol):
     name: str
 
     def prune(self, model: nn.Module, target_macs: float, example_inputs: torch.Tensor,
-              ctx: ScoringContext | None) -> None:
+              ctx: ScoringContext | None) -> dict[str, Any] | None:
         """Shrink ``model`` in place until its MACs (on ``example_inputs[:1]``, or ``ctx.macs_fn``) are at most
-        ``target_macs``; it still runs with the same output shape. Returns nothing; the pipeline records the
-        widths in the recipe."""
+        ``target_macs``; it still runs with the same output shape. Returns what it did for the run report
+        (JSON-serialisable), or None; the pipeline records the widths in the recipe."""
 
 
 @runtime_checkable

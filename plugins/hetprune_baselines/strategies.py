@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hetprune import BudgetUnreachable, Site, sites
-from hetprune.plugin_api import (DepthStrategy, PruneJob, Section, number, scoring_context, select_sites, setting,
-                                 surgery)
+from hetprune.plugin_api import DepthStrategy, PruneJob, Section, number, pipeline, setting, surgery
 
 
 def closest_pair(pairs: list[tuple[int, int]], attn_share: float) -> tuple[int, int]:
@@ -124,6 +123,7 @@ class BlockDrop(DepthStrategy):
             dense = job.cost(job.dense, example)
             per_block = dense - job.cost(one, example)
             limit = job.budget.limit(dense)
+            assert limit is not None   # a budget that is not a site count has a limit
             n = math.ceil(max(0.0, dense - limit) / per_block) if per_block > 0 else most + 1
             note = {}
         if n > most:
@@ -143,12 +143,12 @@ class BlockDrop(DepthStrategy):
         n = counts["attn"]
         if n == 0:
             return []
-        picked = select_sites(job, model, {"attn": n, "act": n})
+        picked = pipeline.select_sites(job, model, {"attn": n, "act": n})
         votes = Counter(s.block for s in picked)
         run = job.config
         scorer = job.registry.build("scorer", run.scorer, **run.options_for("scorer", run.scorer))
-        ctx = scoring_context(job)
-        rank = {}
+        ctx = pipeline.scoring_context(job)
+        rank: dict[int, list[float]] = {}
         for kind in ("attn", "act"):
             scores = scorer.score(model, sites(model, kind), ctx)
             ordered = sorted(scores, key=lambda s: (scores[s], s.block))

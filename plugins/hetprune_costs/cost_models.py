@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from hetprune import HetpruneError, bench
-from hetprune.plugin_api import CONVENTION, LatencyTable, Section, count_macs, default_dtype, number, setting, whole
+from hetprune.plugin_api import Section, latency_table, number, setting, whole
+from hetprune.plugin_api import macs as mac
 
 
 class MacCost:
@@ -20,10 +21,10 @@ class MacCost:
     description = "multiply-accumulates per image (Linear, Conv2d, attention matmuls); device-independent"
 
     def cost(self, model: nn.Module, example: torch.Tensor) -> float:
-        return float(count_macs(model, example))
+        return float(mac.count_macs(model, example))
 
     def describe(self) -> dict:
-        return {"unit": "MACs per image", "convention": CONVENTION}
+        return {"unit": "MACs per image", "convention": mac.CONVENTION}
 
 
 @dataclass(frozen=True)
@@ -61,21 +62,21 @@ class LatencyCost:
 
     Options = LatencyOptions
 
-    def __init__(self, **options):
+    def __init__(self, **options) -> None:
         o = LatencyOptions.from_dict(options)
         self.batch_size, self.dtype, self.repeats = o.batch_size, o.dtype, o.repeats
         self.min_time_s, self.cache, self.verify_repeats = float(o.min_time_s), bool(o.cache), o.verify_repeats
         self.budget_s, self.tolerance = o.budget_s, o.tolerance
-        self.tables: dict[str, LatencyTable] = {}
+        self.tables: dict[str, latency_table.LatencyTable] = {}
         self.log = print
 
-    def table(self, device: torch.device) -> LatencyTable:
+    def table(self, device: torch.device) -> latency_table.LatencyTable:
         key = str(device)
         if key not in self.tables:
-            dtype = default_dtype(device) if self.dtype == "auto" else self.dtype
-            self.tables[key] = LatencyTable(device, batch_size=self.batch_size, dtype=dtype, repeats=self.repeats,
-                                            min_time_s=self.min_time_s, budget_s=self.budget_s, cache=self.cache,
-                                            tolerance=self.tolerance, log=self.log)
+            dtype = latency_table.default_dtype(device) if self.dtype == "auto" else self.dtype
+            self.tables[key] = latency_table.LatencyTable(
+                device, batch_size=self.batch_size, dtype=dtype, repeats=self.repeats, min_time_s=self.min_time_s,
+                budget_s=self.budget_s, cache=self.cache, tolerance=self.tolerance, log=self.log)
         return self.tables[key]
 
     def cost(self, model: nn.Module, example: torch.Tensor) -> float:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import PlanStep, PruneJob, metric_of
+from hetprune.plugin_api import PruneJob, storage
+from hetprune.plugin_api import plan as planning
 from hetprune.plugin_api import distributed as dist
 
 from .halving import Halving, PipelineChecks
@@ -115,7 +116,7 @@ class Allocation:
             return ("setting hetdpt.dense_point true"
                     if not opts.dense_point and need <= len(scheme.plan(pairs)) + 1 else None)
         grid = {"axis_points": max(max(p) for p in pairs), "mixed_points": len(pairs)}
-        changes = [("raising hetdpt.axis_points / hetdpt.mixed_points", grid)]
+        changes: list[tuple[str, dict]] = [("raising hetdpt.axis_points / hetdpt.mixed_points", grid)]
         if not opts.dense_point:
             changes = [("setting hetdpt.dense_point true", {"dense_point": True}), *changes,
                        ("raising hetdpt.axis_points / hetdpt.mixed_points and setting hetdpt.dense_point true",
@@ -145,7 +146,7 @@ class Allocation:
         if checks is not None:   # a selection share of nothing known is refused as it is made
             checks.check_budget(None, self.pairs, self.most, self.known_candidates())
 
-    def plan_steps(self) -> list[PlanStep]:
+    def plan_steps(self) -> list[planning.PlanStep]:
         """Stage 1 counted (``--plan``): the scheme's points and, past the paper, the checks (the checks alone
         where they cover every feasible split), by the code the run counts them with."""
         pairs = self.pairs
@@ -179,7 +180,7 @@ class Allocation:
         refined, the measured value where a split was measured."""
         if not self.opts.refine:
             return dict(predicted)
-        measured = {(p["n_attn"], p["n_act"]): metric_of(p) for p in points}
+        measured = {(p["n_attn"], p["n_act"]): storage.metric_of(p) for p in points}
         return {pair: measured.get(pair, predicted[pair]) for pair in self.pairs}
 
     def best(self, value: dict) -> Split:
@@ -203,14 +204,15 @@ class Allocation:
         if checks is not None:   # the final run's selection and fine-tune, within the settings' budget
             halved = checks.run(best)
             pick = halved.winner
+            assert pick is not None   # halving names a winner of any candidates, and best has one at least
             job.log(f"[hetdpt] pipeline checks: {pick[0]}+{pick[1]} kept after {len(halved.rounds)} round(s), "
                     f"{halved.unit.said(halved.spent)} of {halved.unit.said(halved.budget)} spent")
             return {"pick": pick, "verified": halved_value(halved, pick), "halved": halved, "checked": []}
         found = self.scheme.verify(best)
-        pick = max(best, key=lambda p: (sign * metric_of(found[p]), -p[0]))
-        job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(metric_of(found[(a, m)]))}"
+        pick = max(best, key=lambda p: (sign * storage.metric_of(found[p]), -p[0]))
+        job.log("[hetdpt] verified: " + ", ".join(f"{a}+{m} {job.task.format(storage.metric_of(found[(a, m)]))}"
                                                    for a, m in best))
-        return {"pick": pick, "verified": metric_of(found[pick]), "halved": None,
+        return {"pick": pick, "verified": storage.metric_of(found[pick]), "halved": None,
                 "checked": [found[p] for p in best]}
 
     # -- the stage ----------------------------------------------------------------------------------------
@@ -239,7 +241,7 @@ class Allocation:
             points = self.points(plan)
             predicted = self.fit(predictor, points)
             rounds.append({"measured": [list(p) for p in new]})
-        measured = {(p["n_attn"], p["n_act"]): metric_of(p) for p in points}
+        measured = {(p["n_attn"], p["n_act"]): storage.metric_of(p) for p in points}
         value = self.values(predicted, points)
         pick = self.best(value)
         fit_report = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
@@ -277,7 +279,9 @@ class Allocation:
         pick; no MAP point is measured and no predictor fitted, since none could change it."""
         self.job.log(f"[hetdpt] the checks ({self.policy.name}) cover all {len(self.pairs)} feasible splits: each "
                      "is checked, no MAP point measured (none could change the pick)")
-        found = self.check_candidates(self.known_candidates())
+        known = self.known_candidates()
+        assert known is not None   # covered: the policy knows them
+        found = self.check_candidates(known)
         pick = found["pick"]
         return pick, {"predictor": None, "points": [], "fit": {}, "surface": [], "refinement": [], "verified": [],
                       "checked_every_split": True, "point_selection": self.scheme.name,
@@ -289,7 +293,7 @@ class Allocation:
 def fit(predictor, points: list[dict], pairs: list[Split]) -> dict[Split, float]:
     """``predictor`` fitted on ``points`` and its prediction at every split of ``pairs``; ``fit()``'s return
     value is ignored (the contract's rule): the object is the fitted one."""
-    predictor.fit([(p["n_attn"], p["n_act"], metric_of(p)) for p in points])
+    predictor.fit([(p["n_attn"], p["n_act"], storage.metric_of(p)) for p in points])
     return {pair: predictor.predict(*pair) for pair in pairs}
 
 

@@ -94,7 +94,7 @@ class Sized:
                                 f"selection is {what}: set one of them")
 
     @property
-    def images(self) -> int | str | None:
+    def images(self) -> int | float | str | None:
         """The checks' budget in images (``auto`` or a number), or None where it is in final fine-tunes."""
         return self.budget if self.unit == "images" else None
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hetprune import Site
-from hetprune.plugin_api import adapter_for
+from hetprune.plugin_api import adapters
 
 GATE_ATTR = "hetprune_gates"
 
@@ -57,7 +57,7 @@ def install(model: nn.Module, candidates: list[Site], init: float = 0.0,
     ref = next(model.parameters())
     bank = GateBank(candidates, init).to(device=ref.device, dtype=ref.dtype)
     setattr(model, GATE_ATTR, bank)
-    adapter = adapter_for(model)
+    adapter = adapters.adapter_for(model)
     handles = []
     for site in candidates:
         module, removed = adapter.gate_point(model, site.block, site.kind, attn_mode)

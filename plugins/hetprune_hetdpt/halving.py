@@ -35,11 +35,11 @@ import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import (PlanStep, PointStore, PruneJob, epoch_images, finetune_step, remove_sites,
-                                 scoring_context, select_sites)
+from hetprune.plugin_api import PruneJob, pipeline, storage
+from hetprune.plugin_api import plan as planning
 from hetprune.plugin_api import distributed as dist
 
 from .checks import Sized
@@ -197,7 +197,8 @@ def selection_job(job: PruneJob, share: float, at_least: int | None = None, wher
         return job
     run = job.config
     # the images one gate epoch reads, as gate-taylor's plan counts them (the subset, at most the training set)
-    whole = epoch_images(job.train_config("short_finetune", subset=run.scoring_batches.subset), job.task.train_size)
+    whole = planning.epoch_images(job.train_config("short_finetune", subset=run.scoring_batches.subset),
+                                  job.task.train_size)
     if share > 1:
         n = int(share)
         if whole is not None and n >= whole:
@@ -234,7 +235,7 @@ class PipelineChecks:
         policy = checks_policy(job) if policy is None else policy   # the job's own (hetdpt.checks) by default
         self.job, self.policy = job, policy
         opts = job.options(HetDPTOptions)
-        size = {f.name: getattr(policy, f.name, f.default) for f in dataclasses.fields(Sized)}   # the policy's
+        size: dict[str, Any] = {f.name: getattr(policy, f.name, f.default) for f in dataclasses.fields(Sized)}
         self.where = f"hetdpt.checks_options.{policy.name}"   # its options, as errors name them
         self.select_job = selection_job(job, size["selection"], size["selection_at_least"], self.where)
         self.own_selection = self.select_job is job   # the final run's own selection: the winner's reused
@@ -244,7 +245,7 @@ class PipelineChecks:
         section = (resolve_finetune(opts.point_finetune, run, job.task.train_size, opts.point_selection)
                    if self.images_budget is not None else "finetune")
         self.cfg = job.train_config(section)
-        per_epoch = epoch_images(self.cfg, job.task.train_size)
+        per_epoch = planning.epoch_images(self.cfg, job.task.train_size)
         images = (per_epoch or 0) * self.cfg.epochs
         self.unit = Unit(f"{self.where}.budget", section, images, in_images=self.images_budget is not None)
         # a schedule of 0 epochs (HetDPT+'s depth part without an intermediate fine-tune) checks without one
@@ -253,7 +254,7 @@ class PipelineChecks:
                                 f"({section}), whose images are unknown here (no {section}.subset, and a "
                                 f"training set of unknown size): set {section}.subset, use {self.where}.unit "
                                 "finetunes, or pick without checks with hetdpt.checks none")
-        self.key = PointStore.key_for(job, {
+        self.key = storage.PointStore.key_for(job, {
             "seed": job.seed, "scorer": run.scorer, "scorer_options": run.options_for("scorer", run.scorer),
             "scoring": self.select_job.config.scoring, "short": run.short_finetune, "finetune": run.finetune,
             "removers": [run.attn_remover, run.act_remover], "split": job.choice_split,
@@ -265,9 +266,9 @@ class PipelineChecks:
         self.candidates: list[Split] = []   # the splits being checked: which removals their selections share
         self.selection_seconds: dict[Split, float] = {}   # each selection made here, timed (the MAP study reads it)
 
-    def store(self) -> PointStore:
+    def store(self) -> storage.PointStore:
         """Where the checks' points are kept; one key per fraction of the schedule (`PointStore.at`)."""
-        return PointStore(self.job.shared_dir / "map-pipeline-checks.jsonl", self.key, run=self.job.reuse_tag)
+        return storage.PointStore(self.job.shared_dir / "map-pipeline-checks.jsonl", self.key, run=self.job.reuse_tag)
 
     def configured_budget(self, k: int = 0, selection_cost: float = 0.0) -> float | None:
         """The budget the policy gives, in units: images over a unit's images (``auto``: the ``k`` candidates'
@@ -276,7 +277,8 @@ class PipelineChecks:
         plus `FINETUNES_BEYOND_SELECTION`)."""
         if self.images_budget == "auto":   # every round's equal share pays each of its checks a whole one
             return selection_cost + len(round_sizes(k)) * k
-        if self.unit.in_images:   # (a check that fine-tunes nothing costs nothing: only the selections count)
+        if self.images_budget is not None:   # in images (unit.in_images)
+            # (a check that fine-tunes nothing costs nothing: only the selections count)
             return self.images_budget / self.unit.images if self.unit.images else None
         return self.finetunes
 
@@ -356,15 +358,15 @@ class PipelineChecks:
             t0 = time.time()
             job = self.select_job
             model = job.place(copy.deepcopy(job.dense))
-            ctx = scoring_context(job, job.workdir / "pipeline-checks" / f"{split[0]}+{split[1]}")
+            ctx = pipeline.scoring_context(job, job.workdir / "pipeline-checks" / f"{split[0]}+{split[1]}")
             ctx.progress, ctx.on_epoch_end = False, None
             # kept for the other candidates (where they share this one's first removals) and, after all of
             # them (what it shares with itself), for the final select stage, which chooses the winner's again
             # (from this state only where the checks select as it does: the run's own selection)
             ctx.keep_states_at = tuple(sorted({n for t in {*self.candidates, split} if (n := self.shared(split, t))
                                                and (t != split or self.own_selection)}))
-            chosen = select_sites(job, model, {"attn": split[0], "act": split[1]}, ctx=ctx)
-            remove_sites(self.job, model, chosen)
+            chosen = pipeline.select_sites(job, model, {"attn": split[0], "act": split[1]}, ctx=ctx)
+            pipeline.remove_sites(self.job, model, chosen)
             self.sites[split], self.models[split] = chosen, model
             self.selection_seconds[split] = time.time() - t0
         return self.models[split]
@@ -385,7 +387,7 @@ class PipelineChecks:
         # said before hours of gate phases and fine-tunes begin: what they may cost, in the budget's unit
         job.log(f"[hetdpt] pipeline checks of {', '.join(f'{a}+{m}' for a, m in self.candidates)}: selections "
                 f"{self.unit.said(cost)}, at most {self.unit.said(most)} in all")
-        stores: dict[float, tuple[PointStore, dict]] = {}
+        stores: dict[float, tuple[storage.PointStore, dict]] = {}
 
         def measure(split: Split, fraction: float) -> float:
             if fraction not in stores:   # one store key per fraction: a point is (split, fraction)
@@ -421,7 +423,8 @@ class PipelineChecks:
         if not self.cfg.epochs:   # a schedule of no epochs (HetDPT+'s depth part): the check trains nothing
             return 0.0
         cfg = self.schedule(fraction)
-        per, whole = epoch_images(cfg, self.job.task.train_size), epoch_images(self.cfg, self.job.task.train_size)
+        size = self.job.task.train_size
+        per, whole = planning.epoch_images(cfg, size), planning.epoch_images(self.cfg, size)
         if per and whole:
             return cfg.epochs * per / (self.cfg.epochs * whole)
         return cfg.epochs / self.cfg.epochs
@@ -431,13 +434,13 @@ class PipelineChecks:
         per epoch where the training set's size is known (its epochs, warm-up and cosine kept), else fewer
         epochs."""
         section = self.unit.section
-        per = epoch_images(self.cfg, self.job.task.train_size)
+        per = planning.epoch_images(self.cfg, self.job.task.train_size)
         if per:
             return self.job.train_config(section, subset=max(self.cfg.batch_size, round(fraction * per)))
         return self.job.train_config(section, epochs=max(1, round(fraction * self.cfg.epochs)))
 
     def plan_steps(self, k: int, budget: float | None, sites: int,
-                   known: list[Split] | None = None) -> list[PlanStep]:
+                   known: list[Split] | None = None) -> list[planning.PlanStep]:
         """What the checks cost (``--plan``): the budget's units (None: the settings' budget, or k
         selections of a ``sites``-site split, half of each kind, plus `FINETUNES_BEYOND_SELECTION`), at most
         that where the candidates are not known before stage 1 (the removals they share are counted once in a
@@ -471,6 +474,6 @@ class PipelineChecks:
         if not self.own_selection:   # the policy's selection (and its floor): what each candidate's gate phase sees
             n = self.select_job.config.scoring_batches.subset
             what += f"; each candidate selected on {n:,} images a gate epoch"
-        evals = finetune_step(self.job, self.unit.section, "", "", runs, runs).eval_images
-        return [PlanStep("stage 1: pipeline checks", what, runs, int(max(0.0, most - reused) * self.unit.images),
-                         evals)]
+        evals = planning.finetune_step(self.job, self.unit.section, "", "", runs, runs).eval_images
+        return [planning.PlanStep("stage 1: pipeline checks", what, runs,
+                                  int(max(0.0, most - reused) * self.unit.images), evals)]

@@ -51,7 +51,8 @@ def removal_order(feasible: list[Pair], first: str) -> list[str]:
     """The interleaved path's removals one by one: alternating kinds, ``first`` first, each kind while any
     feasible split needs more of it, until the removals reach the budget line."""
     room = {"attn": max((a for a, _ in feasible), default=0), "act": max((m for _, m in feasible), default=0)}
-    order, pair, due = [], (0, 0), first
+    order: list[str] = []
+    pair, due = (0, 0), first
     while not (order and reaches(pair, feasible)):
         kind = next((k for k in (due, OTHER[due]) if room[k]), None)
         if kind is None:

@@ -27,8 +27,8 @@ import copy
 import time
 
 from hetprune import HetpruneError, Site, sites
-from hetprune.plugin_api import (PointStore, PruneJob, RunSettings, TrainConfig, batch_split, finetune_step,
-                                 rank_lowest, remove_sites, scoring_context, select_sites)
+from hetprune.plugin_api import PruneJob, RunSettings, TrainConfig, pipeline, storage, training
+from hetprune.plugin_api import plan as planning
 from hetprune.plugin_api import distributed as dist
 
 from .options import FINETUNES, HetDPTOptions  # noqa: F401 - FINETUNES: its old home
@@ -104,7 +104,7 @@ class PointScheme:
         """The points to measure for a budget whose feasible splits are ``pairs``."""
         return grid_plan(self.options, pairs)
 
-    def measure(self, todo: list[tuple[int, int]], store: PointStore, have: dict) -> None:
+    def measure(self, todo: list[tuple[int, int]], store: storage.PointStore, have: dict) -> None:
         """Measure the points ``todo`` (this rank's share), appending each to ``store`` and ``have``."""
         raise NotImplementedError
 
@@ -116,8 +116,8 @@ class PointScheme:
     def plan_steps(self, plan: list[tuple[int, int]], pairs: list[tuple[int, int]]) -> list:
         """What measuring ``plan`` costs (``--plan``): here one fine-tune and one evaluation per point, and the
         checks of the points' kind (``hetdpt.checks: points``); schemes that measure otherwise override it."""
-        steps = [finetune_step(self.job, self.finetune_section(), "stage 1: MAP points",
-                               f"{len(plan)} points, one fine-tune each", len(plan), len(plan))]
+        steps = [planning.finetune_step(self.job, self.finetune_section(), "stage 1: MAP points",
+                                        f"{len(plan)} points, one fine-tune each", len(plan), len(plan))]
         return steps + self.plan_checks(pairs)
 
     def finetune_section(self) -> str:
@@ -131,12 +131,13 @@ class PointScheme:
         k = policy.most(pairs) if policy.measure == "points" else 0
         if k < 2:
             return []
-        return [finetune_step(self.job, resolve_finetune("auto", self.job.config, self.job.task.train_size, "oneshot"),
-            "stage 1: checks", f"{k} predicted splits as points, past the paper", k, k)]
+        section = resolve_finetune("auto", self.job.config, self.job.task.train_size, "oneshot")
+        return [planning.finetune_step(self.job, section, "stage 1: checks",
+                                       f"{k} predicted splits as points, past the paper", k, k)]
 
     # -- shared ------------------------------------------------------------------------------------
-    def store(self, key: str | None = None, name: str = "map-points.jsonl") -> PointStore:
-        return PointStore(self.job.shared_dir / name, key or self.key, run=self.job.reuse_tag)
+    def store(self, key: str | None = None, name: str = "map-points.jsonl") -> storage.PointStore:
+        return storage.PointStore(self.job.shared_dir / name, key or self.key, run=self.job.reuse_tag)
 
     def collect(self, plan: list[tuple[int, int]]) -> list[dict]:
         """Measure every planned point not already stored; every rank returns the plan's points.
@@ -165,7 +166,7 @@ class PointScheme:
             self._said_ranks = True
             cfg = self.job.train_config(self.schedule_section).global_batch(world)
             self.job.log(f"[hetdpt] stage 1: each point {self.trained_by} on all {world} ranks (exact DDP, "
-                         f"{batch_split(cfg, world)})")
+                         f"{training.batch_split(cfg, world)})")
 
     def evaluate(self, model) -> float:
         """The metric a point records: the task's metric of ``model`` on the selection split (the val set
@@ -173,7 +174,7 @@ class PointScheme:
         a share and the counts are summed). Every point and check is evaluated here alone."""
         return self.job.choice_metric(model)
 
-    def record(self, store: PointStore, have: dict, model, a: int, m: int, chosen: list, started: float,
+    def record(self, store: storage.PointStore, have: dict, model, a: int, m: int, chosen: list, started: float,
                made: dict, label: str) -> dict:
         """Evaluate point ``(a, m)``'s model (`evaluate`: every rank together), store the point (rank 0
         writes) and report it; every rank keeps rank 0's record. A point's ``metric`` is the task's metric,
@@ -197,7 +198,7 @@ class PointScheme:
     def scoring(self, *folder: str):
         """A scoring context of its own under the job's work folder, quiet: a point's scoring and selection
         steps are not the run's selection stage (no progress bar, no epoch events)."""
-        ctx = scoring_context(self.job, self.job.workdir.joinpath(*folder))
+        ctx = pipeline.scoring_context(self.job, self.job.workdir.joinpath(*folder))
         ctx.progress, ctx.on_epoch_end = False, None
         return ctx
 
@@ -256,7 +257,7 @@ class OneShotPoints(PointScheme):
     @property
     def key(self) -> str:
         run = self.job.config
-        return PointStore.key_for(self.job, {
+        return storage.PointStore.key_for(self.job, {
             "short": getattr(run, self.section),
             **({"point_finetune": self.section} if self.section != "short_finetune" else {}),  # short ones keep
             **self.point_scorer_key, "attn_remover": run.attn_remover,   # their old key
@@ -269,21 +270,21 @@ class OneShotPoints(PointScheme):
         re-scoring after each."""
         job = self.job
         scorer = self.scorer()
-        ctx = scoring_context(job, job.workdir / "points-scoring")
+        ctx = pipeline.scoring_context(job, job.workdir / "points-scoring")
         orders = {}
         for kind in ("attn", "act"):
             model = job.place(copy.deepcopy(job.dense))
             order: list[Site] = []
             for _ in range(limits[kind]):
-                victim = rank_lowest(scorer.score(model, sites(model, kind), ctx), 1)[0]
-                remove_sites(job, model, [victim])
+                victim = pipeline.rank_lowest(scorer.score(model, sites(model, kind), ctx), 1)[0]
+                pipeline.remove_sites(job, model, [victim])
                 order.append(victim)
             orders[kind] = order
         return orders
 
     def measure(self, todo, store, have) -> None:
         job = self.job
-        orders = None
+        orders: dict[str, list[Site]] = {}
         if todo:   # scored on rank 0 (scores may differ between ranks), used by every rank
             limits = {"attn": max(p[0] for p in todo), "act": max(p[1] for p in todo)}
             orders = dist.on_main(lambda: self.orders(limits))
@@ -291,7 +292,7 @@ class OneShotPoints(PointScheme):
             t0 = time.time()
             model = job.place(copy.deepcopy(job.dense))
             chosen = orders["attn"][:a] + orders["act"][:m]
-            remove_sites(job, model, chosen)
+            pipeline.remove_sites(job, model, chosen)
             self.finetune(model, self.section)
             self.record(store, have, model, a, m, chosen, t0, self.made, f"{i}/{len(todo)}")
 
@@ -314,20 +315,19 @@ class GradualPoints(PointScheme):
         run = self.job.config
         # the selector, its options, and what it trains with (gate-taylor: short_finetune's lr, batch, KD, on
         # scoring.subset images), never the point_finetune section, which no gradual point uses
-        return PointStore.key_for(self.job, {
+        return storage.PointStore.key_for(self.job, {
             **self.common, "point_selection": "gradual", "scorer": self.selector,
             "scorer_options": self.selector_options, "selector_schedule": run.short_finetune,
             "scoring": run.scoring, "v": 2})   # 2: gate-taylor's phase on the whole schedule
 
     def plan_steps(self, plan, pairs):
         """Each point is the selector's own phase for its split, then an evaluation (``--plan``)."""
-        from hetprune.plugin_api import PlanStep, val_size
-
         selector = self.job.registry.build("scorer", self.selector, **self.selector_options)
         images = sum(selector.plan(self.job, {"attn": a, "act": m}).train_images if hasattr(selector, "plan") else 0
                      for a, m in plan)
-        return [PlanStep("stage 1: MAP points", f"{len(plan)} points, each the selector's own phase", len(plan),
-                         images, len(plan) * (val_size(self.job.task, self.job.choice_split) or 0)),
+        return [planning.PlanStep("stage 1: MAP points", f"{len(plan)} points, each the selector's own phase",
+                                  len(plan), images,
+                                  len(plan) * (planning.val_size(self.job.task, self.job.choice_split) or 0)),
                 *self.plan_checks(pairs)]
 
     def images(self, removals: int) -> int | None:
@@ -349,7 +349,7 @@ class GradualPoints(PointScheme):
             model = job.place(copy.deepcopy(job.dense))
             ctx = self.scoring("points-gradual", f"{a}+{m}")
             # under torchrun a selector that trains (gate-taylor) does so on every rank together
-            chosen = select_sites(job, model, {"attn": a, "act": m}, ctx=ctx) if a + m else []
-            remove_sites(job, model, chosen)
+            chosen = pipeline.select_sites(job, model, {"attn": a, "act": m}, ctx=ctx) if a + m else []
+            pipeline.remove_sites(job, model, chosen)
             made = {"selection": "gradual", "scorer": self.selector, "images": self.images(a + m)}
             self.record(store, have, model, a, m, chosen, t0, made, f"{i}/{len(todo)}")

@@ -104,7 +104,7 @@ class PolyPredictor:
     Options = PolyOptions
     DEGREES = (1, 2, 3, 4)
 
-    def __init__(self, **options):
+    def __init__(self, **options) -> None:
         degree = PolyOptions.from_dict(options).degree
         self.auto = degree == "auto"
         self.degree = self.DEGREES[0] if self.auto else degree
@@ -188,7 +188,7 @@ class LocalPredictor:
     Options = LocalOptions
     min_points = 3
 
-    def __init__(self, **options):
+    def __init__(self, **options) -> None:
         self.bandwidth = float(LocalOptions.from_dict(options).bandwidth)
         self.pts: np.ndarray | None = None
         self._report: dict = {}
@@ -240,7 +240,7 @@ class GPPredictor:
     LENGTHS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
     NOISES = (1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.3)
 
-    def __init__(self, **options):
+    def __init__(self, **options) -> None:
         o = GPOptions.from_dict(options)
         self.lengthscale, self.noise = o.lengthscale, o.noise
         self.state: dict | None = None

@@ -11,8 +11,8 @@ import functools
 import time
 
 from hetprune import HetpruneError, Site, sites
-from hetprune.plugin_api import (PointStore, PruneJob, fingerprint, found, finetune_step, rank_lowest,
-                                 remove_sites, save_torch_atomic)
+from hetprune.plugin_api import PruneJob, pipeline, storage
+from hetprune.plugin_api import plan as planning
 from hetprune.plugin_api import distributed as dist
 
 from .paths import OTHER, Path as PointPath, paths_for
@@ -42,12 +42,12 @@ class ProgressivePoints(PointScheme):
         self.keep_steps = strategy.checks_policy(job).measure == "points"   # checks branch off any step
         self._paths: list[PointPath] = []
 
-    def path_key(self, path: PointPath) -> str:
+    def path_key(self, path: PointPath) -> storage.Key:
         """What shapes the points of one path: the scheme, the path (the interleaved path's order), the
         schedule, the point scorer and its data, and the common fields; not its length (a longer path
         extends a shorter one with the same key)."""
         run = self.job.config
-        return PointStore.key_for(self.job, {
+        return storage.PointStore.key_for(self.job, {
             **self.common, "point_selection": "progressive", "path": path.name,
             "point_finetune": self.section, "schedule": getattr(run, self.section),
             **self.point_scorer_key, "scoring": run.scoring,
@@ -56,7 +56,7 @@ class ProgressivePoints(PointScheme):
     @property
     def key(self) -> str:
         """The dense point's key: the dense model evaluated, no fine-tune."""
-        return PointStore.key_for(self.job, {**self.common, "point_selection": "progressive", "path": "dense"})
+        return storage.PointStore.key_for(self.job, {**self.common, "point_selection": "progressive", "path": "dense"})
 
     def plan(self, pairs):
         self._paths = paths_for(pairs, self.first, self.stride)
@@ -75,8 +75,8 @@ class ProgressivePoints(PointScheme):
             reach = max((sum(q) for q in path.recorded if q in wanted), default=0)
             steps += sum(1 for a, m in path.steps if a + m <= reach)
         points = len(plan)
-        return [finetune_step(self.job, self.section, "stage 1: MAP points",
-                              f"{len(self._paths)} paths, {steps} steps, {points} points", steps, points),
+        return [planning.finetune_step(self.job, self.section, "stage 1: MAP points",
+                                       f"{len(self._paths)} paths, {steps} steps, {points} points", steps, points),
                 *self.plan_checks(pairs)]
 
     def plan_checks(self, pairs: list[tuple[int, int]]) -> list:
@@ -89,8 +89,8 @@ class ProgressivePoints(PointScheme):
             return []
         self.plan(pairs)
         extra = sorted((self.check_steps(p) for p in pairs), reverse=True)[:k]
-        steps = finetune_step(self.job, self.section, "", "", sum(extra), 0)
-        checks = finetune_step(self.job, self.check_section, "", "", k, k)
+        steps = planning.finetune_step(self.job, self.section, "", "", sum(extra), 0)
+        checks = planning.finetune_step(self.job, self.check_section, "", "", k, k)
         return [dataclasses.replace(
             checks, stage="stage 1: checks",
             what=f"at most {k} predicted splits as points, past the paper, each from the nearest path step "
@@ -130,7 +130,7 @@ class ProgressivePoints(PointScheme):
         return [have[p] for p in plan]
 
     @staticmethod
-    def load_all(stores: list[PointStore]) -> dict:
+    def load_all(stores: list[storage.PointStore]) -> dict:
         """Every stored point of these stores (the paths' and the dense point's), by split."""
         have: dict = {}
         for store in stores:
@@ -142,9 +142,10 @@ class ProgressivePoints(PointScheme):
         """Where the weights after ``step`` steps of ``path`` are kept: named by the path's key, the step and
         the kinds its steps removed up to there (the interleaved path's order depends on the budget, so two
         budgets' paths may reach a step by different removals)."""
-        order, key, folder = fingerprint(path.kinds[:step]), self.path_key(path), self.job.shared_dir / "map-paths"
-        return found(folder / f"{key}-step{step}-{order[:8]}.pt",
-                     folder / f"{key.before}-step{step}-{order.before[:8]}.pt")   # (as key version 1 named it)
+        order, key = storage.fingerprint(path.kinds[:step]), self.path_key(path)
+        folder = self.job.shared_dir / "map-paths"
+        return storage.found(folder / f"{key}-step{step}-{order[:8]}.pt",
+                             folder / f"{key.before}-step{step}-{order.before[:8]}.pt")   # (as key version 1 named it)
 
     def load(self, file) -> tuple:
         """A kept step: its model (the dense model with the step's sites removed, then its weights) and sites."""
@@ -158,7 +159,7 @@ class ProgressivePoints(PointScheme):
                                 "that path again") from exc
         removed = [Site.parse(s) for s in state["sites"]]
         model = job.place(copy.deepcopy(job.dense))
-        remove_sites(job, model, removed)
+        pipeline.remove_sites(job, model, removed)
         model.load_state_dict(state["model"])
         return job.place(model), removed
 
@@ -208,16 +209,16 @@ class ProgressivePoints(PointScheme):
         removed = []
         for kind in kinds:
             victim = dist.on_main(functools.partial(self.lowest, model, kind, ctx))
-            remove_sites(self.job, model, [victim])
+            pipeline.remove_sites(self.job, model, [victim])
             removed.append(victim)
         self.finetune(model, self.section)
         return removed
 
     def lowest(self, model, kind: str, ctx) -> Site:
         """The site of ``kind`` the point scorer ranks lowest on ``model``."""
-        return rank_lowest(self.scorer().score(model, sites(model, kind), ctx), 1)[0]
+        return pipeline.rank_lowest(self.scorer().score(model, sites(model, kind), ctx), 1)[0]
 
-    def walk(self, path: PointPath, store: PointStore, have: dict, reach: int) -> None:
+    def walk(self, path: PointPath, store: storage.PointStore, have: dict, reach: int) -> None:
         """Walk ``path`` until its steps reach ``reach`` sites removed, resuming from its last kept step."""
         job = self.job
         stored = dist.on_main(store.load)
@@ -245,7 +246,7 @@ class ProgressivePoints(PointScheme):
     @property
     def verify_key(self) -> str:
         run = self.job.config
-        return PointStore.key_for(self.job, {
+        return storage.PointStore.key_for(self.job, {
             **self.common, "point_selection": "progressive", "verify": self.first,
             "point_finetune": self.section, "schedule": getattr(run, self.section),
             "final": getattr(run, self.check_section),
@@ -281,8 +282,8 @@ class ProgressivePoints(PointScheme):
 
         if not dist.is_main():
             return
-        save_torch_atomic(file, {"model": model.state_dict(), "sites": [str(s) for s in removed],
-                                 "step": len(removed)})
+        storage.save_torch_atomic(file, {"model": model.state_dict(), "sites": [str(s) for s in removed],
+                                         "step": len(removed)})
 
     def verify(self, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
         """Each split of ``pairs`` measured past the paper: from the nearest path step its removals contain

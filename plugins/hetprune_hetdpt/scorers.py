@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import (Section, adapter_for, devices, fingerprint, found, made_when, note_saved, now,
-                                 number, reusable, save_torch_atomic, setting, training, weights_key, whole)
+from hetprune.plugin_api import Section, adapters, devices, number, setting, storage, training, whole
+from hetprune.plugin_api import plan as planning
 from hetprune.plugin_api import distributed as dist
 
 from . import gates
@@ -110,7 +110,7 @@ class BlockInfluenceScorer:
 
     @torch.no_grad()
     def score(self, model, sites, ctx):
-        adapter = adapter_for(model)
+        adapter = adapters.adapter_for(model)
         sums = {s: 0.0 for s in sites}
         counts = {s: 0 for s in sites}
         handles = []
@@ -161,7 +161,7 @@ class MagnitudeScorer:
 
     @torch.no_grad()
     def score(self, model, sites, ctx):
-        adapter = adapter_for(model)
+        adapter = adapters.adapter_for(model)
         out = {}
         for s in sites:
             weights = adapter.branch_weights(model, s.block, s.kind)
@@ -238,14 +238,12 @@ class GateTaylorScorer:
         """The gate phase counted (``--plan``): warm-up plus ``epochs_per_removal`` per removal, each epoch over
         the scoring subset, with short_finetune's batch and optimiser (at most ``counts`` removals). ``shared``:
         its first removals continue from another selection's kept state (`shared_removals`), not trained."""
-        from hetprune.plugin_api import PlanStep, epoch_images
-
         removals = len(self.schedule(counts)) - shared
         epochs = (self.warmup_epochs if not shared else 0) + self.epochs_per_removal * removals
         cfg = job.config.schedule("short_finetune", subset=job.config.scoring_batches.subset)
-        per = epoch_images(cfg, job.task.train_size) or 0
-        return PlanStep("select: gate phase", f"{epochs} epochs x {per:,} images, up to {removals} removals",
-                        1, epochs * per, 0)
+        per = planning.epoch_images(cfg, job.task.train_size) or 0
+        return planning.PlanStep("select: gate phase",
+                                 f"{epochs} epochs x {per:,} images, up to {removals} removals", 1, epochs * per, 0)
 
     @staticmethod
     def schedule(counts: dict[str, int]) -> list[str]:
@@ -294,8 +292,9 @@ class GateTaylorScorer:
         ctx.place(model)
         attn_mode = _attn_mode(ctx)
         # the checkpoint is reused only for the same start, candidates, schedule, data and settings
-        key = {"starting weights": weights_key(model), "teacher": ctx.teacher_key or weights_key(ctx.teacher),
-               "base": ctx.base_key or None, "candidates": [str(s) for s in candidates], "schedule": order,
+        key = {"starting weights": storage.weights_key(model),
+               "teacher": ctx.teacher_key or storage.weights_key(ctx.teacher), "base": ctx.base_key or None,
+               "candidates": [str(s) for s in candidates], "schedule": order,
                "data": ctx.task.key, "learning rate": LR_SCHEDULE,
                "training settings": cfg.to_dict(), "attention removal": attn_mode,
                "gate options": {"epochs_per_removal": self.epochs_per_removal, "warmup_epochs": self.warmup_epochs,
@@ -326,7 +325,7 @@ class GateTaylorScorer:
                         f"start ({shared_from.name}); continuing from its kept state")
             else:
                 ctx.log(f"resume: the gate phase continues after removal {step} of {len(order)}, from {ckpt_path} "
-                        f"saved {made_when([state], 'saved_at')}")
+                        f"saved {storage.made_when([state], 'saved_at')}")
         teacher = ctx.place(ctx.teacher).eval()
         net = model
         if distributed:   # the global batch split across the ranks; DDP sums the gate scores' gradients too
@@ -365,9 +364,9 @@ class GateTaylorScorer:
                                 f"(score {bank.score_of(victim):+.4f}), loss {loss:.4f}")
                     if not distributed or dist.is_main():   # under DDP every rank holds the same state: rank 0 writes
                         saved = {"model": model.state_dict(), "opt_w": opt_w.state_dict(), "opt_s": opt_s.state_dict(),
-                                 "scaler": scaler.state_dict(), "step": i + 1, "key": key, "saved_at": now()}
+                                 "scaler": scaler.state_dict(), "step": i + 1, "key": key, "saved_at": storage.now()}
                         _save(saved, ckpt_path)
-                        note_saved(f"a gate checkpoint in {ckpt_path.parent}")
+                        storage.note_saved(f"a gate checkpoint in {ckpt_path.parent}")
                     if ctx.shared_states is not None and i + 1 in ctx.keep_states_at:   # for selections sharing it
                         prefix = {**key, "schedule": order[:i + 1]}
                         path = _shared_path(ctx.shared_states, prefix)
@@ -401,7 +400,7 @@ class GateTaylorScorer:
 
         found = dist.follow_saved(
             [path], read, lambda state: (state["step"], state.get("saved_at")), "resume: the gate phase",
-            reuse=lambda file, state: reusable(state.get("key"), key, f"the gate checkpoint {file}", ctx.log),
+            reuse=lambda file, state: storage.reusable(state.get("key"), key, f"the gate checkpoint {file}", ctx.log),
             describe=lambda t: f"removal {t[0]}, saved {t[1]}", distributed=distributed)
         return None if found is None else found[1]
 
@@ -480,13 +479,13 @@ LR_SCHEDULE = "warm-up, cosine per removal"   # in the gate states' key: those o
 
 def _shared_path(folder: Path, prefix_key: dict) -> Path:
     """Where a gate state kept for other selections lives: named by its key (start, settings, removals so far)."""
-    key = fingerprint(prefix_key)
-    return found(Path(folder) / f"gate-{key[:24]}.pt", Path(folder) / f"gate-{key.before[:24]}.pt")
+    key = storage.fingerprint(prefix_key)
+    return storage.found(Path(folder) / f"gate-{key[:24]}.pt", Path(folder) / f"gate-{key.before[:24]}.pt")
 
 
 def _save(state: dict, path: Path) -> Path:
     """``state`` to ``path`` whole or not at all (written beside it, then renamed)."""
-    return save_torch_atomic(path, state)
+    return storage.save_torch_atomic(path, state)
 
 
 def _attn_mode(ctx) -> str:

@@ -55,11 +55,11 @@ def from_legacy(old: dict) -> tuple[str, dict]:
     if budget is not None and images not in (None, "auto"):
         raise HetpruneError(f"hetdpt.verify_budget ({budget:g} final fine-tunes) and hetdpt.verify_images "
                             f"({images}) both size the pipeline checks: set one of them")
-    sizing = ({"unit": "finetunes", "budget": budget} if budget is not None else
-              {"unit": "finetunes"} if images is None else {"budget": images})
-    sizing.update(selection=old["verify_selection"], selection_at_least=old["verify_selection_at_least"])
+    sized = ({"unit": "finetunes", "budget": budget} if budget is not None else
+             {"unit": "finetunes"} if images is None else {"budget": images})
+    sized.update(selection=old["verify_selection"], selection_at_least=old["verify_selection_at_least"])
     default = Sized()
-    options.update({k: v for k, v in sizing.items() if v != getattr(default, k)})
+    options.update({k: v for k, v in sized.items() if v != getattr(default, k)})
     return rule, options
 
 
@@ -67,11 +67,13 @@ def legacy_of(checks: str, options: dict) -> dict | None:
     """The old names (all eight) that spell policy ``checks`` with ``options``, or None where they cannot
     (``all``, a plugin's policy, options it would refuse)."""
     cls = BY_NAME.get(checks)
-    if cls is None or cls is AllChecks:
+    if cls is None:
         return None
     try:
         policy = cls(**(options or {}))
     except (TypeError, HetpruneError):
+        return None
+    if isinstance(policy, AllChecks):
         return None
     if isinstance(policy, NoChecks):
         return {**LEGACY, "verify": 0}

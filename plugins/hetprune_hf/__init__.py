@@ -4,6 +4,7 @@ hook. Needs ``pip install 'hetprune[hf]'`` (transformers >= 5) only when such a
 model is built or pruned; loading this plugin imports nothing heavy."""
 
 import hetprune
+from hetprune.plugin_api import Architecture, Register
 
 from .vit import HFViTAdapter, HFViTClassifier, wrap
 
@@ -12,5 +13,5 @@ __version__ = hetprune.__version__
 
 
 @hetprune.hookimpl
-def register_architectures(register):
+def register_architectures(register: Register[Architecture]) -> None:
     register(HFViTAdapter)

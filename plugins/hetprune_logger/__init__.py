@@ -27,14 +27,14 @@ class TrainingLog:
     back. A new run that does not resume starts the folder's files afresh; one that resumes continues them,
     and its step count from the CSV's last row of each stage."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.folder: Path | None = None
         self.run = None
         self.steps: dict[str, int] = {}
         self.writer = None
         self.counts: dict[Path, tuple] = {}   # per folder this process wrote to: (run, its step counts)
 
-    def open(self, folder: str, run=None, resume: bool = False) -> None:
+    def open(self, folder: str | Path, run=None, resume: bool = False) -> None:
         """Write to ``folder`` for run ``run`` from now on (a new run, a compare row, or a run going back to
         a folder it wrote to: it continues there)."""
         folder = Path(folder)

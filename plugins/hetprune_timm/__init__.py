@@ -3,6 +3,7 @@ one file per family, registered through the public ``register_architectures``
 hook like an outside package's adapters."""
 
 import hetprune
+from hetprune.plugin_api import Architecture, Register
 
 from .beit import TimmBEiT
 from .cait import TimmCaiT
@@ -14,6 +15,6 @@ __version__ = hetprune.__version__
 
 
 @hetprune.hookimpl
-def register_architectures(register):
+def register_architectures(register: Register[Architecture]) -> None:
     for adapter in (TimmViT, TimmCaiT, TimmBEiT, TimmEVA, TimmSwin):
         register(adapter)

@@ -17,9 +17,9 @@ from __future__ import annotations
 from timm.layers import register_notrace_module
 from torch import nn
 
-from hetprune.plugin_api import DroppedBlock, HetBlock, PreNormAdapter
+from hetprune.plugin_api import PreNormAdapter, surgery
 
-register_notrace_module(DroppedBlock)   # timm's FX tracer keeps modules of these types (and subtypes) as nodes
+register_notrace_module(surgery.DroppedBlock)   # timm's FX tracer keeps modules of these types (and subtypes) as nodes
 
 
 class RemovedAttention(nn.Module):
@@ -38,10 +38,10 @@ class TimmPreNorm(PreNormAdapter):
     attention_walked: tuple = ()
 
     def attention_removed(self, block, mode):
-        return self._walkable(block, HetBlock(block, self.layout_of(block), mode))
+        return self._walkable(block, surgery.HetBlock(block, self.layout_of(block), mode))
 
     def dropped(self, block):
-        return self._walkable(block, DroppedBlock())
+        return self._walkable(block, surgery.DroppedBlock())
 
     def _walkable(self, old: nn.Module, new: nn.Module) -> nn.Module:
         family_type = getattr(old, "replaced_type", None) or type(old)   # a HetBlock replaced a family block

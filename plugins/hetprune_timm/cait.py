@@ -12,7 +12,7 @@ from __future__ import annotations
 from timm.models.cait import Cait, ClassAttn, LayerScaleBlock, TalkingHeadAttn
 
 from hetprune import ModelSpec
-from hetprune.plugin_api import BlockLayout, attention_matmul_macs
+from hetprune.plugin_api import BlockLayout, adapters
 
 from .blocks import TimmPreNorm
 
@@ -37,5 +37,5 @@ class TimmCaiT(TimmPreNorm):
         if isinstance(module, ClassAttn):  # one query (the class token) against every token
             x = inputs[0]
             heads = int(module.num_heads)
-            return attention_matmul_macs(x.shape[0], heads, 1, x.shape[1], module.q.out_features // heads)
+            return adapters.attention_matmul_macs(x.shape[0], heads, 1, x.shape[1], module.q.out_features // heads)
         return super().attention_macs(module, inputs)

@@ -15,7 +15,7 @@ from timm.layers import GluMlp, SwiGLU
 from torch import nn
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import LinearMlp
+from hetprune.plugin_api import surgery
 
 GATED = (GluMlp, SwiGLU)
 
@@ -34,12 +34,12 @@ def _rows(layer: nn.Linear, rows: slice) -> nn.Linear:
     return out
 
 
-def ungate(mlp: nn.Module) -> LinearMlp:
+def ungate(mlp: nn.Module) -> surgery.LinearMlp:
     """``mlp`` without its gate: ``fc2(norm(u(x)))``."""
     if isinstance(mlp, SwiGLU):
-        return LinearMlp(mlp.fc1_x, mlp.fc2, mlp.norm)
+        return surgery.LinearMlp(mlp.fc1_x, mlp.fc2, mlp.norm)
     if getattr(mlp, "chunk_dim", -1) != -1:
         raise HetpruneError(f"a GluMlp chunked along dim {mlp.chunk_dim} (a conv MLP) has no linear form here")
     hidden = mlp.fc1.out_features // 2
     value = slice(0, hidden) if mlp.gate_last else slice(hidden, 2 * hidden)
-    return LinearMlp(_rows(mlp.fc1, value), mlp.fc2, mlp.norm)
+    return surgery.LinearMlp(_rows(mlp.fc1, value), mlp.fc2, mlp.norm)

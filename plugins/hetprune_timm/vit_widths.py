@@ -46,7 +46,7 @@ from timm.layers import GluMlp, SwiGLU
 from torch import nn
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import DroppedBlock, HetBlock, MergedMlp, WidthInfo
+from hetprune.plugin_api import adapters, surgery
 
 WIDTHS_KEYS = ("embed_dim", "blocks")
 KEPT_KEY = "kept"   # optional: which channels of the base model each layer kept
@@ -136,7 +136,7 @@ def mlp_form(mlp: nn.Module, where: str) -> str:
     Anything else is refused here, before any pruning: its hidden width would be
     read (or cut) wrong, and the recipe would not reload.
     """
-    if isinstance(mlp, MergedMlp):
+    if isinstance(mlp, surgery.MergedMlp):
         return "merged"
     if isinstance(mlp, SwiGLU) and all(isinstance(getattr(mlp, n, None), nn.Linear)
                                        for n in ("fc1_x", "fc1_g", "fc2")):
@@ -244,7 +244,8 @@ def unpack_glus(model: nn.Module) -> None:
     """Every packed gated MLP of ``model``'s blocks as an `UnpackedGlu`, in place."""
     for i, block in enumerate(model.blocks):
         mlp = getattr(block, "mlp", None)
-        if mlp is not None and not isinstance(block, DroppedBlock) and mlp_form(mlp, f"blocks.{i}.mlp") == "packed":
+        if (mlp is not None and not isinstance(block, surgery.DroppedBlock)
+                and mlp_form(mlp, f"blocks.{i}.mlp") == "packed"):
             block.mlp = UnpackedGlu(mlp)
 
 
@@ -266,17 +267,17 @@ def read_widths(model: nn.Module) -> dict:
     problems = attention_problems(model)
     if problems:
         raise HetpruneError("cannot record widths: " + "; ".join(problems))
-    blocks = []
+    blocks: list[dict | str] = []
     for i, block in enumerate(model.blocks):
-        if isinstance(block, DroppedBlock):
+        if isinstance(block, surgery.DroppedBlock):
             blocks.append("dropped")
             continue
         entry: dict = {}
-        if isinstance(block, HetBlock):
+        if isinstance(block, surgery.HetBlock):
             entry["attn"] = "removed"
         else:
             entry["attn"] = {"heads": int(block.attn.num_heads), "head_dim": int(block.attn.head_dim)}
-        if isinstance(block.mlp, MergedMlp):
+        if isinstance(block.mlp, surgery.MergedMlp):
             entry["mlp"] = "merged"
         else:
             entry["mlp"] = {"hidden": mlp_hidden(block.mlp, f"blocks.{i}.mlp")}
@@ -453,17 +454,17 @@ def apply_widths(model: nn.Module, widths: dict, compute: bool = False, merge_pe
 
         for i, (block, entry) in enumerate(zip(blocks, widths["blocks"])):
             where = f"blocks.{i}"
-            if entry == "dropped" or isinstance(block, DroppedBlock):
-                if entry != "dropped" or not isinstance(block, DroppedBlock):
+            if entry == "dropped" or isinstance(block, surgery.DroppedBlock):
+                if entry != "dropped" or not isinstance(block, surgery.DroppedBlock):
                     raise HetpruneError(f"recipe widths and depth disagree at block {i}: widths say {entry!r}, "
                                         f"the model has a {type(block).__name__}")
                 continue
             attn, mlp = entry["attn"], entry["mlp"]
-            if (attn == "removed") != isinstance(block, HetBlock):
+            if (attn == "removed") != isinstance(block, surgery.HetBlock):
                 raise HetpruneError(f"recipe widths and depth disagree at block {i}: widths say attn {attn!r}, "
                                     f"the model has a {type(block).__name__}")
-            pending = merge_pending and mlp == "merged" and not isinstance(block.mlp, MergedMlp)
-            if (mlp == "merged") != isinstance(block.mlp, MergedMlp) and not pending:
+            pending = merge_pending and mlp == "merged" and not isinstance(block.mlp, surgery.MergedMlp)
+            if (mlp == "merged") != isinstance(block.mlp, surgery.MergedMlp) and not pending:
                 raise HetpruneError(f"recipe widths and depth disagree at block {i}: widths say mlp {mlp!r}, "
                                     f"the model has a {type(block.mlp).__name__}")
             if e_idx is not None:
@@ -495,14 +496,15 @@ def apply_widths(model: nn.Module, widths: dict, compute: bool = False, merge_pe
 # -- which channels were kept -------------------------------------------------------
 def _match_rows(old: torch.Tensor, new: torch.Tensor, what: str) -> list[int]:
     """Indices ``i_j`` with ``new[j] == old[i_j]`` exactly (pruning selects rows, it does not change them)."""
-    index = {}
+    index: dict[bytes, int] = {}
     for i, row in enumerate(old.detach().flatten(1).cpu()):
         index.setdefault(row.numpy().tobytes(), i)
     found = [index.get(row.numpy().tobytes()) for row in new.detach().flatten(1).cpu()]
-    if None in found:
+    kept = [i for i in found if i is not None]
+    if len(kept) < len(found):
         raise HetpruneError(f"cannot tell which {what} width pruning kept: a pruned row matches no row of the model "
                             "before pruning (were the weights changed in between?)")
-    return found
+    return kept
 
 
 def kept_channels(before: nn.Module, after: nn.Module) -> dict:
@@ -510,13 +512,13 @@ def kept_channels(before: nn.Module, after: nn.Module) -> dict:
     pe0, pe1 = before.patch_embed.proj, after.patch_embed.proj
     embed = _match_rows(pe0.weight, pe1.weight, "embedding channels")
     e_idx = torch.tensor(embed)
-    blocks = []
+    blocks: list[dict | str] = []
     for i, (b0, b1) in enumerate(zip(before.blocks, after.blocks)):
-        if isinstance(b1, DroppedBlock):
+        if isinstance(b1, surgery.DroppedBlock):
             blocks.append("dropped")
             continue
         entry: dict = {"attn": None, "mlp": None}
-        if not isinstance(b1, HetBlock):
+        if not isinstance(b1, surgery.HetBlock):
             a0, a1 = b0.attn, b1.attn
             rows = _match_rows(a0.qkv.weight[:, e_idx], a1.qkv.weight, f"attention channels of block {i}")
             width0, width1 = a0.qkv.out_features // 3, a1.qkv.out_features // 3
@@ -524,7 +526,7 @@ def kept_channels(before: nn.Module, after: nn.Module) -> dict:
             if rows != [j + s * width0 for s in range(3) for j in inner]:
                 raise HetpruneError(f"block {i}: width pruning kept different channels of q, k and v")
             entry["attn"] = inner
-        if not isinstance(b1.mlp, MergedMlp):
+        if not isinstance(b1.mlp, surgery.MergedMlp):
             where = f"blocks.{i}.mlp"
             entry["mlp"] = _match_rows(_hidden_rows(b0.mlp, e_idx, where), _hidden_rows(b1.mlp, None, where),
                                        f"MLP channels of block {i}")
@@ -537,7 +539,7 @@ def compose_kept(first: dict, then: dict) -> dict:
     def pick(outer, inner):  # None: that stage did not prune this layer (or it was gone or merged by then)
         return outer if inner is None else inner if outer is None else [outer[j] for j in inner]
 
-    blocks = []
+    blocks: list[dict | str] = []
     for b0, b1 in zip(first["blocks"], then["blocks"]):
         if b1 == "dropped" or b0 == "dropped":
             blocks.append("dropped")
@@ -568,12 +570,12 @@ def check_width_support(model: nn.Module) -> None:
     for name in MODEL_NORMS:
         _check_norm(getattr(model, name, None), name)
     for i, block in enumerate(model.blocks):
-        if isinstance(block, DroppedBlock):
+        if isinstance(block, surgery.DroppedBlock):
             continue
         where = f"blocks.{i}"
         for name in ("norm1", "norm2"):
             _check_norm(getattr(block, name, None), f"{where}.{name}")
-        if not isinstance(block, HetBlock):
+        if not isinstance(block, surgery.HetBlock):
             if not is_attention(block.attn):
                 raise HetpruneError(f"{where}.attn: {type(block.attn).__name__} is not a timm Attention (fused qkv "
                                     "+ proj); width pruning supports only that")
@@ -588,7 +590,7 @@ def check_width_support(model: nn.Module) -> None:
             _check_norm(getattr(block.mlp, "norm", None), f"{where}.mlp.norm")
 
 
-def width_info(model: nn.Module) -> WidthInfo:
+def width_info(model: nn.Module) -> adapters.WidthInfo:
     """What the width pruner needs: attention modules and heads, layers to leave alone, bare parameters,
     and how to show Torch-Pruning a packed gated MLP (split in two while it prunes)."""
     check_width_support(model)
@@ -601,7 +603,7 @@ def width_info(model: nn.Module) -> WidthInfo:
     for m in model.modules():
         if isinstance(getattr(m, "gamma", None), nn.Parameter) and m.gamma.dim() == 1:
             unwrapped.append((m.gamma, 0))
-    return WidthInfo(
+    return adapters.WidthInfo(
         attentions=[(a, a.qkv, int(a.num_heads)) for a in attns],
         ignored_layers=[getattr(model, n) for n in HEADS if isinstance(getattr(model, n, None), nn.Linear)],
         embed_input=model.patch_embed.proj,

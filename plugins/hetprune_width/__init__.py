@@ -4,6 +4,7 @@
 Uses only the public plugin API."""
 
 import hetprune
+from hetprune.plugin_api import Register, Strategy, WidthPruner
 
 from .pruner import IsomorphicWidthPruner
 from .strategies import HetDPTPlus, Isomorphic
@@ -12,11 +13,11 @@ __version__ = hetprune.__version__
 
 
 @hetprune.hookimpl
-def register_width_pruners(register):
+def register_width_pruners(register: Register[WidthPruner]) -> None:
     register(IsomorphicWidthPruner)
 
 
 @hetprune.hookimpl
-def register_strategies(register):
+def register_strategies(register: Register[Strategy]) -> None:
     register(Isomorphic)
     register(HetDPTPlus)

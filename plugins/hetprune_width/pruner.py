@@ -50,7 +50,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import Section, count_macs, human, number, setting, whole, width_info
+from hetprune.plugin_api import Section, number, setting, whole, widths
+from hetprune.plugin_api import macs as mac
 
 IMPORTANCES = ("magnitude", "taylor", "random")
 
@@ -131,7 +132,7 @@ class IsomorphicWidthPruner:
     description = ("Torch-Pruning isomorphic global width pruning (heads, head dims, MLP hidden, embedding) "
                    "to a MAC target")
 
-    def __init__(self, **options):
+    def __init__(self, **options) -> None:
         o = IsomorphicOptions.from_dict(options, where="the isomorphic width pruner's options (width.pruner_options)")
         self.importance, self.round_to, self.prune_heads = o.importance, o.round_to, o.prune_heads
         self.head_share, self.head_dim_share, self.prune_embed = o.head_share, o.head_dim_share, o.prune_embed
@@ -150,7 +151,7 @@ class IsomorphicWidthPruner:
         """
         import torch_pruning as tp
 
-        info = width_info(model)
+        info = widths.width_info(model)
         attns = info.attentions  # (module, qkv, heads)
         num_heads = {qkv: heads for _, qkv, heads in attns}
         before = {a: (qkv.out_features, heads) for a, qkv, heads in attns}
@@ -205,8 +206,8 @@ class IsomorphicWidthPruner:
             macs = macs_fn(twin)
             trials.append({"ratio": round(r, 5), "macs": macs, "trim": trim,
                            "seconds": round(time.time() - t0, 2)})
-            log(f"[width] ratio {r:.4f}{' (trim: MLP hidden only)' if trim else ''}: {human(macs)} MACs "
-                f"(target {human(target)})")
+            log(f"[width] ratio {r:.4f}{' (trim: MLP hidden only)' if trim else ''}: {mac.human(macs)} MACs "
+                f"(target {mac.human(target)})")
             f = macs - target
             if f <= 0:
                 if best is None or macs > best[0]:
@@ -251,7 +252,7 @@ class IsomorphicWidthPruner:
         """
         log = getattr(ctx, "log", None) or (lambda msg: None)
         example = example_inputs[:1]
-        macs_fn = getattr(ctx, "macs_fn", None) or (lambda m: count_macs(m, example))
+        macs_fn = getattr(ctx, "macs_fn", None) or (lambda m: mac.count_macs(m, example))
         started = time.time()
         start = macs_fn(model)
         trials: list[dict] = []
@@ -279,8 +280,8 @@ class IsomorphicWidthPruner:
                     best = (best2[0], above[1], best2[2], best2[1])
             if best is None:
                 raise HetpruneError(
-                    f"width pruning cannot reach {human(target)} MACs: at ratio {self.max_ratio} the model still "
-                    f"has {human(min(t['macs'] for t in trials))}; raise max_ratio or relax the target")
+                    f"width pruning cannot reach {mac.human(target)} MACs: at ratio {self.max_ratio} the model still "
+                    f"has {mac.human(min(t['macs'] for t in trials))}; raise max_ratio or relax the target")
             adopt(model, best[2])
             model.zero_grad(set_to_none=True)
             stages.append({"target": int(target), "macs": best[0], "ratio": best[1],
@@ -288,8 +289,8 @@ class IsomorphicWidthPruner:
         macs = macs_fn(model)
         within = macs >= target_macs * (1 - self.tolerance)
         if not within:
-            log(f"[width] note: {human(macs)} MACs is more than {self.tolerance:.0%} below the target "
-                f"{human(target_macs)} (the rounding step round_to={self.round_to} is too coarse for this model)")
+            log(f"[width] note: {mac.human(macs)} MACs is more than {self.tolerance:.0%} below the target "
+                f"{mac.human(target_macs)} (the rounding step round_to={self.round_to} is too coarse for this model)")
         report.update(macs=macs, within_tolerance=within, ratio=stages[-1]["ratio"],
                       trim_ratio=stages[-1]["trim_ratio"], stages=stages, seconds=round(time.time() - started, 1))
         self.last_report = report

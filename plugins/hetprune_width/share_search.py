@@ -20,8 +20,8 @@ import functools
 import time
 
 from hetprune import HetpruneError
-from hetprune.plugin_api import (PointStore, PruneJob, depth, kind_savings, max_per_kind, metric_of,
-                                 pair_cost, remove_sites)
+from hetprune.plugin_api import PruneJob, depth, pipeline, storage
+from hetprune.plugin_api import budget as budgets
 from hetprune.plugin_api import distributed as dist
 
 from .options import HetDPTPlusOptions, WidthOptions
@@ -29,13 +29,13 @@ from .options import HetDPTPlusOptions, WidthOptions
 
 def depth_macs(job: PruneJob):
     """MACs after depth pruning alone, merged, as a function of the split (hetprune.pruning.budget.pair_cost)."""
-    save = kind_savings(job.dense, job.example, merge=bool(job.config.mergers))
-    return pair_cost(save, depth(job.dense))
+    save = budgets.kind_savings(job.dense, job.example, merge=bool(job.config.mergers))
+    return budgets.pair_cost(save, depth(job.dense))
 
 
 def candidates(job: PruneJob, target: float, macs) -> list[tuple[int, int]]:
     """Every split whose depth pruning alone (``macs``, from `depth_macs`) stays at or above ``target``."""
-    limits = max_per_kind(job.dense)
+    limits = budgets.max_per_kind(job.dense)
     return [(a, m) for a in range(limits["attn"] + 1) for m in range(limits["act"] + 1) if macs(a, m) >= target]
 
 
@@ -58,7 +58,7 @@ def points_key(job: PruneJob, depth_strategy, target: float, width: WidthOptions
     """What shapes a share point: the base, the task, the short schedule, the depth strategy's point scorer,
     the removers and mergers, the scoring batches, the width pruner and the target."""
     run, point_scorer = job.config, depth_strategy.point_scorer(job)
-    return PointStore.key_for(job, {
+    return storage.PointStore.key_for(job, {
         "short": run.short_finetune, "point_scorer": point_scorer,
         **run.options_entry("scorer", point_scorer, "point_scorer_options"),
         "removers": [run.attn_remover, run.act_remover], "mergers": run.mergers, "scoring": run.scoring,
@@ -69,9 +69,9 @@ def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: 
     """Every planned point not already stored: remove, width-prune to ``target``, short fine-tune, evaluate.
     Under torchrun rank 0 decides what is reused and every point is measured on every rank together (the
     fine-tune exact DDP, the evaluation split), as MAP points are; rank 0 writes."""
-    store = PointStore(job.shared_dir / "plus-points.jsonl",
-                       points_key(job, depth_strategy, target, job.options(WidthOptions)),
-                       run=job.reuse_tag)
+    store = storage.PointStore(job.shared_dir / "plus-points.jsonl",
+                               points_key(job, depth_strategy, target, job.options(WidthOptions)),
+                               run=job.reuse_tag)
     have = dist.on_main(store.load)
     todo = [p for p in plan if p not in have]
     store.say_reused(job.log, f"[{job.strategy_name}]", [have[p] for p in plan if p in have], len(plan),
@@ -85,7 +85,7 @@ def measure(job: PruneJob, depth_strategy, plan: list[tuple[int, int]], target: 
         t0 = time.time()
         model = job.place(copy.deepcopy(job.dense))
         chosen = orders["attn"][:a] + orders["act"][:m]
-        remove_sites(job, model, chosen)
+        pipeline.remove_sites(job, model, chosen)
         info = width_prune(job, model, target, stage="share-point")
         job.task.fit(model, job.teacher_for(cfg)[0], cfg, "share", progress=False, desc="share point")
         acc = job.choice_metric(model)   # a choice: on the selection split, never the val set reported
@@ -117,8 +117,8 @@ def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tupl
     predicted = depth_strategy.fit(predictor, points, cands)
     rounds = []
     for _ in range(refine):
-        measured = {(p["n_attn"], p["n_act"]) for p in points}
-        best = max((c for c in cands if c not in measured), key=lambda c: (sign * predicted[c], -c[0]), default=None)
+        done = {(p["n_attn"], p["n_act"]) for p in points}
+        best = max((c for c in cands if c not in done), key=lambda c: (sign * predicted[c], -c[0]), default=None)
         if best is None:
             break
         job.log(f"[{job.strategy_name}] share refinement: measuring {best[0]}+{best[1]}")
@@ -126,7 +126,7 @@ def search(job: PruneJob, target: float, dense_macs: float, width_prune) -> tupl
         points = measure(job, depth_strategy, plan, target, width_prune)
         predicted = depth_strategy.fit(predictor, points, cands)
         rounds.append({"measured": list(best)})
-    measured = {(p["n_attn"], p["n_act"]): metric_of(p) for p in points}
+    measured = {(p["n_attn"], p["n_act"]): storage.metric_of(p) for p in points}
     value = {c: measured.get(c, predicted[c]) if refine else predicted[c] for c in cands}
     pick = max(cands, key=lambda c: (sign * value[c], -c[0] - c[1]))   # ties: less depth
     share = (dense_macs - macs(*pick)) / (dense_macs - target) if dense_macs > target else 0.0

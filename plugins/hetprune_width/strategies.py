@@ -19,9 +19,9 @@ from torch import nn
 
 import hetprune
 from hetprune import HetpruneError, get_registry
-from hetprune.plugin_api import (Budget, PruneJob, PruneResult, count_macs, finetune, finetune_and_measure, finish,
-                                 human, merge, model_hash, read_widths, scoring_context, site_savings, surgery,
-                                 track_kept)
+from hetprune.plugin_api import Budget, PruneJob, PruneResult, pipeline, surgery, widths
+from hetprune.plugin_api import budget as budgets
+from hetprune.plugin_api import macs as mac
 from hetprune.plugin_api import depth as depth_of
 
 from . import share_search
@@ -32,7 +32,7 @@ class WidthContext:
     """What a width pruner may use: training batches (Taylor), the cost to meet, a log."""
 
     batches: Callable | None = None
-    macs_fn: Callable[[nn.Module], int] | None = None
+    macs_fn: Callable[[nn.Module], float] | None = None
     log: Callable[[str], None] = print
 
 
@@ -42,12 +42,12 @@ def mac_target(job: PruneJob, dense_macs: int, who: str) -> float:
         raise HetpruneError(f"{who} needs a cost target: --target-macs F (fraction of dense, or e.g. 2.6G) or "
                             f"--target-speedup S; a site count (--budget) does not say how wide to stay")
     if limit >= dense_macs:
-        raise HetpruneError(f"{who}: the target {human(limit)} MACs is not below the dense model's "
-                            f"{human(dense_macs)}")
+        raise HetpruneError(f"{who}: the target {mac.human(limit)} MACs is not below the dense model's "
+                            f"{mac.human(dense_macs)}")
     return float(limit)
 
 
-def merged_cost(job: PruneJob, example: torch.Tensor, cost=count_macs) -> Callable[[nn.Module], float]:
+def merged_cost(job: PruneJob, example: torch.Tensor, cost=mac.count_macs) -> Callable[[nn.Module], float]:
     """Cost (default MACs) as it will be after the final merge: linear MLPs that pay to merge are counted
     merged."""
     mergers, fold = job.config.mergers, job.folds_norm
@@ -78,6 +78,7 @@ def width_prune_to_time(job: PruneJob, model: nn.Module, stage: str = "width") -
     cost = merged_cost(job, example, cost=job.cost)
     macs_of = merged_cost(job, example)
     limit = job.budget.limit(job.cost(job.dense, example))
+    assert limit is not None   # a budget in time (in_time) has a limit
     have, macs = cost(model), macs_of(model)
     tol = tolerance_of(job)
     aim = limit * (1 - tol / 2)
@@ -95,7 +96,7 @@ def width_prune_to_time(job: PruneJob, model: nn.Module, stage: str = "width") -
             break
         t = cost(trial)
         tries.append({"target_macs": int(target), "macs": info["macs"], "predicted": t})
-        job.log(f"[{job.strategy_name}] width try {i + 1}: {human(info['macs'])} MACs, predicted "
+        job.log(f"[{job.strategy_name}] width try {i + 1}: {mac.human(info['macs'])} MACs, predicted "
                 f"{t * 1e3:.3g} ms (limit {limit * 1e3:.3g} ms)")
         if t <= limit and (best is None or t > best[1]):
             best = (trial, t, info)
@@ -125,19 +126,20 @@ def width_prune(job: PruneJob, model: nn.Module, target: float, stage: str = "wi
     opts = job.options(WidthOptions)
     pruner = job.registry.build("width_pruner", opts.pruner, **opts.pruner_options)
     example = example_for(job, model)
-    ctx = WidthContext(batches=scoring_context(job).batches, macs_fn=merged_cost(job, example), log=job.log)
+    macs_of = merged_cost(job, example)
+    ctx = WidthContext(batches=pipeline.scoring_context(job).batches, macs_fn=macs_of, log=job.log)
     t = job.stage_start(stage, target_macs=int(target), pruner=opts.pruner)
     before = copy.deepcopy(model)
     info = pruner.prune(model, target, example, ctx) or getattr(pruner, "last_report", {}) or {}
-    track_kept(before, model)  # the recipe records which channels were kept, so it applies to other weights
+    widths.track_kept(before, model)  # the recipe records which channels were kept, so it applies to other weights
     del before
-    macs = ctx.macs_fn(model)
+    macs = macs_of(model)
     if macs > target:
-        raise HetpruneError(f"width pruner {opts.pruner!r} left {human(macs)} MACs, above its target "
-                            f"{human(target)}")
-    info = {**info, "macs": macs, "widths": read_widths(model)}
+        raise HetpruneError(f"width pruner {opts.pruner!r} left {mac.human(macs)} MACs, above its target "
+                            f"{mac.human(target)}")
+    info = {**info, "macs": macs, "widths": widths.read_widths(model)}
     job.stage_end(stage, t, macs=macs)
-    job.log(f"[{job.strategy_name}] width pruning: {human(macs)} MACs (target {human(target)})")
+    job.log(f"[{job.strategy_name}] width pruning: {mac.human(macs)} MACs (target {mac.human(target)})")
     return info
 
 
@@ -172,13 +174,13 @@ class Isomorphic:
             allocation = {"target": job.budget.to_dict(), "width": info,
                           "within_tolerance": within(info["predicted"], info["limit"], tolerance_of(job))}
         else:
-            dense_macs = count_macs(job.dense, job.example)
+            dense_macs = mac.count_macs(job.dense, job.example)
             target = mac_target(job, dense_macs, self.name)
             model = copy.deepcopy(job.dense)
             info = width_prune(job, model, target)
             allocation = {"target_macs": int(target), "width": info,
                           "within_tolerance": within(info["macs"], target, tolerance_of(job))}
-        before, history, after = finetune_and_measure(job, model, "width pruning")
+        before, history, after = pipeline.finetune_and_measure(job, model, "width pruning")
         report = {
             "allocation": allocation,
             "removal": {},
@@ -188,7 +190,7 @@ class Isomorphic:
             "finetune_history": history,
             "seconds": round(time.time() - started, 1),
         }
-        return finish(job, model, report, widths=read_widths(model))
+        return pipeline.finish(job, model, report, widths=widths.read_widths(model))
 
 
 class _WithDepth:
@@ -232,8 +234,8 @@ class HetDPTPlus:
         schedule = dataclasses.replace(run.short_finetune, epochs=0) if section == "none" else getattr(run, section)
         settings = job.settings.replace(finetune=schedule.as_settings()).with_sections(defaults or {})
         base_info = dict(job.base_info)
-        if dense is not job.dense:  # width first: MAP points etc. belong to the width-pruned model
-            base_info["hash"] = model_hash(dense)
+        if dense is not job.dense:  # width first: MAP points etc. belong to the width-pruned model, which the
+            base_info.pop("hash", None)   # sub-job hashes (a job hashes its dense model where no hash is given)
         return dataclasses.replace(job, dense=dense, budget=budget, settings=settings, base_info=base_info,
                                    workdir=job.workdir / folder, measure_cost=False)  # the final model is timed
 
@@ -258,6 +260,7 @@ class HetDPTPlus:
         depth_rounds, widths_info = [], []
         for r in range(1, rounds + 1):
             if depth_fraction is None:   # sites spread as evenly as they go, the earlier rounds take the rest
+                assert o.depth_sites is not None   # no share of the MAC cut: a site count
                 n = o.depth_sites // rounds + (1 if r <= o.depth_sites % rounds else 0)
                 budget = Budget(sites=n)
             else:
@@ -271,13 +274,13 @@ class HetDPTPlus:
             step_target = dense_macs * (target / dense_macs) ** (r / rounds) if r < rounds else target
             macs = merged_cost(job, example_for(job, model))(model)
             if macs <= step_target:
-                job.log(f"[{job.strategy_name}] round {r}: depth pruning reached {human(macs)} MACs, at or below "
-                        f"this round's width target {human(step_target)}: no width pruning")
+                job.log(f"[{job.strategy_name}] round {r}: depth pruning reached {mac.human(macs)} MACs, at or below "
+                        f"this round's width target {mac.human(step_target)}: no width pruning")
                 continue
             widths_info.append(width_prune(job, model, step_target, stage=f"width-round{r}"))
             if r < rounds and o.intermediate_finetune != "none":
                 t = job.stage_start(f"width-finetune-round{r}")
-                finetune(job, model, section=o.intermediate_finetune, stage=f"width-finetune-round{r}")
+                pipeline.finetune(job, model, section=o.intermediate_finetune, stage=f"width-finetune-round{r}")
                 job.stage_end(f"width-finetune-round{r}", t)
         return model, depth_rounds, widths_info
 
@@ -287,7 +290,7 @@ class HetDPTPlus:
         started = time.time()
         o = job.options(HetDPTPlusOptions)
         example = job.example
-        dense_macs = count_macs(job.dense, example)
+        dense_macs = mac.count_macs(job.dense, example)
         timed = in_time(job)
         if o.order == "auto":   # width first measured best at equal MACs; it takes MAC budgets only
             o = dataclasses.replace(o, order="depth-width" if timed or o.searched else "width-depth")
@@ -304,7 +307,9 @@ class HetDPTPlus:
                                     f"hetdpt_plus.order depth-width; use --target-macs for {o.order}")
             dense_cost = job.cost(job.dense, example)
             target = dense_macs   # no MAC target: the time limit rules
-            keep = 1 - o.depth_share * (1 - job.budget.limit(dense_cost) / dense_cost)
+            limit = job.budget.limit(dense_cost)
+            assert limit is not None   # a budget in time has a limit
+            keep = 1 - float(o.depth_share) * (1 - limit / dense_cost)   # a number: search was refused above
             depth_budget = (Budget(sites=o.depth_sites) if o.depth_sites is not None else
                             Budget(target_speedup=1 / keep, cost_model=job.budget.model_name))
         else:
@@ -339,7 +344,7 @@ class HetDPTPlus:
         else:
             # width first, to a target chosen so that the depth step cannot take the model below the final
             # target (one site saves at most `step` of the MACs), then a trim pass lands it within tolerance
-            save = site_savings(job.dense, example, merge=mergers)
+            save = budgets.site_savings(job.dense, example, merge=mergers)
             step = max(save.values()) / dense_macs
             if depth_fraction is None:
                 keep = max(0.05, 1 - o.depth_sites * step)
@@ -350,7 +355,7 @@ class HetDPTPlus:
             widths_info.append(width_prune(job, model, first, stage="width"))
             if o.intermediate_finetune != "none":
                 t = job.stage_start("width-finetune")
-                finetune(job, model, section=o.intermediate_finetune, stage="width-finetune")
+                pipeline.finetune(job, model, section=o.intermediate_finetune, stage="width-finetune")
                 job.stage_end("width-finetune", t)
             depth = self.run_depth(job, o, model, depth_budget)
             model = depth.model
@@ -358,21 +363,22 @@ class HetDPTPlus:
             if macs > target:
                 widths_info.append(width_prune(job, model, target, stage="width-trim"))
             elif macs < target * (1 - tol):
-                job.log(f"[{job.strategy_name}] note: depth pruning took the model to {human(macs)} MACs, more "
-                        f"than {tol:.0%} below the target {human(target)}")
-        before, history, after = finetune_and_measure(job, model, "depth + width pruning")
+                job.log(f"[{job.strategy_name}] note: depth pruning took the model to {mac.human(macs)} MACs, more "
+                        f"than {tol:.0%} below the target {mac.human(target)}")
+        before, history, after = pipeline.finetune_and_measure(job, model, "depth + width pruning")
 
         t = job.stage_start("merge")
-        merged_now = merge(job, model) if mergers else []
+        merged_now = pipeline.merge(job, model) if mergers else []
         job.stage_end("merge", t, merged=merged_now)
-        merged = sorted(set(merged_now).union(*((r.report.get("merged") or []) for r, _ in depth_rounds or [(depth, None)])))
+        results = [r for r, _ in depth_rounds] or [depth]   # every depth result: the rounds', or the one
+        merged = sorted(set(merged_now).union(*((r.report.get("merged") or []) for r in results)))
         dropped = surgery.dropped_blocks(model)
         linear = [i for i in range(depth_of(model)) if i not in dropped
                   and surgery.site_removed(model, hetprune.Site(i, "act")) and not surgery.mergeable(model, i)
                   and i not in merged]
-        macs = count_macs(model, example_for(job, model))
+        macs = mac.count_macs(model, example_for(job, model))
         dr = depth.report
-        removal = {k: v for r, _ in depth_rounds or [(depth, None)] for k, v in (r.report.get("removal") or {}).items()}
+        removal = {k: v for r in results for k, v in (r.report.get("removal") or {}).items()}
         report = {
             "allocation": {
                 "order": o.order,
@@ -395,5 +401,5 @@ class HetDPTPlus:
             "finetune_history": history,
             "seconds": round(time.time() - started, 1),
         }
-        return finish(job, model, report, fold_norm=job.folds_norm,
-                      widths=read_widths(model))
+        return pipeline.finish(job, model, report, fold_norm=job.folds_norm,
+                               widths=widths.read_widths(model))
