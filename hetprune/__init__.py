@@ -18,7 +18,7 @@ The code is one subpackage per layer, bottom to top: ``core``, ``model``, ``trai
 above them all: importing it registers the component kinds (`hetprune.harness.kinds`) with core's registry,
 which names no module above core. The paths from
 before that layout (``hetprune.task``, ``hetprune.pipeline``, ...) still import, as the same module objects
-(`hetprune.core.aliases`).
+(`hetprune.aliases`).
 
 Names are imported on first use (module ``__getattr__``), so ``import
 hetprune`` and ``hetprune --help`` do not load torch.
@@ -30,7 +30,7 @@ import importlib
 import sys
 import types
 
-from .core import aliases
+from . import aliases
 from .harness import kinds as _kinds  # noqa: F401 - registers the component kinds with core's registry
 
 aliases.install()   # the import paths from before one subpackage per layer

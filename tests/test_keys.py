@@ -114,7 +114,7 @@ def test_an_unkeyed_setting_must_say_why():
 
 
 def test_names_in_keys_come_from_the_keys_table_not_the_import_paths():
-    from hetprune.core import aliases
+    from hetprune import aliases
 
     assert keys.stable_name("hetprune.training.task") == "hetprune.task"
     assert keys.stable_name("hetprune.training.loaders") == "hetprune.data"   # split out since: its parent's

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import hetprune
-from hetprune.core import aliases, keys
+from hetprune import aliases
+from hetprune.core import keys
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = HERE.parent / "hetprune"
@@ -101,7 +102,9 @@ def test_the_new_paths_load_without_a_warning():
 
 
 def test_nothing_but_the_package_and_python_dash_m_sits_outside_a_layer():
-    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    # aliases.py: the old import paths' finder answers an old path with its new module, in any layer, so it sits
+    # above them all (core names nothing above it: issue 72)
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py", "aliases.py"))
     assert not loose, f"modules outside every layer's subpackage: {loose}"
 
 

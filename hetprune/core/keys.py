@@ -9,7 +9,7 @@ shapes it changed. Three rules make the second half hold, each declared beside w
   named by `qualified_name`: hetprune's own by package and name, wherever the module is (key version 2,
   below); version 1 named a module that moved when hetprune/ became one subpackage per layer (issue 41) as it
   was before (`MOVED`) and one split out of another since (`SPLIT_FROM`) as the module it came from, tables
-  only the reader of version 1's keys uses now. The import paths (`hetprune.core.aliases`) go on their own.
+  only the reader of version 1's keys uses now. The import paths (`hetprune.aliases`) go on their own.
 * **A setting says whether it shapes results.** ``setting(..., keyed=False, why=...)`` in its field: it is
   left out of every key made from whole settings (`keyed_settings`), and `unkeyed` lists it with its reason.
 * **A setting added later says so.** ``setting(..., since="issue 42")``: while it holds its default it is left
@@ -119,7 +119,7 @@ def matches(stored, key) -> bool:
 # -- names in keys ----------------------------------------------------------------------------------------------
 
 # old dotted name -> its home since issue 41 (one entry per module or moved package, bottom layer first); keys
-# name a moved module by its old name, and `hetprune.core.aliases` lets the old import paths work for now
+# name a moved module by its old name, and `hetprune.aliases` lets the old import paths work for now
 MOVED: dict[str, str] = {
     "hetprune.errors": "hetprune.core.errors",
     "hetprune.hookspecs": "hetprune.core.hookspecs",

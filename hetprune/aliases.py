@@ -5,7 +5,8 @@ Every old path in `ALIASES` imports as the very module object of its new home, s
 and ``monkeypatch.setattr("hetprune.task.X", ...)`` reach the module the code uses; a package's submodules
 follow it. An old path says once that it moved and when it goes (a `DeprecationWarning`).
 
-Only imports need this module: the names keys give moved modules are `hetprune.core.keys`' own table, so
+It sits at the package's top, above every layer, because it imports the new module of an old path, which may
+be in any layer (core names nothing above it: tests/test_layers.py). Only imports need this module: the names keys give moved modules are `hetprune.core.keys`' own table, so
 removing the old paths moves no stored result's key.
 """
 
@@ -18,7 +19,7 @@ import sys
 import types
 import warnings
 
-from .keys import MOVED, replace_prefix
+from .core.keys import MOVED, replace_prefix
 
 REMOVED_IN = "1.0"   # the release that drops the old import paths (keys do not need them: `hetprune.core.keys`)
 
