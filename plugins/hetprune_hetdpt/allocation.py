@@ -247,9 +247,9 @@ class Allocation:
         fit_report = predictor.fit_report() if hasattr(predictor, "fit_report") else {}
         best, unsure = self.candidates(value, fit_report.get("loo_mae"))
         verify = self.most
-        if verify and "each part of the line" in getattr(self.policy, "plan_note", ""):
-            job.log(f"[hetdpt] checking the best predicted split of each part of the line: "
-                    f"{', '.join(f'{a}+{m}' for a, m in best)}")
+        chooses = getattr(self.policy, "chooses", "")   # a policy's own words for its candidates (optional)
+        if verify and chooses:
+            job.log(f"[hetdpt] checking {chooses}: {', '.join(f'{a}+{m}' for a, m in best)}")
         if verify and unsure is not None:   # a clear pick is trusted, a near-tie checked
             error = "unknown" if unsure["loo_mae"] is None else job.task.number(unsure["loo_mae"])
             job.log(f"[hetdpt] the predictor's leave-one-out error is {error}: " + (

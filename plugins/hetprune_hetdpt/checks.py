@@ -110,7 +110,8 @@ class SpreadChecks(Sized, Counted):
 
     name: ClassVar[str] = "spread"
     description: ClassVar[str] = "the best predicted split of each of count parts of the budget line (the default)"
-    plan_note: ClassVar[str] = ", one in each part of the line"
+    plan_note: ClassVar[str] = ", one in each part of the line"   # what --plan says of the candidates
+    chooses: ClassVar[str] = "the best predicted split of each part of the line"   # what the run's log says
 
     def __post_init__(self):
         Counted.__post_init__(self)
@@ -130,6 +131,7 @@ class BestChecks(SpreadChecks):
     name: ClassVar[str] = "best"
     description: ClassVar[str] = "the count best predicted splits"
     plan_note: ClassVar[str] = ""
+    chooses: ClassVar[str] = ""
 
     def candidates(self, pairs, value, loo_mae, sign=1) -> list[Split]:
         return best(pairs, value, self.count, sign)
@@ -143,6 +145,7 @@ class NearTieChecks(SpreadChecks):
     name: ClassVar[str] = "near-ties"
     description: ClassVar[str] = "of the count best predicted, those within the predictor's leave-one-out error"
     plan_note: ClassVar[str] = ", only on a near-tie"
+    chooses: ClassVar[str] = ""   # the run says what the predictor was unsure of instead
 
     def known(self, pairs: list[Split]) -> list[Split] | None:
         return None   # which are near is known only from the fit
@@ -192,7 +195,11 @@ class PointChecks(Counted):
 
     @property
     def plan_note(self) -> str:
-        return {"spread": SpreadChecks.plan_note, "near-ties": NearTieChecks.plan_note}.get(self.among, "")
+        return self.rule().plan_note
+
+    @property
+    def chooses(self) -> str:
+        return self.rule().chooses
 
     def known(self, pairs: list[Split]) -> list[Split] | None:
         return None   # points of the scheme: a path's checks extend its measured steps, so it keeps its points
