@@ -95,13 +95,21 @@ class Sized:
 
     @property
     def images(self) -> int | float | str | None:
-        """The checks' budget in images (``auto`` or a number), or None where it is in final fine-tunes."""
-        return self.budget if self.unit == "images" else None
+        return budget_in_images(self.budget, self.unit)
 
     @property
     def finetunes(self) -> float | None:
-        """The checks' budget in final fine-tunes (None: in images, or auto)."""
-        return None if self.unit == "images" or self.budget == "auto" else float(self.budget)
+        return budget_in_finetunes(self.budget, self.unit)
+
+
+def budget_in_images(budget, unit: str):
+    """A checks budget in images (``auto`` or a number), or None where it is in final fine-tunes."""
+    return budget if unit == "images" else None
+
+
+def budget_in_finetunes(budget, unit: str) -> float | None:
+    """A checks budget in final fine-tunes (None: in images, or auto)."""
+    return None if unit == "images" or budget == "auto" else float(budget)
 
 
 @dataclass(frozen=True)

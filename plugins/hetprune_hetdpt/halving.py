@@ -42,7 +42,7 @@ from hetprune.plugin_api import PruneJob, pipeline, storage
 from hetprune.plugin_api import plan as planning
 from hetprune.plugin_api import distributed as dist
 
-from .checks import Sized
+from .checks import Sized, budget_in_finetunes, budget_in_images
 from .options import HetDPTOptions
 from .point_schemes import resolve_finetune
 
@@ -57,10 +57,15 @@ class Unit:
     fine-tune (``unit: finetunes``), or, sized in images (``unit: images``), one fine-tune on the points'
     schedule, whose ``images`` turn a number of images into units."""
 
-    setting: str = "budget"      # the setting that states the budget (hetdpt.checks_options.<policy>.budget)
+    options: str = "hetdpt.checks_options.<policy>"   # where the policy's options are set, as errors name them
     section: str = "finetune"    # the schedule one unit is
     images: int = 0              # the images one unit sees (0: unknown)
     in_images: bool = False      # the budget is a number of images (else of final fine-tunes)
+
+    @property
+    def setting(self) -> str:
+        """The setting that states the budget."""
+        return f"{self.options}.budget"
 
     def said(self, units: float) -> str:
         """``units`` as the setting states them: final fine-tunes, or images."""
@@ -151,9 +156,8 @@ def check_pays(budget: float, k: int, selection_cost: float, at_least: bool = Fa
         else:
             stated = (f"{budget:g} (final-fine-tune units) does not pay for the {k} candidates' selections "
                       f"({least}{selection_cost:.3g} units)")
-        where = unit.setting.rsplit(".", 1)[0]   # hetdpt.checks_options.<policy>
-        raise HetpruneError(f"{unit.setting} {stated}: raise it, lower {where}.count"
-                            + (f", or select the candidates on fewer images ({where}.selection)"
+        raise HetpruneError(f"{unit.setting} {stated}: raise it, lower {unit.options}.count"
+                            + (f", or select the candidates on fewer images ({unit.options}.selection)"
                                if unit.in_images else ""))
 
 
@@ -239,15 +243,15 @@ class PipelineChecks:
         self.where = f"hetdpt.checks_options.{policy.name}"   # its options, as errors name them
         self.select_job = selection_job(job, size["selection"], size["selection_at_least"], self.where)
         self.own_selection = self.select_job is job   # the final run's own selection: the winner's reused
-        self.images_budget = size["budget"] if size["unit"] == "images" else None
-        self.finetunes = None if size["unit"] == "images" or size["budget"] == "auto" else float(size["budget"])
+        self.images_budget = budget_in_images(size["budget"], size["unit"])
+        self.finetunes = budget_in_finetunes(size["budget"], size["unit"])
         run = job.config
         section = (resolve_finetune(opts.point_finetune, run, job.task.train_size, opts.point_selection)
                    if self.images_budget is not None else "finetune")
         self.cfg = job.train_config(section)
         per_epoch = planning.epoch_images(self.cfg, job.task.train_size)
         images = (per_epoch or 0) * self.cfg.epochs
-        self.unit = Unit(f"{self.where}.budget", section, images, in_images=self.images_budget is not None)
+        self.unit = Unit(self.where, section, images, in_images=self.images_budget is not None)
         # a schedule of 0 epochs (HetDPT+'s depth part without an intermediate fine-tune) checks without one
         if self.unit.in_images and per_epoch is None and self.cfg.epochs:
             raise HetpruneError(f"{self.where}.unit images sizes each check as a share of the points' schedule "
